@@ -1,0 +1,332 @@
+/*
+ * k3.h — the whole public C contract of k3: tensors, ops, kernel queries, errors,
+ * allocator and log hooks. Opaque handles; every call that can fail returns a k3_status
+ * and leaves a message for k3_last_error(). The C API is 0-based (dims, indices, blocks).
+ */
+#ifndef K3_H
+#define K3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define K3_VERSION_MAJOR 0
+#define K3_VERSION_MINOR 1
+#define K3_VERSION_PATCH 0
+#define K3_VERSION_STRING "0.1.0"
+
+#if defined(__GNUC__)
+#define K3_API __attribute__((visibility("default")))
+#else
+#define K3_API
+#endif
+
+/* The largest number of dimensions a tensor may have. */
+#define K3_MAX_DIMS 8
+
+/* Result of every call that can fail. K3_OK is 0; the message of the last failure on the
+ * calling thread is returned by k3_last_error(). */
+typedef enum k3_status {
+    K3_OK = 0,
+    K3_EINVAL,      /* an argument is invalid (bad value, NULL where required) */
+    K3_ESHAPE,      /* shapes disagree or a dimension is out of range */
+    K3_ELAYOUT,     /* strides a kernel cannot read (e.g. padded rows for a packed kernel) */
+    K3_EDTYPE,      /* wrong or mismatched dtype */
+    K3_EDEVICE,     /* wrong or mismatched device, or the device is not available */
+    K3_ENOMEM,      /* host or device out of memory; recoverable */
+    K3_EOVERFLOW,   /* a size computation overflowed */
+    K3_EFREED,      /* the tensor (or its storage) has been freed */
+    K3_ENOKERNEL,   /* no registered kernel accepts the call, or a named kernel is absent */
+    K3_ECUDA,       /* a CUDA or cuBLAS call failed */
+    K3_EIO,         /* a file could not be read or written */
+    K3_EFORMAT,     /* a file's contents are malformed */
+    K3_EINTERNAL    /* an internal invariant failed (a bug in k3) */
+} k3_status;
+
+typedef enum k3_dtype {
+    K3_DTYPE_BF16 = 0,
+    K3_DTYPE_F16 = 1,
+    K3_DTYPE_F32 = 2,
+    K3_DTYPE_F64 = 3
+} k3_dtype;
+
+typedef enum k3_device_type { K3_DEVICE_CPU = 0, K3_DEVICE_CUDA = 1 } k3_device_type;
+
+/* A device: {K3_DEVICE_CPU, 0} or {K3_DEVICE_CUDA, ordinal}. */
+typedef struct k3_device {
+    k3_device_type type;
+    int index;
+} k3_device;
+
+/* An opaque tensor handle: a view (dtype, device, shape, strides in elements, storage
+ * offset) on reference-counted storage. Each handle owns one reference to its storage. */
+typedef struct k3_tensor k3_tensor;
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next
+ * k3 call on this thread. */
+K3_API const char *k3_last_error(void);
+/* The short name of a status ("K3_ELAYOUT"). Never NULL. */
+K3_API const char *k3_status_name(k3_status s);
+
+/* ---- hooks -------------------------------------------------------------------------- */
+
+/* Host allocator: malloc/realloc/free semantics on `ud`. realloc(ud, p, old, 0) frees.
+ * Set before any tensor exists; NULL restores the C library allocator. Returns K3_EINVAL
+ * when live host allocations exist (they would be freed by the wrong allocator). */
+typedef void *(*k3_alloc_fn)(void *ud, void *ptr, size_t old_size, size_t new_size);
+K3_API k3_status k3_set_allocator(k3_alloc_fn fn, void *ud);
+
+typedef enum k3_log_level { K3_LOG_DEBUG = 0, K3_LOG_INFO, K3_LOG_WARN, K3_LOG_ERROR } k3_log_level;
+/* Log callback; k3 never prints. NULL (the default) drops messages. */
+typedef void (*k3_log_fn)(void *ud, k3_log_level level, const char *message);
+K3_API void k3_set_log(k3_log_fn fn, void *ud);
+
+/* ---- devices and dtypes -------------------------------------------------------------- */
+
+/* Parses "cpu", "cuda", "cuda:N" into *out. K3_EINVAL with the text otherwise. */
+K3_API k3_status k3_device_parse(const char *text, k3_device *out);
+/* Writes "cpu" or "cuda:N" into buf (at least 16 bytes). Returns buf. */
+K3_API const char *k3_device_name(k3_device d, char *buf, size_t n);
+/* Parses "bf16", "f16", "f32", "f64" (also "float32" etc. are rejected: names are fixed). */
+K3_API k3_status k3_dtype_parse(const char *text, k3_dtype *out);
+K3_API const char *k3_dtype_name(k3_dtype d);
+/* Element size in bytes (2, 2, 4, 8). */
+K3_API size_t k3_dtype_size(k3_dtype d);
+
+/* Round-to-nearest-even conversions; NaN stays NaN (quiet), infinities stay infinite. */
+K3_API uint16_t k3_f32_to_bf16(float x);
+K3_API float k3_bf16_to_f32(uint16_t x);
+K3_API uint16_t k3_f32_to_f16(float x);
+K3_API float k3_f16_to_f32(uint16_t x);
+/* f64 -> f16/bf16 rounded once (not through f32: no double rounding). */
+K3_API uint16_t k3_f64_to_bf16(double x);
+K3_API uint16_t k3_f64_to_f16(double x);
+
+/* ---- tensors ------------------------------------------------------------------------- */
+
+/* New tensor with uninitialised contents, contiguous row-major. ndim in 0..K3_MAX_DIMS
+ * (0 = scalar), each shape[i] >= 0. Errors: K3_ESHAPE (ndim or a size out of range),
+ * K3_EOVERFLOW (numel or bytes overflow), K3_ENOMEM, K3_EDEVICE. *out owns one reference. */
+K3_API k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape,
+                                 k3_dtype dtype, k3_device device);
+/* Like k3_tensor_empty, then every element set to value (rounded to dtype). */
+K3_API k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape,
+                                k3_dtype dtype, k3_device device, double value);
+/* Standard normal values from a counter-based generator (Philox-4x32-10 + Box-Muller) on
+ * the host: element i (row-major) depends only on (seed, i), so a seed gives the same
+ * values on every device and for every dtype before rounding. */
+K3_API k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape,
+                                 k3_dtype dtype, k3_device device, uint64_t seed);
+/* New tensor from `numel` row-major doubles, rounded once to dtype. */
+K3_API k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape,
+                                    k3_dtype dtype, k3_device device, const double *values);
+
+/* Drops this handle's reference; the storage is released with its last reference.
+ * NULL is a no-op. */
+K3_API void k3_tensor_free(k3_tensor *t);
+/* Releases the storage's memory now, whatever other views exist: every handle on that
+ * storage then fails with K3_EFREED ("tensor has been freed"). Also frees the handle. */
+K3_API void k3_tensor_release(k3_tensor *t);
+/* K3_OK when t is usable; K3_EFREED (with message) when its storage has been released;
+ * K3_EINVAL when t is NULL. `what` names the argument in messages. */
+K3_API k3_status k3_tensor_check(const k3_tensor *t, const char *what);
+
+K3_API int k3_tensor_ndim(const k3_tensor *t);
+/* Size / stride of dimension d (0-based); d out of range returns -1. */
+K3_API int64_t k3_tensor_size(const k3_tensor *t, int d);
+K3_API int64_t k3_tensor_stride(const k3_tensor *t, int d);
+K3_API int64_t k3_tensor_offset(const k3_tensor *t);
+K3_API int64_t k3_tensor_numel(const k3_tensor *t);
+K3_API k3_dtype k3_tensor_dtype(const k3_tensor *t);
+K3_API k3_device k3_tensor_device(const k3_tensor *t);
+/* 1 when the strides are the row-major strides of the shape (size-1 dims ignored). */
+K3_API int k3_tensor_is_contiguous(const k3_tensor *t);
+/* Address of element 0 of the view (storage base + offset * element size). Device memory
+ * for CUDA tensors. NULL for a freed tensor. */
+K3_API void *k3_tensor_data(const k3_tensor *t);
+
+/* Views: each returns a new handle sharing t's storage (one more reference). */
+/* Dim d, elements [start, start+length). K3_ESHAPE when out of range. */
+K3_API k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
+                                  int64_t length);
+/* Removes dim d, taking index i. */
+K3_API k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i);
+K3_API k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2);
+/* Same elements, new shape; t must be contiguous (K3_ELAYOUT otherwise). One size may be
+ * -1 (inferred). */
+K3_API k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
+                                const int64_t *shape);
+/* Broadcast size-1 dims (and new leading dims) to shape with stride 0. */
+K3_API k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,
+                                  const int64_t *shape);
+/* An arbitrary view: shape, strides and offset are checked against the storage bounds. */
+K3_API k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
+                                      const int64_t *shape, const int64_t *stride,
+                                      int64_t offset);
+
+/* New tensor, contiguous, on `device` with `dtype`, holding t's values. */
+K3_API k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device,
+                              k3_dtype dtype);
+/* Copies src into dst elementwise (same shape; any strides, dtypes and devices).
+ * dst must not overlap src unless they are the same view. */
+K3_API k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src);
+K3_API k3_status k3_tensor_fill(k3_tensor *t, double value);
+/* Element at 0-based index idx[0..ndim-1] as double (synchronises for device tensors). */
+K3_API k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out);
+K3_API k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value);
+/* All elements, row-major, as doubles into out[numel]. */
+K3_API k3_status k3_tensor_to_f64(const k3_tensor *t, double *out);
+
+/* Elementwise ops into a new tensor of a's shape, dtype and device. */
+typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL } k3_binop;
+/* out = a (op) b; shapes must match exactly, dtypes and devices too. */
+K3_API k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a,
+                                  const k3_tensor *b);
+/* out = a (op) s, or s (op) a when scalar_first. */
+K3_API k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a,
+                                         double s, int scalar_first);
+/* max |a - b| over elements (NaN if any element is NaN); same shape. */
+K3_API k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out);
+/* 1 when |a-b| <= atol + rtol*|b| everywhere (NaN never close). */
+K3_API k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol,
+                             int *out);
+/* <a,b> / (|a| |b|), computed in f64; 1 when both are all-zero, NaN when one is. */
+K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
+
+
+/* ---- kernels, policy and dispatch -------------------------------------------------------- */
+
+/* Registered kernels ("cpu.linear.blas", "cuda.attn_res.packed", …), in registration order.
+ * A kernel named in K3_DISABLE_KERNELS (comma-separated) is never registered. */
+K3_API int k3_kernel_count(void);
+K3_API const char *k3_kernel_name(int i);            /* NULL when i is out of range */
+K3_API int k3_has_kernel(const char *name);          /* 1 when registered now */
+/* Whether `backend` ("cpu", "cuda") is available; *reason (may be NULL) gets a one-line
+ * reason when it is not (static string, valid for the process). */
+K3_API int k3_backend_available(const char *backend, const char **reason);
+/* Number of CUDA devices the backend sees (0 without the backend). */
+K3_API int k3_cuda_device_count(void);
+/* "sm90" style architecture name of a CUDA device, for per-device policy plans. */
+K3_API k3_status k3_cuda_arch(int device, char *buf, size_t n);
+/* Releases cached device memory back to the driver (no-op without CUDA). */
+K3_API k3_status k3_empty_cache(void);
+
+/* A compiled policy: per op, the ordered candidate kernels, and what a layout mismatch
+ * does. k3_policy_new gives the built-in default (see lua/k3/policy/default.lua). */
+typedef struct k3_policy k3_policy;
+K3_API k3_status k3_policy_new(k3_policy **out);
+K3_API void k3_policy_free(k3_policy *p);
+/* Sets the candidates of op ("linear", "attn_res", "rms_norm", "silu_mul"). Every name must
+ * be a kernel k3 knows for that op (registered or not in this build): K3_EINVAL names the
+ * first unknown one. At most K3_MAX_CANDIDATES. */
+#define K3_MAX_CANDIDATES 16
+K3_API k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
+                                          int n);
+/* 0: "error" (the default: a kernel's layout error is raised), 1: "fallback". */
+K3_API k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback);
+/* Kernel names k3 knows, registered or not ("cuda.linear.skinny" on a CPU-only build). */
+K3_API int k3_known_kernel(const char *name);
+
+/* What one dispatch decided. */
+#define K3_MAX_DECLINES 16
+typedef struct k3_decline {
+    char kernel[64];
+    char reason[256];
+} k3_decline;
+typedef struct k3_dispatch {
+    char op[16];
+    char chosen[64]; /* "" when nothing was chosen */
+    int ndeclined;
+    k3_decline declined[K3_MAX_DECLINES];
+} k3_dispatch;
+
+/* Per-call options of every op; a NULL k3_call means all defaults. */
+typedef struct k3_call {
+    const k3_policy *policy; /* NULL: the built-in default policy */
+    const char *kernel;      /* non-NULL: run exactly this kernel, skip dispatch */
+    int explain_only;        /* decide only; nothing runs and nothing is written */
+    k3_dispatch *record;     /* when non-NULL, filled with the decision */
+} k3_call;
+
+/* Batch-invariant mode (also K3_BATCH_INVARIANT=1 at load): low-latency plans decline and
+ * linear runs its fixed-order reduction, so a row's result does not depend on M. */
+K3_API void k3_set_batch_invariant(int on);
+K3_API int k3_batch_invariant(void);
+
+/* ---- ops (DESIGN.md "Ops and their exact semantics") -------------------------------------- */
+/* Each op validates its arguments (errors name op, argument, expected and actual), then
+ * dispatches. Results go to `out` when given (it must have the result's shape, dtype and
+ * device, and must not overlap an input), else to a new tensor. *y (may be NULL when out is
+ * given) receives a new handle on the result. With call->explain_only nothing is computed
+ * and *y is untouched. */
+
+/* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); fp32 accumulate, rounded once.
+ * x, w, bias, residual share dtype and device. */
+K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                           const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
+                           const k3_call *call);
+
+/* The AttnRes read (DESIGN.md). 0-based write_block, -1 for none. */
+typedef struct k3_attn_res_args {
+    k3_tensor *prefix;                /* [T,H]; updated in place when delta is given */
+    const k3_tensor *delta;           /* [T,H] or NULL */
+    k3_tensor *blocks;                /* [T,S,H] */
+    int64_t num_blocks;               /* 0..S */
+    int64_t write_block;              /* -1, or 0..S-1 */
+    const k3_tensor *norm_weight;     /* [H] */
+    const k3_tensor *qk_weight;       /* [H] */
+    const k3_tensor *output_norm_weight; /* [H] or NULL */
+    double eps, output_eps;           /* 1e-5 each by default */
+} k3_attn_res_args;
+K3_API k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *a, k3_tensor *out,
+                             const k3_call *call);
+/* y = round(x * rsqrt(mean(x^2) + eps) * w) over the last dim. x [M,H], w [H]. */
+K3_API k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
+                             k3_tensor *out, const k3_call *call);
+/* x [M,2I] -> y [M,I] = silu(x[:, :I]) * x[:, I:] (SwiGLU gate). */
+K3_API k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
+                             const k3_call *call);
+
+/* ---- linear methods ------------------------------------------------------------------------ */
+
+/* A linear method: the default (dispatch over the policy's linear candidates) or a
+ * low-latency method that runs cuda.linear.skinny per its plan and owns a default method
+ * (made by k3_method_default) for every call it declines. */
+typedef struct k3_method k3_method;
+typedef struct k3_plan_entry {
+    int m;              /* token count 1..16 */
+    const char *kernel; /* "skinny" or a full kernel name */
+    int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
+} k3_plan_entry;
+/* policy may be NULL (built-in default); the method keeps a copy of what it needs. */
+K3_API k3_status k3_method_default(k3_method **out, const k3_policy *policy);
+K3_API k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int n,
+                                       const k3_policy *policy);
+K3_API void k3_method_free(k3_method *m);
+/* Like k3_linear through the method; call->record gets the method's decision (a decline of
+ * the low-latency path is recorded with its reason, then the default's decision). */
+K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                                 const k3_tensor *w, const k3_tensor *bias,
+                                 const k3_tensor *residual, k3_tensor *out, const k3_call *call);
+
+/* ---- counters ------------------------------------------------------------------------------ */
+
+/* Calls each kernel served and declines each (kernel, reason) caused, since load or the last
+ * reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
+ * (name = "kernel: reason", count). Thread-safe. */
+typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
+K3_API void k3_stats(k3_stats_fn fn, void *ud);
+K3_API void k3_stats_reset(void);
+
+/* Waits for all queued device work on this thread's streams. */
+K3_API k3_status k3_synchronize(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* K3_H */

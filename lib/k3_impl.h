@@ -1,0 +1,225 @@
+/*
+ * k3_impl.h — internal structures shared by the C core, the binding and the CUDA backend:
+ * the tensor and storage layout, error helpers, op argument blocks, the kernel record and
+ * the backend function table. Not installed; not part of the public contract.
+ */
+#ifndef K3_IMPL_H
+#define K3_IMPL_H
+
+#include "k3.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- storage and tensors -------------------------------------------------------------- */
+
+/* Reference-counted memory. Every tensor handle holds one reference. `data` is NULL after
+ * k3_tensor_release (then `released` is set and every view reports "tensor has been freed").
+ * Device storage's data is a device pointer owned by the backend's allocator. */
+typedef struct k3_storage {
+    int refcount; /* updated with __atomic builtins (shared by C and CUDA C++) */
+    void *data;
+    size_t nbytes;
+    k3_device device;
+    int released; /* __atomic; 1 once the memory is released */
+} k3_storage;
+
+struct k3_tensor {
+    k3_storage *storage;
+    k3_dtype dtype;
+    int ndim;
+    int64_t size[K3_MAX_DIMS];
+    int64_t stride[K3_MAX_DIMS]; /* in elements, >= 0 */
+    int64_t offset;              /* in elements */
+};
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+/* Sets this thread's message (printf format) and returns s. The one way k3 reports errors. */
+k3_status k3_error(k3_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current message with "<prefix>: " (used to add context). Returns s. */
+k3_status k3_error_prefix(k3_status s, const char *prefix);
+void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Propagates a non-OK status. */
+#define K3_TRY(expr)                                                                       \
+    do {                                                                                   \
+        k3_status k3_try_s_ = (expr);                                                      \
+        if (k3_try_s_ != K3_OK) return k3_try_s_;                                          \
+    } while (0)
+
+/* Debug-only internal invariant (compiled out with NDEBUG); turns into K3_EINTERNAL. */
+#ifndef NDEBUG
+#define K3_ASSERT(cond)                                                                    \
+    do {                                                                                   \
+        if (!(cond))                                                                       \
+            return k3_error(K3_EINTERNAL, "internal error: %s (%s:%d)", #cond, __FILE__,  \
+                            __LINE__);                                                     \
+    } while (0)
+#else
+#define K3_ASSERT(cond) ((void)0)
+#endif
+
+/* ---- host memory through the pluggable allocator --------------------------------------- */
+
+void *k3_host_alloc(size_t n);            /* NULL on failure (caller reports K3_ENOMEM) */
+void *k3_host_calloc(size_t count, size_t size); /* overflow-checked, zeroed */
+void k3_host_free(void *p, size_t n);     /* n is the size given at allocation */
+
+/* ---- checked size arithmetic ----------------------------------------------------------- */
+
+/* *out = a * b; false on overflow (a, b >= 0). */
+static inline bool k3_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool k3_add_ok(int64_t a, int64_t b, int64_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---- tensor helpers used across the core ------------------------------------------------ */
+
+/* Element pointer for a CPU tensor at linear (row-major) index decomposition idx. */
+static inline void *k3_tensor_ptr(const k3_tensor *t) {
+    return (char *)t->storage->data + (size_t)t->offset * k3_dtype_size(t->dtype);
+}
+/* Largest element offset + 1 the view can touch (0 for an empty view). Overflow-checked by
+ * the constructors, so plain arithmetic here is safe. */
+int64_t k3_tensor_extent(const k3_tensor *t);
+/* New handle with the same view as t (one more storage reference). */
+k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t);
+/* Formats "[d1, d2, ...]" of sizes or strides into buf. Returns buf. */
+const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v);
+/* True when a and b share storage and their extents intersect. */
+bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b);
+/* Loads element at flat storage index (element units) of dtype as double / float. */
+double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
+float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
+void k3_store_f64(void *base, k3_dtype dt, int64_t i, double v);
+void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v);
+/* Converts n contiguous elements to/from f32 (used to widen 16-bit data in blocks). */
+void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n);
+void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n);
+
+/* ---- ops: argument blocks ---------------------------------------------------------------- */
+
+typedef enum k3_op {
+    K3_OP_LINEAR = 0,
+    K3_OP_ATTN_RES,
+    K3_OP_RMS_NORM,
+    K3_OP_SILU_MUL,
+    K3_OP_COUNT
+} k3_op;
+
+/* Kernel configuration of the skinny decode GEMM (cuda.linear.skinny). Zero = kernel's
+ * default for that field. */
+typedef struct k3_skinny_config {
+    int threads;     /* threads per block */
+    int rows;        /* output rows (N) per block */
+    int unroll;      /* K unroll (16-byte vectors per thread per step) */
+    int vec;         /* elements per load: 8 = 16 bytes of bf16 */
+    int split_k;     /* 1 = no split */
+} k3_skinny_config;
+
+/* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the
+ * caller with x's dtype and device. */
+typedef struct k3_linear_args {
+    const k3_tensor *x, *w, *bias, *residual;
+    k3_tensor *out;
+    const k3_skinny_config *config; /* only cuda.linear.skinny reads it; may be NULL */
+    bool batch_invariant;           /* reduce each row in one fixed order, independent of M */
+} k3_linear_args;
+
+/* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H]. */
+typedef struct k3_attn_res_kargs {
+    k3_attn_res_args p;
+    k3_tensor *out;
+} k3_attn_res_kargs;
+
+/* y = round(x * rsqrt(mean(x^2) + eps) * w) over the last dim; x, out [M,H], w [H]. */
+typedef struct k3_rms_norm_args {
+    const k3_tensor *x, *w;
+    double eps;
+    k3_tensor *out;
+} k3_rms_norm_args;
+
+/* x [M,2I] -> out [M,I] = silu(x[:, :I]) * x[:, I:]. */
+typedef struct k3_silu_mul_args {
+    const k3_tensor *x;
+    k3_tensor *out;
+} k3_silu_mul_args;
+
+typedef struct k3_op_args {
+    k3_op op;
+    union {
+        k3_linear_args linear;
+        k3_attn_res_kargs attn_res;
+        k3_rms_norm_args rms_norm;
+        k3_silu_mul_args silu_mul;
+    } u;
+} k3_op_args;
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+/* A kernel registered as "<backend>.<op>.<variant>". supports() is pure: K3_OK, or a
+ * status with a one-line reason written to `reason` (K3_ELAYOUT marks a layout the kernel
+ * needs but did not get: policy "error" turns it into an error, "fallback" into a decline).
+ * supports() runs only after the op's shared validation has passed. run() re-checks its
+ * own hard preconditions (defence in depth) and returns the same error text a direct call
+ * would get, then computes into the caller-allocated out. */
+typedef struct k3_kernel {
+    const char *name;
+    k3_op op;
+    k3_device_type device;
+    k3_status (*supports)(const k3_op_args *a, char *reason, size_t n);
+    k3_status (*run)(const k3_op_args *a);
+} k3_kernel;
+
+/* ---- the CUDA backend's table (libk3_cuda.so) ------------------------------------------------ */
+
+#define K3_BACKEND_ABI 1
+
+typedef struct k3_backend {
+    int abi;              /* K3_BACKEND_ABI the backend was built with */
+    const char *name;     /* "cuda" */
+    int device_count;
+    /* Device name, compute capability and multiprocessor count of device `dev`. */
+    k3_status (*device_info)(int dev, char *name, size_t n, int *cc_major, int *cc_minor,
+                             int *sm_count);
+    /* Device memory through the caching allocator; K3_ENOMEM is recoverable. */
+    k3_status (*alloc)(int dev, size_t bytes, void **ptr);
+    void (*free)(int dev, void *ptr, size_t bytes);
+    /* Returns cached blocks to the device. */
+    k3_status (*empty_cache)(void);
+    /* dst <- src, same shape, any strides and dtype pair; at least one side is CUDA. */
+    k3_status (*copy)(k3_tensor *dst, const k3_tensor *src);
+    k3_status (*fill)(k3_tensor *t, double value);
+    /* out = a op b (b non-NULL) or a op s / s op a (b NULL); all on one CUDA device, out
+     * contiguous and freshly allocated with a's shape and dtype. */
+    k3_status (*binary)(k3_tensor *out, k3_binop op, const k3_tensor *a, const k3_tensor *b,
+                        double s, int scalar_first);
+    k3_status (*synchronize)(void);
+    const k3_kernel *const *kernels;
+    int nkernels;
+    /* Timing for benchmarks: records an event on this thread's stream of `dev`; elapsed ms
+     * between two such marks after synchronising. Handles are opaque. */
+    k3_status (*event_record)(int dev, void **event);
+    k3_status (*event_elapsed)(void *start, void *end, float *ms);
+    void (*event_free)(void *event);
+} k3_backend;
+
+/* Exported by libk3_cuda.so. Fills *out and returns K3_OK, or returns an error with a
+ * one-line reason ("no CUDA device", "driver too old: …") in reason. */
+typedef k3_status (*k3_backend_open_fn)(int core_abi, k3_backend *out, char *reason, size_t n);
+#define K3_BACKEND_OPEN_SYMBOL "k3_cuda_backend_open"
+
+/* The loaded CUDA backend, or NULL (then *reason says why). Loads on first use, once. */
+const k3_backend *k3_cuda_backend(const char **reason);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* K3_IMPL_H */
