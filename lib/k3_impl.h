@@ -219,6 +219,58 @@ typedef k3_status (*k3_backend_open_fn)(int core_abi, k3_backend *out, char *rea
 /* The loaded CUDA backend, or NULL (then *reason says why). Loads on first use, once. */
 const k3_backend *k3_cuda_backend(const char **reason);
 
+/* ---- registry, dispatch and op internals (helper A: registry.c, dispatch.c, ops.c) -------- */
+/* Exported (K3_API) because the binding and the CUDA backend are separate shared objects. */
+
+/* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
+K3_API const k3_kernel *k3_kernel_find(const char *name);
+/* "linear", "attn_res", "rms_norm", "silu_mul". */
+K3_API const char *k3_op_name(k3_op op);
+
+/* The CPU kernels (lib/cpu_linear.c, lib/cpu_attn_res.c, lib/cpu_norm.c). */
+extern const k3_kernel k3_cpu_linear_blas, k3_cpu_linear_reference,
+    k3_cpu_linear_batch_invariant, k3_cpu_attn_res_reference, k3_cpu_rms_norm_reference,
+    k3_cpu_silu_mul_reference;
+
+/* The shared validation of each op (lib/ops.c): shapes, dtypes, devices, unit last
+ * strides, ranges and out (which must be non-NULL here). Kernels call these at the start of
+ * run() so a direct call gets the same message as the op. */
+K3_API k3_status k3_linear_validate(const k3_linear_args *a);
+K3_API k3_status k3_attn_res_validate(const k3_attn_res_kargs *a);
+K3_API k3_status k3_rms_norm_validate(const k3_rms_norm_args *a);
+K3_API k3_status k3_silu_mul_validate(const k3_silu_mul_args *a);
+/* K3_EDEVICE "<op>: kernel <name> runs on <cpu|cuda>; tensors are on <dev>" unless t is on
+ * the kernel's device type. */
+K3_API k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t);
+
+/* Policy inspection (the binding builds k3.policy from these). */
+K3_API int k3_policy_count(const k3_policy *p, const char *op);        /* -1: unknown op */
+K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
+K3_API int k3_policy_layout_fallback(const k3_policy *p);
+
+/* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
+ * on this thread (ops and methods; not explain_only). Returns the previous hook through
+ * prev / prev_ud (may be NULL) so hooks nest. fn NULL switches tracing off. */
+typedef void (*k3_trace_fn)(void *ud, const k3_dispatch *d);
+K3_API void k3_trace_set(k3_trace_fn fn, void *ud, k3_trace_fn *prev, void **prev_ud);
+
+/* Dispatch (lib/dispatch.c). Walks the candidates (first `pre` if non-NULL, then the
+ * policy's list for a->op), records declines, runs the chosen kernel unless explain_only.
+ * `dev` is the tensors' device. `rec` (non-NULL) may already hold declines (a method's);
+ * they are kept and counted. */
+typedef struct k3_dispatch_ext {
+    const k3_kernel *pre;      /* tried before the policy's candidates (low-latency plan) */
+    const k3_decline *declined; /* declines made before dispatch (the method's check) */
+    int ndeclined;
+} k3_dispatch_ext;
+K3_API k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
+                                const k3_dispatch_ext *ext);
+/* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
+K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                               const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
+                               const k3_call *call, const k3_skinny_config *config,
+                               const k3_dispatch_ext *ext);
+
 #ifdef __cplusplus
 }
 #endif
