@@ -1,0 +1,198 @@
+/*
+ * dtype.c — dtype and device names, and the bf16/f16 conversions: round to nearest even,
+ * NaN kept (quietened), infinities kept, overflow to infinity as IEEE 754 prescribes.
+ * f64 inputs are rounded once (round-to-odd into f32 first, which is exact for a second
+ * rounding to 16 bits), so no value is double-rounded.
+ */
+#include "k3_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const dtype_names[] = {"bf16", "f16", "f32", "f64"};
+static const size_t dtype_sizes[] = {2, 2, 4, 8};
+
+const char *k3_dtype_name(k3_dtype d) {
+    return (unsigned)d < 4 ? dtype_names[d] : "?";
+}
+
+size_t k3_dtype_size(k3_dtype d) { return (unsigned)d < 4 ? dtype_sizes[d] : 0; }
+
+k3_status k3_dtype_parse(const char *text, k3_dtype *out) {
+    for (int i = 0; i < 4; i++)
+        if (text && strcmp(text, dtype_names[i]) == 0) {
+            *out = (k3_dtype)i;
+            return K3_OK;
+        }
+    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)",
+                    text ? text : "(null)");
+}
+
+k3_status k3_device_parse(const char *text, k3_device *out) {
+    if (!text) return k3_error(K3_EINVAL, "device is NULL");
+    if (strcmp(text, "cpu") == 0) {
+        *out = (k3_device){K3_DEVICE_CPU, 0};
+        return K3_OK;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        *out = (k3_device){K3_DEVICE_CUDA, 0};
+        return K3_OK;
+    }
+    if (strncmp(text, "cuda:", 5) == 0 && text[5] >= '0' && text[5] <= '9') {
+        char *end;
+        long v = strtol(text + 5, &end, 10);
+        if (*end == '\0' && v >= 0 && v < 1024) {
+            *out = (k3_device){K3_DEVICE_CUDA, (int)v};
+            return K3_OK;
+        }
+    }
+    return k3_error(K3_EDEVICE, "unknown device '%s' (expected cpu, cuda or cuda:N)", text);
+}
+
+const char *k3_device_name(k3_device d, char *buf, size_t n) {
+    if (d.type == K3_DEVICE_CPU)
+        snprintf(buf, n, "cpu");
+    else
+        snprintf(buf, n, "cuda:%d", d.index);
+    return buf;
+}
+
+/* ---- 16-bit conversions ------------------------------------------------------------------ */
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t k3_f32_to_bf16(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float k3_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
+
+uint16_t k3_f32_to_f16(float x) {
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 rounds to infinity */
+    if (a < 0x38800000u) {                       /* below 2^-14: f16 subnormal or zero */
+        int e = (int)(a >> 23);
+        if (e < 102) return sign; /* < 2^-25: rounds to zero */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - e;
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return sign | (uint16_t)q;
+    }
+    uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return sign | (uint16_t)h;
+}
+
+float k3_f16_to_f32(uint16_t x) {
+    uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
+    uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+    if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        if (m == 0) return bits_f32(sign);
+        float v = (float)m * 0x1p-24f; /* exact */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Rounds x to f32 with round-to-odd: truncate toward zero, then set the last bit when
+ * inexact. A later round-to-nearest-even to fewer than 22 mantissa bits is then exact. */
+static float f64_to_f32_odd(double x) {
+    if (isnan(x) || isinf(x)) return (float)x;
+    float f = (float)x;
+    if ((double)f == x) return f;
+    if (isinf(f) || fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
+    uint32_t u = f32_bits(f) | 1u;
+    return bits_f32(u);
+}
+
+uint16_t k3_f64_to_bf16(double x) { return k3_f32_to_bf16(f64_to_f32_odd(x)); }
+uint16_t k3_f64_to_f16(double x) { return k3_f32_to_f16(f64_to_f32_odd(x)); }
+
+/* ---- element access ------------------------------------------------------------------------ */
+
+double k3_load_f64(const void *base, k3_dtype dt, int64_t i) {
+    switch (dt) {
+    case K3_DTYPE_BF16: return k3_bf16_to_f32(((const uint16_t *)base)[i]);
+    case K3_DTYPE_F16: return k3_f16_to_f32(((const uint16_t *)base)[i]);
+    case K3_DTYPE_F32: return ((const float *)base)[i];
+    case K3_DTYPE_F64: return ((const double *)base)[i];
+    }
+    return NAN;
+}
+
+float k3_load_f32(const void *base, k3_dtype dt, int64_t i) {
+    switch (dt) {
+    case K3_DTYPE_BF16: return k3_bf16_to_f32(((const uint16_t *)base)[i]);
+    case K3_DTYPE_F16: return k3_f16_to_f32(((const uint16_t *)base)[i]);
+    case K3_DTYPE_F32: return ((const float *)base)[i];
+    case K3_DTYPE_F64: return (float)((const double *)base)[i];
+    }
+    return NAN;
+}
+
+void k3_store_f64(void *base, k3_dtype dt, int64_t i, double v) {
+    switch (dt) {
+    case K3_DTYPE_BF16: ((uint16_t *)base)[i] = k3_f64_to_bf16(v); break;
+    case K3_DTYPE_F16: ((uint16_t *)base)[i] = k3_f64_to_f16(v); break;
+    case K3_DTYPE_F32: ((float *)base)[i] = (float)v; break;
+    case K3_DTYPE_F64: ((double *)base)[i] = v; break;
+    }
+}
+
+void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case K3_DTYPE_BF16: ((uint16_t *)base)[i] = k3_f32_to_bf16(v); break;
+    case K3_DTYPE_F16: ((uint16_t *)base)[i] = k3_f32_to_f16(v); break;
+    case K3_DTYPE_F32: ((float *)base)[i] = v; break;
+    case K3_DTYPE_F64: ((double *)base)[i] = v; break;
+    }
+}
+
+void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n) {
+    switch (dt) {
+    case K3_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = k3_bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case K3_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = k3_f16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case K3_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case K3_DTYPE_F64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i];
+        break;
+    }
+}
+
+void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n) {
+    switch (dt) {
+    case K3_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k3_f32_to_bf16(src[i]);
+        break;
+    case K3_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k3_f32_to_f16(src[i]);
+        break;
+    case K3_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case K3_DTYPE_F64:
+        for (int64_t i = 0; i < n; i++) ((double *)dst)[i] = src[i];
+        break;
+    }
+}

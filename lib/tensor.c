@@ -1,0 +1,857 @@
+/*
+ * tensor.c — the tensor core: reference-counted storage, views (narrow, select, transpose,
+ * view, expand, as_strided), copies between any strides, dtypes and devices, fill, element
+ * access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
+ * device work is handed to the CUDA backend's table.
+ */
+#include "k3_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+double k3_randn_at(uint64_t seed, uint64_t i); /* random.c */
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v) {
+    size_t len = 0;
+    len += (size_t)snprintf(buf + len, n - len, "[");
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+    return buf;
+}
+
+k3_status k3_tensor_check(const k3_tensor *t, const char *what) {
+    if (!t) return k3_error(K3_EINVAL, "%s: tensor is NULL", what ? what : "tensor");
+    if (__atomic_load_n(&t->storage->released, __ATOMIC_ACQUIRE))
+        return k3_error(K3_EFREED, "tensor has been freed");
+    return K3_OK;
+}
+
+int k3_tensor_ndim(const k3_tensor *t) { return t ? t->ndim : 0; }
+int64_t k3_tensor_size(const k3_tensor *t, int d) {
+    return (t && d >= 0 && d < t->ndim) ? t->size[d] : -1;
+}
+int64_t k3_tensor_stride(const k3_tensor *t, int d) {
+    return (t && d >= 0 && d < t->ndim) ? t->stride[d] : -1;
+}
+int64_t k3_tensor_offset(const k3_tensor *t) { return t ? t->offset : 0; }
+k3_dtype k3_tensor_dtype(const k3_tensor *t) { return t ? t->dtype : K3_DTYPE_F32; }
+k3_device k3_tensor_device(const k3_tensor *t) {
+    return t ? t->storage->device : (k3_device){K3_DEVICE_CPU, 0};
+}
+
+int64_t k3_tensor_numel(const k3_tensor *t) {
+    if (!t) return 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->size[i]; /* checked at construction */
+    return n;
+}
+
+int k3_tensor_is_contiguous(const k3_tensor *t) {
+    if (!t) return 0;
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->size[i] == 0) return 1;
+        if (t->size[i] != 1 && t->stride[i] != expect) return 0;
+        expect *= t->size[i];
+    }
+    return 1;
+}
+
+void *k3_tensor_data(const k3_tensor *t) {
+    if (!t || !t->storage->data) return NULL;
+    return k3_tensor_ptr(t);
+}
+
+int64_t k3_tensor_extent(const k3_tensor *t) {
+    int64_t e = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->size[i] == 0) return 0;
+        e += (t->size[i] - 1) * t->stride[i];
+    }
+    return e;
+}
+
+bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b) {
+    if (a->storage != b->storage) return false;
+    int64_t ea = k3_tensor_extent(a), eb = k3_tensor_extent(b);
+    if (ea == 0 || eb == 0) return false;
+    return a->offset < b->offset + eb && b->offset < a->offset + ea;
+}
+
+static bool same_view(const k3_tensor *a, const k3_tensor *b) {
+    if (a->storage != b->storage || a->offset != b->offset || a->ndim != b->ndim ||
+        a->dtype != b->dtype)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->size[i] != b->size[i] || a->stride[i] != b->stride[i]) return false;
+    return true;
+}
+
+static const k3_backend *cuda_for(k3_device d, const char *op) {
+    (void)op;
+    const char *reason = NULL;
+    const k3_backend *b = k3_cuda_backend(&reason);
+    if (!b) {
+        k3_error(K3_EDEVICE, "%s: device cuda:%d is not available: %s", op, d.index,
+                 reason ? reason : "no CUDA backend");
+        return NULL;
+    }
+    if (d.index >= b->device_count) {
+        k3_error(K3_EDEVICE, "%s: device cuda:%d does not exist (%d CUDA device%s)", op,
+                 d.index, b->device_count, b->device_count == 1 ? "" : "s");
+        return NULL;
+    }
+    return b;
+}
+
+/* ---- storage and handles ---------------------------------------------------------------- */
+
+static void storage_release_memory(k3_storage *s) {
+    void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
+    if (!data) return;
+    if (s->device.type == K3_DEVICE_CPU) {
+        k3_host_free(data, s->nbytes);
+    } else {
+        const k3_backend *b = k3_cuda_backend(NULL);
+        if (b) b->free(s->device.index, data, s->nbytes);
+    }
+}
+
+static void storage_unref(k3_storage *s) {
+    if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+        storage_release_memory(s);
+        k3_host_free(s, sizeof *s);
+    }
+}
+
+static k3_status storage_new(k3_storage **out, size_t nbytes, k3_device device,
+                             const char *op) {
+    k3_storage *s = k3_host_calloc(1, sizeof *s);
+    if (!s) return k3_error(K3_ENOMEM, "%s: out of host memory", op);
+    s->refcount = 1;
+    s->device = device;
+    s->nbytes = nbytes;
+    if (device.type == K3_DEVICE_CPU) {
+        s->data = k3_host_alloc(nbytes);
+        if (!s->data) {
+            k3_host_free(s, sizeof *s);
+            return k3_error(K3_ENOMEM, "%s: out of host memory allocating %zu bytes", op,
+                            nbytes);
+        }
+    } else {
+        const k3_backend *b = cuda_for(device, op);
+        k3_status st = b ? b->alloc(device.index, nbytes, &s->data) : K3_EDEVICE;
+        if (st != K3_OK) {
+            k3_host_free(s, sizeof *s);
+            return st;
+        }
+    }
+    *out = s;
+    return K3_OK;
+}
+
+static k3_status handle_new(k3_tensor **out, k3_storage *s, const char *op) {
+    k3_tensor *t = k3_host_calloc(1, sizeof *t);
+    if (!t) return k3_error(K3_ENOMEM, "%s: out of host memory", op);
+    t->storage = s;
+    __atomic_add_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL);
+    *out = t;
+    return K3_OK;
+}
+
+void k3_tensor_free(k3_tensor *t) {
+    if (!t) return;
+    storage_unref(t->storage);
+    k3_host_free(t, sizeof *t);
+}
+
+void k3_tensor_release(k3_tensor *t) {
+    if (!t) return;
+    __atomic_store_n(&t->storage->released, 1, __ATOMIC_RELEASE);
+    storage_release_memory(t->storage);
+    k3_tensor_free(t);
+}
+
+k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t) {
+    K3_TRY(handle_new(out, t->storage, "alias"));
+    k3_storage *s = (*out)->storage;
+    **out = *t;
+    (*out)->storage = s;
+    return K3_OK;
+}
+
+/* Validates a shape; *numel gets the element count. */
+static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+    if (ndim < 0 || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op,
+                        K3_MAX_DIMS, ndim);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0; got %lld", op, i + 1,
+                            (long long)shape[i]);
+        if (!k3_mul_ok(n, shape[i], &n))
+            return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d (size %lld)",
+                            op, i + 1, (long long)shape[i]);
+    }
+    *numel = n;
+    return K3_OK;
+}
+
+static k3_status tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                            k3_device device, const char *op) {
+    if ((unsigned)dtype > K3_DTYPE_F64)
+        return k3_error(K3_EDTYPE, "%s: invalid dtype %d", op, (int)dtype);
+    int64_t numel, nbytes;
+    K3_TRY(check_shape(op, ndim, shape, &numel));
+    if (!k3_mul_ok(numel, (int64_t)k3_dtype_size(dtype), &nbytes))
+        return k3_error(K3_EOVERFLOW, "%s: byte size of %lld %s elements overflows", op,
+                        (long long)numel, k3_dtype_name(dtype));
+    k3_storage *s = NULL;
+    K3_TRY(storage_new(&s, (size_t)nbytes, device, op));
+    k3_tensor *t = k3_host_calloc(1, sizeof *t);
+    if (!t) {
+        storage_unref(s);
+        return k3_error(K3_ENOMEM, "%s: out of host memory", op);
+    }
+    t->storage = s; /* takes the storage's initial reference */
+    t->dtype = dtype;
+    t->ndim = ndim;
+    int64_t st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->size[i] = shape[i];
+        t->stride[i] = st;
+        st *= shape[i] ? shape[i] : 1;
+    }
+    *out = t;
+    return K3_OK;
+}
+
+k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                          k3_device device) {
+    return tensor_new(out, ndim, shape, dtype, device, "empty");
+}
+
+/* ---- strided row walking (CPU) -------------------------------------------------------------- */
+
+/* Calls fn once per innermost row of `shape` with the element offset of that row's first
+ * element in each of the nt tensors' strides. */
+typedef void (*row_fn)(void *ctx, const int64_t *off, int64_t n);
+
+static void walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
+                      const int64_t *base, row_fn fn, void *ctx) {
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    if (numel == 0) return;
+    int64_t off[4], idx[K3_MAX_DIMS] = {0};
+    int64_t n = ndim ? shape[ndim - 1] : 1;
+    int outer = ndim - 1;
+    for (;;) {
+        for (int k = 0; k < nt; k++) {
+            off[k] = base[k];
+            for (int d = 0; d < outer; d++) off[k] += idx[d] * strides[k][d];
+        }
+        fn(ctx, off, n);
+        int d = outer - 1;
+        while (d >= 0) {
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+            d--;
+        }
+        if (d < 0) break;
+    }
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    k3_dtype dt, st;
+    int64_t dstride, sstride;
+} copy_ctx;
+
+static void copy_row(void *c_, const int64_t *off, int64_t n) {
+    copy_ctx *c = c_;
+    if (c->dt == c->st && c->dstride == 1 && c->sstride == 1) {
+        size_t es = k3_dtype_size(c->dt);
+        memcpy((char *)c->dst + off[0] * es, (const char *)c->src + off[1] * es, (size_t)n * es);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double v = k3_load_f64(c->src, c->st, off[1] + i * c->sstride);
+        k3_store_f64(c->dst, c->dt, off[0] + i * c->dstride, v);
+    }
+}
+
+static k3_status copy_cpu(k3_tensor *dst, const k3_tensor *src) {
+    copy_ctx c = {dst->storage->data, src->storage->data, dst->dtype, src->dtype,
+                  dst->ndim ? dst->stride[dst->ndim - 1] : 1,
+                  src->ndim ? src->stride[src->ndim - 1] : 1};
+    const int64_t *strides[2] = {dst->stride, src->stride};
+    int64_t base[2] = {dst->offset, src->offset};
+    walk_rows(dst->ndim, dst->size, 2, strides, base, copy_row, &c);
+    return K3_OK;
+}
+
+static k3_status check_same_shape(const char *op, const char *an, const k3_tensor *a,
+                                  const char *bn, const k3_tensor *b) {
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++) same = a->size[i] == b->size[i];
+    if (same) return K3_OK;
+    char sa[160], sb[160];
+    return k3_error(K3_ESHAPE, "%s: %s shape %s must match %s shape %s", op, bn,
+                    k3_fmt_dims(sb, sizeof sb, b->ndim, b->size), an,
+                    k3_fmt_dims(sa, sizeof sa, a->ndim, a->size));
+}
+
+k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
+    K3_TRY(k3_tensor_check(dst, "copy"));
+    K3_TRY(k3_tensor_check(src, "copy"));
+    K3_TRY(check_same_shape("copy", "destination", dst, "source", src));
+    if (k3_tensor_numel(dst) == 0 || same_view(dst, src)) return K3_OK;
+    for (int i = 0; i < dst->ndim; i++)
+        if (dst->stride[i] == 0 && dst->size[i] > 1)
+            return k3_error(K3_ELAYOUT,
+                            "copy: destination dim %d has stride 0 (a broadcast view); "
+                            "it cannot be written",
+                            i + 1);
+    if (k3_tensor_overlaps(dst, src)) {
+        /* Partially overlapping views: go through a temporary so no element is read after
+         * it has been overwritten. */
+        k3_tensor *tmp;
+        K3_TRY(k3_tensor_to(&tmp, src, src->storage->device, src->dtype));
+        k3_status s = k3_tensor_copy(dst, tmp);
+        k3_tensor_free(tmp);
+        return s;
+    }
+    k3_device dd = dst->storage->device, sd = src->storage->device;
+    if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU) return copy_cpu(dst, src);
+    const k3_backend *b = cuda_for(dd.type == K3_DEVICE_CUDA ? dd : sd, "copy");
+    if (!b) return K3_EDEVICE;
+    if (dd.type == K3_DEVICE_CUDA && sd.type == K3_DEVICE_CUDA && dd.index >= b->device_count)
+        return k3_error(K3_EDEVICE, "copy: device cuda:%d does not exist", dd.index);
+    return b->copy(dst, src);
+}
+
+k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
+    K3_TRY(k3_tensor_check(t, "to"));
+    k3_tensor *r;
+    K3_TRY(tensor_new(&r, t->ndim, t->size, dtype, device, "to"));
+    k3_status s = k3_tensor_copy(r, t);
+    if (s != K3_OK) {
+        k3_tensor_free(r);
+        return s;
+    }
+    *out = r;
+    return K3_OK;
+}
+
+/* ---- fill and creation ------------------------------------------------------------------------ */
+
+typedef struct {
+    void *data;
+    k3_dtype dt;
+    int64_t stride;
+    double v;
+} fill_ctx;
+
+static void fill_row(void *c_, const int64_t *off, int64_t n) {
+    fill_ctx *c = c_;
+    for (int64_t i = 0; i < n; i++) k3_store_f64(c->data, c->dt, off[0] + i * c->stride, c->v);
+}
+
+k3_status k3_tensor_fill(k3_tensor *t, double value) {
+    K3_TRY(k3_tensor_check(t, "fill"));
+    if (k3_tensor_numel(t) == 0) return K3_OK;
+    if (t->storage->device.type == K3_DEVICE_CUDA) {
+        const k3_backend *b = cuda_for(t->storage->device, "fill");
+        return b ? b->fill(t, value) : K3_EDEVICE;
+    }
+    fill_ctx c = {t->storage->data, t->dtype, t->ndim ? t->stride[t->ndim - 1] : 1, value};
+    const int64_t *strides[1] = {t->stride};
+    int64_t base[1] = {t->offset};
+    walk_rows(t->ndim, t->size, 1, strides, base, fill_row, &c);
+    return K3_OK;
+}
+
+k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                         k3_device device, double value) {
+    k3_tensor *t;
+    K3_TRY(tensor_new(&t, ndim, shape, dtype, device, "full"));
+    k3_status s = k3_tensor_fill(t, value);
+    if (s != K3_OK) {
+        k3_tensor_free(t);
+        return s;
+    }
+    *out = t;
+    return K3_OK;
+}
+
+/* Builds a CPU tensor with gen(i) for each row-major i, then moves it to device. */
+static k3_status tensor_generate(k3_tensor **out, int ndim, const int64_t *shape,
+                                 k3_dtype dtype, k3_device device, const char *op,
+                                 double (*gen)(const void *ud, int64_t i), const void *ud) {
+    k3_tensor *h;
+    K3_TRY(tensor_new(&h, ndim, shape, dtype, (k3_device){K3_DEVICE_CPU, 0}, op));
+    int64_t n = k3_tensor_numel(h);
+    void *p = h->storage->data;
+    for (int64_t i = 0; i < n; i++) k3_store_f64(p, dtype, i, gen(ud, i));
+    if (device.type == K3_DEVICE_CPU) {
+        *out = h;
+        return K3_OK;
+    }
+    k3_status s = k3_tensor_to(out, h, device, dtype);
+    k3_tensor_free(h);
+    return s;
+}
+
+static double gen_randn(const void *ud, int64_t i) {
+    return k3_randn_at(*(const uint64_t *)ud, (uint64_t)i);
+}
+static double gen_values(const void *ud, int64_t i) { return ((const double *)ud)[i]; }
+
+k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                          k3_device device, uint64_t seed) {
+    return tensor_generate(out, ndim, shape, dtype, device, "randn", gen_randn, &seed);
+}
+
+k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                             k3_device device, const double *values) {
+    return tensor_generate(out, ndim, shape, dtype, device, "tensor", gen_values, values);
+}
+
+/* ---- views ------------------------------------------------------------------------------------ */
+
+static k3_status check_dim(const char *op, const k3_tensor *t, int d, const char *arg) {
+    if (d < 0 || d >= t->ndim)
+        return k3_error(K3_ESHAPE, "%s: %s must be in 1..%d for a %d-dim tensor; got %d", op,
+                        arg, t->ndim, t->ndim, d + 1);
+    return K3_OK;
+}
+
+k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
+                           int64_t length) {
+    K3_TRY(k3_tensor_check(t, "narrow"));
+    K3_TRY(check_dim("narrow", t, d, "dim"));
+    int64_t end;
+    if (start < 0 || length < 0 || !k3_add_ok(start, length, &end) || end > t->size[d])
+        return k3_error(K3_ESHAPE,
+                        "narrow: start %lld and length %lld out of range for dim %d of size "
+                        "%lld",
+                        (long long)start + 1, (long long)length, d + 1, (long long)t->size[d]);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->size[d] = length;
+    if (length > 0) r->offset += start * t->stride[d];
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i) {
+    K3_TRY(k3_tensor_check(t, "select"));
+    K3_TRY(check_dim("select", t, d, "dim"));
+    if (i < 0 || i >= t->size[d])
+        return k3_error(K3_ESHAPE, "select: index %lld out of range for dim %d of size %lld",
+                        (long long)i + 1, d + 1, (long long)t->size[d]);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->offset += i * t->stride[d];
+    for (int k = d; k < t->ndim - 1; k++) {
+        r->size[k] = t->size[k + 1];
+        r->stride[k] = t->stride[k + 1];
+    }
+    r->ndim = t->ndim - 1;
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2) {
+    K3_TRY(k3_tensor_check(t, "transpose"));
+    K3_TRY(check_dim("transpose", t, d1, "dim1"));
+    K3_TRY(check_dim("transpose", t, d2, "dim2"));
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->size[d1] = t->size[d2];
+    r->size[d2] = t->size[d1];
+    r->stride[d1] = t->stride[d2];
+    r->stride[d2] = t->stride[d1];
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    K3_TRY(k3_tensor_check(t, "view"));
+    if (ndim < 0 || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "view: a tensor has 0 to %d dimensions; got %d", K3_MAX_DIMS,
+                        ndim);
+    char b1[160], b2[160];
+    if (!k3_tensor_is_contiguous(t))
+        return k3_error(K3_ELAYOUT,
+                        "view: tensor is not contiguous (shape %s, strides %s); call "
+                        "contiguous() first",
+                        k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
+                        k3_fmt_dims(b2, sizeof b2, t->ndim, t->stride));
+    int64_t sh[K3_MAX_DIMS], known = 1, numel = k3_tensor_numel(t);
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        sh[i] = shape[i];
+        if (shape[i] == -1) {
+            if (infer >= 0)
+                return k3_error(K3_ESHAPE, "view: only one size may be -1 (dims %d and %d)",
+                                infer + 1, i + 1);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return k3_error(K3_ESHAPE, "view: size of dim %d must be >= 0 or -1; got %lld",
+                            i + 1, (long long)shape[i]);
+        } else if (!k3_mul_ok(known, shape[i], &known)) {
+            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + 1);
+        }
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known != 0)
+            return k3_error(K3_ESHAPE, "view: cannot infer dim %d: %lld elements over %lld",
+                            infer + 1, (long long)numel, (long long)known);
+        sh[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel)
+        return k3_error(K3_ESHAPE, "view: shape %s has %lld elements; tensor has %lld",
+                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
+                        (long long)numel);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->ndim = ndim;
+    int64_t st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        r->size[i] = sh[i];
+        r->stride[i] = st;
+        st *= sh[i] ? sh[i] : 1;
+    }
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    K3_TRY(k3_tensor_check(t, "expand"));
+    char b1[160], b2[160];
+    if (ndim < t->ndim || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "expand: shape %s has fewer dims than the tensor (%d) or "
+                        "more than %d",
+                        k3_fmt_dims(b1, sizeof b1, ndim, shape), t->ndim, K3_MAX_DIMS);
+    int64_t sh[K3_MAX_DIMS], st[K3_MAX_DIMS], numel = 1;
+    int lead = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        int j = i - lead;
+        int64_t want = shape[i];
+        if (j < 0) {
+            if (want < 0)
+                return k3_error(K3_ESHAPE, "expand: size of new dim %d must be >= 0; got %lld",
+                                i + 1, (long long)want);
+            sh[i] = want;
+            st[i] = 0;
+        } else if (want == -1 || want == t->size[j]) {
+            sh[i] = t->size[j];
+            st[i] = t->stride[j];
+        } else if (t->size[j] == 1 && want >= 0) {
+            sh[i] = want;
+            st[i] = 0;
+        } else {
+            return k3_error(K3_ESHAPE,
+                            "expand: dim %d of size %lld cannot expand to %lld (tensor shape "
+                            "%s, target %s)",
+                            j + 1, (long long)t->size[j], (long long)want,
+                            k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
+                            k3_fmt_dims(b2, sizeof b2, ndim, shape));
+        }
+        if (!k3_mul_ok(numel, sh[i], &numel))
+            return k3_error(K3_EOVERFLOW, "expand: element count overflows at dim %d", i + 1);
+    }
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->ndim = ndim;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    memcpy(r->stride, st, sizeof(int64_t) * (size_t)ndim);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
+                               const int64_t *shape, const int64_t *stride, int64_t offset) {
+    K3_TRY(k3_tensor_check(t, "as_strided"));
+    int64_t numel;
+    K3_TRY(check_shape("as_strided", ndim, shape, &numel));
+    if (offset < 0)
+        return k3_error(K3_ESHAPE, "as_strided: offset must be >= 0; got %lld", (long long)offset);
+    int64_t last = offset, cap = (int64_t)(t->storage->nbytes / k3_dtype_size(t->dtype));
+    for (int i = 0; i < ndim; i++) {
+        int64_t step;
+        if (stride[i] < 0)
+            return k3_error(K3_ELAYOUT, "as_strided: stride of dim %d must be >= 0; got %lld",
+                            i + 1, (long long)stride[i]);
+        if (numel == 0) continue;
+        if (!k3_mul_ok(shape[i] - 1, stride[i], &step) || !k3_add_ok(last, step, &last))
+            return k3_error(K3_EOVERFLOW, "as_strided: extent overflows at dim %d", i + 1);
+    }
+    if (numel > 0 && last >= cap)
+        return k3_error(K3_ESHAPE,
+                        "as_strided: view reaches element %lld but the storage holds %lld",
+                        (long long)last, (long long)cap);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    r->ndim = ndim;
+    memcpy(r->size, shape, sizeof(int64_t) * (size_t)ndim);
+    memcpy(r->stride, stride, sizeof(int64_t) * (size_t)ndim);
+    r->offset = offset;
+    *out = r;
+    return K3_OK;
+}
+
+/* ---- element access ----------------------------------------------------------------------------- */
+
+static k3_status element_offset(const char *op, const k3_tensor *t, const int64_t *idx,
+                                int64_t *off) {
+    int64_t o = t->offset;
+    for (int d = 0; d < t->ndim; d++) {
+        if (idx[d] < 0 || idx[d] >= t->size[d])
+            return k3_error(K3_ESHAPE, "%s: index %lld out of range for dim %d of size %lld", op,
+                            (long long)idx[d] + 1, d + 1, (long long)t->size[d]);
+        o += idx[d] * t->stride[d];
+    }
+    *off = o;
+    return K3_OK;
+}
+
+/* A one-element view of t at storage offset off (for device element access). */
+static k3_status element_view(k3_tensor **out, const k3_tensor *t, int64_t off) {
+    K3_TRY(k3_tensor_alias(out, t));
+    (*out)->ndim = 0;
+    (*out)->offset = off;
+    return K3_OK;
+}
+
+k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
+    K3_TRY(k3_tensor_check(t, "get"));
+    int64_t off;
+    K3_TRY(element_offset("get", t, idx, &off));
+    if (t->storage->device.type == K3_DEVICE_CPU) {
+        *out = k3_load_f64(t->storage->data, t->dtype, off);
+        return K3_OK;
+    }
+    k3_tensor *v, *h;
+    K3_TRY(element_view(&v, t, off));
+    k3_status s = k3_tensor_to(&h, v, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64);
+    k3_tensor_free(v);
+    if (s != K3_OK) return s;
+    *out = *(double *)h->storage->data;
+    k3_tensor_free(h);
+    return K3_OK;
+}
+
+k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
+    K3_TRY(k3_tensor_check(t, "set"));
+    int64_t off;
+    K3_TRY(element_offset("set", t, idx, &off));
+    if (t->storage->device.type == K3_DEVICE_CPU) {
+        k3_store_f64(t->storage->data, t->dtype, off, value);
+        return K3_OK;
+    }
+    k3_tensor *v;
+    K3_TRY(element_view(&v, t, off));
+    k3_status s = k3_tensor_fill(v, value);
+    k3_tensor_free(v);
+    return s;
+}
+
+/* Row-major f64 copy of any tensor (any device) into out[numel]. */
+k3_status k3_tensor_to_f64(const k3_tensor *t, double *out) {
+    K3_TRY(k3_tensor_check(t, "to_f64"));
+    int64_t n = k3_tensor_numel(t);
+    if (n == 0) return K3_OK;
+    k3_tensor *h;
+    K3_TRY(k3_tensor_to(&h, t, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64));
+    memcpy(out, h->storage->data, (size_t)n * sizeof(double));
+    k3_tensor_free(h);
+    return K3_OK;
+}
+
+/* ---- elementwise arithmetic ------------------------------------------------------------------------ */
+
+typedef struct {
+    void *o;
+    const void *a, *b;
+    k3_dtype dt;
+    int64_t as, bs;
+    k3_binop op;
+    double s;
+    int mode; /* 0: a op b, 1: a op s, 2: s op a */
+} bin_ctx;
+
+static inline double apply_op(k3_binop op, double x, double y) {
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+}
+static inline float apply_opf(k3_binop op, float x, float y) {
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+}
+
+static void bin_row(void *c_, const int64_t *off, int64_t n) {
+    bin_ctx *c = c_;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ia = off[1] + i * c->as, ib = off[2] + i * c->bs, io = off[0] + i;
+        if (c->dt == K3_DTYPE_F64) {
+            double x = k3_load_f64(c->a, c->dt, ia);
+            double y = c->mode == 0 ? k3_load_f64(c->b, c->dt, ib) : c->s;
+            k3_store_f64(c->o, c->dt, io, c->mode == 2 ? apply_op(c->op, y, x) : apply_op(c->op, x, y));
+        } else {
+            /* fp32 arithmetic, rounded once to the dtype (DESIGN.md). */
+            float x = k3_load_f32(c->a, c->dt, ia);
+            float y = c->mode == 0 ? k3_load_f32(c->b, c->dt, ib) : (float)c->s;
+            k3_store_f32(c->o, c->dt, io,
+                         c->mode == 2 ? apply_opf(c->op, y, x) : apply_opf(c->op, x, y));
+        }
+    }
+}
+
+static k3_status binary_impl(k3_tensor **out, k3_binop op, const k3_tensor *a,
+                             const k3_tensor *b, double s, int scalar_first) {
+    static const char *const names[] = {"add", "sub", "mul"};
+    if ((unsigned)op > K3_MUL) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
+    const char *name = names[op];
+    K3_TRY(k3_tensor_check(a, name));
+    if (b) {
+        K3_TRY(k3_tensor_check(b, name));
+        K3_TRY(check_same_shape(name, "left operand", a, "right operand", b));
+        if (a->dtype != b->dtype)
+            return k3_error(K3_EDTYPE, "%s: dtypes differ (%s and %s); convert with to()", name,
+                            k3_dtype_name(a->dtype), k3_dtype_name(b->dtype));
+        k3_device da = a->storage->device, db = b->storage->device;
+        if (da.type != db.type || da.index != db.index) {
+            char x[16], y[16];
+            return k3_error(K3_EDEVICE, "%s: devices differ (%s and %s)", name,
+                            k3_device_name(da, x, sizeof x), k3_device_name(db, y, sizeof y));
+        }
+    }
+    k3_tensor *r;
+    K3_TRY(tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
+    k3_status st = K3_OK;
+    if (k3_tensor_numel(r) > 0) {
+        if (a->storage->device.type == K3_DEVICE_CUDA) {
+            const k3_backend *be = cuda_for(a->storage->device, name);
+            st = be ? be->binary(r, op, a, b, s, scalar_first) : K3_EDEVICE;
+        } else {
+            int last = a->ndim - 1;
+            bin_ctx c = {r->storage->data, a->storage->data, b ? b->storage->data : NULL,
+                         a->dtype, last >= 0 ? a->stride[last] : 1,
+                         (b && last >= 0) ? b->stride[last] : 1, op, s,
+                         b ? 0 : (scalar_first ? 2 : 1)};
+            const int64_t *strides[3] = {r->stride, a->stride, b ? b->stride : a->stride};
+            int64_t base[3] = {0, a->offset, b ? b->offset : 0};
+            walk_rows(a->ndim, a->size, 3, strides, base, bin_row, &c);
+        }
+    }
+    if (st != K3_OK) {
+        k3_tensor_free(r);
+        return st;
+    }
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a, const k3_tensor *b) {
+    if (!b) return k3_error(K3_EINVAL, "binary: right operand is NULL");
+    return binary_impl(out, op, a, b, 0, 0);
+}
+
+k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a, double s,
+                                  int scalar_first) {
+    return binary_impl(out, op, a, NULL, s, scalar_first);
+}
+
+/* ---- comparisons (f64, on the host) ------------------------------------------------------------------ */
+
+/* Loads a and b as f64 arrays on the host; caller frees with k3_host_free(p, n * 8). */
+static k3_status load_pair(const char *op, const k3_tensor *a, const k3_tensor *b, double **pa,
+                           double **pb, int64_t *n) {
+    K3_TRY(k3_tensor_check(a, op));
+    K3_TRY(k3_tensor_check(b, op));
+    K3_TRY(check_same_shape(op, "a", a, "b", b));
+    *n = k3_tensor_numel(a);
+    size_t bytes = (size_t)(*n ? *n : 1) * sizeof(double);
+    *pa = k3_host_alloc(bytes);
+    *pb = k3_host_alloc(bytes);
+    k3_status s = (*pa && *pb) ? K3_OK : k3_error(K3_ENOMEM, "%s: out of host memory", op);
+    if (s == K3_OK) s = k3_tensor_to_f64(a, *pa);
+    if (s == K3_OK) s = k3_tensor_to_f64(b, *pb);
+    if (s != K3_OK) {
+        k3_host_free(*pa, bytes);
+        k3_host_free(*pb, bytes);
+    }
+    return s;
+}
+
+static void free_pair(double *a, double *b, int64_t n) {
+    size_t bytes = (size_t)(n ? n : 1) * sizeof(double);
+    k3_host_free(a, bytes);
+    k3_host_free(b, bytes);
+}
+
+k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out) {
+    double *x, *y;
+    int64_t n;
+    K3_TRY(load_pair("max_abs_diff", a, b, &x, &y, &n));
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(x[i] - y[i]);
+        if (isnan(d)) {
+            /* Equal infinities compare as 0 difference; anything else NaN is NaN. */
+            if (x[i] == y[i]) continue;
+            m = NAN;
+            break;
+        }
+        if (d > m) m = d;
+    }
+    free_pair(x, y, n);
+    *out = m;
+    return K3_OK;
+}
+
+k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol, int *out) {
+    double *x, *y;
+    int64_t n;
+    K3_TRY(load_pair("allclose", a, b, &x, &y, &n));
+    int ok = 1;
+    for (int64_t i = 0; i < n && ok; i++) {
+        if (x[i] == y[i]) continue; /* equal infinities */
+        if (!(fabs(x[i] - y[i]) <= atol + rtol * fabs(y[i]))) ok = 0;
+    }
+    free_pair(x, y, n);
+    *out = ok;
+    return K3_OK;
+}
+
+k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
+    double *x, *y;
+    int64_t n;
+    K3_TRY(load_pair("cosine", a, b, &x, &y, &n));
+    double dot = 0, nx = 0, ny = 0;
+    for (int64_t i = 0; i < n; i++) {
+        dot += x[i] * y[i];
+        nx += x[i] * x[i];
+        ny += y[i] * y[i];
+    }
+    free_pair(x, y, n);
+    if (nx == 0 && ny == 0)
+        *out = 1.0;
+    else if (nx == 0 || ny == 0)
+        *out = NAN;
+    else
+        *out = dot / (sqrt(nx) * sqrt(ny));
+    return K3_OK;
+}
+
+k3_status k3_synchronize(void) {
+    const k3_backend *b = k3_cuda_backend(NULL);
+    return b ? b->synchronize() : K3_OK;
+}
