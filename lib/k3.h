@@ -326,6 +326,40 @@ K3_API void k3_stats_reset(void);
 /* Waits for all queued device work on this thread's streams. */
 K3_API k3_status k3_synchronize(void);
 
+/* ---- safetensors files (lib/safetensors.c; helper D) -------------------------------------- */
+
+/* A loaded safetensors file: its tensors, in header order, each a contiguous CPU tensor
+ * holding a copy of the file's data (the file is closed when load returns). The header
+ * (cJSON) is validated before any data is read: header length (8-byte little-endian, at most
+ * the file size - 8 and 100 MB), dtype (BF16, F16, F32, F64), shape (<= K3_MAX_DIMS dims,
+ * non-negative integers), data_offsets within the data section and equal to the shape's
+ * byte size, ranges tiling the data section without overlap or gap, names unique;
+ * "__metadata__" (an object of strings) is accepted and ignored. */
+typedef struct k3_safetensors k3_safetensors;
+
+/* Loads `path`. *out (owned by the caller, free with k3_safetensors_free) is NULL on error.
+ * Errors: K3_EIO (cannot open/read, or the file shrank while reading), K3_EFORMAT (any
+ * malformed field; the message names the file, the tensor and the problem, e.g.
+ * `safetensors: w.st: tensor "a": data_offsets [0, 64] out of range: the data section
+ * holds 32 bytes`), K3_ENOMEM. */
+K3_API k3_status k3_safetensors_load(const char *path, k3_safetensors **out);
+/* Number of tensors (0 for NULL). */
+K3_API int k3_safetensors_count(const k3_safetensors *st);
+/* Name of tensor i (0-based), owned by st; NULL when i is out of range. */
+K3_API const char *k3_safetensors_name(const k3_safetensors *st, int i);
+/* *out = a new handle (one more storage reference, the caller frees it) on tensor i.
+ * K3_EINVAL when i is out of range. The tensor outlives st. */
+K3_API k3_status k3_safetensors_tensor(const k3_safetensors *st, int i, k3_tensor **out);
+/* Frees the file handle and its references; tensors handed out stay valid. NULL: no-op. */
+K3_API void k3_safetensors_free(k3_safetensors *st);
+/* Writes n tensors (any dtype, device, strides: non-contiguous and device tensors are copied
+ * through k3_tensor_to) as contiguous little-endian data, sorted by name, with
+ * {"__metadata__": {"format": "pt"}}. The file is written beside `path` and renamed into
+ * place, so a failure leaves no partial file. Names must be non-empty, unique and not
+ * "__metadata__" (K3_EINVAL); a freed tensor is K3_EFREED; write failures K3_EIO. */
+K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
+                                     const k3_tensor *const *tensors);
+
 #ifdef __cplusplus
 }
 #endif
