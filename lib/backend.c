@@ -1,0 +1,104 @@
+/*
+ * backend.c — loads the CUDA backend (libk3_cuda.so) at run time, once per process.
+ * The core has no CUDA dependency: when the backend cannot be found, loaded, opened or has
+ * no device, k3 runs on the CPU and the one-line reason is kept for k3.backends().
+ */
+#include "k3_impl.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static k3_backend g_backend;
+static const k3_backend *g_loaded;
+static char g_reason[8400];
+/* The handle stays open for the life of the process: kernels and device memory hold
+ * pointers into it. */
+static void *g_handle;
+
+/* Directory of the shared object that holds this function (libk3.so), without the final
+ * slash, into buf. False when it cannot be found (a static link). */
+static bool self_dir(char *buf, size_t n) {
+    Dl_info info;
+    if (!dladdr((void *)&self_dir, &info) || !info.dli_fname) return false;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash) {
+        snprintf(buf, n, ".");
+        return true;
+    }
+    size_t len = (size_t)(slash - info.dli_fname);
+    if (len + 1 > n) return false;
+    memcpy(buf, info.dli_fname, len);
+    buf[len] = '\0';
+    return true;
+}
+
+static void load_backend(void) {
+    char path[4096];
+    const char *env = getenv("K3_CUDA_BACKEND");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+    } else {
+        char dir[4000];
+        if (!self_dir(dir, sizeof dir)) {
+            snprintf(g_reason, sizeof g_reason,
+                     "libk3_cuda.so not found: cannot locate libk3.so (set K3_CUDA_BACKEND)");
+            return;
+        }
+        snprintf(path, sizeof path, "%s/libk3_cuda.so", dir);
+    }
+    if (access(path, F_OK) != 0) {
+        snprintf(g_reason, sizeof g_reason, "libk3_cuda.so not found at %s", path);
+        return;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(g_reason, sizeof g_reason, "cannot load %s: %s", path, e ? e : "unknown error");
+        return;
+    }
+    k3_backend_open_fn open = NULL;
+    *(void **)&open = dlsym(h, K3_BACKEND_OPEN_SYMBOL);
+    if (!open) {
+        snprintf(g_reason, sizeof g_reason, "cannot load %s: no symbol %s", path,
+                 K3_BACKEND_OPEN_SYMBOL);
+        dlclose(h);
+        return;
+    }
+    k3_backend b;
+    memset(&b, 0, sizeof b);
+    char why[256] = "";
+    k3_status s = open(K3_BACKEND_ABI, &b, why, sizeof why);
+    if (s != K3_OK) {
+        snprintf(g_reason, sizeof g_reason, "%s", why[0] ? why : k3_status_name(s));
+        /* Keep the library mapped: a failed open may have registered CUDA runtime state
+         * whose teardown at unload is not safe to run early. */
+        g_handle = h;
+        return;
+    }
+    if (b.abi != K3_BACKEND_ABI) {
+        snprintf(g_reason, sizeof g_reason,
+                 "ABI mismatch: %s was built for backend ABI %d, this libk3 needs %d", path,
+                 b.abi, K3_BACKEND_ABI);
+        g_handle = h;
+        return;
+    }
+    if (b.device_count <= 0) {
+        snprintf(g_reason, sizeof g_reason, "no CUDA device");
+        g_handle = h;
+        return;
+    }
+    g_handle = h;
+    g_backend = b;
+    g_loaded = &g_backend;
+}
+
+const k3_backend *k3_cuda_backend(const char **reason) {
+    pthread_once(&g_once, load_backend);
+    if (reason) *reason = g_loaded ? NULL : g_reason;
+    return g_loaded;
+}

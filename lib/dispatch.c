@@ -1,0 +1,388 @@
+/*
+ * dispatch.c — policies (ordered candidate kernels per op, and what a layout mismatch
+ * does), the dispatcher that walks them and records every decline, batch-invariant mode,
+ * per-kernel counters and the thread-local trace hook.
+ */
+#include "k3_impl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const g_op_names[K3_OP_COUNT] = {"linear", "attn_res", "rms_norm",
+                                                     "silu_mul"};
+
+const char *k3_op_name(k3_op op) {
+    return op >= 0 && op < K3_OP_COUNT ? g_op_names[op] : "?";
+}
+
+static int op_parse(const char *name) {
+    for (int i = 0; name && i < K3_OP_COUNT; i++)
+        if (strcmp(g_op_names[i], name) == 0) return i;
+    return -1;
+}
+
+/* ---- policies ------------------------------------------------------------------------ */
+
+/* Candidates are catalogue indices, so the per-call cost is an array lookup. */
+struct k3_policy {
+    int n[K3_OP_COUNT];
+    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
+    int layout_fallback;
+};
+
+/* Must state what lua/k3/policy/default.lua states. */
+static const char *const g_default_candidates[K3_OP_COUNT][4] = {
+    {"cuda.linear.cublas", "cpu.linear.blas", NULL},
+    {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
+    {"cuda.rms_norm.generic", "cpu.rms_norm.reference", NULL},
+    {"cuda.silu_mul.generic", "cpu.silu_mul.reference", NULL},
+};
+
+static void policy_default_fill(k3_policy *p) {
+    memset(p, 0, sizeof *p);
+    for (int op = 0; op < K3_OP_COUNT; op++)
+        for (int i = 0; g_default_candidates[op][i]; i++)
+            p->cand[op][p->n[op]++] = k3_known_lookup(g_default_candidates[op][i], NULL, NULL);
+}
+
+static k3_policy g_default_policy;
+static pthread_once_t g_default_once = PTHREAD_ONCE_INIT;
+static void default_init(void) { policy_default_fill(&g_default_policy); }
+static const k3_policy *default_policy(void) {
+    pthread_once(&g_default_once, default_init);
+    return &g_default_policy;
+}
+
+k3_status k3_policy_new(k3_policy **out) {
+    if (!out) return k3_error(K3_EINVAL, "policy: out is NULL");
+    k3_policy *p = k3_host_alloc(sizeof *p);
+    if (!p) return k3_error(K3_ENOMEM, "policy: out of memory");
+    *p = *default_policy();
+    *out = p;
+    return K3_OK;
+}
+
+void k3_policy_free(k3_policy *p) {
+    if (p) k3_host_free(p, sizeof *p);
+}
+
+/* Writes "a, b, c" of the known kernels of op into buf. */
+static void known_for_op(char *buf, size_t n, k3_op op) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; k3_known_name(i); i++) {
+        k3_op kop;
+        k3_known_lookup(k3_known_name(i), &kop, NULL);
+        if (kop != op) continue;
+        int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : "", k3_known_name(i));
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+    }
+}
+
+k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
+                                   int n) {
+    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    int o = op_parse(op);
+    if (o < 0)
+        return k3_error(K3_EINVAL,
+                        "policy: unknown op '%s' (expected linear, attn_res, rms_norm or silu_mul)",
+                        op ? op : "(null)");
+    if (n < 0 || n > K3_MAX_CANDIDATES)
+        return k3_error(K3_EINVAL, "policy: %s has %d candidates; expected 0..%d", op, n,
+                        K3_MAX_CANDIDATES);
+    if (n > 0 && !names) return k3_error(K3_EINVAL, "policy: names is NULL");
+    int idx[K3_MAX_CANDIDATES];
+    for (int i = 0; i < n; i++) {
+        k3_op kop;
+        int k = k3_known_lookup(names[i], &kop, NULL);
+        if (k < 0 || kop != (k3_op)o) {
+            char known[512];
+            known_for_op(known, sizeof known, (k3_op)o);
+            if (k >= 0)
+                return k3_error(K3_EINVAL,
+                                "policy: kernel '%s' is a %s kernel, not a %s kernel (known %s "
+                                "kernels: %s)",
+                                names[i], k3_op_name(kop), op, op, known);
+            return k3_error(K3_EINVAL, "policy: unknown %s kernel '%s' (known: %s)", op,
+                            names[i] ? names[i] : "(null)", known);
+        }
+        idx[i] = k;
+    }
+    memcpy(p->cand[o], idx, sizeof(int) * (size_t)n);
+    p->n[o] = n;
+    return K3_OK;
+}
+
+k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback) {
+    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    p->layout_fallback = fallback != 0;
+    return K3_OK;
+}
+
+int k3_policy_count(const k3_policy *p, const char *op) {
+    int o = op_parse(op);
+    if (o < 0) return -1;
+    if (!p) p = default_policy();
+    return p->n[o];
+}
+
+const char *k3_policy_candidate(const k3_policy *p, const char *op, int i) {
+    int o = op_parse(op);
+    if (!p) p = default_policy();
+    if (o < 0 || i < 0 || i >= p->n[o]) return NULL;
+    return k3_known_name(p->cand[o][i]);
+}
+
+int k3_policy_layout_fallback(const k3_policy *p) {
+    if (!p) p = default_policy();
+    return p->layout_fallback;
+}
+
+/* ---- batch-invariant mode ------------------------------------------------------------ */
+
+static atomic_int g_batch_invariant = -1; /* -1: K3_BATCH_INVARIANT not read yet */
+
+void k3_set_batch_invariant(int on) { atomic_store(&g_batch_invariant, on ? 1 : 0); }
+
+int k3_batch_invariant(void) {
+    int v = atomic_load(&g_batch_invariant);
+    if (v < 0) {
+        const char *env = getenv("K3_BATCH_INVARIANT");
+        int want = env && strcmp(env, "1") == 0;
+        int expected = -1;
+        atomic_compare_exchange_strong(&g_batch_invariant, &expected, want);
+        v = atomic_load(&g_batch_invariant);
+    }
+    return v;
+}
+
+/* ---- counters -------------------------------------------------------------------------- */
+
+#define K3_MAX_STAT_KERNELS 64
+#define K3_MAX_STAT_DECLINES 256
+static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
+static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
+typedef struct decline_stat {
+    char key[sizeof(((k3_decline *)0)->kernel) + sizeof(((k3_decline *)0)->reason) + 2];
+    uint64_t count;
+} decline_stat;
+static decline_stat g_declines[K3_MAX_STAT_DECLINES];
+static int g_ndeclines;
+
+static void count_declines(const k3_dispatch *rec) {
+    if (rec->ndeclined == 0) return;
+    pthread_mutex_lock(&g_stats_lock);
+    for (int d = 0; d < rec->ndeclined; d++) {
+        char key[sizeof g_declines[0].key];
+        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
+        int i;
+        for (i = 0; i < g_ndeclines; i++)
+            if (strcmp(g_declines[i].key, key) == 0) break;
+        if (i == g_ndeclines) {
+            /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
+            if (g_ndeclines == K3_MAX_STAT_DECLINES) {
+                i = K3_MAX_STAT_DECLINES - 1;
+                snprintf(g_declines[i].key, sizeof g_declines[i].key, "(other declines)");
+            } else {
+                memcpy(g_declines[i].key, key, sizeof key);
+                g_declines[i].count = 0;
+                g_ndeclines++;
+            }
+        }
+        g_declines[i].count++;
+    }
+    pthread_mutex_unlock(&g_stats_lock);
+}
+
+void k3_stats(k3_stats_fn fn, void *ud) {
+    if (!fn) return;
+    for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++) {
+        uint64_t c = atomic_load(&g_kernel_calls[i]);
+        if (c) fn(ud, "kernel", k3_known_name(i), c);
+    }
+    /* Copy under the lock, call fn outside it: fn may call back into k3. */
+    pthread_mutex_lock(&g_stats_lock);
+    int n = g_ndeclines;
+    decline_stat *copy = n ? k3_host_alloc(sizeof(decline_stat) * (size_t)n) : NULL;
+    if (copy) memcpy(copy, g_declines, sizeof(decline_stat) * (size_t)n);
+    pthread_mutex_unlock(&g_stats_lock);
+    if (!copy) return;
+    for (int i = 0; i < n; i++) fn(ud, "decline", copy[i].key, copy[i].count);
+    k3_host_free(copy, sizeof(decline_stat) * (size_t)n);
+}
+
+void k3_stats_reset(void) {
+    for (int i = 0; i < K3_MAX_STAT_KERNELS; i++) atomic_store(&g_kernel_calls[i], 0);
+    pthread_mutex_lock(&g_stats_lock);
+    g_ndeclines = 0;
+    pthread_mutex_unlock(&g_stats_lock);
+}
+
+/* ---- tracing --------------------------------------------------------------------------- */
+
+static _Thread_local k3_trace_fn t_trace;
+static _Thread_local void *t_trace_ud;
+
+void k3_trace_set(k3_trace_fn fn, void *ud, k3_trace_fn *prev, void **prev_ud) {
+    if (prev) *prev = t_trace;
+    if (prev_ud) *prev_ud = t_trace_ud;
+    t_trace = fn;
+    t_trace_ud = fn ? ud : NULL;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+static const char *device_type_name(k3_device_type t) {
+    return t == K3_DEVICE_CPU ? "cpu" : "cuda";
+}
+
+k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t) {
+    k3_device d = k3_tensor_device(t);
+    if (d.type == k->device) return K3_OK;
+    char dn[32];
+    return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
+                    k3_op_name(k->op), k->name, device_type_name(k->device),
+                    k3_device_name(d, dn, sizeof dn));
+}
+
+static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason) {
+    if (rec->ndeclined >= K3_MAX_DECLINES) return;
+    k3_decline *d = &rec->declined[rec->ndeclined++];
+    snprintf(d->kernel, sizeof d->kernel, "%s", kernel);
+    snprintf(d->reason, sizeof d->reason, "%s", reason);
+}
+
+/* Why a known kernel is not registered, for direct calls. */
+static void absent_detail(char *buf, size_t n, const char *name, k3_device_type dev) {
+    buf[0] = '\0';
+    const char *env = getenv("K3_DISABLE_KERNELS");
+    if (env && strstr(env, name)) {
+        snprintf(buf, n, " (disabled by K3_DISABLE_KERNELS)");
+        return;
+    }
+    if (dev == K3_DEVICE_CUDA) {
+        const char *why = NULL;
+        if (!k3_backend_available("cuda", &why))
+            snprintf(buf, n, " (CUDA backend unavailable: %s)", why ? why : "unknown");
+    }
+}
+
+static void finish_record(const k3_call *call, const k3_dispatch *rec) {
+    if (call && call->record) *call->record = *rec;
+}
+
+k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
+                         const k3_dispatch_ext *ext) {
+    const k3_policy *pol = call && call->policy ? call->policy : default_policy();
+    const char *opn = k3_op_name(a->op);
+    k3_dispatch rec;
+    rec.ndeclined = 0;
+    rec.chosen[0] = '\0';
+    snprintf(rec.op, sizeof rec.op, "%s", opn);
+    if (ext)
+        for (int i = 0; i < ext->ndeclined; i++)
+            add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
+
+    if (a->op == K3_OP_LINEAR) a->u.linear.batch_invariant = k3_batch_invariant() != 0;
+
+    const k3_kernel *chosen = NULL;
+    char dn[32];
+    k3_device_name(dev, dn, sizeof dn);
+    if (call && call->kernel) {
+        k3_op kop;
+        k3_device_type kdev;
+        int idx = k3_known_lookup(call->kernel, &kop, &kdev);
+        if (idx < 0) return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn, call->kernel);
+        if (kop != a->op)
+            return k3_error(K3_EINVAL, "%s: kernel '%s' is a %s kernel, not a %s kernel", opn,
+                            call->kernel, k3_op_name(kop), opn);
+        chosen = k3_known_kernel_at(idx);
+        if (!chosen) {
+            char detail[400];
+            absent_detail(detail, sizeof detail, call->kernel, kdev);
+            return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is not registered in this build%s",
+                            opn, call->kernel, detail);
+        }
+        if (kdev != dev.type)
+            return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
+                            opn, chosen->name, device_type_name(kdev), dn);
+    } else {
+        /* Batch-invariant mode replaces the linear candidates with the one fixed-order
+         * kernel of the device: any other kernel would make a row depend on M. */
+        struct {
+            const k3_kernel *k;
+            const char *name;
+        } list[K3_MAX_CANDIDATES + 1];
+        int n = 0;
+        if (a->op == K3_OP_LINEAR && a->u.linear.batch_invariant) {
+            const char *bname = dev.type == K3_DEVICE_CPU ? "cpu.linear.batch_invariant"
+                                                          : "cuda.linear.batch_invariant";
+            list[n].k = k3_kernel_find(bname);
+            list[n++].name = bname;
+        } else {
+            if (ext && ext->pre) {
+                list[n].k = ext->pre;
+                list[n++].name = ext->pre->name;
+            }
+            for (int i = 0; i < pol->n[a->op]; i++) {
+                list[n].k = k3_known_kernel_at(pol->cand[a->op][i]);
+                list[n++].name = k3_known_name(pol->cand[a->op][i]);
+            }
+        }
+        for (int i = 0; i < n && !chosen; i++) {
+            const k3_kernel *k = list[i].k;
+            const char *name = list[i].name;
+            if (!k) {
+                add_decline(&rec, name, "not registered in this build");
+                continue;
+            }
+            if (k->device != dev.type) {
+                char why[64];
+                snprintf(why, sizeof why, "tensors are on %s", dn);
+                add_decline(&rec, name, why);
+                continue;
+            }
+            char reason[256] = "";
+            k3_status s = k->supports(a, reason, sizeof reason);
+            if (s == K3_OK) {
+                chosen = k;
+                break;
+            }
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", k3_status_name(s));
+            add_decline(&rec, name, reason);
+            if (s == K3_ELAYOUT && !pol->layout_fallback) {
+                finish_record(call, &rec);
+                return k3_error(K3_ELAYOUT, "%s: %s", opn, reason);
+            }
+        }
+        if (!chosen) {
+            char list[1024];
+            size_t used = 0;
+            list[0] = '\0';
+            for (int d = 0; d < rec.ndeclined; d++) {
+                int w = snprintf(list + used, sizeof list - used, "%s%s: %s", d ? "; " : "",
+                                 rec.declined[d].kernel, rec.declined[d].reason);
+                if (w < 0 || (size_t)w >= sizeof list - used) break;
+                used += (size_t)w;
+            }
+            finish_record(call, &rec);
+            return k3_error(K3_ENOKERNEL, "%s: no registered kernel accepts the call (%s)", opn,
+                            rec.ndeclined ? list : "no candidates");
+        }
+    }
+    snprintf(rec.chosen, sizeof rec.chosen, "%s", chosen->name);
+    finish_record(call, &rec);
+    if (call && call->explain_only) return K3_OK;
+
+    K3_TRY(chosen->run(a));
+
+    int idx = k3_known_lookup(chosen->name, NULL, NULL);
+    if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) atomic_fetch_add(&g_kernel_calls[idx], 1);
+    count_declines(&rec);
+    if (t_trace) t_trace(t_trace_ud, &rec);
+    return K3_OK;
+}

@@ -1,0 +1,481 @@
+/*
+ * ops.c — the public ops (linear, attn_res, rms_norm, silu_mul): shared validation whose
+ * messages name the op, the argument, what was expected and what was given; allocation or
+ * checking of out; then dispatch. Everything is validated before anything is written.
+ */
+#include "k3_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#define DIMS_LEN 160
+
+/* "[2, 3]" of t's sizes / strides. */
+static const char *shp(char *buf, const k3_tensor *t) {
+    return k3_fmt_dims(buf, DIMS_LEN, t->ndim, t->size);
+}
+static const char *strd(char *buf, const k3_tensor *t) {
+    return k3_fmt_dims(buf, DIMS_LEN, t->ndim, t->stride);
+}
+
+static k3_status need(const char *op, const char *what, const k3_tensor *t) {
+    if (!t) return k3_error(K3_EINVAL, "%s: %s is required", op, what);
+    k3_status s = k3_tensor_check(t, what);
+    if (s != K3_OK) return k3_error_prefix(s, op);
+    return K3_OK;
+}
+
+static k3_status need_opt(const char *op, const char *what, const k3_tensor *t) {
+    return t ? need(op, what, t) : K3_OK;
+}
+
+/* "linear: x must be 2-D [M, K]; got 3-D [2, 3, 4]" */
+static k3_status need_ndim(const char *op, const char *what, const k3_tensor *t, int nd,
+                           const char *form) {
+    if (t->ndim == nd) return K3_OK;
+    char b[DIMS_LEN];
+    return k3_error(K3_ESHAPE, "%s: %s must be %d-D %s; got %d-D %s", op, what, nd, form,
+                    t->ndim, shp(b, t));
+}
+
+/* "linear: w dtype (f32) must match x dtype (bf16)" */
+static k3_status same_dtype(const char *op, const char *what, const k3_tensor *t,
+                            const char *refwhat, const k3_tensor *ref) {
+    if (t->dtype == ref->dtype) return K3_OK;
+    return k3_error(K3_EDTYPE, "%s: %s dtype (%s) must match %s dtype (%s)", op, what,
+                    k3_dtype_name(t->dtype), refwhat, k3_dtype_name(ref->dtype));
+}
+
+static bool device_eq(k3_device a, k3_device b) {
+    return a.type == b.type && (a.type == K3_DEVICE_CPU || a.index == b.index);
+}
+
+/* "linear: w device (cuda:0) must match x device (cpu)" */
+static k3_status same_device(const char *op, const char *what, const k3_tensor *t,
+                             const char *refwhat, const k3_tensor *ref) {
+    k3_device a = k3_tensor_device(t), b = k3_tensor_device(ref);
+    if (device_eq(a, b)) return K3_OK;
+    char da[32], db[32];
+    return k3_error(K3_EDEVICE, "%s: %s device (%s) must match %s device (%s)", op, what,
+                    k3_device_name(a, da, sizeof da), refwhat, k3_device_name(b, db, sizeof db));
+}
+
+/* Kernels read rows as contiguous runs, so the last dim must have stride 1 (a last dim of
+ * one element has no stride to speak of). */
+static k3_status unit_last(const char *op, const char *what, const k3_tensor *t) {
+    if (t->ndim == 0 || t->size[t->ndim - 1] <= 1 || t->stride[t->ndim - 1] == 1)
+        return K3_OK;
+    char b[DIMS_LEN];
+    return k3_error(K3_ELAYOUT, "%s: %s must have unit stride in its last dim; got strides %s",
+                    op, what, strd(b, t));
+}
+
+/* A sufficient test that no two elements of a written view share memory: with dims of size
+ * > 1 sorted by stride, each stride exceeds the span of the smaller ones. */
+static bool self_disjoint(const k3_tensor *t) {
+    int64_t st[K3_MAX_DIMS], sz[K3_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->size[d] == 0) return true;
+        if (t->size[d] > 1) {
+            st[n] = t->stride[d];
+            sz[n++] = t->size[d];
+        }
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+            int64_t a = st[j], b = sz[j];
+            st[j] = st[j - 1], sz[j] = sz[j - 1];
+            st[j - 1] = a, sz[j - 1] = b;
+        }
+    int64_t span = 0; /* largest offset reachable with the smaller dims */
+    for (int i = 0; i < n; i++) {
+        if (st[i] <= span) return false;
+        span += (sz[i] - 1) * st[i];
+    }
+    return true;
+}
+
+static k3_status written(const char *op, const char *what, const k3_tensor *t) {
+    if (self_disjoint(t)) return K3_OK;
+    char b[DIMS_LEN], c[DIMS_LEN];
+    return k3_error(K3_ELAYOUT,
+                    "%s: %s is written but its elements overlap (shape %s, strides %s)", op,
+                    what, shp(b, t), strd(c, t));
+}
+
+static k3_status no_overlap(const char *op, const char *what, const k3_tensor *t,
+                            const char *otherwhat, const k3_tensor *other) {
+    if (!other || !k3_tensor_overlaps(t, other)) return K3_OK;
+    return k3_error(K3_EINVAL, "%s: %s overlaps %s", op, what, otherwhat);
+}
+
+/* out must be exactly the result: shape, dtype and device. */
+static k3_status check_out(const char *op, const k3_tensor *out, int nd, const int64_t *shape,
+                           k3_dtype dtype, k3_device dev) {
+    K3_TRY(need(op, "out", out));
+    bool ok = out->ndim == nd;
+    for (int d = 0; ok && d < nd; d++) ok = out->size[d] == shape[d];
+    if (!ok) {
+        char b[DIMS_LEN], c[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "%s: out must be %s; got %s", op,
+                        k3_fmt_dims(c, sizeof c, nd, shape), shp(b, out));
+    }
+    if (out->dtype != dtype)
+        return k3_error(K3_EDTYPE, "%s: out dtype (%s) must be %s", op,
+                        k3_dtype_name(out->dtype), k3_dtype_name(dtype));
+    k3_device od = k3_tensor_device(out);
+    if (!device_eq(od, dev)) {
+        char a[32], b[32];
+        return k3_error(K3_EDEVICE, "%s: out device (%s) must be %s", op,
+                        k3_device_name(od, a, sizeof a), k3_device_name(dev, b, sizeof b));
+    }
+    return written(op, "out", out);
+}
+
+static k3_status finite_eps(const char *op, const char *what, double eps) {
+    if (isfinite(eps) && eps >= 0) return K3_OK;
+    return k3_error(K3_EINVAL, "%s: %s must be a finite number >= 0; got %g", op, what, eps);
+}
+
+/* ---- linear ---------------------------------------------------------------------------- */
+
+static k3_status linear_inputs(const k3_linear_args *a) {
+    const char *op = "linear";
+    K3_TRY(need(op, "x", a->x));
+    K3_TRY(need(op, "w", a->w));
+    K3_TRY(need_opt(op, "bias", a->bias));
+    K3_TRY(need_opt(op, "residual", a->residual));
+    const k3_tensor *x = a->x, *w = a->w;
+    K3_TRY(need_ndim(op, "x", x, 2, "[M, K]"));
+    K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
+    if (x->size[1] != w->size[1])
+        return k3_error(K3_ESHAPE, "linear: x dim 2 (%lld) must match w dim 2 (%lld)",
+                        (long long)x->size[1], (long long)w->size[1]);
+    K3_TRY(same_dtype(op, "w", w, "x", x));
+    K3_TRY(same_device(op, "w", w, "x", x));
+    int64_t M = x->size[0], N = w->size[0];
+    if (a->bias) {
+        char b[DIMS_LEN];
+        if (a->bias->ndim != 1 || a->bias->size[0] != N)
+            return k3_error(K3_ESHAPE, "linear: bias must be [N] = [%lld] (w dim 1); got %s",
+                            (long long)N, shp(b, a->bias));
+        K3_TRY(same_dtype(op, "bias", a->bias, "x", x));
+        K3_TRY(same_device(op, "bias", a->bias, "x", x));
+    }
+    if (a->residual) {
+        char b[DIMS_LEN];
+        if (a->residual->ndim != 2 || a->residual->size[0] != M || a->residual->size[1] != N)
+            return k3_error(K3_ESHAPE, "linear: residual must be [M, N] = [%lld, %lld]; got %s",
+                            (long long)M, (long long)N, shp(b, a->residual));
+        K3_TRY(same_dtype(op, "residual", a->residual, "x", x));
+        K3_TRY(same_device(op, "residual", a->residual, "x", x));
+    }
+    return K3_OK;
+}
+
+static k3_status linear_out(const k3_linear_args *a) {
+    const char *op = "linear";
+    int64_t shape[2] = {a->x->size[0], a->w->size[0]};
+    K3_TRY(check_out(op, a->out, 2, shape, a->x->dtype, k3_tensor_device(a->x)));
+    K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
+    K3_TRY(no_overlap(op, "out", a->out, "w", a->w));
+    K3_TRY(no_overlap(op, "out", a->out, "bias", a->bias));
+    K3_TRY(no_overlap(op, "out", a->out, "residual", a->residual));
+    return K3_OK;
+}
+
+k3_status k3_linear_validate(const k3_linear_args *a) {
+    if (!a) return k3_error(K3_EINVAL, "linear: args is NULL");
+    K3_TRY(linear_inputs(a));
+    return linear_out(a);
+}
+
+/* ---- attn_res ---------------------------------------------------------------------------- */
+
+static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor *prefix) {
+    const char *op = "attn_res";
+    K3_TRY(need(op, what, wt));
+    int64_t H = prefix->size[1];
+    if (wt->ndim != 1 || wt->size[0] != H) {
+        char b[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "attn_res: %s must be [H] = [%lld] (prefix dim 2); got %s",
+                        what, (long long)H, shp(b, wt));
+    }
+    K3_TRY(same_device(op, what, wt, "prefix", prefix));
+    return unit_last(op, what, wt);
+}
+
+static k3_status attn_res_inputs(const k3_attn_res_args *p) {
+    const char *op = "attn_res";
+    K3_TRY(need(op, "prefix", p->prefix));
+    K3_TRY(need_opt(op, "delta", p->delta));
+    K3_TRY(need(op, "blocks", p->blocks));
+    const k3_tensor *prefix = p->prefix, *blocks = p->blocks, *delta = p->delta;
+    K3_TRY(need_ndim(op, "prefix", prefix, 2, "[T, H]"));
+    K3_TRY(need_ndim(op, "blocks", blocks, 3, "[T, S, H]"));
+    int64_t T = prefix->size[0], H = prefix->size[1], S = blocks->size[1];
+    if (blocks->size[0] != T)
+        return k3_error(K3_ESHAPE, "attn_res: blocks dim 1 (%lld) must match prefix dim 1 (%lld)",
+                        (long long)blocks->size[0], (long long)T);
+    if (blocks->size[2] != H)
+        return k3_error(K3_ESHAPE, "attn_res: blocks dim 3 (%lld) must match prefix dim 2 (%lld)",
+                        (long long)blocks->size[2], (long long)H);
+    if (delta && (delta->ndim != 2 || delta->size[0] != T || delta->size[1] != H)) {
+        char b[DIMS_LEN], c[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "attn_res: delta must be [T, H] = %s (prefix); got %s",
+                        shp(c, prefix), shp(b, delta));
+    }
+    K3_TRY(weight_h("norm_weight", p->norm_weight, prefix));
+    K3_TRY(weight_h("qk_weight", p->qk_weight, prefix));
+    if (p->output_norm_weight) K3_TRY(weight_h("output_norm_weight", p->output_norm_weight, prefix));
+    if (p->num_blocks < 0 || p->num_blocks > S)
+        return k3_error(K3_ESHAPE, "attn_res: num_blocks must be in 0..%lld (blocks dim 2); got %lld",
+                        (long long)S, (long long)p->num_blocks);
+    /* Messages count blocks from 1, as Lua does (the C value is 0-based, -1 for none). */
+    if (p->write_block < -1 || p->write_block >= S) {
+        if (S == 0)
+            return k3_error(K3_ESHAPE,
+                            "attn_res: write_block must be nil: blocks dim 2 is 0; got %lld",
+                            (long long)p->write_block + 1);
+        return k3_error(K3_ESHAPE, "attn_res: write_block must be in 1..%lld (blocks dim 2); got %lld",
+                        (long long)S, (long long)p->write_block + 1);
+    }
+    if (delta) K3_TRY(same_dtype(op, "delta", delta, "prefix", prefix));
+    K3_TRY(same_dtype(op, "blocks", blocks, "prefix", prefix));
+    if (delta) K3_TRY(same_device(op, "delta", delta, "prefix", prefix));
+    K3_TRY(same_device(op, "blocks", blocks, "prefix", prefix));
+    K3_TRY(unit_last(op, "prefix", prefix));
+    if (delta) K3_TRY(unit_last(op, "delta", delta));
+    K3_TRY(unit_last(op, "blocks", blocks));
+    K3_TRY(finite_eps(op, "eps", p->eps));
+    K3_TRY(finite_eps(op, "output_eps", p->output_eps));
+
+    const k3_tensor *ro[] = {p->norm_weight, p->qk_weight, p->output_norm_weight};
+    const char *ron[] = {"norm_weight", "qk_weight", "output_norm_weight"};
+    if (delta) {
+        K3_TRY(written(op, "prefix", prefix));
+        K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, "delta", delta));
+        K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, "blocks", blocks));
+        for (int i = 0; i < 3; i++)
+            K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, ron[i], ro[i]));
+    }
+    if (p->write_block >= 0) {
+        k3_tensor slot = *blocks; /* blocks[:, write_block, :] */
+        slot.ndim = 2;
+        slot.size[1] = H;
+        slot.stride[1] = blocks->stride[2];
+        K3_TRY(written(op, "blocks (write_block)", &slot));
+        K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "prefix", prefix));
+        K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "delta", delta));
+        for (int i = 0; i < 3; i++)
+            K3_TRY(no_overlap(op, "blocks (write_block)", blocks, ron[i], ro[i]));
+    }
+    return K3_OK;
+}
+
+static k3_status attn_res_out(const k3_attn_res_kargs *a) {
+    const char *op = "attn_res";
+    const k3_attn_res_args *p = &a->p;
+    K3_TRY(check_out(op, a->out, 2, p->prefix->size, p->prefix->dtype,
+                     k3_tensor_device(p->prefix)));
+    K3_TRY(unit_last(op, "out", a->out));
+    K3_TRY(no_overlap(op, "out", a->out, "prefix", p->prefix));
+    K3_TRY(no_overlap(op, "out", a->out, "delta", p->delta));
+    K3_TRY(no_overlap(op, "out", a->out, "blocks", p->blocks));
+    K3_TRY(no_overlap(op, "out", a->out, "norm_weight", p->norm_weight));
+    K3_TRY(no_overlap(op, "out", a->out, "qk_weight", p->qk_weight));
+    K3_TRY(no_overlap(op, "out", a->out, "output_norm_weight", p->output_norm_weight));
+    return K3_OK;
+}
+
+k3_status k3_attn_res_validate(const k3_attn_res_kargs *a) {
+    if (!a) return k3_error(K3_EINVAL, "attn_res: args is NULL");
+    K3_TRY(attn_res_inputs(&a->p));
+    return attn_res_out(a);
+}
+
+/* ---- rms_norm and silu_mul ---------------------------------------------------------------- */
+
+static k3_status rms_norm_inputs(const k3_rms_norm_args *a) {
+    const char *op = "rms_norm";
+    K3_TRY(need(op, "x", a->x));
+    K3_TRY(need(op, "w", a->w));
+    K3_TRY(need_ndim(op, "x", a->x, 2, "[M, H]"));
+    int64_t H = a->x->size[1];
+    if (a->w->ndim != 1 || a->w->size[0] != H) {
+        char b[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "rms_norm: w must be [H] = [%lld] (x dim 2); got %s",
+                        (long long)H, shp(b, a->w));
+    }
+    K3_TRY(same_device(op, "w", a->w, "x", a->x));
+    K3_TRY(unit_last(op, "x", a->x));
+    K3_TRY(unit_last(op, "w", a->w));
+    return finite_eps(op, "eps", a->eps);
+}
+
+static k3_status rms_norm_out(const k3_rms_norm_args *a) {
+    const char *op = "rms_norm";
+    K3_TRY(check_out(op, a->out, 2, a->x->size, a->x->dtype, k3_tensor_device(a->x)));
+    K3_TRY(unit_last(op, "out", a->out));
+    K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
+    return no_overlap(op, "out", a->out, "w", a->w);
+}
+
+k3_status k3_rms_norm_validate(const k3_rms_norm_args *a) {
+    if (!a) return k3_error(K3_EINVAL, "rms_norm: args is NULL");
+    K3_TRY(rms_norm_inputs(a));
+    return rms_norm_out(a);
+}
+
+static k3_status silu_mul_inputs(const k3_silu_mul_args *a) {
+    const char *op = "silu_mul";
+    K3_TRY(need(op, "x", a->x));
+    K3_TRY(need_ndim(op, "x", a->x, 2, "[M, 2I]"));
+    if (a->x->size[1] % 2 != 0)
+        return k3_error(K3_ESHAPE, "silu_mul: x dim 2 (%lld) must be even ([M, 2I])",
+                        (long long)a->x->size[1]);
+    return unit_last(op, "x", a->x);
+}
+
+static k3_status silu_mul_out(const k3_silu_mul_args *a) {
+    const char *op = "silu_mul";
+    int64_t shape[2] = {a->x->size[0], a->x->size[1] / 2};
+    K3_TRY(check_out(op, a->out, 2, shape, a->x->dtype, k3_tensor_device(a->x)));
+    K3_TRY(unit_last(op, "out", a->out));
+    return no_overlap(op, "out", a->out, "x", a->x);
+}
+
+k3_status k3_silu_mul_validate(const k3_silu_mul_args *a) {
+    if (!a) return k3_error(K3_EINVAL, "silu_mul: args is NULL");
+    K3_TRY(silu_mul_inputs(a));
+    return silu_mul_out(a);
+}
+
+/* ---- the common tail: out, dispatch, result handle ----------------------------------------- */
+
+/* A stand-in out for explain_only: the right shape, dtype, device and contiguous strides,
+ * no memory (supports() reads layout, never data). */
+typedef struct fake_out {
+    k3_storage storage;
+    k3_tensor t;
+} fake_out;
+
+static void fake_init(fake_out *f, int nd, const int64_t *shape, k3_dtype dt, k3_device dev) {
+    memset(f, 0, sizeof *f);
+    f->storage.refcount = 1;
+    f->storage.device = dev;
+    f->t.storage = &f->storage;
+    f->t.dtype = dt;
+    f->t.ndim = nd;
+    int64_t st = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        f->t.size[d] = shape[d];
+        f->t.stride[d] = st;
+        st *= shape[d] > 1 ? shape[d] : 1;
+    }
+}
+
+/* Runs dispatch on `a` whose out slot is *slot; allocates out when NULL (or fakes it for
+ * explain_only), and hands back *y. */
+static k3_status finish(const char *op, k3_op_args *a, k3_tensor **slot, k3_tensor **y, int nd,
+                        const int64_t *shape, k3_dtype dt, k3_device dev, const k3_call *call,
+                        const k3_dispatch_ext *ext) {
+    bool explain = call && call->explain_only;
+    if (explain) {
+        fake_out f;
+        if (!*slot) {
+            fake_init(&f, nd, shape, dt, dev);
+            *slot = &f.t;
+        }
+        k3_status s = k3_dispatch_op(a, dev, call, ext);
+        return s;
+    }
+    k3_tensor *fresh = NULL, *handle = NULL;
+    if (!*slot) {
+        K3_TRY(k3_tensor_empty(&fresh, nd, shape, dt, dev));
+        *slot = fresh;
+    } else if (y) {
+        k3_status s = k3_tensor_alias(&handle, *slot);
+        if (s != K3_OK) return k3_error_prefix(s, op);
+    }
+    k3_status s = k3_dispatch_op(a, dev, call, ext);
+    if (s != K3_OK) {
+        k3_tensor_free(fresh);
+        k3_tensor_free(handle);
+        return s;
+    }
+    if (y) *y = fresh ? fresh : handle;
+    else k3_tensor_free(fresh);
+    return K3_OK;
+}
+
+static k3_status need_result(const char *op, k3_tensor **y, const k3_tensor *out,
+                             const k3_call *call) {
+    if (!y && !out && !(call && call->explain_only))
+        return k3_error(K3_EINVAL, "%s: y and out are both NULL (the result would be lost)", op);
+    return K3_OK;
+}
+
+k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                        const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
+                        const k3_call *call, const k3_skinny_config *config,
+                        const k3_dispatch_ext *ext) {
+    K3_TRY(need_result("linear", y, out, call));
+    k3_op_args a;
+    memset(&a, 0, sizeof a);
+    a.op = K3_OP_LINEAR;
+    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false};
+    K3_TRY(linear_inputs(&a.u.linear));
+    if (out) K3_TRY(linear_out(&a.u.linear));
+    int64_t shape[2] = {x->size[0], w->size[0]};
+    return finish("linear", &a, &a.u.linear.out, y, 2, shape, x->dtype, k3_tensor_device(x),
+                  call, ext);
+}
+
+k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                    const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
+                    const k3_call *call) {
+    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL);
+}
+
+k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
+                      const k3_call *call) {
+    if (!p) return k3_error(K3_EINVAL, "attn_res: args is NULL");
+    K3_TRY(need_result("attn_res", y, out, call));
+    k3_op_args a;
+    memset(&a, 0, sizeof a);
+    a.op = K3_OP_ATTN_RES;
+    a.u.attn_res.p = *p;
+    a.u.attn_res.out = out;
+    K3_TRY(attn_res_inputs(&a.u.attn_res.p));
+    if (out) K3_TRY(attn_res_out(&a.u.attn_res));
+    return finish("attn_res", &a, &a.u.attn_res.out, y, 2, p->prefix->size, p->prefix->dtype,
+                  k3_tensor_device(p->prefix), call, NULL);
+}
+
+k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
+                      k3_tensor *out, const k3_call *call) {
+    K3_TRY(need_result("rms_norm", y, out, call));
+    k3_op_args a;
+    memset(&a, 0, sizeof a);
+    a.op = K3_OP_RMS_NORM;
+    a.u.rms_norm = (k3_rms_norm_args){x, w, eps, out};
+    K3_TRY(rms_norm_inputs(&a.u.rms_norm));
+    if (out) K3_TRY(rms_norm_out(&a.u.rms_norm));
+    return finish("rms_norm", &a, &a.u.rms_norm.out, y, 2, x->size, x->dtype,
+                  k3_tensor_device(x), call, NULL);
+}
+
+k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
+    K3_TRY(need_result("silu_mul", y, out, call));
+    k3_op_args a;
+    memset(&a, 0, sizeof a);
+    a.op = K3_OP_SILU_MUL;
+    a.u.silu_mul = (k3_silu_mul_args){x, out};
+    K3_TRY(silu_mul_inputs(&a.u.silu_mul));
+    if (out) K3_TRY(silu_mul_out(&a.u.silu_mul));
+    int64_t shape[2] = {x->size[0], x->size[1] / 2};
+    return finish("silu_mul", &a, &a.u.silu_mul.out, y, 2, shape, x->dtype, k3_tensor_device(x),
+                  call, NULL);
+}

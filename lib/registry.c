@@ -1,0 +1,186 @@
+/*
+ * registry.c — the kernel registry: the catalogue of every kernel name k3 knows in any
+ * build, and the kernels registered in this process (the CPU kernels always, then the CUDA
+ * backend's when it loads), minus those named in K3_DISABLE_KERNELS. Built once, then
+ * read-only, so lookups need no lock.
+ */
+#include "k3_impl.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every kernel name k3 knows, registered or not; a policy may name only these. Backend
+ * kernels with other names are appended at registration. */
+typedef struct known_kernel {
+    const char *name;
+    k3_op op;
+    k3_device_type device;
+} known_kernel;
+
+#define K3_MAX_KNOWN 64
+static known_kernel g_known[K3_MAX_KNOWN] = {
+    {"cpu.linear.blas", K3_OP_LINEAR, K3_DEVICE_CPU},
+    {"cpu.linear.reference", K3_OP_LINEAR, K3_DEVICE_CPU},
+    {"cpu.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CPU},
+    {"cpu.attn_res.reference", K3_OP_ATTN_RES, K3_DEVICE_CPU},
+    {"cpu.rms_norm.reference", K3_OP_RMS_NORM, K3_DEVICE_CPU},
+    {"cpu.silu_mul.reference", K3_OP_SILU_MUL, K3_DEVICE_CPU},
+    {"cuda.linear.cublas", K3_OP_LINEAR, K3_DEVICE_CUDA},
+    {"cuda.linear.skinny", K3_OP_LINEAR, K3_DEVICE_CUDA},
+    {"cuda.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CUDA},
+    {"cuda.attn_res.generic", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
+    {"cuda.attn_res.packed", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
+    {"cuda.rms_norm.generic", K3_OP_RMS_NORM, K3_DEVICE_CUDA},
+    {"cuda.silu_mul.generic", K3_OP_SILU_MUL, K3_DEVICE_CUDA},
+};
+static int g_nknown = 13;
+
+/* Registered kernels in registration order; g_slot[i] is the registered kernel of known
+ * name i or NULL. */
+static const k3_kernel *g_registered[K3_MAX_KNOWN];
+static int g_nregistered;
+static const k3_kernel *g_slot[K3_MAX_KNOWN];
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* True when `name` is listed in K3_DISABLE_KERNELS (comma-separated, spaces ignored). */
+static bool disabled(const char *name) {
+    const char *env = getenv("K3_DISABLE_KERNELS");
+    if (!env) return false;
+    size_t len = strlen(name);
+    const char *p = env;
+    while (*p) {
+        while (*p == ',' || *p == ' ' || *p == '\t') p++;
+        const char *start = p;
+        while (*p && *p != ',') p++;
+        const char *end = p;
+        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        if ((size_t)(end - start) == len && memcmp(start, name, len) == 0) return true;
+    }
+    return false;
+}
+
+static int known_index(const char *name) {
+    for (int i = 0; i < g_nknown; i++)
+        if (strcmp(g_known[i].name, name) == 0) return i;
+    return -1;
+}
+
+static void add(const k3_kernel *k) {
+    if (!k || !k->name || disabled(k->name)) return;
+    int i = known_index(k->name);
+    if (i >= 0 && g_slot[i]) return; /* first registration wins */
+    if (i < 0) {
+        if (g_nknown == K3_MAX_KNOWN) {
+            k3_log(K3_LOG_WARN, "kernel registry full: %s not registered", k->name);
+            return;
+        }
+        i = g_nknown++;
+        g_known[i] = (known_kernel){k->name, k->op, k->device};
+    }
+    if (g_known[i].op != k->op || g_known[i].device != k->device) {
+        k3_log(K3_LOG_WARN, "kernel %s has the wrong op or device: not registered", k->name);
+        return;
+    }
+    g_slot[i] = k;
+    g_registered[g_nregistered++] = k;
+}
+
+static void init_registry(void) {
+    add(&k3_cpu_linear_blas);
+    add(&k3_cpu_linear_reference);
+    add(&k3_cpu_linear_batch_invariant);
+    add(&k3_cpu_attn_res_reference);
+    add(&k3_cpu_rms_norm_reference);
+    add(&k3_cpu_silu_mul_reference);
+    const k3_backend *b = k3_cuda_backend(NULL);
+    if (b)
+        for (int i = 0; i < b->nkernels; i++) add(b->kernels[i]);
+}
+
+static void ensure(void) { pthread_once(&g_once, init_registry); }
+
+const k3_kernel *k3_kernel_find(const char *name) {
+    if (!name) return NULL;
+    ensure();
+    int i = known_index(name);
+    return i >= 0 ? g_slot[i] : NULL;
+}
+
+int k3_kernel_count(void) {
+    ensure();
+    return g_nregistered;
+}
+
+const char *k3_kernel_name(int i) {
+    ensure();
+    return i >= 0 && i < g_nregistered ? g_registered[i]->name : NULL;
+}
+
+int k3_has_kernel(const char *name) { return k3_kernel_find(name) != NULL; }
+
+int k3_known_kernel(const char *name) {
+    if (!name) return 0;
+    ensure();
+    return known_index(name) >= 0;
+}
+
+int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device) {
+    if (!name) return -1;
+    ensure();
+    int i = known_index(name);
+    if (i >= 0) {
+        if (op) *op = g_known[i].op;
+        if (device) *device = g_known[i].device;
+    }
+    return i;
+}
+const char *k3_known_name(int i) {
+    ensure();
+    return i >= 0 && i < g_nknown ? g_known[i].name : NULL;
+}
+const k3_kernel *k3_known_kernel_at(int i) {
+    ensure();
+    return i >= 0 && i < g_nknown ? g_slot[i] : NULL;
+}
+
+int k3_backend_available(const char *backend, const char **reason) {
+    if (reason) *reason = NULL;
+    if (backend && strcmp(backend, "cpu") == 0) return 1;
+    if (backend && strcmp(backend, "cuda") == 0) {
+        const char *why = NULL;
+        const k3_backend *b = k3_cuda_backend(&why);
+        if (!b && reason) *reason = why;
+        return b != NULL;
+    }
+    if (reason) *reason = "unknown backend (expected \"cpu\" or \"cuda\")";
+    return 0;
+}
+
+int k3_cuda_device_count(void) {
+    const k3_backend *b = k3_cuda_backend(NULL);
+    return b ? b->device_count : 0;
+}
+
+k3_status k3_cuda_arch(int device, char *buf, size_t n) {
+    const char *why = NULL;
+    const k3_backend *b = k3_cuda_backend(&why);
+    if (!b) return k3_error(K3_EDEVICE, "cuda_arch: CUDA is not available: %s", why);
+    if (!buf || n == 0) return k3_error(K3_EINVAL, "cuda_arch: buf is NULL");
+    if (device < 0 || device >= b->device_count)
+        return k3_error(K3_EDEVICE, "cuda_arch: device %d out of range 0..%d", device,
+                        b->device_count - 1);
+    char name[256];
+    int major = 0, minor = 0, sms = 0;
+    K3_TRY(b->device_info(device, name, sizeof name, &major, &minor, &sms));
+    snprintf(buf, n, "sm%d%d", major, minor);
+    return K3_OK;
+}
+
+k3_status k3_empty_cache(void) {
+    const k3_backend *b = k3_cuda_backend(NULL);
+    if (!b || !b->empty_cache) return K3_OK;
+    return b->empty_cache();
+}
