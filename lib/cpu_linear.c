@@ -1,0 +1,304 @@
+/*
+ * cpu_linear.c — the CPU linear kernels: cpu.linear.blas (OpenBLAS; the CPU default),
+ * cpu.linear.reference (naive, fp64 accumulate; the oracle) and cpu.linear.batch_invariant
+ * (the one fixed reduction order of notes/TEAM.md, shared with the GPU kernel).
+ * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64.
+ */
+#include "k3_impl.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+static const void *cdata(const k3_tensor *t) { return k3_tensor_data(t); }
+
+/* Every run() starts here: the op's own validation (same messages as k3_linear), then the
+ * device, since these kernels dereference host pointers. */
+static k3_status entry(const k3_kernel *k, const k3_op_args *a) {
+    if (!a || a->op != K3_OP_LINEAR)
+        return k3_error(K3_EINVAL, "linear: kernel %s called with %s arguments", k->name,
+                        a ? k3_op_name(a->op) : "NULL");
+    K3_TRY(k3_linear_validate(&a->u.linear));
+    K3_TRY(k3_kernel_check_device(k, a->u.linear.x));
+    return k3_kernel_check_device(k, a->u.linear.out);
+}
+
+/* Dispatch filters by device and the op validated everything else: these kernels take
+ * every linear call on the CPU. */
+static k3_status supports_any(const k3_op_args *a, char *reason, size_t n) { return K3_OK; }
+
+/* ---- cpu.linear.blas ---------------------------------------------------------------------- */
+
+/* A matrix operand for ?gemm: data, leading dimension, and whether it is used transposed. */
+typedef struct operand {
+    const void *p;
+    int64_t ld;
+    bool trans;
+} operand;
+
+static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
+
+/* x rows [rows, K] with strides (s0, s1): row-major (NoTrans, ld s0) or column-major
+ * (Trans, ld s1) when the strides allow, as BLAS needs ld >= the row length. */
+static bool pick_rowmajor(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t *ld) {
+    if ((cols <= 1 || s1 == 1) && (rows <= 1 || s0 >= max1(cols))) {
+        *ld = rows <= 1 ? max1(cols) : s0;
+        return *ld <= INT32_MAX;
+    }
+    return false;
+}
+static bool pick_colmajor(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t *ld) {
+    if ((rows <= 1 || s0 == 1) && (cols <= 1 || s1 >= max1(rows))) {
+        *ld = cols <= 1 ? max1(rows) : s1;
+        return *ld <= INT32_MAX;
+    }
+    return false;
+}
+
+/* Copies rows [r0, r0+rows) of a 2-D tensor into dst [rows, K] contiguous as float or
+ * double (16-bit values widen exactly). */
+static void widen_rows(void *dst, bool dbl, const k3_tensor *t, int64_t r0, int64_t rows) {
+    const void *base = cdata(t);
+    int64_t K = t->size[1], s0 = t->stride[0], s1 = t->stride[1];
+    if (K == 0) return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t o = (r0 + r) * s0;
+        if (dbl) {
+            double *d = (double *)dst + r * K;
+            for (int64_t k = 0; k < K; k++) d[k] = k3_load_f64(base, t->dtype, o + k * s1);
+        } else if (s1 == 1 || K <= 1) {
+            k3_convert_to_f32((float *)dst + r * K,
+                              (const char *)base + (size_t)o * k3_dtype_size(t->dtype), t->dtype,
+                              K);
+        } else {
+            float *d = (float *)dst + r * K;
+            for (int64_t k = 0; k < K; k++) d[k] = k3_load_f32(base, t->dtype, o + k * s1);
+        }
+    }
+}
+
+/* Bytes of host scratch, overflow-checked by the caller's sizes (all < 2^31 elements). */
+#define TILE_ELEMS ((int64_t)1 << 22)
+
+static k3_status run_blas(const k3_op_args *oa) {
+    K3_TRY(entry(&k3_cpu_linear_blas, oa));
+    const k3_linear_args *a = &oa->u.linear;
+    const k3_tensor *x = a->x, *w = a->w;
+    k3_tensor *out = a->out;
+    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    if (M == 0 || N == 0) return K3_OK;
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return k3_error(K3_EOVERFLOW, "linear: cpu.linear.blas: a dimension exceeds 2^31-1");
+    bool dbl = x->dtype == K3_DTYPE_F64;
+    bool wide = x->dtype == K3_DTYPE_F32 || dbl; /* operands usable by ?gemm as they are */
+    size_t es = dbl ? sizeof(double) : sizeof(float);
+
+    /* x is used directly when its strides give a transpose flag; otherwise copied once per
+     * row block. w likewise; a 16-bit w is widened in blocks of rows, never as a whole. */
+    int64_t ldx = 0, ldw = 0;
+    bool x_direct = false, x_trans = false, w_direct = false, w_colmajor = false;
+    if (wide) {
+        if (pick_rowmajor(M, K, x->stride[0], x->stride[1], &ldx)) x_direct = true;
+        else if (pick_colmajor(M, K, x->stride[0], x->stride[1], &ldx)) x_direct = x_trans = true;
+        if (pick_rowmajor(N, K, w->stride[0], w->stride[1], &ldw)) w_direct = true;
+        else if (pick_colmajor(N, K, w->stride[0], w->stride[1], &ldw)) w_direct = w_colmajor = true;
+    }
+    int64_t MB = x_direct ? M : (M < 256 ? M : 256);
+    int64_t NB = N;
+    if (!w_direct && NB > TILE_ELEMS / max1(K)) NB = max1(TILE_ELEMS / max1(K));
+    if (NB > TILE_ELEMS / MB) NB = max1(TILE_ELEMS / MB);
+
+    size_t xbytes = x_direct ? 0 : (size_t)MB * (size_t)K * es;
+    size_t wbytes = w_direct ? 0 : (size_t)NB * (size_t)K * es;
+    size_t cbytes = (size_t)MB * (size_t)NB * es;
+    void *xbuf = xbytes ? k3_host_alloc(xbytes) : NULL;
+    void *wbuf = wbytes ? k3_host_alloc(wbytes) : NULL;
+    void *cbuf = k3_host_alloc(cbytes);
+    k3_status st = K3_OK;
+    if ((xbytes && !xbuf) || (wbytes && !wbuf) || !cbuf) {
+        st = k3_error(K3_ENOMEM, "linear: cpu.linear.blas: out of memory (%zu bytes of scratch)",
+                      xbytes + wbytes + cbytes);
+        goto done;
+    }
+    const void *bbase = a->bias ? cdata(a->bias) : NULL;
+    const void *rbase = a->residual ? cdata(a->residual) : NULL;
+    void *obase = k3_tensor_data(out);
+    size_t xes = k3_dtype_size(x->dtype);
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        int64_t mb = M - m0 < MB ? M - m0 : MB;
+        operand A;
+        if (x_direct) {
+            A = (operand){(const char *)cdata(x) + (size_t)(m0 * x->stride[0]) * xes, ldx,
+                          x_trans};
+        } else {
+            widen_rows(xbuf, dbl, x, m0, mb);
+            A = (operand){xbuf, max1(K), false};
+        }
+        for (int64_t n0 = 0; n0 < N; n0 += NB) {
+            int64_t nb = N - n0 < NB ? N - n0 : NB;
+            operand B; /* op(B) is [K, nb] */
+            if (w_direct) {
+                B = (operand){(const char *)cdata(w) + (size_t)(n0 * w->stride[0]) * xes, ldw,
+                              !w_colmajor};
+            } else {
+                widen_rows(wbuf, dbl, w, n0, nb);
+                B = (operand){wbuf, max1(K), true};
+            }
+            if (K == 0) {
+                memset(cbuf, 0, (size_t)mb * (size_t)nb * es);
+            } else if (dbl) {
+                cblas_dgemm(CblasRowMajor, A.trans ? CblasTrans : CblasNoTrans,
+                            B.trans ? CblasTrans : CblasNoTrans, (int)mb, (int)nb, (int)K, 1.0,
+                            A.p, (int)A.ld, B.p, (int)B.ld, 0.0, cbuf, (int)max1(nb));
+            } else {
+                cblas_sgemm(CblasRowMajor, A.trans ? CblasTrans : CblasNoTrans,
+                            B.trans ? CblasTrans : CblasNoTrans, (int)mb, (int)nb, (int)K, 1.0f,
+                            A.p, (int)A.ld, B.p, (int)B.ld, 0.0f, cbuf, (int)max1(nb));
+            }
+            /* Epilogue in fp32 (fp64 for f64): + bias, + residual, one rounding. */
+            for (int64_t i = 0; i < mb; i++) {
+                int64_t gi = m0 + i;
+                for (int64_t j = 0; j < nb; j++) {
+                    int64_t gj = n0 + j;
+                    int64_t oi = gi * out->stride[0] + gj * out->stride[1];
+                    if (dbl) {
+                        double v = ((double *)cbuf)[i * nb + j];
+                        if (bbase) v += k3_load_f64(bbase, a->bias->dtype, gj * a->bias->stride[0]);
+                        if (rbase)
+                            v += k3_load_f64(rbase, a->residual->dtype,
+                                             gi * a->residual->stride[0] + gj * a->residual->stride[1]);
+                        k3_store_f64(obase, out->dtype, oi, v);
+                    } else {
+                        float v = ((float *)cbuf)[i * nb + j];
+                        if (bbase) v += k3_load_f32(bbase, a->bias->dtype, gj * a->bias->stride[0]);
+                        if (rbase)
+                            v += k3_load_f32(rbase, a->residual->dtype,
+                                             gi * a->residual->stride[0] + gj * a->residual->stride[1]);
+                        k3_store_f32(obase, out->dtype, oi, v);
+                    }
+                }
+            }
+        }
+    }
+done:
+    if (xbuf) k3_host_free(xbuf, xbytes);
+    if (wbuf) k3_host_free(wbuf, wbytes);
+    if (cbuf) k3_host_free(cbuf, cbytes);
+    return st;
+}
+
+const k3_kernel k3_cpu_linear_blas = {"cpu.linear.blas", K3_OP_LINEAR, K3_DEVICE_CPU,
+                                      supports_any, run_blas};
+
+/* ---- cpu.linear.reference ------------------------------------------------------------------ */
+
+/* The oracle: every product and sum in fp64, one rounding to the output dtype. */
+static k3_status run_reference(const k3_op_args *oa) {
+    K3_TRY(entry(&k3_cpu_linear_reference, oa));
+    const k3_linear_args *a = &oa->u.linear;
+    const k3_tensor *x = a->x, *w = a->w;
+    k3_tensor *out = a->out;
+    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    const void *xb = cdata(x), *wb = cdata(w);
+    const void *bb = a->bias ? cdata(a->bias) : NULL;
+    const void *rb = a->residual ? cdata(a->residual) : NULL;
+    void *ob = k3_tensor_data(out);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; k++)
+                acc += k3_load_f64(xb, x->dtype, i * x->stride[0] + k * x->stride[1]) *
+                       k3_load_f64(wb, w->dtype, n * w->stride[0] + k * w->stride[1]);
+            if (bb) acc += k3_load_f64(bb, a->bias->dtype, n * a->bias->stride[0]);
+            if (rb)
+                acc += k3_load_f64(rb, a->residual->dtype,
+                                   i * a->residual->stride[0] + n * a->residual->stride[1]);
+            k3_store_f64(ob, out->dtype, i * out->stride[0] + n * out->stride[1], acc);
+        }
+    return K3_OK;
+}
+
+const k3_kernel k3_cpu_linear_reference = {"cpu.linear.reference", K3_OP_LINEAR, K3_DEVICE_CPU,
+                                           supports_any, run_reference};
+
+/* ---- cpu.linear.batch_invariant ---------------------------------------------------------- */
+
+/* notes/TEAM.md's order: 32 lanes, lane j accumulates k = j, j+32, … with fma, then the
+ * shuffle-down tree 16, 8, 4, 2, 1; then + bias, + residual, one rounding. f64 tensors use
+ * the same order in fp64. */
+#define BI_LANES 32
+
+static float bi_row_f32(const float *xr, const float *wr, int64_t K) {
+    float acc[BI_LANES];
+    for (int j = 0; j < BI_LANES; j++) {
+        float s = 0.0f;
+        for (int64_t k = j; k < K; k += BI_LANES) s = fmaf(xr[k], wr[k], s);
+        acc[j] = s;
+    }
+    for (int off = BI_LANES / 2; off >= 1; off /= 2)
+        for (int j = 0; j < off; j++) acc[j] = acc[j] + acc[j + off];
+    return acc[0];
+}
+
+static double bi_row_f64(const double *xr, const double *wr, int64_t K) {
+    double acc[BI_LANES];
+    for (int j = 0; j < BI_LANES; j++) {
+        double s = 0.0;
+        for (int64_t k = j; k < K; k += BI_LANES) s = fma(xr[k], wr[k], s);
+        acc[j] = s;
+    }
+    for (int off = BI_LANES / 2; off >= 1; off /= 2)
+        for (int j = 0; j < off; j++) acc[j] = acc[j] + acc[j + off];
+    return acc[0];
+}
+
+static k3_status run_batch_invariant(const k3_op_args *oa) {
+    K3_TRY(entry(&k3_cpu_linear_batch_invariant, oa));
+    const k3_linear_args *a = &oa->u.linear;
+    const k3_tensor *x = a->x, *w = a->w;
+    k3_tensor *out = a->out;
+    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    if (M == 0 || N == 0) return K3_OK;
+    bool dbl = x->dtype == K3_DTYPE_F64;
+    size_t es = dbl ? sizeof(double) : sizeof(float);
+    /* x is widened whole (it is the activation); w one row at a time. */
+    size_t xbytes = (size_t)M * (size_t)max1(K) * es, wbytes = (size_t)max1(K) * es;
+    void *xbuf = k3_host_alloc(xbytes), *wbuf = k3_host_alloc(wbytes);
+    if (!xbuf || !wbuf) {
+        if (xbuf) k3_host_free(xbuf, xbytes);
+        if (wbuf) k3_host_free(wbuf, wbytes);
+        return k3_error(K3_ENOMEM,
+                        "linear: cpu.linear.batch_invariant: out of memory (%zu bytes of scratch)",
+                        xbytes + wbytes);
+    }
+    widen_rows(xbuf, dbl, x, 0, M);
+    const void *bb = a->bias ? cdata(a->bias) : NULL;
+    const void *rb = a->residual ? cdata(a->residual) : NULL;
+    void *ob = k3_tensor_data(out);
+    for (int64_t n = 0; n < N; n++) {
+        widen_rows(wbuf, dbl, w, n, 1);
+        for (int64_t i = 0; i < M; i++) {
+            int64_t ri = i * (a->residual ? a->residual->stride[0] : 0) +
+                         n * (a->residual ? a->residual->stride[1] : 0);
+            int64_t oi = i * out->stride[0] + n * out->stride[1];
+            if (dbl) {
+                double r = bi_row_f64((const double *)xbuf + i * K, wbuf, K);
+                if (bb) r = r + k3_load_f64(bb, a->bias->dtype, n * a->bias->stride[0]);
+                if (rb) r = r + k3_load_f64(rb, a->residual->dtype, ri);
+                k3_store_f64(ob, out->dtype, oi, r);
+            } else {
+                float r = bi_row_f32((const float *)xbuf + i * K, wbuf, K);
+                if (bb) r = r + k3_load_f32(bb, a->bias->dtype, n * a->bias->stride[0]);
+                if (rb) r = r + k3_load_f32(rb, a->residual->dtype, ri);
+                k3_store_f32(ob, out->dtype, oi, r);
+            }
+        }
+    }
+    k3_host_free(xbuf, xbytes);
+    k3_host_free(wbuf, wbytes);
+    return K3_OK;
+}
+
+const k3_kernel k3_cpu_linear_batch_invariant = {"cpu.linear.batch_invariant", K3_OP_LINEAR,
+                                                 K3_DEVICE_CPU, supports_any,
+                                                 run_batch_invariant};
