@@ -25,16 +25,23 @@ static void *g_handle;
 static bool self_dir(char *buf, size_t n) {
     Dl_info info;
     if (!dladdr((void *)&self_dir, &info) || !info.dli_fname) return false;
-    const char *slash = strrchr(info.dli_fname, '/');
+    /* Resolve symlinks and "..": the module may be loaded through a relative rpath. */
+    char *real = realpath(info.dli_fname, NULL);
+    const char *fname = real ? real : info.dli_fname;
+    const char *slash = strrchr(fname, '/');
+    bool ok = true;
     if (!slash) {
         snprintf(buf, n, ".");
-        return true;
+    } else {
+        size_t len = (size_t)(slash - fname);
+        ok = len + 1 <= n;
+        if (ok) {
+            memcpy(buf, fname, len);
+            buf[len] = '\0';
+        }
     }
-    size_t len = (size_t)(slash - info.dli_fname);
-    if (len + 1 > n) return false;
-    memcpy(buf, info.dli_fname, len);
-    buf[len] = '\0';
-    return true;
+    free(real);
+    return ok;
 }
 
 static void load_backend(void) {
@@ -58,6 +65,9 @@ static void load_backend(void) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
+        /* dlerror usually repeats the path: keep the line short. */
+        size_t pl = strlen(path);
+        if (e && strncmp(e, path, pl) == 0 && strncmp(e + pl, ": ", 2) == 0) e += pl + 2;
         snprintf(g_reason, sizeof g_reason, "cannot load %s: %s", path, e ? e : "unknown error");
         return;
     }
