@@ -54,7 +54,7 @@ $(BUILD)/obj/k3_lua.o: lib/k3_lua.c $(HEADERS)
 	$(CC) $(CFLAGS_K3) -I$(LUA_INC) -c $< -o $@
 
 $(LIBK3LUA): $(BUILD)/obj/k3_lua.o $(LIBK3)
-	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-rpath,'$$ORIGIN' -Wl,-soname,libk3lua.so
+	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../..' -Wl,-soname,libk3lua.so
 
 $(LUAMOD): $(LIBK3LUA)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,1261 @@
+/*
+ * k3_lua.c — the Lua 5.4 binding, and the only file of k3 that includes lua.h. Tensors are
+ * full userdata ("k3.Tensor") holding one k3_tensor handle; methods, linear methods and the
+ * compiled policy likewise. Every C call's temporaries are freed before a Lua error is raised.
+ */
+#include "k3_impl.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TENSOR_MT "k3.Tensor"
+#define METHOD_MT "k3.Method"
+#define POLICY_MT "k3.Policy"
+#define REG_POLICY "k3.policy.compiled"
+#define REG_TRACE "k3.trace"
+
+typedef struct {
+    k3_tensor *t; /* NULL once freed */
+} tensor_ud;
+
+/* Raises the thread's last k3 error as a Lua error. Callers free their temporaries first. */
+static int raise_k3(lua_State *L) { return luaL_error(L, "%s", k3_last_error()); }
+
+#define CHECK_K3(L, expr)                                                                  \
+    do {                                                                                   \
+        if ((expr) != K3_OK) return raise_k3(L);                                           \
+    } while (0)
+
+/* ---- tensor userdata ------------------------------------------------------------------------ */
+
+/* A new userdata in the closed (NULL) state, pushed before anything is allocated, so an
+ * allocation error in Lua cannot leak a handle. */
+static tensor_ud *push_tensor_slot(lua_State *L) {
+    tensor_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->t = NULL;
+    luaL_setmetatable(L, TENSOR_MT);
+    return u;
+}
+
+static tensor_ud *check_tensor_ud(lua_State *L, int idx) {
+    return luaL_checkudata(L, idx, TENSOR_MT);
+}
+
+/* The live tensor at idx; raises "tensor has been freed" for a freed handle or storage. */
+static k3_tensor *check_tensor(lua_State *L, int idx) {
+    tensor_ud *u = check_tensor_ud(L, idx);
+    if (!u->t) luaL_error(L, "tensor has been freed");
+    if (k3_tensor_check(u->t, NULL) != K3_OK) luaL_error(L, "%s", k3_last_error());
+    return u->t;
+}
+
+/* An optional tensor field of the table at idx: nil -> NULL; otherwise it must be a tensor. */
+static k3_tensor *opt_tensor_field(lua_State *L, int idx, const char *field, int argn,
+                                   const char *fname) {
+    k3_tensor *t = NULL;
+    int ty = lua_getfield(L, idx, field);
+    if (ty != LUA_TNIL) {
+        tensor_ud *u = luaL_testudata(L, -1, TENSOR_MT);
+        if (!u)
+            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a k3.Tensor; got %s)",
+                       argn, fname, field, luaL_typename(L, -1));
+        t = check_tensor(L, lua_gettop(L));
+    }
+    lua_pop(L, 1);
+    return t;
+}
+
+static int tensor_gc(lua_State *L) {
+    tensor_ud *u = check_tensor_ud(L, 1);
+    k3_tensor_free(u->t);
+    u->t = NULL;
+    return 0;
+}
+
+/* t:free(): releases the storage's memory now; this and every view sharing the storage then
+ * raise "tensor has been freed". Safe to call twice. */
+static int tensor_free(lua_State *L) {
+    tensor_ud *u = check_tensor_ud(L, 1);
+    k3_tensor_release(u->t);
+    u->t = NULL;
+    return 0;
+}
+
+/* ---- argument parsing -------------------------------------------------------------------------- */
+
+static int64_t check_int_field(lua_State *L, int argn, const char *fname, int idx, int i) {
+    lua_geti(L, idx, i);
+    int isnum = 0;
+    lua_Integer v = lua_tointegerx(L, -1, &isnum);
+    if (!isnum) {
+        const char *got = lua_type(L, -1) == LUA_TNUMBER ? "a non-integer number"
+                                                          : luaL_typename(L, -1);
+        luaL_error(L, "bad argument #%d to '%s' (shape[%d] must be an integer; got %s)", argn,
+                   fname, i, got);
+    }
+    lua_pop(L, 1);
+    return (int64_t)v;
+}
+
+/* Reads a shape table {d1, ..., dn} (1 <= n <= 8, each an integer; negative sizes are left
+ * to the callee when allow_neg). Returns n. */
+static int check_shape(lua_State *L, int idx, int64_t *shape, const char *fname, int allow_neg) {
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, idx);
+    if (n < 1 || n > K3_MAX_DIMS)
+        luaL_error(L, "bad argument #%d to '%s' (shape must have 1 to %d dims; got %d)", idx,
+                   fname, K3_MAX_DIMS, (int)n);
+    for (int i = 1; i <= n; i++) {
+        shape[i - 1] = check_int_field(L, idx, fname, idx, i);
+        if (!allow_neg && shape[i - 1] < 0)
+            luaL_error(L, "bad argument #%d to '%s' (size of dim %d must be >= 0; got %I)",
+                       idx, fname, i, (LUA_INTEGER)shape[i - 1]);
+    }
+    return (int)n;
+}
+
+typedef struct {
+    k3_dtype dtype;
+    k3_device device;
+    uint64_t seed;
+} create_opts;
+
+static void check_dtype_str(lua_State *L, const char *s, int argn, const char *fname,
+                            k3_dtype *out) {
+    if (k3_dtype_parse(s, out) != K3_OK)
+        luaL_error(L, "bad argument #%d to '%s' (unknown dtype '%s'; expected bf16, f16, f32 "
+                   "or f64)",
+                   argn, fname, s);
+}
+
+static void check_device_str(lua_State *L, const char *s, int argn, const char *fname,
+                             k3_device *out) {
+    if (k3_device_parse(s, out) != K3_OK)
+        luaL_error(L, "bad argument #%d to '%s' (unknown device '%s'; expected cpu, cuda or "
+                   "cuda:N)",
+                   argn, fname, s);
+}
+
+static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
+    create_opts o = {K3_DTYPE_F32, {K3_DEVICE_CPU, 0}, 0};
+    if (lua_isnoneornil(L, idx)) return o;
+    luaL_checktype(L, idx, LUA_TTABLE);
+    if (lua_getfield(L, idx, "dtype") != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            luaL_error(L, "bad argument #%d to '%s' (dtype must be a string; got %s)", idx,
+                       fname, luaL_typename(L, -1));
+        check_dtype_str(L, lua_tostring(L, -1), idx, fname, &o.dtype);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, idx, "device") != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            luaL_error(L, "bad argument #%d to '%s' (device must be a string; got %s)", idx,
+                       fname, luaL_typename(L, -1));
+        check_device_str(L, lua_tostring(L, -1), idx, fname, &o.device);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, idx, "seed") != LUA_TNIL) {
+        int isnum;
+        lua_Integer s = lua_tointegerx(L, -1, &isnum);
+        if (!isnum)
+            luaL_error(L, "bad argument #%d to '%s' (seed must be an integer)", idx, fname);
+        o.seed = (uint64_t)s;
+    }
+    lua_pop(L, 1);
+    return o;
+}
+
+/* 1-based dimension argument -> 0-based, checked against ndim. */
+static int check_dim_arg(lua_State *L, int argn, const k3_tensor *t, const char *fname) {
+    lua_Integer d = luaL_checkinteger(L, argn);
+    int nd = k3_tensor_ndim(t);
+    if (d < 1 || d > nd)
+        luaL_argerror(L, argn,
+                      lua_pushfstring(L, "dim must be in 1..%d; got %I", nd, (LUA_INTEGER)d));
+    (void)fname;
+    return (int)d - 1;
+}
+
+/* ---- creation -------------------------------------------------------------------------------- */
+
+static int create_filled(lua_State *L, const char *fname, int shape_idx, int opts_idx,
+                         int kind, double value) {
+    int64_t shape[K3_MAX_DIMS];
+    int nd = check_shape(L, shape_idx, shape, fname, 0);
+    create_opts o = check_create_opts(L, opts_idx, fname);
+    tensor_ud *u = push_tensor_slot(L);
+    k3_status s;
+    if (kind == 0)
+        s = k3_tensor_empty(&u->t, nd, shape, o.dtype, o.device);
+    else if (kind == 1)
+        s = k3_tensor_full(&u->t, nd, shape, o.dtype, o.device, value);
+    else
+        s = k3_tensor_randn(&u->t, nd, shape, o.dtype, o.device, o.seed);
+    CHECK_K3(L, s);
+    return 1;
+}
+
+/* k3.empty(shape, opts) -> uninitialised tensor (see API.md for opts). */
+static int l_empty(lua_State *L) { return create_filled(L, "empty", 1, 2, 0, 0); }
+/* k3.zeros(shape, opts) */
+static int l_zeros(lua_State *L) { return create_filled(L, "zeros", 1, 2, 1, 0); }
+/* k3.ones(shape, opts) */
+static int l_ones(lua_State *L) { return create_filled(L, "ones", 1, 2, 1, 1); }
+/* k3.full(shape, value, opts) */
+static int l_full(lua_State *L) {
+    double v = luaL_checknumber(L, 2);
+    return create_filled(L, "full", 1, 3, 1, v);
+}
+/* k3.randn(shape, opts): standard normal, counter-based (opts.seed, default 0). */
+static int l_randn(lua_State *L) { return create_filled(L, "randn", 1, 2, 2, 0); }
+
+/* Walks a nested table: discovers the shape at depth d (first visit) and checks others. */
+static void nested_shape(lua_State *L, int idx, int depth, int *nd, int64_t *shape) {
+    if (depth >= K3_MAX_DIMS)
+        luaL_error(L, "bad argument #1 to 'tensor' (more than %d levels of nesting)",
+                   K3_MAX_DIMS);
+    lua_Integer n = luaL_len(L, idx);
+    if (depth == *nd) {
+        shape[depth] = n;
+        (*nd)++;
+        if (n > 0) {
+            lua_geti(L, idx, 1);
+            if (lua_istable(L, -1)) nested_shape(L, lua_gettop(L), depth + 1, nd, shape);
+            lua_pop(L, 1);
+        }
+    } else if (n != shape[depth]) {
+        luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting: a list at depth %d has %d "
+                   "items, expected %d)",
+                   depth + 1, (int)n, (int)shape[depth]);
+    }
+}
+
+static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t *shape,
+                        double *out, int64_t *pos) {
+    for (lua_Integer i = 1; i <= shape[depth]; i++) {
+        lua_geti(L, idx, i);
+        if (depth == nd - 1) {
+            if (lua_type(L, -1) != LUA_TNUMBER)
+                luaL_error(L, "bad argument #1 to 'tensor' (expected a number at depth %d; got "
+                           "%s)",
+                           depth + 1, luaL_typename(L, -1));
+            out[(*pos)++] = lua_tonumber(L, -1);
+        } else {
+            if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[depth + 1])
+                luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting at depth %d)",
+                           depth + 2);
+            nested_fill(L, lua_gettop(L), depth + 1, nd, shape, out, pos);
+        }
+        lua_pop(L, 1);
+    }
+}
+
+/* k3.tensor(nested_table, opts): values from nested Lua lists, rounded once to dtype. */
+static int l_tensor(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    create_opts o = check_create_opts(L, 2, "tensor");
+    int64_t shape[K3_MAX_DIMS];
+    int nd = 0;
+    nested_shape(L, 1, 0, &nd, shape);
+    int64_t numel = 1;
+    for (int i = 0; i < nd; i++) numel *= shape[i];
+    /* The value buffer is a userdata so a Lua error while filling cannot leak it. */
+    double *vals = lua_newuserdatauv(L, (size_t)(numel ? numel : 1) * sizeof(double), 0);
+    int64_t pos = 0;
+    nested_fill(L, 1, 0, nd, shape, vals, &pos);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_from_f64(&u->t, nd, shape, o.dtype, o.device, vals));
+    return 1;
+}
+
+/* ---- metadata -------------------------------------------------------------------------------- */
+
+static int push_dims(lua_State *L, int nd, const int64_t *v, int argn) {
+    if (!lua_isnoneornil(L, argn)) {
+        lua_Integer d = luaL_checkinteger(L, argn);
+        if (d < 1 || d > nd)
+            return luaL_argerror(
+                L, argn, lua_pushfstring(L, "dim must be in 1..%d; got %I", nd, (LUA_INTEGER)d));
+        lua_pushinteger(L, (lua_Integer)v[d - 1]);
+        return 1;
+    }
+    lua_createtable(L, nd, 0);
+    for (int i = 0; i < nd; i++) {
+        lua_pushinteger(L, (lua_Integer)v[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+/* t:size() -> {d1, ...}; t:size(d) -> integer */
+static int m_size(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    return push_dims(L, t->ndim, t->size, 2);
+}
+/* t:stride() -> {s1, ...} in elements; t:stride(d) -> integer */
+static int m_stride(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    return push_dims(L, t->ndim, t->stride, 2);
+}
+static int m_dim(lua_State *L) {
+    lua_pushinteger(L, check_tensor(L, 1)->ndim);
+    return 1;
+}
+static int m_numel(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)k3_tensor_numel(check_tensor(L, 1)));
+    return 1;
+}
+/* t:offset() -> storage offset in elements */
+static int m_offset(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)check_tensor(L, 1)->offset);
+    return 1;
+}
+static int m_dtype(lua_State *L) {
+    lua_pushstring(L, k3_dtype_name(check_tensor(L, 1)->dtype));
+    return 1;
+}
+static int m_device(lua_State *L) {
+    char buf[32];
+    lua_pushstring(L, k3_device_name(k3_tensor_device(check_tensor(L, 1)), buf, sizeof buf));
+    return 1;
+}
+static int m_is_contiguous(lua_State *L) {
+    lua_pushboolean(L, k3_tensor_is_contiguous(check_tensor(L, 1)));
+    return 1;
+}
+
+/* ---- views ------------------------------------------------------------------------------------ */
+
+/* t:narrow(d, start, length): elements start..start+length-1 of dim d (1-based), a view. */
+static int m_narrow(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int d = check_dim_arg(L, 2, t, "narrow");
+    lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_narrow(&u->t, t, d, (int64_t)start - 1, (int64_t)len));
+    return 1;
+}
+
+/* t:select(d, i): the slice at index i of dim d, with dim d removed; a view. */
+static int m_select(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int d = check_dim_arg(L, 2, t, "select");
+    lua_Integer i = luaL_checkinteger(L, 3);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_select(&u->t, t, d, (int64_t)i - 1));
+    return 1;
+}
+
+/* t:transpose(d1, d2): dims swapped; a view. */
+static int m_transpose(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int d1 = check_dim_arg(L, 2, t, "transpose"), d2 = check_dim_arg(L, 3, t, "transpose");
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_transpose(&u->t, t, d1, d2));
+    return 1;
+}
+
+/* t:t(): transpose of a 2-D tensor. */
+static int m_t(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    if (t->ndim != 2)
+        return luaL_error(L, "t: expected a 2-dim tensor; got %d dims (use transpose(d1, d2))",
+                          t->ndim);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_transpose(&u->t, t, 0, 1));
+    return 1;
+}
+
+/* t:view(shape): same storage, new shape; t must be contiguous; one size may be -1. */
+static int m_view(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int64_t shape[K3_MAX_DIMS];
+    int nd = check_shape(L, 2, shape, "view", 1);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_view(&u->t, t, nd, shape));
+    return 1;
+}
+
+/* t:expand(shape): size-1 dims broadcast with stride 0 (-1 keeps a size); a view. */
+static int m_expand(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int64_t shape[K3_MAX_DIMS];
+    int nd = check_shape(L, 2, shape, "expand", 1);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_expand(&u->t, t, nd, shape));
+    return 1;
+}
+
+/* t:as_strided(shape, stride, offset): an arbitrary view, checked against the storage. */
+static int m_as_strided(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int64_t shape[K3_MAX_DIMS], stride[K3_MAX_DIMS];
+    int nd = check_shape(L, 2, shape, "as_strided", 1);
+    int ns = check_shape(L, 3, stride, "as_strided", 1);
+    if (ns != nd)
+        return luaL_error(L, "as_strided: shape has %d dims but stride has %d", nd, ns);
+    lua_Integer off = luaL_optinteger(L, 4, (lua_Integer)t->offset);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_as_strided(&u->t, t, nd, shape, stride, (int64_t)off));
+    return 1;
+}
+
+/* t:contiguous(): t itself when contiguous, else a contiguous copy. */
+static int m_contiguous(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    if (k3_tensor_is_contiguous(t)) {
+        lua_settop(L, 1);
+        return 1;
+    }
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    return 1;
+}
+
+/* t:clone(): a contiguous copy with the same dtype and device. */
+static int m_clone(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    return 1;
+}
+
+/* t:to(device_or_dtype) or t:to{device =, dtype =}: a contiguous copy (always a new tensor). */
+static int m_to(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    k3_device dev = k3_tensor_device(t);
+    k3_dtype dt = t->dtype;
+    if (lua_type(L, 2) == LUA_TSTRING) {
+        const char *s = lua_tostring(L, 2);
+        if (k3_dtype_parse(s, &dt) != K3_OK && k3_device_parse(s, &dev) != K3_OK)
+            return luaL_argerror(
+                L, 2,
+                lua_pushfstring(L, "'%s' is neither a dtype (bf16, f16, f32, f64) nor a device "
+                                   "(cpu, cuda, cuda:N)",
+                                s));
+    } else if (lua_type(L, 2) == LUA_TTABLE) {
+        create_opts o = check_create_opts(L, 2, "to");
+        lua_getfield(L, 2, "dtype");
+        if (!lua_isnil(L, -1)) dt = o.dtype;
+        lua_getfield(L, 2, "device");
+        if (!lua_isnil(L, -1)) dev = o.device;
+        lua_pop(L, 2);
+    } else {
+        return luaL_typeerror(L, 2, "string or table");
+    }
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_to(&u->t, t, dev, dt));
+    return 1;
+}
+
+/* t:copy(src): copies src's values (any strides, dtype, device; same shape); returns t. */
+static int m_copy(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    k3_tensor *src = check_tensor(L, 2);
+    CHECK_K3(L, k3_tensor_copy(t, src));
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* t:fill(value): every element set to value (rounded to dtype); returns t. */
+static int m_fill(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    double v = luaL_checknumber(L, 2);
+    CHECK_K3(L, k3_tensor_fill(t, v));
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* Reads ndim 1-based indices starting at argument `first`; returns 0-based in idx. */
+static void check_indices(lua_State *L, const k3_tensor *t, int first, int count,
+                          const char *fname, int64_t *idx) {
+    if (count != t->ndim)
+        luaL_error(L, "%s: expected %d ind%s for a %d-dim tensor; got %d", fname, t->ndim,
+                   t->ndim == 1 ? "ex" : "ices", t->ndim, count);
+    for (int i = 0; i < count; i++) idx[i] = (int64_t)luaL_checkinteger(L, first + i) - 1;
+}
+
+/* t:get(i1, ..., in) -> number (synchronises for device tensors). */
+static int m_get(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int64_t idx[K3_MAX_DIMS];
+    check_indices(L, t, 2, lua_gettop(L) - 1, "get", idx);
+    double v;
+    CHECK_K3(L, k3_tensor_get(t, idx, &v));
+    lua_pushnumber(L, v);
+    return 1;
+}
+
+/* t:set(i1, ..., in, value); returns t. */
+static int m_set(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int top = lua_gettop(L);
+    int64_t idx[K3_MAX_DIMS];
+    double v = luaL_checknumber(L, top);
+    check_indices(L, t, 2, top - 2, "set", idx);
+    CHECK_K3(L, k3_tensor_set(t, idx, v));
+    lua_settop(L, 1);
+    return 1;
+}
+
+static void push_nested(lua_State *L, const k3_tensor *t, const double *v, int d, int64_t *pos) {
+    if (d == t->ndim) {
+        lua_pushnumber(L, v[(*pos)++]);
+        return;
+    }
+    lua_createtable(L, (int)t->size[d], 0);
+    for (int64_t i = 0; i < t->size[d]; i++) {
+        push_nested(L, t, v, d + 1, pos);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+}
+
+/* t:totable() -> nested Lua lists of numbers (a number for a 0-dim tensor). */
+static int m_totable(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    int64_t n = k3_tensor_numel(t);
+    double *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof(double), 0);
+    CHECK_K3(L, k3_tensor_to_f64(t, v));
+    int64_t pos = 0;
+    push_nested(L, t, v, 0, &pos);
+    return 1;
+}
+
+/* ---- arithmetic ---------------------------------------------------------------------------------- */
+
+static int arith(lua_State *L, k3_binop op, const char *name) {
+    tensor_ud *ua = luaL_testudata(L, 1, TENSOR_MT), *ub = luaL_testudata(L, 2, TENSOR_MT);
+    if (ua && ub) {
+        k3_tensor *a = check_tensor(L, 1), *b = check_tensor(L, 2);
+        tensor_ud *u = push_tensor_slot(L);
+        CHECK_K3(L, k3_tensor_binary(&u->t, op, a, b));
+        return 1;
+    }
+    int ti = ua ? 1 : 2, si = ua ? 2 : 1;
+    k3_tensor *a = check_tensor(L, ti);
+    if (lua_type(L, si) != LUA_TNUMBER)
+        return luaL_error(L, "attempt to %s a k3.Tensor and a %s value", name,
+                          luaL_typename(L, si));
+    double s = lua_tonumber(L, si);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
+    return 1;
+}
+static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
+static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
+static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
+static int t_unm(lua_State *L) {
+    k3_tensor *a = check_tensor(L, 1);
+    tensor_ud *u = push_tensor_slot(L);
+    CHECK_K3(L, k3_tensor_binary_scalar(&u->t, K3_MUL, a, -1.0, 0));
+    return 1;
+}
+
+/* k3.max_abs_diff(a, b) -> number (any dtypes and devices; same shape). */
+static int l_max_abs_diff(lua_State *L) {
+    double v;
+    CHECK_K3(L, k3_max_abs_diff(check_tensor(L, 1), check_tensor(L, 2), &v));
+    lua_pushnumber(L, v);
+    return 1;
+}
+
+/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|. */
+static int l_allclose(lua_State *L) {
+    k3_tensor *a = check_tensor(L, 1), *b = check_tensor(L, 2);
+    double atol = 1e-8, rtol = 1e-5;
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        if (lua_getfield(L, 3, "atol") != LUA_TNIL) atol = luaL_checknumber(L, -1);
+        if (lua_getfield(L, 3, "rtol") != LUA_TNIL) rtol = luaL_checknumber(L, -1);
+        lua_pop(L, 2);
+    }
+    int ok;
+    CHECK_K3(L, k3_allclose(a, b, atol, rtol, &ok));
+    lua_pushboolean(L, ok);
+    return 1;
+}
+
+/* k3.cosine(a, b) -> cosine similarity computed in f64. */
+static int l_cosine(lua_State *L) {
+    double v;
+    CHECK_K3(L, k3_cosine(check_tensor(L, 1), check_tensor(L, 2), &v));
+    lua_pushnumber(L, v);
+    return 1;
+}
+
+static int l_synchronize(lua_State *L) {
+    CHECK_K3(L, k3_synchronize());
+    return 0;
+}
+
+/* ---- registration ------------------------------------------------------------------------------------- */
+
+static const luaL_Reg tensor_methods[] = {
+    {"size", m_size},         {"stride", m_stride},       {"dim", m_dim},
+    {"numel", m_numel},       {"offset", m_offset},       {"dtype", m_dtype},
+    {"device", m_device},     {"is_contiguous", m_is_contiguous},
+    {"narrow", m_narrow},     {"select", m_select},       {"transpose", m_transpose},
+    {"t", m_t},               {"view", m_view},           {"expand", m_expand},
+    {"as_strided", m_as_strided},
+    {"contiguous", m_contiguous}, {"clone", m_clone},     {"to", m_to},
+    {"copy", m_copy},         {"fill", m_fill},           {"get", m_get},
+    {"set", m_set},           {"totable", m_totable},     {"free", tensor_free},
+    {NULL, NULL}};
+
+static const luaL_Reg tensor_meta[] = {
+    {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
+    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
+
+/* K3_OPS_BINDINGS: ops, dispatch, policy and methods live in the second half of the file. */
+static void register_ops(lua_State *L);
+
+static const luaL_Reg core_funcs[] = {
+    {"empty", l_empty},   {"zeros", l_zeros},         {"ones", l_ones},
+    {"full", l_full},     {"randn", l_randn},         {"tensor", l_tensor},
+    {"max_abs_diff", l_max_abs_diff}, {"allclose", l_allclose}, {"cosine", l_cosine},
+    {"synchronize", l_synchronize},   {NULL, NULL}};
+
+static int core_is_tensor(lua_State *L) {
+    lua_pushboolean(L, luaL_testudata(L, 1, TENSOR_MT) != NULL);
+    return 1;
+}
+
+/* luaopen_k3_core: the C half of the module (require "k3.core"); lua/k3/init.lua builds the
+ * public `k3` table on it. Safe to call again in the same state (busted insulation). */
+K3_API int luaopen_k3_core(lua_State *L) {
+    if (luaL_newmetatable(L, TENSOR_MT)) {
+        luaL_setfuncs(L, tensor_meta, 0);
+        luaL_newlib(L, tensor_methods);
+        lua_setfield(L, -2, "__index");
+    }
+    lua_pop(L, 1);
+    luaL_newlib(L, core_funcs);
+    luaL_getmetatable(L, TENSOR_MT);
+    lua_setfield(L, -2, "_tensor_mt");
+    lua_pushcfunction(L, core_is_tensor);
+    lua_setfield(L, -2, "is_tensor");
+    lua_pushstring(L, K3_VERSION_STRING);
+    lua_setfield(L, -2, "version");
+    register_ops(L);
+    return 1;
+}
+
+/* luaopen_k3: the whole module for hosts that luaL_requiref it: loads "k3.core", then runs
+ * lua/k3/init.lua found on package.path, and returns the `k3` table. */
+K3_API int luaopen_k3(lua_State *L) {
+    luaL_requiref(L, "k3.core", luaopen_k3_core, 0);
+    lua_pop(L, 1);
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "searchpath");
+    lua_pushstring(L, "k3");
+    lua_getfield(L, -3, "path");
+    lua_call(L, 2, 2);
+    if (lua_isnil(L, -2))
+        return luaL_error(L, "luaopen_k3: lua/k3/init.lua not found on package.path:%s",
+                          lua_tostring(L, -1));
+    const char *file = lua_tostring(L, -2);
+    if (luaL_loadfile(L, file) != LUA_OK) return lua_error(L);
+    lua_pushstring(L, "k3");
+    lua_pushstring(L, file);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
+/* ==== ops, dispatch, policy and methods ================================================================= */
+
+/* The compiled policy of this Lua state (NULL until k3.set_policy: the built-in default). */
+typedef struct {
+    k3_policy *p;
+} policy_ud;
+
+static const k3_policy *state_policy(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_POLICY);
+    policy_ud *u = luaL_testudata(L, -1, POLICY_MT);
+    lua_pop(L, 1);
+    return u ? u->p : NULL;
+}
+
+static int policy_gc(lua_State *L) {
+    policy_ud *u = luaL_checkudata(L, 1, POLICY_MT);
+    k3_policy_free(u->p);
+    u->p = NULL;
+    return 0;
+}
+
+static void push_dispatch(lua_State *L, const k3_dispatch *d) {
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, d->op);
+    lua_setfield(L, -2, "op");
+    if (d->chosen[0]) {
+        lua_pushstring(L, d->chosen);
+        lua_setfield(L, -2, "chosen");
+        lua_pushstring(L, d->chosen);
+        lua_setfield(L, -2, "kernel");
+    }
+    lua_createtable(L, d->ndeclined, 0);
+    for (int i = 0; i < d->ndeclined && i < K3_MAX_DECLINES; i++) {
+        lua_createtable(L, 0, 2);
+        lua_pushstring(L, d->declined[i].kernel);
+        lua_setfield(L, -2, "kernel");
+        lua_pushstring(L, d->declined[i].reason);
+        lua_setfield(L, -2, "reason");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "declined");
+}
+
+/* One op call's options: policy, forced kernel, explain mode and its dispatch record. */
+typedef struct {
+    k3_call call;
+    k3_dispatch rec;
+} call_ctx;
+
+static void call_init(lua_State *L, call_ctx *c, const char *kernel, int explain) {
+    memset(c, 0, sizeof *c);
+    c->call.policy = state_policy(L);
+    c->call.kernel = kernel;
+    c->call.explain_only = explain;
+    c->call.record = &c->rec;
+}
+
+/* After a successful op: append the decision to the active k3.trace, if any. */
+static void trace_record(lua_State *L, const call_ctx *c) {
+    if (lua_getfield(L, LUA_REGISTRYINDEX, REG_TRACE) == LUA_TTABLE) {
+        push_dispatch(L, &c->rec);
+        lua_rawseti(L, -2, (lua_Integer)luaL_len(L, -2) + 1);
+    }
+    lua_pop(L, 1);
+}
+
+/* Reads opts.kernel (a string) from the table at idx, or NULL. The string stays valid while
+ * the table is on the stack. */
+static const char *opt_kernel(lua_State *L, int idx, int argn, const char *fname) {
+    if (idx == 0 || !lua_istable(L, idx)) return NULL;
+    const char *k = NULL;
+    int ty = lua_getfield(L, idx, "kernel");
+    if (ty == LUA_TSTRING)
+        k = lua_tostring(L, -1);
+    else if (ty != LUA_TNIL)
+        luaL_error(L, "bad argument #%d to '%s' (field 'kernel' must be a string; got %s)", argn,
+                   fname, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return k;
+}
+
+static double opt_number_field(lua_State *L, int idx, const char *field, double dflt, int argn,
+                               const char *fname) {
+    double v = dflt;
+    int ty = lua_getfield(L, idx, field);
+    if (ty == LUA_TNUMBER)
+        v = lua_tonumber(L, -1);
+    else if (ty != LUA_TNIL)
+        luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a number; got %s)", argn,
+                   fname, field, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Pushes the op's result: the `out` userdata at out_idx (when given) or a fresh slot. */
+static tensor_ud *result_slot(lua_State *L, int out_idx, int explain) {
+    if (explain) return NULL;
+    if (out_idx) {
+        lua_pushvalue(L, out_idx);
+        return NULL;
+    }
+    return push_tensor_slot(L);
+}
+
+/* Finishes an op: raise on error, push the explain record, or record the trace. */
+static int op_finish(lua_State *L, k3_status s, call_ctx *c, int explain) {
+    if (s != K3_OK) return raise_k3(L);
+    if (explain) {
+        push_dispatch(L, &c->rec);
+        return 1;
+    }
+    trace_record(L, c);
+    return 1;
+}
+
+/* Index of opts.out on the stack (pushed), or 0. */
+static int opt_out(lua_State *L, int opts, int argn, const char *fname) {
+    if (!opts || !lua_istable(L, opts)) return 0;
+    if (lua_getfield(L, opts, "out") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (!luaL_testudata(L, -1, TENSOR_MT))
+        luaL_error(L, "bad argument #%d to '%s' (field 'out' must be a k3.Tensor; got %s)", argn,
+                   fname, luaL_typename(L, -1));
+    check_tensor(L, lua_gettop(L));
+    return lua_gettop(L);
+}
+
+/* k3.linear(x, w, {bias =, residual =, out =, kernel =}) -> y[M,N] = x[M,K] w[N,K]^T (+bias)
+ * (+residual). */
+static int linear_impl(lua_State *L, int base, int explain) {
+    const char *fname = "linear";
+    k3_tensor *x = check_tensor(L, base), *w = check_tensor(L, base + 1);
+    int opts = base + 2;
+    if (!lua_isnoneornil(L, opts)) luaL_checktype(L, opts, LUA_TTABLE);
+    else opts = 0;
+    k3_tensor *bias = opts ? opt_tensor_field(L, opts, "bias", opts, fname) : NULL;
+    k3_tensor *res = opts ? opt_tensor_field(L, opts, "residual", opts, fname) : NULL;
+    int out_idx = opt_out(L, opts, opts, fname);
+    k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
+    call_ctx c;
+    call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
+    tensor_ud *u = result_slot(L, out_idx, explain);
+    k3_status s = k3_linear(u ? &u->t : NULL, x, w, bias, res, out, &c.call);
+    return op_finish(L, s, &c, explain);
+}
+static int l_linear(lua_State *L) { return linear_impl(L, 1, 0); }
+
+/* k3.rms_norm(x, w, eps) or k3.rms_norm(x, w, {eps =, out =, kernel =}) or
+ * k3.rms_norm(x, w, eps, {out =, kernel =}). */
+static int rms_norm_impl(lua_State *L, int base, int explain) {
+    const char *fname = "rms_norm";
+    k3_tensor *x = check_tensor(L, base), *w = check_tensor(L, base + 1);
+    double eps = 1e-5;
+    int opts = 0;
+    if (lua_type(L, base + 2) == LUA_TNUMBER) {
+        eps = lua_tonumber(L, base + 2);
+        if (!lua_isnoneornil(L, base + 3)) {
+            luaL_checktype(L, base + 3, LUA_TTABLE);
+            opts = base + 3;
+        }
+    } else if (!lua_isnoneornil(L, base + 2)) {
+        luaL_checktype(L, base + 2, LUA_TTABLE);
+        opts = base + 2;
+        eps = opt_number_field(L, opts, "eps", eps, opts, fname);
+    }
+    int out_idx = opt_out(L, opts, opts, fname);
+    k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
+    call_ctx c;
+    call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
+    tensor_ud *u = result_slot(L, out_idx, explain);
+    k3_status s = k3_rms_norm(u ? &u->t : NULL, x, w, eps, out, &c.call);
+    return op_finish(L, s, &c, explain);
+}
+static int l_rms_norm(lua_State *L) { return rms_norm_impl(L, 1, 0); }
+
+/* k3.silu_mul(x, {out =, kernel =}) -> y[M,I] = silu(x[:, 1..I]) * x[:, I+1..2I]. */
+static int silu_mul_impl(lua_State *L, int base, int explain) {
+    const char *fname = "silu_mul";
+    k3_tensor *x = check_tensor(L, base);
+    int opts = 0;
+    if (!lua_isnoneornil(L, base + 1)) {
+        luaL_checktype(L, base + 1, LUA_TTABLE);
+        opts = base + 1;
+    }
+    int out_idx = opt_out(L, opts, opts, fname);
+    k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
+    call_ctx c;
+    call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
+    tensor_ud *u = result_slot(L, out_idx, explain);
+    k3_status s = k3_silu_mul(u ? &u->t : NULL, x, out, &c.call);
+    return op_finish(L, s, &c, explain);
+}
+static int l_silu_mul(lua_State *L) { return silu_mul_impl(L, 1, 0); }
+
+static k3_tensor *req_tensor_field(lua_State *L, int idx, const char *field, int argn,
+                                   const char *fname) {
+    if (lua_getfield(L, idx, field) == LUA_TNIL || !luaL_testudata(L, -1, TENSOR_MT))
+        luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a k3.Tensor; got %s)", argn,
+                   fname, field, luaL_typename(L, -1));
+    k3_tensor *t = check_tensor(L, lua_gettop(L));
+    lua_pop(L, 1);
+    return t;
+}
+
+static int64_t int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,
+                         int argn, const char *fname) {
+    int ty = lua_getfield(L, idx, field);
+    int64_t v = dflt;
+    if (ty == LUA_TNIL) {
+        if (required)
+            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be an integer; got nil)",
+                       argn, fname, field);
+    } else {
+        int isnum;
+        lua_Integer i = lua_tointegerx(L, -1, &isnum);
+        if (!isnum)
+            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be an integer; got %s)",
+                       argn, fname, field,
+                       ty == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, -1));
+        v = (int64_t)i;
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* k3.attn_res{prefix =, delta =, blocks =, num_blocks =, write_block =, norm_weight =,
+ * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, out =, kernel =} -> out.
+ * write_block is 1-based (nil: no write). DESIGN.md "attn_res" gives the formula. */
+static int attn_res_impl(lua_State *L, int base, int explain) {
+    const char *fname = "attn_res";
+    luaL_checktype(L, base, LUA_TTABLE);
+    k3_attn_res_args a;
+    memset(&a, 0, sizeof a);
+    a.prefix = req_tensor_field(L, base, "prefix", base, fname);
+    a.delta = opt_tensor_field(L, base, "delta", base, fname);
+    a.blocks = req_tensor_field(L, base, "blocks", base, fname);
+    a.norm_weight = req_tensor_field(L, base, "norm_weight", base, fname);
+    a.qk_weight = req_tensor_field(L, base, "qk_weight", base, fname);
+    a.output_norm_weight = opt_tensor_field(L, base, "output_norm_weight", base, fname);
+    a.num_blocks = int_field(L, base, "num_blocks", 0, 1, base, fname);
+    int64_t wb = int_field(L, base, "write_block", 0, 0, base, fname);
+    a.write_block = wb - 1; /* nil (0) -> -1: no write; 1-based -> 0-based */
+    if (lua_getfield(L, base, "write_block") != LUA_TNIL && wb < 1) {
+        int64_t S = k3_tensor_ndim(a.blocks) == 3 ? k3_tensor_size(a.blocks, 1) : 0;
+        luaL_error(L, "attn_res: write_block must be in 1..%I (blocks dim 2); got %I",
+                   (LUA_INTEGER)S, (LUA_INTEGER)wb);
+    }
+    lua_pop(L, 1);
+    a.eps = opt_number_field(L, base, "eps", 1e-5, base, fname);
+    a.output_eps = opt_number_field(L, base, "output_eps", 1e-5, base, fname);
+    int out_idx = opt_out(L, base, base, fname);
+    k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
+    call_ctx c;
+    call_init(L, &c, opt_kernel(L, base, base, fname), explain);
+    tensor_ud *u = result_slot(L, out_idx, explain);
+    k3_status s = k3_attn_res(u ? &u->t : NULL, &a, out, &c.call);
+    return op_finish(L, s, &c, explain);
+}
+static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
+
+/* k3.explain(op, ...) -> {chosen =, declined = {{kernel =, reason =}, ...}}: the decision the
+ * op would make for these arguments; nothing runs. */
+static int l_explain(lua_State *L) {
+    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul", NULL};
+    int op = luaL_checkoption(L, 1, NULL, ops);
+    switch (op) {
+    case 0: return linear_impl(L, 2, 1);
+    case 1: return attn_res_impl(L, 2, 1);
+    case 2: return rms_norm_impl(L, 2, 1);
+    default: return silu_mul_impl(L, 2, 1);
+    }
+}
+
+/* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
+ * runs. Errors inside fn propagate after tracing is switched off. */
+static int l_trace(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_settop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_TRACE); /* 2: the enclosing trace, if any */
+    lua_newtable(L);                               /* 3: this trace */
+    lua_pushvalue(L, 3);
+    lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
+    lua_pushvalue(L, 1);
+    int st = lua_pcall(L, 0, 0, 0);
+    lua_pushvalue(L, 2);
+    lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
+    if (st != LUA_OK) return lua_error(L);
+    if (lua_istable(L, 2)) { /* an enclosing trace sees the inner dispatches too */
+        lua_Integer n = luaL_len(L, 3), m = luaL_len(L, 2);
+        for (lua_Integer i = 1; i <= n; i++) {
+            lua_geti(L, 3, i);
+            lua_rawseti(L, 2, m + i);
+        }
+    }
+    lua_settop(L, 3);
+    return 1;
+}
+
+/* k3.backends() -> {cpu = {available = true}, cuda = {available =, reason =, devices =}} */
+static int l_backends(lua_State *L) {
+    lua_createtable(L, 0, 2);
+    lua_createtable(L, 0, 1);
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "available");
+    lua_setfield(L, -2, "cpu");
+    const char *reason = NULL;
+    int ok = k3_backend_available("cuda", &reason);
+    lua_createtable(L, 0, 3);
+    lua_pushboolean(L, ok);
+    lua_setfield(L, -2, "available");
+    if (!ok) {
+        lua_pushstring(L, reason ? reason : "unknown");
+        lua_setfield(L, -2, "reason");
+    }
+    lua_pushinteger(L, k3_cuda_device_count());
+    lua_setfield(L, -2, "devices");
+    lua_setfield(L, -2, "cuda");
+    return 1;
+}
+
+/* k3.kernels() -> names of the kernels registered now. */
+static int l_kernels(lua_State *L) {
+    int n = k3_kernel_count();
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, k3_kernel_name(i));
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int l_has_kernel(lua_State *L) {
+    lua_pushboolean(L, k3_has_kernel(luaL_checkstring(L, 1)));
+    return 1;
+}
+
+static int l_known_kernel(lua_State *L) {
+    lua_pushboolean(L, k3_known_kernel(luaL_checkstring(L, 1)));
+    return 1;
+}
+
+/* k3.set_batch_invariant(on): see DESIGN.md; also K3_BATCH_INVARIANT=1. */
+static int l_set_batch_invariant(lua_State *L) {
+    luaL_checkany(L, 1);
+    k3_set_batch_invariant(lua_toboolean(L, 1));
+    return 0;
+}
+static int l_batch_invariant(lua_State *L) {
+    lua_pushboolean(L, k3_batch_invariant());
+    return 1;
+}
+
+static void stats_cb(void *ud, const char *kind, const char *name, uint64_t count) {
+    lua_State *L = ud;
+    lua_getfield(L, -1, strcmp(kind, "kernel") == 0 ? "kernels" : "declines");
+    lua_pushinteger(L, (lua_Integer)count);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 1);
+}
+
+/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}} */
+static int l_stats(lua_State *L) {
+    lua_createtable(L, 0, 2);
+    lua_newtable(L);
+    lua_setfield(L, -2, "kernels");
+    lua_newtable(L);
+    lua_setfield(L, -2, "declines");
+    k3_stats(stats_cb, L);
+    return 1;
+}
+static int l_stats_reset(lua_State *L) {
+    (void)L;
+    k3_stats_reset();
+    return 0;
+}
+
+static int l_empty_cache(lua_State *L) {
+    CHECK_K3(L, k3_empty_cache());
+    return 0;
+}
+
+/* core.cuda_arch(device_index) -> "sm90" (0-based index, as in "cuda:N"). */
+static int l_cuda_arch(lua_State *L) {
+    char buf[32];
+    CHECK_K3(L, k3_cuda_arch((int)luaL_optinteger(L, 1, 0), buf, sizeof buf));
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+/* core.compile_policy(tbl): compiles a policy table (lua/k3/policy/default.lua's form) and
+ * makes it this state's policy. Unknown kernel names and bad values raise before anything
+ * changes. */
+static int l_compile_policy(lua_State *L) {
+    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
+    luaL_checktype(L, 1, LUA_TTABLE);
+    policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->p = NULL;
+    luaL_setmetatable(L, POLICY_MT);
+    CHECK_K3(L, k3_policy_new(&u->p));
+    int src = 1;
+    if (lua_getfield(L, 1, "ops") == LUA_TTABLE) src = lua_gettop(L);
+    else lua_pop(L, 1);
+    for (int k = 0; k < 4; k++) {
+        int ty = lua_getfield(L, src, ops[k]);
+        if (ty == LUA_TNIL) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (ty != LUA_TTABLE)
+            return luaL_error(L, "set_policy: %s must be a list of kernel names; got %s", ops[k],
+                              luaL_typename(L, -1));
+        const char *names[K3_MAX_CANDIDATES];
+        lua_Integer n = luaL_len(L, -1);
+        if (n > K3_MAX_CANDIDATES)
+            return luaL_error(L, "set_policy: %s lists %d kernels; at most %d", ops[k], (int)n,
+                              K3_MAX_CANDIDATES);
+        for (lua_Integer i = 1; i <= n; i++) {
+            if (lua_geti(L, -1 - (int)(i - 1), i) != LUA_TSTRING)
+                return luaL_error(L, "set_policy: %s[%d] must be a kernel name string; got %s",
+                                  ops[k], (int)i, luaL_typename(L, -1));
+            names[i - 1] = lua_tostring(L, -1); /* stays on the stack until set */
+        }
+        CHECK_K3(L, k3_policy_set_candidates(u->p, ops[k], names, (int)n));
+        lua_pop(L, (int)n + 1);
+    }
+    int ty = lua_getfield(L, 1, "on_layout_mismatch");
+    if (ty != LUA_TNIL) {
+        const char *v = lua_tostring(L, -1);
+        if (ty != LUA_TSTRING || (strcmp(v, "error") != 0 && strcmp(v, "fallback") != 0))
+            return luaL_error(L, "set_policy: on_layout_mismatch must be \"error\" or "
+                                 "\"fallback\"; got %s",
+                              ty == LUA_TSTRING ? v : luaL_typename(L, -1));
+        CHECK_K3(L, k3_policy_set_layout_fallback(u->p, strcmp(v, "fallback") == 0));
+    }
+    lua_pop(L, 1);
+    lua_settop(L, 2);
+    lua_setfield(L, LUA_REGISTRYINDEX, REG_POLICY);
+    return 0;
+}
+
+/* ---- linear methods ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    k3_method *m;
+} method_ud;
+
+static k3_method *check_method(lua_State *L, int idx) {
+    method_ud *u = luaL_checkudata(L, idx, METHOD_MT);
+    if (!u->m) luaL_error(L, "method has been freed");
+    return u->m;
+}
+
+static int method_gc(lua_State *L) {
+    method_ud *u = luaL_checkudata(L, 1, METHOD_MT);
+    k3_method_free(u->m);
+    u->m = NULL;
+    return 0;
+}
+
+static method_ud *push_method_slot(lua_State *L) {
+    method_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->m = NULL;
+    luaL_setmetatable(L, METHOD_MT);
+    return u;
+}
+
+/* k3.method.default() -> the default linear method (dispatch over the policy's candidates). */
+static int l_method_default(lua_State *L) {
+    method_ud *u = push_method_slot(L);
+    CHECK_K3(L, k3_method_default(&u->m, state_policy(L)));
+    return 1;
+}
+
+#define MAX_PLAN 64
+/* k3.method.low_latency(plan): plan = {[M] = {kernel = "skinny", config = {threads =, rows =,
+ * unroll =, vec =, split_k =}}, ...}. Declined calls run the owned default method. */
+static int l_method_low_latency(lua_State *L) {
+    const char *fname = "low_latency";
+    k3_plan_entry e[MAX_PLAN];
+    int n = 0;
+    if (!lua_isnoneornil(L, 1)) {
+        luaL_checktype(L, 1, LUA_TTABLE);
+        lua_pushnil(L);
+        while (lua_next(L, 1)) {
+            int isnum;
+            lua_Integer m = lua_tointegerx(L, -2, &isnum);
+            if (!isnum)
+                return luaL_error(L, "bad argument #1 to '%s' (plan keys must be integer token "
+                                     "counts M; got %s)",
+                                  fname, luaL_typename(L, -2));
+            if (!lua_istable(L, -1))
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%d] must be a table; got %s)",
+                                  fname, (int)m, luaL_typename(L, -1));
+            if (n >= MAX_PLAN)
+                return luaL_error(L, "bad argument #1 to '%s' (at most %d plan entries)", fname,
+                                  MAX_PLAN);
+            memset(&e[n], 0, sizeof e[n]);
+            e[n].m = (int)(m > 1000000 ? 1000000 : m < -1 ? -1 : m);
+            int entry = lua_gettop(L);
+            if (lua_getfield(L, entry, "kernel") != LUA_TSTRING)
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%d].kernel must be a string; "
+                                     "got %s)",
+                                  fname, (int)m, luaL_typename(L, -1));
+            e[n].kernel = lua_tostring(L, -1); /* anchored in the plan table */
+            lua_pop(L, 1);
+            if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
+                int cfg = lua_gettop(L);
+                e[n].threads = (int)int_field(L, cfg, "threads", 0, 0, 1, fname);
+                e[n].rows = (int)int_field(L, cfg, "rows", 0, 0, 1, fname);
+                e[n].unroll = (int)int_field(L, cfg, "unroll", 0, 0, 1, fname);
+                e[n].vec = (int)int_field(L, cfg, "vec", 0, 0, 1, fname);
+                e[n].split_k = (int)int_field(L, cfg, "split_k", 0, 0, 1, fname);
+            } else if (!lua_isnil(L, -1)) {
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%d].config must be a table; "
+                                     "got %s)",
+                                  fname, (int)m, luaL_typename(L, -1));
+            }
+            lua_pop(L, 2);
+            n++;
+        }
+    }
+    method_ud *u = push_method_slot(L);
+    CHECK_K3(L, k3_method_low_latency(&u->m, e, n, state_policy(L)));
+    return 1;
+}
+
+/* m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> decision. */
+static int method_call(lua_State *L, int explain) {
+    const char *fname = explain ? "explain" : "apply";
+    k3_method *m = check_method(L, 1);
+    k3_tensor *x = check_tensor(L, 2), *w = check_tensor(L, 3);
+    k3_tensor *bias = lua_isnoneornil(L, 4) ? NULL : check_tensor(L, 4);
+    int opts = 0;
+    if (!lua_isnoneornil(L, 5)) {
+        luaL_checktype(L, 5, LUA_TTABLE);
+        opts = 5;
+    }
+    k3_tensor *res = opts ? opt_tensor_field(L, opts, "residual", 5, fname) : NULL;
+    int out_idx = opt_out(L, opts, 5, fname);
+    k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
+    call_ctx c;
+    call_init(L, &c, NULL, explain);
+    tensor_ud *u = result_slot(L, out_idx, explain);
+    k3_status s = k3_method_apply(m, u ? &u->t : NULL, x, w, bias, res, out, &c.call);
+    return op_finish(L, s, &c, explain);
+}
+static int method_apply(lua_State *L) { return method_call(L, 0); }
+static int method_explain(lua_State *L) { return method_call(L, 1); }
+
+static const luaL_Reg method_methods[] = {
+    {"apply", method_apply}, {"explain", method_explain}, {"free", method_gc}, {NULL, NULL}};
+
+static const luaL_Reg ops_funcs[] = {
+    {"linear", l_linear},
+    {"rms_norm", l_rms_norm},
+    {"silu_mul", l_silu_mul},
+    {"attn_res", l_attn_res},
+    {"explain", l_explain},
+    {"trace", l_trace},
+    {"backends", l_backends},
+    {"kernels", l_kernels},
+    {"has_kernel", l_has_kernel},
+    {"known_kernel", l_known_kernel},
+    {"set_batch_invariant", l_set_batch_invariant},
+    {"batch_invariant", l_batch_invariant},
+    {"stats", l_stats},
+    {"stats_reset", l_stats_reset},
+    {"empty_cache", l_empty_cache},
+    {"cuda_arch", l_cuda_arch},
+    {"compile_policy", l_compile_policy},
+    {"method_default", l_method_default},
+    {"method_low_latency", l_method_low_latency},
+    {NULL, NULL}};
+
+static void register_ops(lua_State *L) {
+    if (luaL_newmetatable(L, POLICY_MT)) {
+        lua_pushcfunction(L, policy_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    if (luaL_newmetatable(L, METHOD_MT)) {
+        lua_pushcfunction(L, method_gc);
+        lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, method_gc);
+        lua_setfield(L, -2, "__close");
+        luaL_newlib(L, method_methods);
+        lua_setfield(L, -2, "__index");
+    }
+    lua_pop(L, 1);
+    luaL_setfuncs(L, ops_funcs, 0);
+}

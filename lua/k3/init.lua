@@ -1,0 +1,209 @@
+-- k3: the Lua front end. The C core ("k3.core") owns tensors and all compute; this file adds
+-- the thin conveniences: tensor printing, the policy table, linear methods, plan lookup and
+-- k3.help(). API.md is the contract for every name here.
+
+local core = require "k3.core"
+
+local k3 = {}
+for name, fn in pairs(core) do
+  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "method_default"
+     and name ~= "method_low_latency" then
+    k3[name] = fn
+  end
+end
+
+-- ---- tensor printing ------------------------------------------------------------------------
+
+local EDGE, SUMMARY_THRESHOLD = 3, 1000
+
+local function dims_string(v)
+  return "[" .. table.concat(v, ", ") .. "]"
+end
+
+-- Indices shown along a dim of size n: all of them, or the first and last EDGE around "...".
+local function shown(n, summarize)
+  local idx = {}
+  if summarize and n > 2 * EDGE then
+    for i = 1, EDGE do idx[#idx + 1] = i end
+    idx[#idx + 1] = false
+    for i = n - EDGE + 1, n do idx[#idx + 1] = i end
+  else
+    for i = 1, n do idx[i] = i end
+  end
+  return idx
+end
+
+local function number_format(values)
+  local all_int, maxabs, minabs = true, 0, math.huge
+  for _, v in ipairs(values) do
+    if v ~= v or v == math.huge or v == -math.huge then
+      -- non-finite values print as nan/inf whatever the format
+    else
+      if v ~= math.floor(v) then all_int = false end
+      local a = math.abs(v)
+      if a > maxabs then maxabs = a end
+      if a > 0 and a < minabs then minabs = a end
+    end
+  end
+  if all_int and maxabs < 1e9 then return "%.0f" end
+  if maxabs >= 1e5 or minabs < 1e-4 then return "%.4e" end
+  return "%.4f"
+end
+
+local function format_number(fmt, v)
+  if v ~= v then return "nan" end
+  if v == math.huge then return "inf" end
+  if v == -math.huge then return "-inf" end
+  return string.format(fmt, v)
+end
+
+-- tostring(t): a header (shape, dtype, device; strides and offset when not contiguous) and a
+-- summarised preview of the values (large tensors show EDGE items at each end of every dim).
+local function tensor_tostring(t)
+  local ok, size = pcall(t.size, t)
+  if not ok then return "k3.Tensor (freed)" end
+  local head = string.format("k3.Tensor %s %s %s", dims_string(size), t:dtype(), t:device())
+  if not t:is_contiguous() or t:offset() ~= 0 then
+    head = head .. string.format(" strides %s offset %d", dims_string(t:stride()), t:offset())
+  end
+  local nd, numel = #size, t:numel()
+  if numel == 0 then return head .. "\n[]" end
+  local summarize = numel > SUMMARY_THRESHOLD
+  local values, idx = {}, {}
+  local function collect(d)
+    if d > nd then
+      values[#values + 1] = t:get(table.unpack(idx, 1, nd))
+      return
+    end
+    for _, i in ipairs(shown(size[d], summarize)) do
+      if i then idx[d] = i; collect(d + 1) end
+    end
+  end
+  collect(1)
+  local fmt = number_format(values)
+  local strs, width = {}, 0
+  for i, v in ipairs(values) do
+    strs[i] = format_number(fmt, v)
+    if #strs[i] > width then width = #strs[i] end
+  end
+  local pos = 0
+  local function render(d)
+    local parts = {}
+    for _, i in ipairs(shown(size[d], summarize)) do
+      if not i then
+        parts[#parts + 1] = "..."
+      elseif d == nd then
+        pos = pos + 1
+        parts[#parts + 1] = string.rep(" ", width - #strs[pos]) .. strs[pos]
+      else
+        parts[#parts + 1] = render(d + 1)
+      end
+    end
+    if d == nd then return "[" .. table.concat(parts, ", ") .. "]" end
+    return "[" .. table.concat(parts, "," .. string.rep("\n", nd - d) .. string.rep(" ", d)) .. "]"
+  end
+  return head .. "\n" .. render(1)
+end
+
+core._tensor_mt.__tostring = tensor_tostring
+core._tensor_mt.__name = "k3.Tensor"
+
+--- k3.is_tensor(v) -> boolean: whether v is a k3 tensor userdata.
+k3.is_tensor = core.is_tensor
+
+-- ---- policy ---------------------------------------------------------------------------------
+
+local function deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local r = {}
+  for k, x in pairs(v) do r[k] = deep_copy(x) end
+  return r
+end
+
+--- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op an ordered
+--- list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this state's
+--- dispatch tables, then makes it k3.policy. Unknown kernel names raise and change nothing.
+function k3.set_policy(tbl)
+  if type(tbl) ~= "table" then
+    error(string.format("bad argument #1 to 'set_policy' (table expected, got %s)", type(tbl)), 2)
+  end
+  core.compile_policy(tbl)
+  k3.policy = tbl
+end
+
+local ok_default, default_policy = pcall(require, "k3.policy.default")
+k3.policy = ok_default and deep_copy(default_policy) or {}
+
+-- ---- linear methods and plans -----------------------------------------------------------------
+
+--- k3.method.default() -> the default linear method (the policy's linear candidates).
+--- k3.method.low_latency(plan) -> a low-latency method over plan {[M] = {kernel = "skinny",
+--- config = {...}}}; it owns a default method that serves every call it declines.
+k3.method = {
+  default = core.method_default,
+  low_latency = core.method_low_latency,
+}
+
+--- k3.plan_for(w) -> the measured plan for weight w ([N, K], on a CUDA device) from
+--- lua/k3/policy/<arch>.lua (e.g. sm90), or nil when that architecture or shape has none.
+function k3.plan_for(w)
+  if not k3.is_tensor(w) then
+    error(string.format("bad argument #1 to 'plan_for' (k3.Tensor expected, got %s)", type(w)), 2)
+  end
+  local dev = w:device()
+  local index = dev:match("^cuda:(%d+)$")
+  if not index or w:dim() ~= 2 then return nil end
+  local arch = core.cuda_arch(tonumber(index))
+  local ok, tbl = pcall(require, "k3.policy." .. arch)
+  if not ok or type(tbl) ~= "table" or type(tbl.plans) ~= "table" then return nil end
+  return tbl.plans[string.format("%dx%d", w:size(1), w:size(2))]
+end
+
+-- ---- help -----------------------------------------------------------------------------------------
+
+local HELP = {
+  {"k3.empty/zeros/ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
+  {"k3.full(shape, value, opts)", "tensor filled with value"},
+  {"k3.randn(shape, opts)", "standard normal values; opts.seed (same values on every device)"},
+  {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
+  {"t:size([d]) t:stride([d]) t:dim() t:numel() t:offset()", "shape, strides (elements), storage offset"},
+  {"t:dtype() t:device() t:is_contiguous()", "metadata"},
+  {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
+  {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
+  {"t:contiguous() t:clone() t:to(device_or_dtype)", "copies"},
+  {"t:copy(src) t:fill(v) t:get(i...) t:set(i..., v) t:totable()", "element access"},
+  {"t:free()", "release the storage now; later use raises 'tensor has been freed'"},
+  {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
+  {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
+  {"k3.linear(x, w, {bias, residual, out, kernel})", "y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual)"},
+  {"k3.rms_norm(x, w, eps)", "RMSNorm over the last dim"},
+  {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
+  {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
+  {"k3.explain(op, ...)", "which kernel would run and why the others declined"},
+  {"k3.trace(fn)", "every dispatch made while fn runs"},
+  {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
+  {"k3.method.default() k3.method.low_latency(plan)", "linear methods; m:apply(x, w, bias)"},
+  {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
+  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch)"},
+  {"k3.set_batch_invariant(on)", "rows independent of M, bit for bit"},
+  {"k3.stats() k3.stats_reset()", "calls per kernel and declines per reason"},
+  {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
+}
+
+--- k3.help() prints the API with one line each.
+function k3.help()
+  local w = 0
+  for _, e in ipairs(HELP) do if #e[1] > w then w = #e[1] end end
+  for _, e in ipairs(HELP) do
+    io.write(e[1], string.rep(" ", w - #e[1] + 2), e[2], "\n")
+  end
+end
+
+function k3._repl_banner()
+  local b = k3.backends()
+  io.write(string.format("k3 %s: cuda %s. k3.help() lists the API.\n", k3.version,
+    b.cuda.available and ("available, " .. b.cuda.devices .. " device(s)") or
+    ("unavailable (" .. tostring(b.cuda.reason) .. ")")))
+end
+
+return k3

@@ -1,0 +1,60 @@
+-- Shared spec helpers: GPU gating, poisoned outputs, f64 references and error matching.
+local k3 = require "k3"
+
+local H = {}
+
+--- H.cuda() -> true when a CUDA device is available, else false and the one-line reason.
+function H.cuda()
+  local c = k3.backends().cuda
+  return c.available, c.reason
+end
+
+--- H.require_gpu(): at the top of a `#gpu` describe; marks it pending with the reason and
+--- returns false where there is no device.
+function H.require_gpu()
+  local ok, reason = H.cuda()
+  if not ok then
+    pending("no CUDA device: " .. tostring(reason))
+    return false
+  end
+  return true
+end
+
+--- H.poisoned(shape, opts) -> a tensor filled with NaN, so unwritten outputs show.
+function H.poisoned(shape, opts)
+  return k3.full(shape, 0 / 0, opts)
+end
+
+--- H.has_nan(t) -> true when any element of t is NaN.
+function H.has_nan(t)
+  local n = k3.max_abs_diff(t, t)
+  return n ~= n
+end
+
+--- H.raises(fn, text): fn must raise an error whose message contains `text` (plain).
+function H.raises(fn, text)
+  local ok, err = pcall(fn)
+  assert(not ok, "expected an error containing: " .. text)
+  err = tostring(err)
+  assert(err:find(text, 1, true), string.format("error %q does not contain %q", err, text))
+  return err
+end
+
+--- H.padded(rows, cols, pad, opts) -> a [rows, cols] view with row stride cols + pad, random.
+function H.padded(rows, cols, pad, opts)
+  local base = k3.randn({rows, cols + pad}, opts)
+  return base:narrow(2, 1, cols)
+end
+
+--- H.nested_equal(a, b): deep equality of nested lists of numbers.
+function H.nested_equal(a, b)
+  if type(a) ~= type(b) then return false end
+  if type(a) ~= "table" then return a == b or (a ~= a and b ~= b) end
+  if #a ~= #b then return false end
+  for i = 1, #a do
+    if not H.nested_equal(a[i], b[i]) then return false end
+  end
+  return true
+end
+
+return H

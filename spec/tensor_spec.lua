@@ -1,0 +1,405 @@
+-- Tensors: creation, metadata, views, copies, element access, arithmetic, comparisons,
+-- dtype rounding, printing, freeing, and the error every misuse gets (API.md "tensors").
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+local function bf16(v) return k3.tensor({v}, {dtype = "bf16"}):get(1) end
+local function f16(v) return k3.tensor({v}, {dtype = "f16"}):get(1) end
+
+describe("creation", function()
+  it("empty/zeros/ones/full take shape and opts", function()
+    local t = k3.zeros({2, 3}, {dtype = "bf16"})
+    assert.same({2, 3}, t:size())
+    assert.equal("bf16", t:dtype())
+    assert.equal("cpu", t:device())
+    assert.same({{0, 0, 0}, {0, 0, 0}}, t:totable())
+    assert.same({{1, 1}}, k3.ones({1, 2}):totable())
+    assert.same({{7.5, 7.5}}, k3.full({1, 2}, 7.5, {dtype = "f64"}):totable())
+    local e = k3.empty({3, 4, 5}, {dtype = "f16"})
+    assert.same({3, 4, 5}, e:size())
+    assert.same({20, 5, 1}, e:stride())
+    assert.equal(60, e:numel())
+    assert.equal(3, e:dim())
+  end)
+
+  it("defaults to f32 on the cpu", function()
+    local t = k3.empty({1})
+    assert.equal("f32", t:dtype())
+    assert.equal("cpu", t:device())
+  end)
+
+  it("supports 8 dims and zero-size dims", function()
+    local t = k3.zeros({1, 2, 1, 2, 1, 2, 1, 2})
+    assert.equal(8, t:dim())
+    assert.equal(16, t:numel())
+    local z = k3.zeros({3, 0, 2})
+    assert.equal(0, z:numel())
+    assert.same({{}, {}, {}}, z:totable())
+    assert.equal(0, z:narrow(1, 2, 0):numel())
+    assert.equal(0, (z + z):numel())
+    z:fill(3)
+    z:copy(k3.ones({3, 0, 2}))
+  end)
+
+  it("k3.tensor builds from nested tables and rounds to the dtype", function()
+    local t = k3.tensor({{1, 2}, {3, 4}, {5, 6}}, {dtype = "f64"})
+    assert.same({3, 2}, t:size())
+    assert.equal(4, t:get(2, 2))
+    assert.equal(1.0, k3.tensor({1.001}, {dtype = "bf16"}):get(1))
+  end)
+
+  it("randn is deterministic per seed, across dtypes, with standard moments", function()
+    local a = k3.randn({1000}, {seed = 42, dtype = "f64"})
+    local b = k3.randn({1000}, {seed = 42, dtype = "f64"})
+    local c = k3.randn({1000}, {seed = 43, dtype = "f64"})
+    assert.equal(0, k3.max_abs_diff(a, b))
+    assert.is_true(k3.max_abs_diff(a, c) > 0.1)
+    -- element i depends only on (seed, i): a prefix of a larger draw is the smaller draw
+    local big = k3.randn({10, 100}, {seed = 42, dtype = "f64"}):view({1000})
+    assert.equal(0, k3.max_abs_diff(a, big))
+    -- the bf16 draw is the f64 draw rounded once
+    local h = k3.randn({1000}, {seed = 42, dtype = "bf16"})
+    assert.equal(0, k3.max_abs_diff(h, a:to("bf16")))
+    local n = 200000
+    local v = k3.randn({n}, {seed = 7, dtype = "f64"}):totable()
+    local s, s2, s4 = 0, 0, 0
+    for i = 1, n do s = s + v[i]; s2 = s2 + v[i] ^ 2; s4 = s4 + v[i] ^ 4 end
+    local mean, var = s / n, s2 / n - (s / n) ^ 2
+    assert.is_true(math.abs(mean) < 0.01, "mean " .. mean)
+    assert.is_true(math.abs(var - 1) < 0.02, "variance " .. var)
+    assert.is_true(math.abs(s4 / n - 3) < 0.1, "fourth moment " .. s4 / n)
+  end)
+end)
+
+describe("bf16 and f16 rounding", function()
+  it("bf16 rounds to nearest, ties to even", function()
+    assert.equal(1.0, bf16(1 + 2 ^ -8))                 -- tie, 1.0 is even
+    assert.equal(1 + 2 ^ -6, bf16(1 + 3 * 2 ^ -8))      -- tie, rounds up to even
+    assert.equal(1 + 2 ^ -7, bf16(1 + 2 ^ -8 + 2 ^ -30)) -- just above the tie: no double rounding
+    assert.equal(-1.0, bf16(-1 - 2 ^ -8))
+    assert.equal(3.140625, bf16(math.pi))
+  end)
+
+  it("bf16 keeps NaN and infinities and overflows like IEEE", function()
+    local nan = bf16(0 / 0)
+    assert.is_true(nan ~= nan)
+    assert.equal(math.huge, bf16(math.huge))
+    assert.equal(-math.huge, bf16(-math.huge))
+    local max = 3.3895313892515355e38 -- 0x7f7f, the largest finite bf16
+    assert.equal(max, bf16(max))
+    assert.equal(max, bf16(2 ^ 128 - 2 ^ 119 - 2 ^ 100)) -- just below the midpoint to 2^128
+    assert.equal(math.huge, bf16(2 ^ 128 - 2 ^ 119))     -- the midpoint rounds to infinity
+    assert.equal(math.huge, bf16(1e39))
+    assert.equal(1 / -math.huge, bf16(-0.0))
+    assert.equal(-math.huge, 1 / bf16(-0.0))
+  end)
+
+  it("f16 rounds to nearest even with subnormals, NaN and infinities", function()
+    assert.equal(65504, f16(65504))
+    assert.equal(65504, f16(65519))
+    assert.equal(math.huge, f16(65520))
+    assert.equal(2 ^ -24, f16(2 ^ -24))
+    assert.equal(0, f16(2 ^ -25))                    -- tie to even (zero)
+    assert.equal(2 ^ -24, f16(1.5 * 2 ^ -25))
+    assert.equal(2 ^ -23, f16(3 * 2 ^ -25))          -- tie to even (2 units)
+    assert.equal(1.0, f16(1 + 2 ^ -11))              -- tie, even
+    assert.equal(1 + 2 ^ -10, f16(1 + 2 ^ -11 + 2 ^ -40))
+    local nan = f16(0 / 0)
+    assert.is_true(nan ~= nan)
+    assert.equal(-math.huge, f16(-math.huge))
+  end)
+
+  it("conversions between every dtype pair round once", function()
+    local src = k3.tensor({1 + 2 ^ -8 + 2 ^ -30, -2.5, 1e-3}, {dtype = "f64"})
+    for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+      local t = src:to(dt)
+      for _, dt2 in ipairs({"bf16", "f16", "f32", "f64"}) do
+        local u = k3.empty({3}, {dtype = dt2}):copy(t)
+        assert.equal(0, k3.max_abs_diff(u, t:to(dt2)))
+      end
+    end
+    assert.equal(1 + 2 ^ -7, src:to("bf16"):get(1))
+  end)
+end)
+
+describe("views", function()
+  it("narrow, select and transpose share storage", function()
+    local t = k3.tensor({{1, 2, 3}, {4, 5, 6}})
+    local n = t:narrow(2, 2, 2)
+    assert.same({{2, 3}, {5, 6}}, n:totable())
+    assert.same({3, 1}, n:stride())
+    assert.equal(1, n:offset())
+    n:set(1, 1, 20)
+    assert.equal(20, t:get(1, 2))
+    local s = t:select(1, 2)
+    assert.same({3}, s:size())
+    assert.same({4, 5, 6}, s:totable())
+    s:fill(0)
+    assert.same({{1, 20, 3}, {0, 0, 0}}, t:totable())
+    local tt = t:t()
+    assert.same({2, 3}, t:size())
+    assert.same({3, 2}, tt:size())
+    assert.same({1, 3}, tt:stride())
+    assert.is_false(tt:is_contiguous())
+    tt:set(3, 1, 30)
+    assert.equal(30, t:get(1, 3))
+    assert.same(tt:totable(), t:transpose(1, 2):totable())
+  end)
+
+  it("a padded-row view reports its strides", function()
+    local z = k3.zeros({4, 7175}):narrow(2, 1, 7168)
+    assert.same({4, 7168}, z:size())
+    assert.same({7175, 1}, z:stride())
+    assert.is_false(z:is_contiguous())
+    local c = z:contiguous()
+    assert.same({7168, 1}, c:stride())
+    assert.is_true(c:is_contiguous())
+  end)
+
+  it("view reshapes a contiguous tensor, infers -1, and rejects a non-contiguous one", function()
+    local t = k3.tensor({{1, 2, 3}, {4, 5, 6}})
+    assert.same({{1, 2}, {3, 4}, {5, 6}}, t:view({3, 2}):totable())
+    assert.same({6}, t:view({-1}):size())
+    t:view({6}):set(6, 60)
+    assert.equal(60, t:get(2, 3))
+    H.raises(function() t:t():view({6}) end,
+      "view: tensor is not contiguous (shape [3, 2], strides [1, 3]); call contiguous() first")
+    H.raises(function() t:view({4, 2}) end, "view: shape [4, 2] has 8 elements; tensor has 6")
+    H.raises(function() t:view({-1, -1}) end, "view: only one size may be -1")
+    H.raises(function() t:view({4, -1}) end, "view: cannot infer dim 2")
+  end)
+
+  it("expand broadcasts size-1 dims with stride 0", function()
+    local r = k3.tensor({{1, 2, 3}})
+    local e = r:expand({4, 3})
+    assert.same({4, 3}, e:size())
+    assert.same({0, 1}, e:stride())
+    assert.same({1, 2, 3}, e:select(1, 4):totable())
+    assert.same({2, 4, 3}, r:expand({2, 4, 3}):size())
+    H.raises(function() r:expand({4, 2}) end, "expand: dim 2 of size 3 cannot expand to 2")
+    H.raises(function() e:fill(1) ; e:copy(k3.zeros({4, 3})) end,
+      "copy: destination dim 1 has stride 0")
+  end)
+
+  it("contiguous, clone and to copy", function()
+    local t = k3.tensor({{1, 2}, {3, 4}})
+    local c = t:clone()
+    c:set(1, 1, 9)
+    assert.equal(1, t:get(1, 1))
+    assert.equal(t, t:contiguous())
+    local d = t:to("f64")
+    assert.equal("f64", d:dtype())
+    local e = t:to({dtype = "bf16"})
+    assert.equal("bf16", e:dtype())
+    assert.equal("cpu", t:to("cpu"):device())
+    H.raises(function() t:to("float") end,
+      "'float' is neither a dtype (bf16, f16, f32, f64) nor a device")
+  end)
+
+  it("copy handles any strides, dtype pairs and overlapping views", function()
+    local src = k3.randn({5, 7}, {seed = 3, dtype = "f64"})
+    local dst = k3.zeros({7, 5}, {dtype = "f32"}):t()
+    dst:copy(src)
+    assert.is_true(k3.max_abs_diff(dst, src) < 1e-6)
+    local t = k3.tensor({1, 2, 3, 4, 5})
+    t:narrow(1, 2, 4):copy(t:narrow(1, 1, 4)) -- overlapping shift
+    assert.same({1, 1, 2, 3, 4}, t:totable())
+    H.raises(function() k3.zeros({2, 3}):copy(k3.zeros({3, 2})) end,
+      "copy: source shape [3, 2] must match destination shape [2, 3]")
+  end)
+
+  it("get, set and totable work on every dtype", function()
+    for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+      local t = k3.zeros({2, 2}, {dtype = dt})
+      t:set(2, 1, 1.5)
+      assert.equal(1.5, t:get(2, 1))
+      assert.same({{0, 0}, {1.5, 0}}, t:totable())
+    end
+    assert.equal(5, k3.tensor({5}):select(1, 1):totable())
+  end)
+end)
+
+describe("arithmetic and comparisons", function()
+  it("+ - * and unary minus, with scalars on either side", function()
+    local a = k3.tensor({1, 2, 3})
+    local b = k3.tensor({10, 20, 30})
+    assert.same({11, 22, 33}, (a + b):totable())
+    assert.same({9, 18, 27}, (b - a):totable())
+    assert.same({10, 40, 90}, (a * b):totable())
+    assert.same({-1, -2, -3}, (-a):totable())
+    assert.same({2, 4, 6}, (a * 2):totable())
+    assert.same({2, 4, 6}, (2 * a):totable())
+    assert.same({2, 3, 4}, (a + 1):totable())
+    assert.same({0, -1, -2}, (1 - a):totable())
+    local t = k3.tensor({{1, 2}, {3, 4}})
+    assert.same({{2, 5}, {5, 8}}, (t + t:t()):totable())
+  end)
+
+  it("rounds fp32 arithmetic once to bf16", function()
+    local a = k3.tensor({1}, {dtype = "bf16"})
+    local b = k3.tensor({2 ^ -8}, {dtype = "bf16"})
+    assert.equal(1.0, (a + b):get(1))
+  end)
+
+  it("rejects mismatched shapes, dtypes and non-tensors", function()
+    local a = k3.zeros({2, 3})
+    H.raises(function() return a + k3.zeros({3, 2}) end,
+      "add: right operand shape [3, 2] must match left operand shape [2, 3]")
+    H.raises(function() return a + k3.zeros({2, 3}, {dtype = "f64"}) end,
+      "add: dtypes differ (f32 and f64)")
+    H.raises(function() return a + "x" end, "attempt to add a k3.Tensor and a string value")
+  end)
+
+  it("max_abs_diff, allclose and cosine compare in f64", function()
+    local a = k3.tensor({1, 2, 3}, {dtype = "f64"})
+    local b = k3.tensor({1, 2.5, 3}, {dtype = "bf16"})
+    assert.equal(0.5, k3.max_abs_diff(a, b))
+    assert.is_true(k3.allclose(a, a))
+    assert.is_false(k3.allclose(a, b))
+    assert.is_true(k3.allclose(a, b, {atol = 0.5}))
+    assert.is_true(k3.allclose(a, b, {rtol = 0.2}))
+    assert.is_true(math.abs(k3.cosine(a, a) - 1) < 1e-15)
+    assert.equal(0, k3.cosine(k3.tensor({1, 0}), k3.tensor({0, 1})))
+    local nan = k3.tensor({0 / 0})
+    local d = k3.max_abs_diff(nan, k3.tensor({1}))
+    assert.is_true(d ~= d)
+    assert.is_false(k3.allclose(nan, nan))
+    assert.equal(0, k3.max_abs_diff(k3.tensor({math.huge}), k3.tensor({math.huge})))
+  end)
+end)
+
+describe("printing", function()
+  it("shows shape, dtype, device and values", function()
+    local s = tostring(k3.tensor({{1, 2}, {3, 4}}, {dtype = "bf16"}))
+    assert.equal("k3.Tensor [2, 2] bf16 cpu\n[[1, 2],\n [3, 4]]", s)
+    local f = tostring(k3.tensor({0.5, -1.25}))
+    assert.equal("k3.Tensor [2] f32 cpu\n[ 0.5000, -1.2500]", f)
+  end)
+
+  it("shows strides of a non-contiguous view", function()
+    local s = tostring(k3.zeros({4, 7175}):narrow(2, 1, 7168))
+    assert.truthy(s:find("k3.Tensor [4, 7168] f32 cpu strides [7175, 1] offset 0", 1, true))
+  end)
+
+  it("summarises a 7168x7168 tensor to a few rows", function()
+    local t = k3.zeros({7168, 7168}, {dtype = "bf16"})
+    local s = tostring(t)
+    local lines = select(2, s:gsub("\n", "\n")) + 1
+    assert.is_true(lines <= 10, "printed " .. lines .. " lines")
+    assert.truthy(s:find("...", 1, true))
+    assert.is_true(#s < 1000)
+  end)
+
+  it("has the __name k3.Tensor", function()
+    assert.equal("k3.Tensor", getmetatable(k3.empty({1})).__name)
+    assert.is_true(k3.is_tensor(k3.empty({1})))
+    assert.is_false(k3.is_tensor({}))
+  end)
+end)
+
+describe("freeing", function()
+  it("free releases the storage; any later use raises", function()
+    local t = k3.zeros({4, 4})
+    local v = t:narrow(1, 1, 2)
+    t:free()
+    H.raises(function() t:size() end, "tensor has been freed")
+    H.raises(function() v:get(1, 1) end, "tensor has been freed")
+    H.raises(function() return v + v end, "tensor has been freed")
+    H.raises(function() k3.zeros({2, 4}):copy(v) end, "tensor has been freed")
+    t:free() -- twice is harmless
+    assert.equal("k3.Tensor (freed)", tostring(t))
+  end)
+
+  it("__close frees the handle at scope end and __gc is safe afterwards", function()
+    local escaped
+    do
+      local t <close> = k3.zeros({2})
+      escaped = t
+    end
+    H.raises(function() escaped:numel() end, "tensor has been freed")
+    escaped = nil
+    collectgarbage()
+    collectgarbage()
+  end)
+
+  it("a view outlives a closed base handle (storage is reference-counted)", function()
+    local v
+    do
+      local t <close> = k3.tensor({1, 2, 3})
+      v = t:narrow(1, 2, 2)
+    end
+    assert.same({2, 3}, v:totable())
+  end)
+
+  it("re-requiring the module works", function()
+    package.loaded["k3"] = nil
+    package.loaded["k3.core"] = nil
+    local again = require "k3"
+    assert.same({1}, again.ones({1}):totable())
+  end)
+end)
+
+describe("errors", function()
+  it("bad shapes", function()
+    H.raises(function() k3.empty({}) end,
+      "bad argument #1 to 'empty' (shape must have 1 to 8 dims; got 0)")
+    H.raises(function() k3.empty({1, 2, 3, 4, 5, 6, 7, 8, 9}) end,
+      "bad argument #1 to 'empty' (shape must have 1 to 8 dims; got 9)")
+    H.raises(function() k3.zeros({2, -1}) end,
+      "bad argument #1 to 'zeros' (size of dim 2 must be >= 0; got -1)")
+    H.raises(function() k3.empty({1.5}) end,
+      "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
+    H.raises(function() k3.empty({"a"}) end,
+      "bad argument #1 to 'empty' (shape[1] must be an integer; got string)")
+    H.raises(function() k3.empty("x") end, "bad argument #1 to 'empty' (table expected, got string)")
+  end)
+
+  it("huge sizes overflow or run out of memory without crashing", function()
+    H.raises(function() k3.empty({2 ^ 40, 2 ^ 40}) end, "empty: element count overflows at dim 2")
+    H.raises(function() k3.empty({2 ^ 31, 2 ^ 31}, {dtype = "f64"}) end,
+      "empty: byte size of 4611686018427387904 f64 elements overflows")
+    H.raises(function() k3.empty({2 ^ 30, 2 ^ 30}) end, "empty: out of host memory")
+  end)
+
+  it("unknown dtype and device", function()
+    H.raises(function() k3.empty({1}, {dtype = "float32"}) end,
+      "bad argument #2 to 'empty' (unknown dtype 'float32'; expected bf16, f16, f32 or f64)")
+    H.raises(function() k3.empty({1}, {device = "gpu"}) end,
+      "bad argument #2 to 'empty' (unknown device 'gpu'; expected cpu, cuda or cuda:N)")
+    H.raises(function() k3.empty({1}, {dtype = 16}) end,
+      "bad argument #2 to 'empty' (dtype must be a string; got number)")
+  end)
+
+  it("out-of-range indices and dims", function()
+    local t = k3.zeros({2, 3})
+    H.raises(function() t:get(3, 1) end, "get: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:get(0, 1) end, "get: index 0 out of range for dim 1 of size 2")
+    H.raises(function() t:set(1, 4, 0) end, "set: index 4 out of range for dim 2 of size 3")
+    H.raises(function() t:get(1) end, "get: expected 2 indices for a 2-dim tensor; got 1")
+    H.raises(function() t:get(1.5, 1) end, "number has no integer representation")
+    H.raises(function() t:get(0 / 0, 1) end, "number has no integer representation")
+    H.raises(function() t:get(math.huge, 1) end, "number has no integer representation")
+    H.raises(function() t:narrow(3, 1, 1) end, "bad argument #1 to 'narrow' (dim must be in 1..2; got 3)")
+    H.raises(function() t:narrow(2, 3, 2) end,
+      "narrow: start 3 and length 2 out of range for dim 2 of size 3")
+    H.raises(function() t:narrow(2, 0, 1) end,
+      "narrow: start 0 and length 1 out of range for dim 2 of size 3")
+    H.raises(function() t:select(1, 3) end, "select: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:size(3) end, "dim must be in 1..2; got 3")
+    H.raises(function() k3.zeros({2, 2, 2}):t() end, "t: expected a 2-dim tensor; got 3 dims")
+  end)
+
+  it("wrong Lua types get the standard message", function()
+    H.raises(function() k3.zeros({2}):fill("x") end,
+      "bad argument #1 to 'fill' (number expected, got string)")
+    H.raises(function() k3.zeros({2}).copy({}, k3.zeros({2})) end,
+      "bad argument #1 to 'copy' (k3.Tensor expected, got table)")
+    H.raises(function() k3.max_abs_diff(k3.zeros({2}), nil) end,
+      "bad argument #2 to 'max_abs_diff' (k3.Tensor expected, got nil)")
+  end)
+
+  it("k3.tensor rejects ragged or non-numeric nesting", function()
+    H.raises(function() k3.tensor({{1, 2}, {3}}) end, "ragged nesting")
+    H.raises(function() k3.tensor({{1, "a"}}) end, "expected a number at depth 2; got string")
+  end)
+end)
