@@ -1,0 +1,154 @@
+/*
+ * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
+ * optional residual in the same pass). supports() is DESIGN.md's runtime check with a named
+ * reason per failure; run() repeats it and raises the same text as an error, so a strided
+ * x passed directly fails loud instead of being read with the wrong stride. The device
+ * code is in linear_skinny.cuh (shared with tools/autotune.cu).
+ */
+#include "common.cuh"
+#include "linear_skinny.cuh"
+#include "linear_skinny.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
+    snprintf(buf, n, "[%lld, %lld]", (long long)v[0], (long long)v[1]);
+    return buf;
+}
+
+static bool k3sk_same_cuda(const k3_tensor *t, int dev) {
+    k3_device d = k3_tensor_device(t);
+    return d.type == K3_DEVICE_CUDA && d.index == dev;
+}
+
+/* The kernel's eligibility check, in DESIGN.md's order. Writes the reason and returns its
+ * status (K3_OK when the kernel takes the call; *cfg is then the resolved configuration).
+ * for_run: the check made at run() entry, where the batch-invariant flag is policy, not a
+ * precondition, and a misaligned base is a layout error rather than a quiet decline. */
+static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_config *cfg,
+                            char *why, size_t n) {
+    char a[64], b[64], c[64];
+    const k3_tensor *x = l->x, *w = l->w;
+    if (l->bias)
+        return snprintf(why, n, "bias is present (the skinny kernel has no bias epilogue)"),
+               K3_EINVAL;
+    if (!for_run && l->batch_invariant)
+        return snprintf(why, n, "batch-invariant mode is on"), K3_ENOKERNEL;
+    if (x->ndim != 2) return snprintf(why, n, "x is not 2-D (%d-D)", x->ndim), K3_ESHAPE;
+    if (w->ndim != 2) return snprintf(why, n, "w is not 2-D (%d-D)", w->ndim), K3_ESHAPE;
+    const k3_tensor *typed[4] = {x, w, l->residual, l->out};
+    const char *tname[4] = {"x", "w", "residual", "out"};
+    for (int i = 0; i < 4; i++)
+        if (typed[i] && typed[i]->dtype != K3_DTYPE_BF16)
+            return snprintf(why, n, "%s is not bf16 (%s)", tname[i],
+                            k3_dtype_name(typed[i]->dtype)),
+                   K3_EDTYPE;
+    /* Packed row-major is checked on the strides themselves: is_contiguous ignores the
+     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. */
+    const k3_tensor *packed[2] = {x, w};
+    for (int i = 0; i < 2; i++) {
+        const k3_tensor *t = packed[i];
+        if (t->stride[0] != t->size[1] || t->stride[1] != 1) {
+            int64_t want[2] = {t->size[1], 1};
+            return snprintf(why, n, "%s is not packed row-major: strides %s for shape %s, needs %s",
+                            tname[i], k3sk_dims(a, sizeof a, t->stride),
+                            k3sk_dims(b, sizeof b, t->size), k3sk_dims(c, sizeof c, want)),
+                   K3_ELAYOUT;
+        }
+    }
+    k3_device dx = k3_tensor_device(x);
+    if (dx.type != K3_DEVICE_CUDA)
+        return snprintf(why, n, "x is on %s, not a CUDA device", k3_device_name(dx, a, sizeof a)),
+               K3_EDEVICE;
+    for (int i = 1; i < 4; i++)
+        if (typed[i] && !k3sk_same_cuda(typed[i], dx.index))
+            return snprintf(why, n, "%s is on %s, x on %s", tname[i],
+                            k3_device_name(k3_tensor_device(typed[i]), a, sizeof a),
+                            k3_device_name(dx, b, sizeof b)),
+                   K3_EDEVICE;
+    const int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    if (w->size[1] != K)
+        return snprintf(why, n, "K mismatch: x dim 2 (%lld), w dim 2 (%lld)", (long long)K,
+                        (long long)w->size[1]),
+               K3_ESHAPE;
+    if (M < 1 || M > K3_SKINNY_MAX_M)
+        return snprintf(why, n, "M = %lld is outside 1..%d", (long long)M, K3_SKINNY_MAX_M),
+               K3_ESHAPE;
+    if (N > INT_MAX || K > INT_MAX)
+        return snprintf(why, n, "N = %lld or K = %lld exceeds %d", (long long)N, (long long)K,
+                        INT_MAX),
+               K3_ESHAPE;
+
+    k3_skinny_config r = l->config ? *l->config : k3_skinny_config{0, 0, 0, 0, 0};
+    if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0)
+        return snprintf(why, n, "config has a negative field"), K3_EINVAL;
+    if (!r.threads) r.threads = 256;
+    if (!r.rows) r.rows = 8;
+    if (!r.unroll) r.unroll = 4;
+    if (!r.vec) r.vec = K3_SKINNY_VEC;
+    int sk = k3_skinny_split_k(r.threads, r.rows);
+    if (!r.split_k) r.split_k = sk;
+    if (r.vec != K3_SKINNY_VEC || !sk || r.split_k != sk ||
+        !k3_skinny_instantiated(r.threads, r.rows, r.unroll))
+        return snprintf(why, n,
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
+                        "is not instantiated",
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k),
+               K3_EINVAL;
+    if (K % r.vec)
+        return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
+                        (long long)K, r.vec),
+               K3_ESHAPE;
+    /* 16-byte loads need 16-byte aligned rows: with K % 8 == 0 that is the base address. */
+    for (int i = 0; i < 2; i++)
+        if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
+            return snprintf(why, n,
+                            "%s is not 16-byte aligned (storage offset %lld elements); the "
+                            "kernel loads 16 bytes at a time",
+                            tname[i], (long long)packed[i]->offset),
+                   for_run ? K3_ELAYOUT : K3_ENOKERNEL;
+    *cfg = r;
+    return K3_OK;
+}
+
+static k3_status k3sk_supports(const k3_op_args *a, char *reason, size_t n) {
+    if (!a || a->op != K3_OP_LINEAR) return snprintf(reason, n, "not a linear call"), K3_EINVAL;
+    k3_skinny_config cfg;
+    return k3sk_check(&a->u.linear, false, &cfg, reason, n);
+}
+
+static k3_status k3sk_run(const k3_op_args *a) {
+    if (!a || a->op != K3_OP_LINEAR)
+        return k3_error(K3_EINVAL, "linear: cuda.linear.skinny: not a linear call");
+    const k3_linear_args *l = &a->u.linear;
+    K3_TRY(k3_linear_validate(l));
+    k3_skinny_config cfg;
+    char why[256];
+    k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
+    if (s != K3_OK) return k3_error(s, "linear: cuda.linear.skinny: %s", why);
+
+    k3_skinny_problem p;
+    p.x = k3_tensor_data(l->x);
+    p.w = k3_tensor_data(l->w);
+    p.res = l->residual ? k3_tensor_data(l->residual) : NULL;
+    p.res_s0 = l->residual ? l->residual->stride[0] : 0;
+    p.res_s1 = l->residual ? l->residual->stride[1] : 0;
+    p.y = k3_tensor_data(l->out);
+    p.y_s0 = l->out->stride[0];
+    p.y_s1 = l->out->stride[1];
+    p.M = (int)l->x->size[0];
+    p.N = (int)l->w->size[0];
+    p.K = (int)l->x->size[1];
+    if (!p.x || !p.w || !p.y || (l->residual && !p.res))
+        return k3_error(K3_EFREED, "linear: cuda.linear.skinny: tensor has been freed");
+    if (p.N == 0) return K3_OK;
+
+    k3c_ctx *ctx = NULL;
+    K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
+    K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
+    return K3_OK;
+}
+
+extern "C" const k3_kernel k3_cuda_linear_skinny = {
+    "cuda.linear.skinny", K3_OP_LINEAR, K3_DEVICE_CUDA, k3sk_supports, k3sk_run};

@@ -1,0 +1,220 @@
+/*
+ * linear_skinny.cuh — the device code of cuda.linear.skinny, shared by the kernel record
+ * (kernels/linear_skinny.cu) and the autotuner (tools/autotune.cu): one templated kernel
+ * family for bf16 y[M,N] = x[M,K] w[N,K]^T (+ residual), M = 1..16, fp32 accumulation.
+ *
+ * How it works. A warp owns 8 rows of w and a share of K. Per step ("chunk" of 32 k) each
+ * lane loads 16 bytes of its w row (lane = 4*g + t: row g, k = 8t..8t+7) and the same
+ * 16 bytes of tokens g and g+8 of x, and issues two mma.m16n8k16 (bf16 in, fp32
+ * accumulate) with tokens as the MMA's M (16) and the 8 rows as its N. The MMA's k order
+ * is a permutation of the chunk's 32 k, the same for x and w, so the dot products are
+ * exact sums of the right products. Warps of a block that share a row group split K
+ * (split_k of them, each on `unroll` consecutive chunks per step: unroll 16-byte loads of
+ * w in flight per lane); their partial sums are reduced through shared memory in a fixed
+ * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
+ * off inside the load instruction: nothing past the end of x or w is ever read.
+ *
+ * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
+ * (16-byte loads) and split_k = threads / 32 / (rows / 8) (K-slices per row group, reduced
+ * in shared memory; no workspace, no atomics). Only the triples listed in
+ * K3_SKINNY_CONFIGS are compiled; spec/skinny_spec.lua uses some of them by value.
+ */
+#ifndef K3_LINEAR_SKINNY_CUH
+#define K3_LINEAR_SKINNY_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
+#define K3_SKINNY_CONFIGS(X)                                                              \
+    X(128, 8, 2) X(128, 8, 4) X(128, 8, 8)                                                \
+    X(256, 8, 2) X(256, 8, 4) X(256, 8, 8)                                                \
+    X(512, 8, 2) X(512, 8, 4)                                                             \
+    X(128, 16, 4)                                                                         \
+    X(256, 16, 2) X(256, 16, 4) X(256, 16, 8)                                             \
+    X(512, 16, 4)                                                                         \
+    X(256, 32, 4) X(512, 32, 2) X(512, 32, 4)                                             \
+    X(256, 64, 4) X(512, 64, 4)
+
+#define K3_SKINNY_VEC 8
+#define K3_SKINNY_MAX_M 16
+
+/* What one launch computes. x [M,K] and w [N,K] are packed row-major bf16 (row stride K),
+ * 16-byte aligned; res (may be NULL) and y are bf16 with element strides (s0, s1). */
+typedef struct k3_skinny_problem {
+    const void *x, *w, *res;
+    int64_t res_s0, res_s1;
+    void *y;
+    int64_t y_s0, y_s1;
+    int M, N, K;
+} k3_skinny_problem;
+
+/* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
+static inline int k3_skinny_split_k(int threads, int rows) {
+    if (threads < 32 || threads % 32 || rows < 8 || rows % 8) return 0;
+    int warps = threads / 32, groups = rows / 8;
+    return warps % groups ? 0 : warps / groups;
+}
+
+static inline bool k3_skinny_instantiated(int threads, int rows, int unroll) {
+#define K3_SK_MATCH(T, R, U)                                                               \
+    if (threads == (T) && rows == (R) && unroll == (U)) return true;
+    K3_SKINNY_CONFIGS(K3_SK_MATCH)
+#undef K3_SK_MATCH
+    return false;
+}
+
+#if defined(__CUDACC__)
+
+/* 16 bytes of w, streamed past L1 (read once); zero when !pred, and then nothing is read. */
+static __device__ __forceinline__ uint4 k3sk_load_w(const uint4 *p, bool pred) {
+    uint4 r;
+    asm("{\n\t.reg .pred p;\n\t"
+        "setp.ne.b32 p, %5, 0;\n\t"
+        "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+        "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "r"((int)pred));
+    return r;
+}
+
+/* 16 bytes of x, kept in L1 (every warp of the block reads the same x); zero when !pred. */
+static __device__ __forceinline__ uint4 k3sk_load_x(const uint4 *p, bool pred) {
+    uint4 r;
+    asm("{\n\t.reg .pred p;\n\t"
+        "setp.ne.b32 p, %5, 0;\n\t"
+        "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+        "@p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "r"((int)pred));
+    return r;
+}
+
+/* d += A(16x16, tokens x k) * B(16x8, k x rows), bf16 operands, fp32 accumulators. */
+static __device__ __forceinline__ void k3sk_mma(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ float k3sk_bf16_to_f32(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Round to nearest even; NaN stays a (quiet) NaN. */
+static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
+template <int THREADS, int ROWS, int UNROLL, int MT>
+__global__ void __launch_bounds__(THREADS)
+    k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
+                     const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
+                     uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
+                     int K) {
+    constexpr int WARPS = THREADS / 32;
+    constexpr int GROUPS = ROWS / 8;
+    constexpr int KW = WARPS / GROUPS;
+    static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
+    static_assert(WARPS % GROUPS == 0 && KW >= 1, "warps must cover the row groups");
+    static_assert(MT == 1 || MT == 2, "one or two token tiles");
+
+    /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
+    __shared__ float partial[WARPS][4][32];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int group = warp / KW, kw = warp % KW;
+    const int g = lane >> 2, t = lane & 3;
+    const int nvec = K / 8;            /* 16-byte vectors per row (K % 8 == 0) */
+    const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
+
+    const int64_t row = (int64_t)blockIdx.x * ROWS + group * 8 + g;
+    const bool row_ok = row < N;
+    const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
+    const bool x0_ok = g < M;
+    const bool x1_ok = MT == 2 && g + 8 < M;
+    const uint4 *x0 = x + (x0_ok ? g : 0) * (int64_t)nvec;
+    const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * (int64_t)nvec;
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = kw * UNROLL; c0 < nchunk; c0 += KW * UNROLL) {
+        uint4 wv[UNROLL], xa[UNROLL], xb[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = (c0 + u) * 4 + t;
+            const bool kin = v < nvec;
+            wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+            xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
+            if (MT == 2)
+                xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
+            else
+                xb[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
+            k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
+            k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
+    __syncthreads();
+
+    /* Output (token m, row r of group): acc[2*(m/8) + r%2] of lane 4*(m%8) + r/2. */
+    for (int i = threadIdx.x; i < GROUPS * 128; i += THREADS) {
+        const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
+        const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
+        if (m >= M || n >= N) continue;
+        const int src = (m & 7) * 4 + (r >> 1);
+        const int reg = ((m >> 3) << 1) | (r & 1);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < KW; ++j) s += partial[grp * KW + j][reg][src];
+        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
+    }
+}
+
+template <int THREADS, int ROWS, int UNROLL>
+static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, cudaStream_t stream) {
+    const unsigned blocks = (unsigned)((p.N + ROWS - 1) / ROWS);
+    const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
+    const uint16_t *res = (const uint16_t *)p.res;
+    uint16_t *y = (uint16_t *)p.y;
+    if (p.M <= 8)
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 1><<<blocks, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K);
+    else
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 2><<<blocks, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K);
+    return cudaGetLastError();
+}
+
+/* Launches one instantiated configuration on `stream`. cudaErrorInvalidValue when the
+ * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
+ * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
+static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
+                                    const k3_skinny_problem &p, cudaStream_t stream) {
+    if (p.M < 1 || p.M > K3_SKINNY_MAX_M || p.N < 0 || p.K < 0 || p.K % K3_SKINNY_VEC ||
+        ((uintptr_t)p.x & 15) || ((uintptr_t)p.w & 15) || !p.y)
+        return cudaErrorInvalidValue;
+    if (p.N == 0) return cudaSuccess;
+#define K3_SK_LAUNCH(T, R, U)                                                              \
+    if (threads == (T) && rows == (R) && unroll == (U))                                    \
+        return k3_skinny_launch_t<T, R, U>(p, stream);
+    K3_SKINNY_CONFIGS(K3_SK_LAUNCH)
+#undef K3_SK_LAUNCH
+    return cudaErrorInvalidValue;
+}
+
+#endif /* __CUDACC__ */
+#endif /* K3_LINEAR_SKINNY_CUH */
