@@ -10,11 +10,11 @@ function H.cuda()
 end
 
 --- H.require_gpu(): at the top of a `#gpu` describe; marks it pending with the reason and
---- returns false where there is no device.
+--- returns false where there is no device (busted's `pending` is not a global in modules).
 function H.require_gpu()
   local ok, reason = H.cuda()
   if not ok then
-    pending("no CUDA device: " .. tostring(reason))
+    require("busted").pending("no CUDA device: " .. tostring(reason))
     return false
   end
   return true
