@@ -1,0 +1,146 @@
+-- k3.nn — model layers as plain Lua objects over k3 tensors: Linear, RMSNorm and the
+-- SwiGLU MLP. Layers hold weights and a linear method; every number is computed by the C
+-- ops (k3.linear through a method, k3.rms_norm, k3.silu_mul), never in Lua.
+local k3 = require "k3"
+
+local nn = {}
+
+local function check_tensor(v, what, fn)
+  if type(v) ~= "userdata" then
+    error(string.format("%s: %s must be a tensor (got %s)", fn, what, type(v)), 3)
+  end
+end
+
+-- The method a Linear gets when none is given: the low-latency method with the policy's
+-- plan for this weight shape when one exists (it owns a default method for every call it
+-- declines), else the default method.
+function nn.default_method(w)
+  if k3.plan_for then
+    local plan = k3.plan_for(w)
+    if plan then return k3.method.low_latency(plan) end
+  end
+  return k3.method.default()
+end
+
+-- Linear: y[M,N] = x[M,K] w[N,K]^T (+ bias[N]).
+--   nn.Linear(w, {bias = b, method = m})
+local Linear = {}
+Linear.__index = Linear
+Linear.__name = "k3.nn.Linear"
+nn.Linear = setmetatable(Linear, {
+  __call = function(_, w, opts)
+    check_tensor(w, "weight", "Linear")
+    if w:dim() ~= 2 then
+      error(string.format("Linear: weight must be 2-D [N, K] (got %d dims)", w:dim()), 2)
+    end
+    opts = opts or {}
+    local self = setmetatable({weight = w, bias = opts.bias}, Linear)
+    self.method = opts.method or nn.default_method(w)
+    return self
+  end,
+})
+
+function Linear:__call(x) return self.method:apply(x, self.weight, self.bias) end
+function Linear:out_features() return self.weight:size(1) end
+function Linear:in_features() return self.weight:size(2) end
+
+-- The weight shape as the policy keys it ("NxK").
+function Linear:shape_key()
+  return string.format("%dx%d", self.weight:size(1), self.weight:size(2))
+end
+
+-- A copy with weights converted (t:to) to `dtype` on `device`; the method is rebuilt for
+-- the new weight (an f64 weight gets the default method: no plan covers it).
+function Linear:to(dtype, device)
+  local w = self.weight:to(device or self.weight:device()):to(dtype)
+  local b = self.bias and self.bias:to(device or self.bias:device()):to(dtype)
+  return nn.Linear(w, {bias = b})
+end
+
+function Linear:free()
+  self.weight:free()
+  if self.bias then self.bias:free() end
+end
+
+function Linear:__tostring()
+  return string.format("Linear(%d -> %d, %s%s)", self:in_features(), self:out_features(),
+                       self.weight:dtype(), self.bias and ", bias" or "")
+end
+
+-- RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * w.
+local RMSNorm = {}
+RMSNorm.__index = RMSNorm
+RMSNorm.__name = "k3.nn.RMSNorm"
+nn.RMSNorm = setmetatable(RMSNorm, {
+  __call = function(_, w, eps)
+    check_tensor(w, "weight", "RMSNorm")
+    return setmetatable({weight = w, eps = eps or 1e-5}, RMSNorm)
+  end,
+})
+
+function RMSNorm:__call(x) return k3.rms_norm(x, self.weight, self.eps) end
+
+function RMSNorm:to(dtype, device)
+  return nn.RMSNorm(self.weight:to(device or self.weight:device()):to(dtype), self.eps)
+end
+
+function RMSNorm:free() self.weight:free() end
+
+function RMSNorm:__tostring()
+  return string.format("RMSNorm(%d, eps=%g, %s)", self.weight:size(1), self.eps,
+                       self.weight:dtype())
+end
+
+-- SwiGLU MLP: down(silu(gate) * up), gate and up from one fused gate_up projection
+-- (the first I output features are the gate, the next I the up projection).
+--   nn.SwiGLU(gate_up_w [2I, H], down_w [H, I], {gate_up_method =, down_method =})
+local SwiGLU = {}
+SwiGLU.__index = SwiGLU
+SwiGLU.__name = "k3.nn.SwiGLU"
+nn.SwiGLU = setmetatable(SwiGLU, {
+  __call = function(_, gate_up, down, opts)
+    opts = opts or {}
+    if getmetatable(gate_up) ~= Linear then
+      gate_up = nn.Linear(gate_up, {method = opts.gate_up_method})
+    end
+    if getmetatable(down) ~= Linear then down = nn.Linear(down, {method = opts.down_method}) end
+    local two_i, i = gate_up:out_features(), down:in_features()
+    if two_i ~= 2 * i then
+      error(string.format("SwiGLU: gate_up has %d output features, expected 2 * down's %d input features = %d",
+                          two_i, i, 2 * i), 2)
+    end
+    if gate_up:in_features() ~= down:out_features() then
+      error(string.format("SwiGLU: gate_up takes %d features but down returns %d",
+                          gate_up:in_features(), down:out_features()), 2)
+    end
+    return setmetatable({gate_up = gate_up, down = down}, SwiGLU)
+  end,
+})
+
+-- Intermediates are freed as soon as they are consumed: a decode loop makes thousands of
+-- them and the Lua collector does not see the memory they hold.
+function SwiGLU:__call(x)
+  local gu = self.gate_up(x)
+  local g = k3.silu_mul(gu)
+  gu:free()
+  local y = self.down(g)
+  g:free()
+  return y
+end
+
+function SwiGLU:to(dtype, device)
+  return setmetatable({gate_up = self.gate_up:to(dtype, device), down = self.down:to(dtype, device)},
+                      SwiGLU)
+end
+
+function SwiGLU:free()
+  self.gate_up:free()
+  self.down:free()
+end
+
+function SwiGLU:__tostring()
+  return string.format("SwiGLU(%d -> %d -> %d)", self.gate_up:in_features(),
+                       self.down:in_features(), self.down:out_features())
+end
+
+return nn

@@ -1,0 +1,84 @@
+-- scripts/demo.lua — the main job (`make demo`): a Kimi-K3-shaped decode stack for
+-- decode batches M, printing time per step, fidelity against the fp64 run and the kernels
+-- with every decline reason. Run as `scripts/k3 scripts/demo.lua [options]`.
+local k3 = require "k3"
+local demo = require "k3.model.decode_demo"
+
+local usage = [[
+usage: scripts/k3 scripts/demo.lua [options]
+  --config NAME             tiny | kimi-k3-tp8 (default: kimi-k3-tp8 with a CUDA device, else tiny)
+  --device DEV              cpu | cuda | cuda:N (default: cuda when available, else cpu)
+  --weights FILE            load weights from a safetensors file instead of generating them
+  --save-weights FILE       save the weights used to a safetensors file
+  --steps N                 timed decode steps per M (default 10 on cpu, 20 on cuda)
+  --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
+  --seed N                  seed of the generated weights and inputs (default 1234)
+  --quiet                   no progress line
+  -h, --help                this text]]
+
+local function die(msg)
+  io.stderr:write("demo: ", msg, "\n", usage, "\n")
+  os.exit(2)
+end
+
+local function parse_m(s)
+  local list = {}
+  for part in s:gmatch("[^,]+") do
+    local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if a then
+      for i = tonumber(a), tonumber(b) do list[#list + 1] = i end
+    elseif part:match("^%s*%d+%s*$") then
+      list[#list + 1] = tonumber(part)
+    else
+      die("--m: '" .. part .. "' is not a number or a range a-b")
+    end
+  end
+  for _, m in ipairs(list) do
+    if m < 1 then die("--m: batch sizes must be >= 1") end
+  end
+  if #list == 0 then die("--m: empty list") end
+  return list
+end
+
+local opts = {}
+local args = {...}
+local i = 1
+while i <= #args do
+  local a = args[i]
+  local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
+  key = key or a
+  local function value()
+    if val then return val end
+    i = i + 1
+    if args[i] == nil then die(key .. " needs a value") end
+    return args[i]
+  end
+  if key == "--config" then opts.config = value()
+  elseif key == "--device" then opts.device = value()
+  elseif key == "--weights" then opts.weights_path = value()
+  elseif key == "--save-weights" then opts.save_weights = value()
+  elseif key == "--steps" then
+    opts.steps = math.tointeger(tonumber(value()))
+    if not opts.steps or opts.steps < 1 then die("--steps must be a positive integer") end
+  elseif key == "--m" then opts.m = parse_m(value())
+  elseif key == "--seed" then
+    opts.seed = math.tointeger(tonumber(value()))
+    if not opts.seed then die("--seed must be an integer") end
+  elseif key == "--quiet" then opts.quiet = true
+  elseif key == "-h" or key == "--help" then print(usage) os.exit(0)
+  else die("unknown option '" .. a .. "'") end
+  i = i + 1
+end
+
+if opts.weights_path then
+  opts.weights = k3.load_safetensors(opts.weights_path)
+  opts.weights_source = "from " .. opts.weights_path
+end
+
+local ok, res = xpcall(demo.run, debug.traceback, opts)
+if not ok then
+  io.stderr:write("\r\27[K")
+  io.stderr:write("demo: ", tostring(res), "\n")
+  os.exit(1)
+end
+print(demo.format(res))
