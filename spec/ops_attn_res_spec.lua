@@ -1,0 +1,289 @@
+-- attn_res: cpu.attn_res.reference against a plain-Lua fp64 transcription of DESIGN.md, the
+-- fused delta write-back, write_block, num_blocks 0..S, output norm or none, padded rows,
+-- dtypes, and the text of every error a caller can hit.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+-- DESIGN.md's formula in fp64 on Lua tables (1-based; write_block nil = no write). Returns
+-- out, the updated prefix and the updated blocks.
+local function oracle(a)
+  local prefix, blocks = a.prefix:to("f64"):totable(), a.blocks:to("f64"):totable()
+  local delta = a.delta and a.delta:to("f64"):totable()
+  local nw, qk = a.norm_weight:to("f64"):totable(), a.qk_weight:to("f64"):totable()
+  local onw = a.output_norm_weight and a.output_norm_weight:to("f64"):totable()
+  local eps, oeps = a.eps or 1e-5, a.output_eps or 1e-5
+  local T, Hd = #prefix, #prefix[1]
+  local out = {}
+  for t = 1, T do
+    local p = prefix[t]
+    if delta then
+      -- the sum rounded to the tensor dtype: done by the caller's check, here via k3
+      local row = {}
+      for d = 1, Hd do row[d] = p[d] + delta[t][d] end
+      p = k3.tensor({row}, {dtype = a.prefix:dtype()}):to("f64"):totable()[1]
+      prefix[t] = p
+    end
+    if a.write_block then blocks[t][a.write_block] = p end
+    local src = {}
+    for s = 1, a.num_blocks do src[s] = blocks[t][s] end
+    src[#src + 1] = p
+    local logits, mx = {}, -math.huge
+    for s, v in ipairs(src) do
+      local dot, ss = 0, 0
+      for d = 1, Hd do
+        dot = dot + v[d] * nw[d] * qk[d]
+        ss = ss + v[d] * v[d]
+      end
+      logits[s] = dot / math.sqrt(ss / Hd + eps)
+      mx = math.max(mx, logits[s])
+    end
+    local sum = 0
+    for s = 1, #src do logits[s] = math.exp(logits[s] - mx); sum = sum + logits[s] end
+    local mixed = {}
+    for d = 1, Hd do
+      local m = 0
+      for s, v in ipairs(src) do m = m + logits[s] / sum * v[d] end
+      mixed[d] = m
+    end
+    if onw then
+      local ss = 0
+      for d = 1, Hd do ss = ss + mixed[d] * mixed[d] end
+      local r = 1 / math.sqrt(ss / Hd + oeps)
+      for d = 1, Hd do mixed[d] = mixed[d] * r * onw[d] end
+    end
+    out[t] = mixed
+  end
+  return k3.tensor(out, {dtype = "f64"})
+end
+
+-- Inputs: prefix/delta/out rows padded by `pad`, blocks [T, S, H] with padded rows too.
+local function inputs(T, S, Hd, o)
+  o = o or {}
+  local dt, pad = o.dtype or "f32", o.pad or 0
+  local blocks_base = k3.randn({T, S, Hd + pad}, {dtype = dt, seed = 31})
+  local a = {
+    prefix = H.padded(T, Hd, pad, {dtype = dt, seed = 32}),
+    delta = o.delta ~= false and H.padded(T, Hd, pad, {dtype = dt, seed = 33}) or nil,
+    blocks = blocks_base:narrow(3, 1, Hd),
+    num_blocks = o.num_blocks or S,
+    write_block = o.write_block,
+    norm_weight = k3.randn({Hd}, {dtype = dt, seed = 34}) * 0.5 + 1,
+    qk_weight = k3.randn({Hd}, {dtype = dt, seed = 35}) * 0.1,
+    output_norm_weight = o.no_output_norm and nil or (k3.randn({Hd}, {dtype = dt, seed = 36}) * 0.1 + 1),
+  }
+  if o.out ~= false then
+    a.out = H.padded(T, Hd, pad, {dtype = dt, seed = 37})
+    a.out:fill(0 / 0)
+  end
+  return a
+end
+
+local function copy_args(a)
+  local c = {}
+  for k, v in pairs(a) do c[k] = v end
+  return c
+end
+
+describe("attn_res", function()
+  it("the C reference equals the Lua fp64 transcription (f64 tensors)", function()
+    for _, case in ipairs({
+      {T = 3, S = 4, H = 33, num_blocks = 4, write_block = 2},
+      {T = 2, S = 3, H = 5, num_blocks = 0},
+      {T = 4, S = 5, H = 17, num_blocks = 3, write_block = 5, no_output_norm = true, delta = false},
+    }) do
+      local a = inputs(case.T, case.S, case.H, {dtype = "f64", pad = 3, num_blocks = case.num_blocks,
+        write_block = case.write_block, no_output_norm = case.no_output_norm, delta = case.delta})
+      local want = oracle(copy_args(a))
+      local y = k3.attn_res(a)
+      assert.is_false(H.has_nan(y))
+      assert.is_true(k3.max_abs_diff(y, want) < 1e-12)
+    end
+  end)
+
+  for _, dt in ipairs({"bf16", "f16", "f32"}) do
+    it(dt .. ": T=17, 5 blocks, rows padded by 7 match the reference and fp64", function()
+      local a = inputs(17, 5, 132, {dtype = dt, pad = 7, write_block = 3})
+      local a64 = {}
+      for k, v in pairs(a) do a64[k] = k3.is_tensor(v) and v:to("f64") or v end
+      a64.out = nil
+      local want = oracle(copy_args(a)) -- on the inputs before the call updates them
+      local y = k3.attn_res(a)
+      assert.is_false(H.has_nan(y))
+      local ref64 = k3.attn_res(a64) -- the same kernel in fp64
+      assert.is_true(k3.allclose(y:to("f64"), ref64, {atol = 8e-2, rtol = 3e-2}))
+      local tight = dt == "f32" and 1e-4 or dt == "f16" and 1e-2 or 4e-2
+      assert.is_true(k3.max_abs_diff(y:to("f64"), want) < tight)
+    end)
+  end
+
+  it("writes prefix back exactly as bf16(prefix + delta)", function()
+    local a = inputs(5, 3, 33, {dtype = "bf16", pad = 7})
+    local want = (a.prefix:to("f64") + a.delta:to("f64")):to("bf16")
+    k3.attn_res(a)
+    assert.equal(0, k3.max_abs_diff(a.prefix, want))
+  end)
+
+  it("writes the block slot exactly and leaves every other slot untouched", function()
+    local a = inputs(4, 5, 33, {dtype = "bf16", pad = 2, write_block = 4, num_blocks = 2})
+    local before = a.blocks:clone()
+    k3.attn_res(a)
+    for s = 1, 5 do
+      local got, old = a.blocks:select(2, s), before:select(2, s)
+      if s == 4 then
+        assert.equal(0, k3.max_abs_diff(got, a.prefix)) -- the updated prefix
+      else
+        assert.equal(0, k3.max_abs_diff(got, old))
+      end
+    end
+  end)
+
+  it("a written block within num_blocks is read after the write", function()
+    local a = inputs(3, 4, 17, {dtype = "f64", write_block = 1, num_blocks = 2})
+    local want = oracle(copy_args(a))
+    assert.is_true(k3.max_abs_diff(k3.attn_res(a), want) < 1e-12)
+  end)
+
+  it("num_blocks = 0 equals rms_norm(prefix), or the prefix without an output norm", function()
+    for _, dt in ipairs({"bf16", "f32"}) do
+      local a = inputs(6, 3, 132, {dtype = dt, pad = 7, num_blocks = 0, delta = false})
+      local y = k3.attn_res(a)
+      assert.is_false(H.has_nan(y))
+      local want = k3.rms_norm(a.prefix, a.output_norm_weight, 1e-5)
+      assert.equal(0, k3.max_abs_diff(y, want))
+      a.output_norm_weight = nil
+      a.out:fill(0 / 0)
+      assert.equal(0, k3.max_abs_diff(k3.attn_res(a), a.prefix))
+    end
+  end)
+
+  it("allocates out when none is given", function()
+    local a = inputs(2, 2, 8, {out = false})
+    local y = k3.attn_res(a)
+    assert.same({2, 8}, y:size())
+    assert.equal("f32", y:dtype())
+  end)
+
+  it("dispatch picks cpu.attn_res.reference on the CPU and says why the others declined", function()
+    local a = inputs(2, 2, 8)
+    local e = k3.explain("attn_res", a)
+    assert.equal("cpu.attn_res.reference", e.chosen)
+    if not k3.backends().cuda.available then
+      assert.same({{kernel = "cuda.attn_res.packed", reason = "not registered in this build"},
+                   {kernel = "cuda.attn_res.generic", reason = "not registered in this build"}}, e.declined)
+    end
+  end)
+
+  it("explain writes nothing (prefix, blocks and out untouched)", function()
+    local a = inputs(3, 3, 8, {write_block = 1})
+    local p, b = a.prefix:clone(), a.blocks:clone()
+    k3.explain("attn_res", a)
+    assert.equal(0, k3.max_abs_diff(p, a.prefix))
+    assert.equal(0, k3.max_abs_diff(b, a.blocks))
+    assert.is_true(H.has_nan(a.out))
+  end)
+
+  describe("errors", function()
+    -- change(a) breaks one argument; the call must raise `text` and modify nothing.
+    local function bad(change, text)
+      local a = inputs(4, 5, 8)
+      local prefix, blocks = a.prefix, a.blocks
+      local p, b = prefix:clone(), blocks:clone()
+      change(a)
+      H.raises(function() k3.attn_res(a) end, text)
+      assert.equal(0, k3.max_abs_diff(p, prefix))
+      assert.equal(0, k3.max_abs_diff(b, blocks))
+    end
+
+    it("num_blocks outside 0..S", function()
+      bad(function(a) a.num_blocks = 6 end, "attn_res: num_blocks must be in 0..5 (blocks dim 2); got 6")
+      bad(function(a) a.num_blocks = -1 end, "attn_res: num_blocks must be in 0..5 (blocks dim 2); got -1")
+    end)
+    it("write_block outside 1..S", function()
+      bad(function(a) a.write_block = 6 end, "attn_res: write_block must be in 1..5 (blocks dim 2); got 6")
+      bad(function(a) a.write_block = 0 end, "attn_res: write_block must be in 1..5 (blocks dim 2); got 0")
+    end)
+    it("wrong ranks", function()
+      bad(function(a) a.prefix = k3.randn({4, 8, 1}) end, "attn_res: prefix must be 2-D [T, H]; got 3-D [4, 8, 1]")
+      bad(function(a) a.blocks = k3.randn({4, 8}) end, "attn_res: blocks must be 3-D [T, S, H]; got 2-D [4, 8]")
+    end)
+    it("mismatched T and H", function()
+      bad(function(a) a.blocks = k3.randn({3, 5, 8}) end, "attn_res: blocks dim 1 (3) must match prefix dim 1 (4)")
+      bad(function(a) a.blocks = k3.randn({4, 5, 9}) end, "attn_res: blocks dim 3 (9) must match prefix dim 2 (8)")
+      bad(function(a) a.delta = k3.randn({4, 9}) end, "attn_res: delta must be [T, H] = [4, 8] (prefix); got [4, 9]")
+    end)
+    it("weights of the wrong length", function()
+      bad(function(a) a.norm_weight = k3.randn({7}) end, "attn_res: norm_weight must be [H] = [8] (prefix dim 2); got [7]")
+      bad(function(a) a.qk_weight = k3.randn({8, 1}) end, "attn_res: qk_weight must be [H] = [8] (prefix dim 2); got [8, 1]")
+      bad(function(a) a.output_norm_weight = k3.randn({9}) end,
+        "attn_res: output_norm_weight must be [H] = [8] (prefix dim 2); got [9]")
+    end)
+    it("dtype mismatch", function()
+      bad(function(a) a.delta = k3.randn({4, 8}, {dtype = "bf16"}) end,
+        "attn_res: delta dtype (bf16) must match prefix dtype (f32)")
+      bad(function(a) a.blocks = k3.randn({4, 5, 8}, {dtype = "f64"}) end,
+        "attn_res: blocks dtype (f64) must match prefix dtype (f32)")
+      bad(function(a) a.out = k3.empty({4, 8}, {dtype = "bf16"}) end, "attn_res: out dtype (bf16) must be f32")
+    end)
+    it("non-unit last stride", function()
+      bad(function(a) a.delta = k3.randn({8, 4}):t() end,
+        "attn_res: delta must have unit stride in its last dim; got strides [1, 4]")
+      bad(function(a) a.blocks = k3.randn({4, 8, 5}):transpose(2, 3) end,
+        "attn_res: blocks must have unit stride in its last dim; got strides [40, 1, 5]")
+    end)
+    it("out shape and overlap", function()
+      bad(function(a) a.out = k3.empty({4, 9}) end, "attn_res: out must be [4, 8]; got [4, 9]")
+      bad(function(a) a.out = a.prefix end, "attn_res: out overlaps prefix")
+      bad(function(a) a.prefix = a.blocks:select(2, 1) end, "attn_res: prefix (updated by delta) overlaps blocks")
+      bad(function(a) a.write_block = 2; a.norm_weight = a.blocks:select(1, 1):select(1, 2) end,
+        "attn_res: blocks (write_block) overlaps norm_weight")
+    end)
+    it("eps", function()
+      bad(function(a) a.eps = -1 end, "attn_res: eps must be a finite number >= 0; got -1")
+      bad(function(a) a.output_eps = 0 / 0 end, "attn_res: output_eps must be a finite number >= 0")
+    end)
+    it("a missing required field (Lua argument error)", function()
+      local a = inputs(2, 2, 8)
+      a.qk_weight = nil
+      H.raises(function() k3.attn_res(a) end, "bad argument #1 to 'attn_res' (field 'qk_weight' must be a k3.Tensor; got nil)")
+    end)
+  end)
+end)
+
+-- The TEAM.md gate; `pending` is a global of the spec file's environment only.
+local function need_gpu()
+  local c = k3.backends().cuda
+  if not c.available then
+    pending("no CUDA device: " .. tostring(c.reason))
+    return false
+  end
+  return true
+end
+
+describe("attn_res packed kernel #gpu", function()
+  it("raises its layout error on padded rows under policy 'error', falls back under 'fallback'", function()
+    if not need_gpu() then return end
+    if not k3.has_kernel("cuda.attn_res.packed") then
+      pending("cuda.attn_res.packed is not registered in this build")
+      return
+    end
+    local Hd = 7168
+    local a = inputs(3, 2, Hd, {dtype = "bf16", pad = 7, out = false})
+    local g = {}
+    for k, v in pairs(a) do g[k] = k3.is_tensor(v) and v:to("cuda") or v end
+    g.prefix = H.padded(3, Hd, 7, {dtype = "bf16", device = "cuda", seed = 32})
+    g.delta = H.padded(3, Hd, 7, {dtype = "bf16", device = "cuda", seed = 33})
+    g.out = H.padded(3, Hd, 0, {dtype = "bf16", device = "cuda", seed = 34})
+    H.raises(function() k3.attn_res(g) end,
+      "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
+    local saved = k3.policy
+    local p = {}
+    for k, v in pairs(saved) do p[k] = v end
+    p.on_layout_mismatch = "fallback"
+    k3.set_policy(p)
+    local ok, e = pcall(k3.explain, "attn_res", g)
+    k3.set_policy(saved)
+    assert.is_true(ok, tostring(e))
+    assert.equal("cuda.attn_res.generic", e.chosen)
+    assert.equal("cuda.attn_res.packed", e.declined[1].kernel)
+  end)
+end)

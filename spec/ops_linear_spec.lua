@@ -1,0 +1,195 @@
+-- linear: every CPU kernel against the fp64 oracle across dtypes, layouts (transposed x,
+-- padded weight rows, zero-stride expanded x) and odd sizes, outputs poisoned with NaN; fp32
+-- accumulation; batch invariance; and the text of every error a caller can hit.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+local DTYPES = {"bf16", "f16", "f32", "f64"}
+local TOL = {
+  bf16 = {rtol = 1e-2, atol = 1e-2},
+  f16 = {rtol = 2e-3, atol = 2e-3},
+  f32 = {rtol = 1e-5, atol = 1e-4},
+  f64 = {rtol = 1e-12, atol = 1e-10},
+}
+local KERNELS = {"cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant"}
+
+-- The oracle: fp64 inputs (exact widening), naive fp64 accumulation.
+local function oracle(x, w, bias, residual)
+  local function f64(t) return t and t:to("f64") end
+  return k3.linear(f64(x), f64(w), {bias = f64(bias), residual = f64(residual),
+                                    kernel = "cpu.linear.reference"})
+end
+
+local function close(y, ref, dt)
+  local tol = TOL[dt]
+  return k3.allclose(y:to("f64"), ref, {atol = tol.atol, rtol = tol.rtol})
+end
+
+-- Layouts of x [M,K] and w [N,K], each a view with the given values' shape.
+local LAYOUTS = {
+  contiguous = function(M, N, K, o)
+    return k3.randn({M, K}, {dtype = o.dtype, seed = 1}), k3.randn({N, K}, {dtype = o.dtype, seed = 2})
+  end,
+  ["transposed x"] = function(M, N, K, o)
+    return k3.randn({K, M}, {dtype = o.dtype, seed = 3}):t(), k3.randn({N, K}, {dtype = o.dtype, seed = 4})
+  end,
+  ["transposed w"] = function(M, N, K, o)
+    return k3.randn({M, K}, {dtype = o.dtype, seed = 5}), k3.randn({K, N}, {dtype = o.dtype, seed = 6}):t()
+  end,
+  ["padded weight rows"] = function(M, N, K, o)
+    return H.padded(M, K, 5, {dtype = o.dtype, seed = 7}), H.padded(N, K, 3, {dtype = o.dtype, seed = 8})
+  end,
+  ["zero-stride expanded x"] = function(M, N, K, o)
+    return k3.randn({1, K}, {dtype = o.dtype, seed = 9}):expand({M, K}),
+           k3.randn({N, K}, {dtype = o.dtype, seed = 10})
+  end,
+}
+local LAYOUT_ORDER = {"contiguous", "transposed x", "transposed w", "padded weight rows",
+                      "zero-stride expanded x"}
+
+describe("linear", function()
+  for _, kernel in ipairs(KERNELS) do
+    for _, dt in ipairs(DTYPES) do
+      for _, lname in ipairs(LAYOUT_ORDER) do
+        it(string.format("%s %s %s matches the fp64 oracle (odd sizes, poisoned out)", kernel, dt, lname), function()
+          for _, size in ipairs({{3, 33, 33}, {5, 17, 132}, {2, 7, 260}, {1, 1, 1}}) do
+            local M, N, K = size[1], size[2], size[3]
+            local x, w = LAYOUTS[lname](M, N, K, {dtype = dt})
+            local out = H.poisoned({M, N}, {dtype = dt})
+            local y = k3.linear(x, w, {out = out, kernel = kernel})
+            assert.is_false(H.has_nan(y))
+            assert.is_true(close(y, oracle(x, w), dt), string.format("M=%d N=%d K=%d", M, N, K))
+          end
+        end)
+      end
+      it(string.format("%s %s with bias and residual (padded residual)", kernel, dt), function()
+        local M, N, K = 4, 33, 260
+        local x = k3.randn({M, K}, {dtype = dt, seed = 11})
+        local w = H.padded(N, K, 2, {dtype = dt, seed = 12})
+        local bias = k3.randn({N}, {dtype = dt, seed = 13})
+        local residual = H.padded(M, N, 7, {dtype = dt, seed = 14})
+        local out = H.poisoned({M, N}, {dtype = dt})
+        local y = k3.linear(x, w, {bias = bias, residual = residual, out = out, kernel = kernel})
+        assert.is_false(H.has_nan(y))
+        assert.is_true(close(y, oracle(x, w, bias, residual), dt))
+      end)
+    end
+  end
+
+  it("dispatches to cpu.linear.blas by default and returns a new [M, N] tensor", function()
+    local x, w = k3.randn({3, 8}), k3.randn({5, 8}, {seed = 1})
+    local y = k3.linear(x, w)
+    assert.same({3, 5}, y:size())
+    assert.equal("f32", y:dtype())
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w).chosen)
+  end)
+
+  it("writes a non-contiguous out (a padded view) and leaves its padding alone", function()
+    local base = k3.zeros({4, 9})
+    local out = base:narrow(2, 1, 6)
+    local x, w = k3.randn({4, 5}), k3.randn({6, 5}, {seed = 2})
+    for _, kernel in ipairs(KERNELS) do
+      base:fill(0 / 0)
+      k3.linear(x, w, {out = out, kernel = kernel})
+      assert.is_false(H.has_nan(out))
+      assert.is_true(close(out, oracle(x, w), "f32"))
+      assert.is_true(base:get(1, 9) ~= base:get(1, 9)) -- padding still NaN
+    end
+  end)
+
+  it("handles M = 0 and K = 0", function()
+    local y = k3.linear(k3.randn({0, 4}), k3.randn({3, 4}))
+    assert.same({0, 3}, y:size())
+    for _, kernel in ipairs(KERNELS) do
+      local z = k3.linear(k3.empty({2, 0}), k3.empty({3, 0}), {bias = k3.ones({3}), kernel = kernel})
+      assert.same({{1, 1, 1}, {1, 1, 1}}, z:totable())
+    end
+  end)
+
+  it("accumulates in fp32: ones[1,K] . ones[N,K] is exactly K in bf16 (K = 5120, 7168)", function()
+    for _, K in ipairs({5120, 7168}) do
+      local x = k3.ones({1, K}, {dtype = "bf16"})
+      local w = k3.ones({3, K}, {dtype = "bf16"})
+      for _, kernel in ipairs(KERNELS) do
+        local y = k3.linear(x, w, {kernel = kernel})
+        for n = 1, 3 do assert.equal(K, y:get(1, n), kernel) end
+      end
+    end
+  end)
+
+  it("batch-invariant kernel: row i of a batch equals that row computed alone, bit for bit", function()
+    local K, N = 300, 37
+    local w = k3.randn({N, K}, {dtype = "bf16", seed = 21})
+    local bias = k3.randn({N}, {dtype = "bf16", seed = 22})
+    local x = k3.randn({16, K}, {dtype = "bf16", seed = 23})
+    local alone = {}
+    for i = 1, 16 do
+      alone[i] = k3.linear(x:narrow(1, i, 1), w, {bias = bias, kernel = "cpu.linear.batch_invariant"})
+    end
+    for M = 1, 16 do
+      local y = k3.linear(x:narrow(1, 1, M), w, {bias = bias, kernel = "cpu.linear.batch_invariant"})
+      for i = 1, M do
+        assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone[i]), string.format("M=%d row %d", M, i))
+      end
+    end
+  end)
+
+  describe("errors", function()
+    local x, w = k3.randn({3, 8}), k3.randn({5, 8}, {seed = 1})
+
+    it("K mismatch", function()
+      H.raises(function() k3.linear(k3.randn({3, 7000}), k3.randn({4, 7168})) end,
+        "linear: x dim 2 (7000) must match w dim 2 (7168)")
+    end)
+    it("wrong rank of x and w", function()
+      H.raises(function() k3.linear(k3.randn({2, 3, 8}), w) end,
+        "linear: x must be 2-D [M, K]; got 3-D [2, 3, 8]")
+      H.raises(function() k3.linear(x, k3.randn({8})) end,
+        "linear: w must be 2-D [N, K]; got 1-D [8]")
+    end)
+    it("dtype mismatch", function()
+      H.raises(function() k3.linear(x, k3.randn({5, 8}, {dtype = "bf16"})) end,
+        "linear: w dtype (bf16) must match x dtype (f32)")
+      H.raises(function() k3.linear(x, w, {bias = k3.randn({5}, {dtype = "f64"})}) end,
+        "linear: bias dtype (f64) must match x dtype (f32)")
+    end)
+    it("bias and residual shapes", function()
+      H.raises(function() k3.linear(x, w, {bias = k3.randn({6})}) end,
+        "linear: bias must be [N] = [5] (w dim 1); got [6]")
+      H.raises(function() k3.linear(x, w, {residual = k3.randn({3, 4})}) end,
+        "linear: residual must be [M, N] = [3, 5]; got [3, 4]")
+    end)
+    it("out shape, dtype, overlap and broadcast out", function()
+      H.raises(function() k3.linear(x, w, {out = k3.empty({3, 4})}) end,
+        "linear: out must be [3, 5]; got [3, 4]")
+      H.raises(function() k3.linear(x, w, {out = k3.empty({3, 5}, {dtype = "f64"})}) end,
+        "linear: out dtype (f64) must be f32")
+      local big = k3.randn({5, 8})
+      H.raises(function() k3.linear(big:narrow(2, 1, 5), k3.randn({5, 5}), {out = big:narrow(2, 1, 5)}) end,
+        "linear: out overlaps x")
+      H.raises(function() k3.linear(x, w, {out = k3.empty({1, 5}):expand({3, 5})}) end,
+        "linear: out is written but its elements overlap (shape [3, 5], strides [0, 1])")
+    end)
+    it("kernel names: unknown, another op's, not registered", function()
+      H.raises(function() k3.linear(x, w, {kernel = "cpu.linear.nope"}) end,
+        "linear: unknown kernel 'cpu.linear.nope'")
+      H.raises(function() k3.linear(x, w, {kernel = "cpu.rms_norm.reference"}) end,
+        "linear: kernel 'cpu.rms_norm.reference' is a rms_norm kernel, not a linear kernel")
+      if not k3.has_kernel("cuda.linear.cublas") then
+        H.raises(function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end,
+          "linear: kernel 'cuda.linear.cublas' is not registered in this build")
+      end
+    end)
+    it("a freed input", function()
+      local z = k3.randn({3, 8})
+      z:free()
+      H.raises(function() k3.linear(z, w) end, "tensor has been freed")
+    end)
+    it("changes nothing when it raises", function()
+      local out = H.poisoned({3, 5})
+      H.raises(function() k3.linear(x, w, {bias = k3.randn({6}), out = out}) end, "linear: bias")
+      local v = out:get(2, 2)
+      assert.is_true(v ~= v) -- still the poison
+    end)
+  end)
+end)
