@@ -1,0 +1,211 @@
+-- The kernel registry, dispatch and policy: what is registered, explain and trace agreeing
+-- with what ran, K3_DISABLE_KERNELS (in a subprocess, as it is read once per process),
+-- policies and their errors, counters, and batch-invariant mode.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+-- Runs `chunk` in a fresh `scripts/k3 -e` with the environment prefix `env`; returns its
+-- output lines and whether it succeeded. The chunk must not contain single quotes.
+local function subprocess(env, chunk)
+  assert(not chunk:find("'", 1, true))
+  local p = io.popen(env .. " scripts/k3 -e '" .. chunk .. "' 2>&1; echo \"exit=$?\"")
+  local text = p:read("a")
+  p:close()
+  return text
+end
+
+local CPU_KERNELS = {"cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant",
+                     "cpu.attn_res.reference", "cpu.rms_norm.reference", "cpu.silu_mul.reference"}
+
+describe("registry", function()
+  it("registers every CPU kernel, first in registration order", function()
+    local names = k3.kernels()
+    for i, name in ipairs(CPU_KERNELS) do
+      assert.equal(name, names[i])
+      assert.is_true(k3.has_kernel(name))
+    end
+  end)
+
+  it("knows kernels it has not registered, and not made-up ones", function()
+    assert.is_true(k3.known_kernel("cuda.linear.skinny"))
+    assert.is_false(k3.has_kernel("cpu.linear.nope"))
+    assert.is_false(k3.known_kernel("cpu.linear.nope"))
+  end)
+
+  it("reports the CPU backend available and the CUDA backend's state in one line", function()
+    local b = k3.backends()
+    assert.is_true(b.cpu.available)
+    if b.cuda.available then
+      assert.is_true(k3.has_kernel("cuda.linear.cublas"))
+    else
+      assert.is_string(b.cuda.reason)
+      assert.is_nil(b.cuda.reason:find("\n"))
+      assert.is_false(k3.has_kernel("cuda.linear.cublas"))
+      for _, name in ipairs(k3.kernels()) do assert.equal("cpu.", name:sub(1, 4)) end
+    end
+  end)
+
+  it("K3_CUDA_BACKEND pointing nowhere says so", function()
+    local out = subprocess("K3_CUDA_BACKEND=/nonexistent/libk3_cuda.so",
+      [[print(k3.backends().cuda.reason); print(k3.has_kernel("cuda.linear.cublas"))]])
+    assert.truthy(out:find("libk3_cuda.so not found at /nonexistent/libk3_cuda.so\nfalse\nexit=0", 1, true), out)
+  end)
+end)
+
+describe("K3_DISABLE_KERNELS", function()
+  it("leaves a kernel unregistered; dispatch picks the next candidate", function()
+    local out = subprocess("K3_DISABLE_KERNELS=cpu.linear.blas,cuda.attn_res.packed", [[
+      print(k3.has_kernel("cpu.linear.blas"), k3.has_kernel("cpu.linear.reference"))
+      k3.set_policy{linear = {"cpu.linear.blas", "cpu.linear.reference"}}
+      local x, w = k3.randn({2, 3}), k3.randn({4, 3})
+      local e = k3.explain("linear", x, w)
+      print(e.chosen, e.declined[1].kernel, e.declined[1].reason)
+      local t = k3.trace(function() k3.linear(x, w) end)
+      print(t[1].kernel)
+      local ok, err = pcall(k3.linear, x, w, {kernel = "cpu.linear.blas"})
+      print(err)
+    ]])
+    assert.truthy(out:find("false\ttrue\n", 1, true), out)
+    assert.truthy(out:find("cpu.linear.reference\tcpu.linear.blas\tnot registered in this build\n", 1, true), out)
+    assert.truthy(out:find("\ncpu.linear.reference\n", 1, true), out)
+    assert.truthy(out:find("linear: kernel 'cpu.linear.blas' is not registered in this build (disabled by K3_DISABLE_KERNELS)", 1, true), out)
+    assert.truthy(out:find("exit=0", 1, true), out)
+  end)
+
+  it("with every candidate gone, the error lists each decline", function()
+    local out = subprocess("K3_DISABLE_KERNELS=cpu.rms_norm.reference", [[
+      local ok, err = pcall(k3.rms_norm, k3.randn({2, 4}), k3.ones({4}), 1e-5)
+      print(err)
+    ]])
+    assert.truthy(out:find("rms_norm: no registered kernel accepts the call (", 1, true), out)
+    assert.truthy(out:find("cpu.rms_norm.reference: not registered in this build)", 1, true), out)
+  end)
+end)
+
+describe("dispatch", function()
+  local x, w = k3.randn({3, 8}), k3.randn({5, 8}, {seed = 1})
+
+  it("explain returns the decision without running anything", function()
+    k3.stats_reset()
+    local e = k3.explain("linear", x, w)
+    assert.equal("cpu.linear.blas", e.chosen)
+    if not k3.backends().cuda.available then
+      assert.same({{kernel = "cuda.linear.cublas", reason = "not registered in this build"}}, e.declined)
+    end
+    assert.same({}, k3.stats().kernels)
+  end)
+
+  it("trace records every dispatch and agrees with explain", function()
+    local a = {
+      prefix = k3.randn({2, 8}), blocks = k3.randn({2, 3, 8}), num_blocks = 3,
+      norm_weight = k3.ones({8}), qk_weight = k3.ones({8}),
+    }
+    local t = k3.trace(function()
+      k3.linear(x, w)
+      k3.attn_res(a)
+      k3.rms_norm(x, k3.ones({8}), 1e-5)
+      k3.silu_mul(x)
+    end)
+    assert.equal(4, #t)
+    local ex = {k3.explain("linear", x, w), k3.explain("attn_res", a),
+                k3.explain("rms_norm", x, k3.ones({8}), 1e-5), k3.explain("silu_mul", x)}
+    for i, op in ipairs({"linear", "attn_res", "rms_norm", "silu_mul"}) do
+      assert.equal(op, t[i].op)
+      assert.equal(ex[i].chosen, t[i].kernel)
+      assert.same(ex[i].declined, t[i].declined)
+    end
+  end)
+
+  it("kernel = runs exactly that kernel and skips dispatch", function()
+    local t = k3.trace(function() k3.linear(x, w, {kernel = "cpu.linear.reference"}) end)
+    assert.equal("cpu.linear.reference", t[1].kernel)
+    assert.same({}, t[1].declined)
+    assert.equal("cpu.linear.reference", k3.explain("linear", x, w, {kernel = "cpu.linear.reference"}).chosen)
+  end)
+
+  it("counts kernel calls and declines", function()
+    k3.stats_reset()
+    k3.linear(x, w)
+    k3.linear(x, w)
+    local s = k3.stats()
+    assert.equal(2, s.kernels["cpu.linear.blas"])
+    if not k3.backends().cuda.available then
+      assert.equal(2, s.declines["cuda.linear.cublas: not registered in this build"])
+    end
+    k3.stats_reset()
+    assert.same({}, k3.stats().kernels)
+  end)
+
+  it("a GPU kernel forced on CPU tensors is a device error", function()
+    if not k3.has_kernel("cuda.linear.cublas") then return end
+    H.raises(function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end,
+      "linear: kernel cuda.linear.cublas runs on cuda tensors; got tensors on cpu")
+  end)
+end)
+
+describe("policy", function()
+  local default = k3.policy
+  after_each(function() k3.set_policy(default) end)
+
+  it("the default policy is lua/k3/policy/default.lua", function()
+    local file = dofile("lua/k3/policy/default.lua")
+    assert.same(file, k3.policy)
+    assert.equal("error", k3.policy.on_layout_mismatch)
+    assert.same({"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
+  end)
+
+  it("set_policy reorders candidates", function()
+    k3.set_policy{linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback"}
+    local x, w = k3.randn({2, 4}), k3.randn({3, 4})
+    assert.equal("cpu.linear.reference", k3.explain("linear", x, w).chosen)
+    assert.equal("cpu.linear.reference", k3.trace(function() k3.linear(x, w) end)[1].kernel)
+  end)
+
+  it("a policy naming only GPU kernels cannot serve CPU tensors, and says why", function()
+    k3.set_policy{linear = {"cuda.linear.cublas", "cuda.linear.skinny"}}
+    local x, w = k3.randn({2, 4}), k3.randn({3, 4})
+    local text = k3.backends().cuda.available
+      and "linear: no registered kernel accepts the call (cuda.linear.cublas: tensors are on cpu"
+      or "linear: no registered kernel accepts the call (cuda.linear.cublas: not registered in this build; cuda.linear.skinny: not registered in this build)"
+    H.raises(function() k3.linear(x, w) end, text)
+  end)
+
+  it("rejects unknown kernels and another op's kernels, changing nothing", function()
+    H.raises(function() k3.set_policy{linear = {"cpu.linear.blas", "cpu.linear.fast"}} end,
+      "policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant")
+    H.raises(function() k3.set_policy{rms_norm = {"cpu.silu_mul.reference"}} end,
+      "policy: kernel 'cpu.silu_mul.reference' is a silu_mul kernel, not a rms_norm kernel")
+    assert.same(default, k3.policy)
+    assert.equal("cpu.linear.blas", k3.explain("linear", k3.randn({1, 2}), k3.randn({1, 2})).chosen)
+  end)
+
+  it("rejects a bad on_layout_mismatch", function()
+    H.raises(function() k3.set_policy{on_layout_mismatch = "ignore"} end,
+      "set_policy: on_layout_mismatch must be \"error\" or \"fallback\"; got ignore")
+  end)
+end)
+
+describe("batch-invariant mode", function()
+  after_each(function() k3.set_batch_invariant(false) end)
+
+  it("sends linear to cpu.linear.batch_invariant; rows do not depend on M (1..16)", function()
+    k3.set_batch_invariant(true)
+    local K, N = 260, 33
+    local w = k3.randn({N, K}, {dtype = "bf16", seed = 41})
+    local x = k3.randn({16, K}, {dtype = "bf16", seed = 42})
+    assert.equal("cpu.linear.batch_invariant", k3.explain("linear", x, w).chosen)
+    local alone = {}
+    for i = 1, 16 do alone[i] = k3.linear(x:narrow(1, i, 1), w) end
+    for M = 1, 16 do
+      local y = k3.linear(x:narrow(1, 1, M), w)
+      for i = 1, M do assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone[i])) end
+    end
+  end)
+
+  it("is read from K3_BATCH_INVARIANT=1", function()
+    local out = subprocess("K3_BATCH_INVARIANT=1", [[
+      print(k3.batch_invariant(), k3.explain("linear", k3.randn({2, 3}), k3.randn({4, 3})).chosen)
+    ]])
+    assert.truthy(out:find("true\tcpu.linear.batch_invariant\n", 1, true), out)
+  end)
+end)

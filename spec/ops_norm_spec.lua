@@ -1,0 +1,119 @@
+-- rms_norm and silu_mul: the CPU kernels against plain-Lua fp64 formulas across dtypes,
+-- padded rows and odd sizes, outputs poisoned with NaN; and the text of every error.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+local TOL = {bf16 = 1e-2, f16 = 2e-3, f32 = 1e-5, f64 = 1e-12}
+
+local function rms_oracle(x, w, eps)
+  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    local ss = 0
+    for _, v in ipairs(row) do ss = ss + v * v end
+    local r = 1 / math.sqrt(ss / #row + eps)
+    out[i] = {}
+    for d, v in ipairs(row) do out[i][d] = v * r * ws[d] end
+  end
+  return k3.tensor(out, {dtype = "f64"})
+end
+
+local function silu_oracle(x)
+  local xs = x:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    local I = #row // 2
+    out[i] = {}
+    for j = 1, I do
+      local g = row[j]
+      out[i][j] = g / (1 + math.exp(-g)) * row[I + j]
+    end
+  end
+  return k3.tensor(out, {dtype = "f64"})
+end
+
+local function close(y, want, dt)
+  return k3.allclose(y:to("f64"), want, {atol = TOL[dt], rtol = TOL[dt]})
+end
+
+describe("rms_norm", function()
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    it(dt .. " matches fp64 on contiguous and padded rows of 33, 132, 260", function()
+      for _, Hd in ipairs({33, 132, 260}) do
+        for _, pad in ipairs({0, 7}) do
+          local x = H.padded(5, Hd, pad, {dtype = dt, seed = Hd})
+          local w = k3.randn({Hd}, {dtype = dt, seed = 2}) * 0.2 + 1
+          local out = H.padded(5, Hd, pad, {dtype = dt})
+          out:fill(0 / 0)
+          local y = k3.rms_norm(x, w, 1e-5, {out = out})
+          assert.is_false(H.has_nan(y))
+          assert.is_true(close(y, rms_oracle(x, w, 1e-5), dt), string.format("H=%d pad=%d", Hd, pad))
+        end
+      end
+    end)
+  end
+
+  it("takes a zero-stride expanded x and an f32 weight for bf16 x", function()
+    local x = k3.randn({1, 33}, {dtype = "bf16"}):expand({4, 33})
+    local w = k3.randn({33}, {seed = 3})
+    local y = k3.rms_norm(x, w, 1e-6)
+    assert.equal("bf16", y:dtype())
+    assert.is_true(close(y, rms_oracle(x, w, 1e-6), "bf16"))
+  end)
+
+  it("runs cpu.rms_norm.reference, also by name", function()
+    local x, w = k3.randn({2, 8}), k3.ones({8})
+    assert.equal("cpu.rms_norm.reference", k3.explain("rms_norm", x, w, 1e-5).chosen)
+    assert.equal(0, k3.max_abs_diff(k3.rms_norm(x, w, 1e-5), k3.rms_norm(x, w, 1e-5, {kernel = "cpu.rms_norm.reference"})))
+  end)
+
+  describe("errors", function()
+    local x, w = k3.randn({3, 8}), k3.ones({8})
+    it("shapes", function()
+      H.raises(function() k3.rms_norm(k3.randn({8}), w, 1e-5) end, "rms_norm: x must be 2-D [M, H]; got 1-D [8]")
+      H.raises(function() k3.rms_norm(x, k3.ones({7}), 1e-5) end, "rms_norm: w must be [H] = [8] (x dim 2); got [7]")
+      H.raises(function() k3.rms_norm(x, w, 1e-5, {out = k3.empty({3, 7})}) end, "rms_norm: out must be [3, 8]; got [3, 7]")
+    end)
+    it("layout, eps, dtype, overlap", function()
+      H.raises(function() k3.rms_norm(k3.randn({8, 3}):t(), w, 1e-5) end,
+        "rms_norm: x must have unit stride in its last dim; got strides [1, 3]")
+      H.raises(function() k3.rms_norm(x, w, -1) end, "rms_norm: eps must be a finite number >= 0; got -1")
+      H.raises(function() k3.rms_norm(x, w, 1e-5, {out = k3.empty({3, 8}, {dtype = "f16"})}) end,
+        "rms_norm: out dtype (f16) must be f32")
+      H.raises(function() k3.rms_norm(x, w, 1e-5, {out = x}) end, "rms_norm: out overlaps x")
+    end)
+  end)
+end)
+
+describe("silu_mul", function()
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    it(dt .. " matches fp64 on contiguous and padded rows (I = 33, 132, 260)", function()
+      for _, I in ipairs({33, 132, 260}) do
+        for _, pad in ipairs({0, 5}) do
+          local x = H.padded(3, 2 * I, pad, {dtype = dt, seed = I})
+          local out = H.padded(3, I, pad, {dtype = dt})
+          out:fill(0 / 0)
+          local y = k3.silu_mul(x, {out = out})
+          assert.is_false(H.has_nan(y))
+          assert.is_true(close(y, silu_oracle(x), dt), string.format("I=%d pad=%d", I, pad))
+        end
+      end
+    end)
+  end
+
+  it("returns [M, I] and runs cpu.silu_mul.reference", function()
+    local x = k3.randn({4, 10})
+    assert.same({4, 5}, k3.silu_mul(x):size())
+    assert.equal("cpu.silu_mul.reference", k3.explain("silu_mul", x).chosen)
+  end)
+
+  describe("errors", function()
+    it("odd last dim, rank, layout, out", function()
+      H.raises(function() k3.silu_mul(k3.randn({2, 7})) end, "silu_mul: x dim 2 (7) must be even ([M, 2I])")
+      H.raises(function() k3.silu_mul(k3.randn({2, 2, 4})) end, "silu_mul: x must be 2-D [M, 2I]; got 3-D [2, 2, 4]")
+      H.raises(function() k3.silu_mul(k3.randn({8, 2}):t()) end,
+        "silu_mul: x must have unit stride in its last dim; got strides [1, 2]")
+      H.raises(function() k3.silu_mul(k3.randn({2, 8}), {out = k3.empty({2, 8})}) end, "silu_mul: out must be [2, 4]; got [2, 8]")
+    end)
+  end)
+end)
