@@ -16,6 +16,7 @@ SANITIZE  ?=
 K3_PACKED_ATTN_RES ?= 1
 CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 
+SHELL     := /bin/bash
 OPT       ?= -O2
 CFLAGS_K3  = -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Werror -Wno-unused-parameter \
              -fvisibility=hidden -D_GNU_SOURCE -ffp-contract=off $(SANITIZE) $(DEPS_INC)
@@ -39,7 +40,7 @@ TARGETS  += $(LIBCUDA)
 endif
 endif
 
-.PHONY: all test deps demo clean install check-deps
+.PHONY: all test deps demo clean install check-deps leak-check
 all: $(TARGETS)
 
 $(BUILD)/obj/%.o: lib/%.c $(HEADERS)
@@ -82,6 +83,16 @@ test: deps
 
 demo: all
 	@scripts/k3 scripts/demo.lua
+
+# valgrind over a script that creates, views, copies, prints and frees tensors; fails on a
+# definite or indirect leak or any memory error (ld.so's own rpath reads are suppressed:
+# spec/scripts/valgrind.supp says why).
+leak-check: all
+	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" LUA_CPATH="$(CURDIR)/build/lua/?.so;;" \
+	  valgrind --leak-check=full --show-leak-kinds=definite,indirect --suppressions=spec/scripts/valgrind.supp \
+	  --errors-for-leak-kinds=definite,indirect --error-exitcode=3 \
+	  $(LUA) spec/scripts/leak_check.lua 2>&1 | grep -E "leak_check|definitely|indirectly|ERROR SUMMARY"; \
+	  test $${PIPESTATUS[0]} -eq 0
 
 clean:
 	rm -rf $(BUILD)
