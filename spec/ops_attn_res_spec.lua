@@ -237,6 +237,18 @@ describe("attn_res", function()
       bad(function(a) a.write_block = 2; a.norm_weight = a.blocks:select(1, 1):select(1, 2) end,
         "attn_res: blocks (write_block) overlaps norm_weight")
     end)
+    it("written tensors whose elements overlap (broadcast views)", function()
+      bad(function(a) a.prefix = k3.randn({1, 8}):expand({4, 8}) end,
+        "attn_res: prefix is written but its elements overlap (shape [4, 8], strides [0, 1])")
+      bad(function(a) a.write_block = 1; a.blocks = k3.randn({1, 5, 8}):expand({4, 5, 8}) end,
+        "attn_res: blocks (write_block) is written but its elements overlap (shape [4, 8], strides [0, 1])")
+      bad(function(a) a.out = k3.empty({8, 4}):t() end,
+        "attn_res: out must have unit stride in its last dim; got strides [1, 4]")
+    end)
+    it("write_block with no blocks at all", function()
+      bad(function(a) a.blocks = k3.empty({4, 0, 8}); a.num_blocks = 0; a.write_block = 1 end,
+        "attn_res: write_block must be nil: blocks dim 2 is 0; got 1")
+    end)
     it("eps", function()
       bad(function(a) a.eps = -1 end, "attn_res: eps must be a finite number >= 0; got -1")
       bad(function(a) a.output_eps = 0 / 0 end, "attn_res: output_eps must be a finite number >= 0")

@@ -77,6 +77,8 @@ describe("rms_norm", function()
     it("layout, eps, dtype, overlap", function()
       H.raises(function() k3.rms_norm(k3.randn({8, 3}):t(), w, 1e-5) end,
         "rms_norm: x must have unit stride in its last dim; got strides [1, 3]")
+      H.raises(function() k3.rms_norm(x, k3.randn({8, 2}):select(2, 1), 1e-5) end,
+        "rms_norm: w must have unit stride in its last dim; got strides [2]")
       H.raises(function() k3.rms_norm(x, w, -1) end, "rms_norm: eps must be a finite number >= 0; got -1")
       H.raises(function() k3.rms_norm(x, w, 1e-5, {out = k3.empty({3, 8}, {dtype = "f16"})}) end,
         "rms_norm: out dtype (f16) must be f32")
