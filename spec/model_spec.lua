@@ -1,0 +1,270 @@
+-- The AttnRes stream and the Kimi-K3 stack: the 93-layer bookkeeping against a plain walk
+-- of the schedule, the fused stream against an unfused plain-Lua AttnRes in f64, depth
+-- fidelity of the tiny stack in bf16 against its fp64 twin (per-layer prefix cosines
+-- reported), weight-table errors, and safetensors save/load reproducing the demo bit for bit.
+local k3 = require "k3"
+local H = require "spec.helpers"
+local Stream = require "k3.model.attn_res_stream"
+local kimi = require "k3.model.kimi_k3"
+
+-- A stack with Kimi-K3's schedule (93 layers, block 12) but toy widths, for bookkeeping.
+local function k3_schedule_config()
+  return kimi.config("kimi-k3-tp8", {
+    hidden_size = 16, q_lora_rank = 8, kv_lora_rank = 4, qk_rope_head_dim = 2, num_heads = 2,
+    qk_nope_head_dim = 4, v_head_dim = 4, intermediate_size = 8, weight_sets = false,
+  })
+end
+
+local function small_config(over)
+  local c = kimi.config("tiny", {
+    name = "small", hidden_size = 16, num_layers = 9, block_size = 4, q_lora_rank = 8,
+    kv_lora_rank = 4, qk_rope_head_dim = 2, num_heads = 2, qk_nope_head_dim = 4, v_head_dim = 4,
+    intermediate_size = 24,
+  })
+  for k, v in pairs(over or {}) do c[k] = v end
+  return c
+end
+
+-- TAP comment lines, so run-specs' summary ignores them.
+local function note(fmt, ...) io.write("# ", string.format(fmt, ...), "\n") end
+
+describe("AttnRes stream", function()
+  it("a plain walk of the Kimi-K3 schedule: 8 seals, 185 layer reads + 1 final = 186 reads", function()
+    local c = Stream.expected_counts(93, 12)
+    assert.are.equal(8, c.seals)
+    assert.are.same({0, 12, 24, 36, 48, 60, 72, 84}, c.seal_layers)
+    assert.are.equal(185, c.layer_reads)
+    assert.are.equal(1, c.final_reads)
+    assert.are.equal(186, c.reads)
+    assert.are.equal(1, c.skipped_reads)  -- layer 0's pre-attention read: nothing sealed yet
+    assert.are.equal(7, c.fused_seals)    -- every seal but the embedding's rides on a read
+    assert.are.equal(8, Stream.num_seals(93, 12))
+  end)
+
+  it("the 93-layer stack's stream does exactly the plain walk's bookkeeping", function()
+    local cfg = k3_schedule_config()
+    local stack = kimi.build(cfg, kimi.generate_weights(cfg, {dtype = "f32"}))
+    local x = kimi.embedding(cfg, 2, {dtype = "f32"})
+    local out, stream
+    local trace = k3.trace(function() out, stream = stack:forward(x) end)
+    local want = Stream.expected_counts(93, 12)
+    for _, k in ipairs({"reads", "layer_reads", "final_reads", "skipped_reads", "seals", "fused_seals"}) do
+      assert.are.equal(want[k], stream.counts[k], k)
+    end
+    -- every read carries a delta (186: 185 layer reads + the final one); it is fused into
+    -- the read except for the first read after each seal, where the empty block takes a copy
+    assert.are.equal(186 - 8, stream.counts.fused_deltas)
+    assert.are.equal(8, stream.counts.copied_deltas)
+    -- each block written once, by the layer the schedule says
+    assert.are.same({[1] = 0, [2] = 12, [3] = 24, [4] = 36, [5] = 48, [6] = 60, [7] = 72, [8] = 84},
+                    stream.written)
+    assert.are.equal(8, stream.num_sealed)
+    local ops = {}
+    for _, r in ipairs(trace) do ops[r.op] = (ops[r.op] or 0) + 1 end
+    assert.are.equal(186, ops.attn_res)
+    assert.are.equal(93 * 5, ops.linear)   -- qkv_a, q_b, o_proj, gate_up, down
+    assert.are.equal(93, ops.silu_mul)
+    assert.are.equal(93 + 1, ops.rms_norm) -- q_a_layernorm per layer + layer 0's skipped read
+    assert.are.same({2, 16}, out:size())
+    assert.is_false(H.has_nan(out))
+  end)
+
+  it("blocks are write-once", function()
+    local s = Stream.new{tokens = 1, hidden_size = 4, num_layers = 8, block_size = 4, dtype = "f32"}
+    s:begin(k3.ones({1, 4}))
+    s:seal(0)
+    s.num_sealed = 0 -- pretend the seal was forgotten
+    H.raises(function() s:seal(4) end,
+             "AttnResStream: block 1 already sealed at layer 0 (write-once), sealing again at layer 4")
+  end)
+
+  it("refuses more seals than slots and reads after the final read", function()
+    local s = Stream.new{tokens = 1, hidden_size = 4, num_layers = 4, block_size = 4, dtype = "f32"}
+    s:begin(k3.ones({1, 4}))
+    s:seal(0)
+    H.raises(function() s:seal(4) end, "AttnResStream: seal at layer 4 needs block 2 but the stream has 1 slots")
+    local q = {norm_weight = k3.ones({4}), qk_weight = k3.ones({4})}
+    s:final(q, k3.ones({1, 4}))
+    H.raises(function() s:final(q, k3.ones({1, 4})) end, "AttnResStream: read after the final read")
+  end)
+
+  -- The unfused semantics in plain Lua (DESIGN.md's formula, lists of blocks, the reference
+  -- pseudo-code's order), with the stack's own f64 modules for attention and MLP.
+  it("the fused stream equals an unfused plain-Lua AttnRes walk in f64", function()
+    local cfg = small_config()
+    local weights = kimi.generate_weights(cfg, {dtype = "f64", seed = 5})
+    local stack = kimi.build(cfg, weights)
+    local T, Hd = 3, cfg.hidden_size
+    local x = kimi.embedding(cfg, T, {dtype = "f64", seed = 5})
+    local got = stack:forward(x):totable()
+
+    local function vec(name) return weights[name]:totable() end
+    local function read(blocks, partial, nw, qk, onw)
+      local out = {}
+      for t = 1, T do
+        local src = {}
+        for _, b in ipairs(blocks) do src[#src + 1] = b[t] end
+        src[#src + 1] = partial[t]
+        local logits, mx = {}, -math.huge
+        for s, v in ipairs(src) do
+          local dot, ss = 0, 0
+          for d = 1, Hd do dot, ss = dot + v[d] * nw[d] * qk[d], ss + v[d] * v[d] end
+          logits[s] = dot / math.sqrt(ss / Hd + 1e-5)
+          mx = math.max(mx, logits[s])
+        end
+        local z = 0
+        for s = 1, #src do logits[s] = math.exp(logits[s] - mx); z = z + logits[s] end
+        local mixed, ss = {}, 0
+        for d = 1, Hd do
+          local m = 0
+          for s, v in ipairs(src) do m = m + logits[s] / z * v[d] end
+          mixed[d], ss = m, ss + m * m
+        end
+        local r = 1 / math.sqrt(ss / Hd + 1e-5)
+        out[t] = {}
+        for d = 1, Hd do out[t][d] = mixed[d] * r * onw[d] end
+      end
+      return out
+    end
+    local function rms(v, w)
+      local out = {}
+      for t = 1, T do
+        local ss = 0
+        for d = 1, Hd do ss = ss + v[t][d] ^ 2 end
+        local r = 1 / math.sqrt(ss / Hd + 1e-5)
+        out[t] = {}
+        for d = 1, Hd do out[t][d] = v[t][d] * r * w[d] end
+      end
+      return out
+    end
+    local function add(a, b)
+      local out = {}
+      for t = 1, T do
+        out[t] = {}
+        for d = 1, Hd do out[t][d] = a[t][d] + b[t][d] end
+      end
+      return out
+    end
+    local function run(module, v) return module(k3.tensor(v, {dtype = "f64"})):totable() end
+
+    local blocks, partial = {}, x:totable()
+    for l = 0, cfg.num_layers - 1 do
+      local p = "model.layers." .. l .. "."
+      local layer = stack.layers[l + 1]
+      local h
+      if #blocks == 0 then
+        h = rms(partial, vec(p .. "input_layernorm.weight"))
+      else
+        h = read(blocks, partial, vec(p .. "attn_res.norm.weight"), vec(p .. "attn_res.proj.weight"),
+                 vec(p .. "input_layernorm.weight"))
+      end
+      if l % cfg.block_size == 0 then
+        blocks[#blocks + 1] = partial
+        partial = nil
+      end
+      local a = run(layer.attn, h)
+      partial = partial and add(partial, a) or a
+      h = read(blocks, partial, vec(p .. "mlp_res.norm.weight"), vec(p .. "mlp_res.proj.weight"),
+               vec(p .. "post_attention_layernorm.weight"))
+      partial = add(partial, run(layer.mlp, h))
+    end
+    assert.are.equal(3, #blocks) -- layers 0, 4, 8
+    local want = read(blocks, partial, vec "model.final_res.norm.weight",
+                      vec "model.final_res.proj.weight", vec "model.norm.weight")
+    local worst = 0
+    for t = 1, T do
+      for d = 1, Hd do worst = math.max(worst, math.abs(got[t][d] - want[t][d])) end
+    end
+    assert.is_true(worst < 1e-12, "max |fused - plain| = " .. worst)
+  end)
+end)
+
+describe("Kimi-K3 stack", function()
+  it("depth fidelity: tiny in bf16 against its fp64 twin", function()
+    local cfg = kimi.config("tiny")
+    local stack = kimi.build(cfg, kimi.generate_weights(cfg, {seed = 1234}))
+    local x = kimi.embedding(cfg, 8, {seed = 1234, step = 1})
+    local prefixes = {}
+    local y = stack:forward(x, {on_layer = function(i, s) prefixes[i] = s:current_prefix():to("f64") end})
+    local cosines = {}
+    local ref = stack:reference_forward(x, {on_layer = function(i, s)
+      cosines[i] = k3.cosine(prefixes[i], s:current_prefix())
+    end})
+    local line = {}
+    for i = 0, cfg.num_layers - 1 do line[#line + 1] = string.format("%d:%.6f", i, cosines[i]) end
+    note("tiny bf16 vs f64, prefix cosine after each layer's post-attention read: %s", table.concat(line, " "))
+    local y64 = y:to("f64")
+    assert.is_false(H.has_nan(y64))
+    assert.is_true(k3.max_abs_diff(y64, y64) == 0, "non-finite values in the bf16 output")
+    local demo = require "k3.model.decode_demo"
+    local rel, ratio = demo.compare(y, ref)
+    local cos = k3.cosine(y64, ref)
+    note("final hidden state: cosine %.7f, relative error %.3e, norm ratio %.5f", cos, rel, ratio)
+    assert.is_true(demo.finite(y))
+    assert.is_true(math.abs(ratio - 1) <= 0.02, "norm ratio " .. ratio)
+    -- measured 0.99996 on this stack; the bound leaves room for kernel changes
+    assert.is_true(cos >= 0.9998, "cosine " .. cos)
+    for i = 0, cfg.num_layers - 1 do assert.is_true(cosines[i] >= 0.999, "layer " .. i) end
+  end)
+
+  it("weights: a missing tensor and a wrong shape are named", function()
+    local cfg = small_config()
+    local w = kimi.generate_weights(cfg, {dtype = "f32"})
+    local saved = w["model.layers.3.mlp.down_proj.weight"]
+    w["model.layers.3.mlp.down_proj.weight"] = nil
+    H.raises(function() kimi.build(cfg, w) end, "kimi_k3: weights: missing 'model.layers.3.mlp.down_proj.weight'")
+    w["model.layers.3.mlp.down_proj.weight"] = saved:t()
+    H.raises(function() kimi.build(cfg, w) end,
+             "kimi_k3: weights: 'model.layers.3.mlp.down_proj.weight' has shape [24, 16], the config needs [16, 24]")
+    H.raises(function() kimi.config("huge") end, "kimi_k3: unknown config 'huge' (known: kimi-k3-tp8, tiny)")
+  end)
+
+  it("weights follow model.layers.<i>.<module>.weight; generation is reproducible", function()
+    local cfg = small_config()
+    local names = kimi.weight_names(cfg)
+    assert.are.equal(9 * 12 + 3, #names)
+    for _, n in ipairs(names) do
+      assert.truthy(n:match("^model%.layers%.%d+%.[%w_.]+%.weight$") or n:match("^model%.[%w_.]+%.weight$"), n)
+    end
+    local a = kimi.generate_weights(cfg, {seed = 9})
+    local b = kimi.generate_weights(cfg, {seed = 9})
+    for _, n in ipairs(names) do assert.are.equal(0, k3.max_abs_diff(a[n], b[n]), n) end
+  end)
+
+  it("the kimi-k3-tp8 config has DESIGN.md's TP8 projection shapes", function()
+    local specs = kimi.weight_specs(kimi.config("kimi-k3-tp8"))
+    local p = "model.layers.92."
+    assert.are.same({2112, 7168}, specs[p .. "self_attn.qkv_a_proj.weight"].shape)
+    assert.are.same({2304, 1536}, specs[p .. "self_attn.q_b_proj.weight"].shape)
+    assert.are.same({7168, 1536}, specs[p .. "self_attn.o_proj.weight"].shape)
+    assert.are.same({8448, 7168}, specs[p .. "mlp.gate_up_proj.weight"].shape)
+    assert.are.same({7168, 4224}, specs[p .. "mlp.down_proj.weight"].shape)
+    assert.is_nil(specs["model.layers.93.mlp.down_proj.weight"])
+  end)
+
+  it("saving the generated weights and loading them back reproduces the demo bit for bit", function()
+    if not k3.save_safetensors then
+      pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/k3_lua.c)")
+      return
+    end
+    local demo = require "k3.model.decode_demo"
+    local path = os.tmpname()
+    local opts = {config = "tiny", device = "cpu", steps = 2, m = {1, 3, 16}, quiet = true}
+    local a = demo.run(setmetatable({save_weights = path}, {__index = opts}))
+    local loaded = k3.load_safetensors(path)
+    os.remove(path)
+    local n = 0
+    for _ in pairs(loaded) do n = n + 1 end
+    assert.are.equal(#kimi.weight_names(kimi.config("tiny")), n)
+    local b = demo.run(setmetatable({weights = loaded}, {__index = opts}))
+    assert.are.equal(0, k3.max_abs_diff(a.reference, b.reference))
+    for i, ra in ipairs(a.rows) do
+      local rb = b.rows[i]
+      assert.are.equal(ra.m, rb.m)
+      assert.are.equal(0, k3.max_abs_diff(ra.output, rb.output))
+      assert.are.equal(ra.rel_err, rb.rel_err)
+      assert.are.equal(ra.cosine, rb.cosine)
+      assert.are.same(ra.kernels, rb.kernels)
+    end
+  end)
+end)

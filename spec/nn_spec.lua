@@ -1,0 +1,173 @@
+-- k3.nn layers: Linear, RMSNorm and SwiGLU against f64 references computed in Lua from
+-- the same inputs, on contiguous and strided inputs; the default method choice and the
+-- low-latency method's real fallback on a CPU input.
+local k3 = require "k3"
+local nn = require "k3.nn"
+local H = require "spec.helpers"
+
+local function matmul_t(x, w) -- x [M][K], w [N][K] -> [M][N], f64
+  local y = {}
+  for i = 1, #x do
+    y[i] = {}
+    for n = 1, #w do
+      local s = 0
+      for k = 1, #x[i] do s = s + x[i][k] * w[n][k] end
+      y[i][n] = s
+    end
+  end
+  return y
+end
+
+local function max_rel(a, b) -- max |a - b| / max(1, |b|) over nested [M][N] lists
+  local m = 0
+  for i = 1, #b do
+    for j = 1, #b[i] do m = math.max(m, math.abs(a[i][j] - b[i][j]) / math.max(1, math.abs(b[i][j]))) end
+  end
+  return m
+end
+
+local tol = {bf16 = 1.6e-2, f32 = 1e-5, f64 = 1e-12}
+
+describe("k3.nn", function()
+  describe("Linear", function()
+    for _, dtype in ipairs({"bf16", "f32", "f64"}) do
+      it("matches the f64 product in " .. dtype .. ", with and without bias, strided x", function()
+        local w = k3.randn({33, 20}, {dtype = dtype, seed = 1})
+        local b = k3.randn({33}, {dtype = dtype, seed = 2})
+        local xbase = k3.randn({5, 27}, {dtype = dtype, seed = 3})
+        for _, x in ipairs({xbase:narrow(2, 1, 20):contiguous(), xbase:narrow(2, 4, 20)}) do
+          local ref = matmul_t(x:totable(), w:totable())
+          local lin = nn.Linear(w)
+          local y = lin(x)
+          assert.are.same({5, 33}, y:size())
+          assert.are.equal(dtype, y:dtype())
+          assert.is_true(max_rel(y:totable(), ref) <= tol[dtype])
+          local lb = nn.Linear(w, {bias = b})
+          local yb, bt = lb(x):totable(), b:totable()
+          for i = 1, 5 do for n = 1, 33 do ref[i][n] = ref[i][n] + bt[n] end end
+          assert.is_true(max_rel(yb, ref) <= tol[dtype])
+        end
+      end)
+    end
+
+    it("is the same call as k3.linear, bit for bit", function()
+      local w = k3.randn({64, 48}, {dtype = "bf16", seed = 4})
+      local x = k3.randn({7, 48}, {dtype = "bf16", seed = 5})
+      assert.are.equal(0, k3.max_abs_diff(nn.Linear(w)(x), k3.linear(x, w)))
+    end)
+
+    it("gets the default method when no plan covers the weight", function()
+      local w = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      local lin = nn.Linear(w)
+      assert.is_nil(k3.plan_for(w)) -- a CPU weight has no low-latency plan
+      local x = k3.randn({2, 8}, {dtype = "bf16", seed = 7})
+      assert.are.same(k3.method.default():explain(x, w).chosen, lin.method:explain(x, w).chosen)
+      assert.are.equal("Linear(8 -> 16, bf16)", tostring(lin))
+      assert.are.equal("16x8", lin:shape_key())
+    end)
+
+    it("takes the low-latency method when k3.plan_for has a plan, and its fallback serves a CPU input", function()
+      local w = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      local x = k3.randn({2, 8}, {dtype = "bf16", seed = 7})
+      local saved = k3.plan_for
+      k3.plan_for = function() return {[2] = {kernel = "skinny"}} end
+      local ok, lin = pcall(nn.Linear, w)
+      k3.plan_for = saved
+      assert.is_true(ok, tostring(lin))
+      local e = lin.method:explain(x, w)
+      assert.are.equal("cuda.linear.skinny", e.declined[1].kernel)
+      assert.are.equal(k3.method.default():explain(x, w).chosen, e.chosen)
+      -- the real fallback path runs and gives the default method's result
+      assert.are.equal(0, k3.max_abs_diff(lin(x), k3.method.default():apply(x, w)))
+    end)
+
+    it("an explicit method is used as given", function()
+      local w = k3.randn({4, 4}, {seed = 8})
+      local m = k3.method.default()
+      assert.are.equal(m, nn.Linear(w, {method = m}).method)
+    end)
+
+    it("rejects a weight that is not 2-D or not a tensor", function()
+      H.raises(function() nn.Linear(k3.zeros({4})) end, "Linear: weight must be 2-D [N, K] (got 1 dims)")
+      H.raises(function() nn.Linear("w") end, "Linear: weight must be a tensor (got string)")
+    end)
+
+    it("converts to f64 exactly with :to", function()
+      local w = k3.randn({8, 6}, {dtype = "bf16", seed = 9})
+      local l64 = nn.Linear(w):to("f64")
+      assert.are.equal("f64", l64.weight:dtype())
+      assert.is_true(H.nested_equal(w:totable(), l64.weight:totable()))
+    end)
+  end)
+
+  describe("RMSNorm", function()
+    for _, dtype in ipairs({"bf16", "f32", "f64"}) do
+      it("matches x * rsqrt(mean(x^2) + eps) * w in " .. dtype .. " on padded rows", function()
+        local base = k3.randn({3, 40}, {dtype = dtype, seed = 10})
+        local x = base:narrow(2, 2, 33)
+        local w = k3.randn({33}, {dtype = dtype, seed = 11})
+        local norm = nn.RMSNorm(w, 1e-5)
+        local y = norm(x):totable()
+        local xt, wt = x:totable(), w:totable()
+        local ref = {}
+        for i = 1, 3 do
+          local ss = 0
+          for d = 1, 33 do ss = ss + xt[i][d] ^ 2 end
+          local r = 1 / math.sqrt(ss / 33 + 1e-5)
+          ref[i] = {}
+          for d = 1, 33 do ref[i][d] = xt[i][d] * r * wt[d] end
+        end
+        assert.is_true(max_rel(y, ref) <= tol[dtype])
+      end)
+    end
+
+    it("defaults eps to 1e-5", function()
+      assert.are.equal(1e-5, nn.RMSNorm(k3.ones({4})).eps)
+    end)
+  end)
+
+  describe("SwiGLU", function()
+    for _, dtype in ipairs({"bf16", "f32", "f64"}) do
+      it("is down(silu(gate) * up) with gate and up from one gate_up in " .. dtype, function()
+        local Hd, I = 24, 40
+        local gu = k3.randn({2 * I, Hd}, {dtype = dtype, seed = 12}) * 0.2
+        local down = k3.randn({Hd, I}, {dtype = dtype, seed = 13}) * 0.2
+        local x = k3.randn({4, Hd}, {dtype = dtype, seed = 14})
+        local mlp = nn.SwiGLU(gu, down)
+        local y = mlp(x)
+        assert.are.same({4, Hd}, y:size())
+        -- reference from the same rounded intermediates the layer sees
+        local h = matmul_t(x:totable(), gu:totable())
+        local g = {}
+        for i = 1, 4 do
+          g[i] = {}
+          for j = 1, I do
+            local a, b = h[i][j], h[i][I + j]
+            g[i][j] = a / (1 + math.exp(-a)) * b
+          end
+        end
+        local ref = matmul_t(g, down:totable())
+        assert.is_true(max_rel(y:totable(), ref) <= 2 * tol[dtype])
+      end)
+    end
+
+    it("accepts Linear objects and checks that the shapes chain", function()
+      local gu = nn.Linear(k3.randn({16, 8}, {seed = 1}))
+      local down = nn.Linear(k3.randn({8, 8}, {seed = 2}))
+      assert.are.equal("SwiGLU(8 -> 8 -> 8)", tostring(nn.SwiGLU(gu, down)))
+      H.raises(function() nn.SwiGLU(k3.randn({16, 8}), k3.randn({8, 6})) end,
+               "SwiGLU: gate_up has 16 output features, expected 2 * down's 6 input features = 12")
+      H.raises(function() nn.SwiGLU(k3.randn({16, 8}), k3.randn({7, 8})) end,
+               "SwiGLU: gate_up takes 8 features but down returns 7")
+    end)
+
+    it("frees its intermediates: only the output survives a call", function()
+      local mlp = nn.SwiGLU(k3.randn({16, 8}, {seed = 1}), k3.randn({8, 8}, {seed = 2}))
+      local x = k3.randn({3, 8}, {seed = 3})
+      local trace = k3.trace(function() mlp(x) end)
+      local ops = {}
+      for _, r in ipairs(trace) do ops[#ops + 1] = r.op end
+      assert.are.same({"linear", "silu_mul", "linear"}, ops)
+    end)
+  end)
+end)
