@@ -107,7 +107,8 @@ static void load_backend(void) {
     g_loaded = &g_backend;
 }
 
-const k3_backend *k3_cuda_backend(const char **reason) {
+/* Exported: the binding and libk3_cuda.so are separate shared objects. */
+K3_API const k3_backend *k3_cuda_backend(const char **reason) {
     pthread_once(&g_once, load_backend);
     if (reason) *reason = g_loaded ? NULL : g_reason;
     return g_loaded;
