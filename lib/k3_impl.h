@@ -209,6 +209,13 @@ typedef struct k3_backend {
     k3_status (*event_record)(int dev, void **event);
     k3_status (*event_elapsed)(void *start, void *end, float *ms);
     void (*event_free)(void *event);
+    /* CUDA graphs, for benchmarks that show launch overhead: capture the work this thread
+     * queues on `dev` between begin and end into a graph, replay it n times, free it. The
+     * captured work must not allocate or synchronise. */
+    k3_status (*graph_begin)(int dev);
+    k3_status (*graph_end)(int dev, void **graph);
+    k3_status (*graph_replay)(void *graph, int n);
+    void (*graph_free)(void *graph);
 } k3_backend;
 
 /* Exported by libk3_cuda.so. Fills *out and returns K3_OK, or returns an error with a

@@ -1220,6 +1220,131 @@ static int method_explain(lua_State *L) { return method_call(L, 1); }
 static const luaL_Reg method_methods[] = {
     {"apply", method_apply}, {"explain", method_explain}, {"free", method_gc}, {NULL, NULL}};
 
+/* ---- device timing (benchmarks) -------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Events recorded around timed calls; freed on every exit path before any error is raised. */
+typedef struct {
+    const k3_backend *be;
+    void **ev;
+    int n;
+} event_set;
+
+static void events_free(event_set *s) {
+    for (int i = 0; i < s->n; i++) s->be->event_free(s->ev[i]);
+    s->n = 0;
+}
+
+/* Calls fn(i); on a Lua error frees the events, then re-raises. */
+static void timed_call(lua_State *L, event_set *es, lua_Integer i) {
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, i);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+        events_free(es);
+        lua_error(L);
+    }
+}
+
+static void record(lua_State *L, event_set *es, int dev) {
+    if (es->be->event_record(dev, &es->ev[es->n]) != K3_OK) {
+        events_free(es);
+        raise_k3(L);
+    }
+    es->n++;
+}
+
+/* k3.cuda_time(fn, {iters = 50, warmup = 5, graph = false, calls = 1, device = 0})
+ *   -> median µs per call, {median =, min =, p90 =, samples =}
+ * Times fn(i) (i = 1, 2, …, so fn can rotate inputs) on the device with CUDA events, after
+ * `warmup` untimed calls. Without graph each sample is one call, launch overhead included.
+ * With graph = true, `calls` calls are captured into one CUDA graph and each sample is one
+ * replay divided by `calls`: the captured work must not allocate or synchronise (pass
+ * out = tensors). METHOD.md: medians of many runs, after a warm-up. */
+static int l_cuda_time(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    int iters = 50, warmup = 5, calls = 1, graph = 0, dev = 0;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        iters = (int)int_field(L, 2, "iters", 50, 0, 2, "cuda_time");
+        warmup = (int)int_field(L, 2, "warmup", 5, 0, 2, "cuda_time");
+        calls = (int)int_field(L, 2, "calls", 1, 0, 2, "cuda_time");
+        dev = (int)int_field(L, 2, "device", 0, 0, 2, "cuda_time");
+        lua_getfield(L, 2, "graph");
+        graph = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    if (iters < 1 || iters > 100000 || warmup < 0 || calls < 1 || calls > 100000)
+        return luaL_error(L, "cuda_time: iters must be in 1..100000 and calls in 1..100000; got "
+                             "iters %d, calls %d", iters, calls);
+    const char *reason = NULL;
+    const k3_backend *be = k3_cuda_backend(&reason);
+    if (!be) return luaL_error(L, "cuda_time: CUDA is not available: %s", reason);
+    if (graph && !be->graph_begin)
+        return luaL_error(L, "cuda_time: this CUDA backend cannot capture graphs");
+    lua_settop(L, 2);
+    event_set es = {be, lua_newuserdatauv(L, sizeof(void *) * 2 * (size_t)iters, 0), 0};
+    double *ms = lua_newuserdatauv(L, sizeof(double) * (size_t)iters, 0);
+    for (int i = 1; i <= warmup; i++) timed_call(L, &es, i);
+    CHECK_K3(L, k3_synchronize());
+    void *g = NULL;
+    if (graph) {
+        CHECK_K3(L, be->graph_begin(dev));
+        for (int i = 1; i <= calls; i++) {
+            lua_pushvalue(L, 1);
+            lua_pushinteger(L, i);
+            if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+                void *partial = NULL;
+                if (be->graph_end(dev, &partial) == K3_OK) be->graph_free(partial);
+                return lua_error(L);
+            }
+        }
+        CHECK_K3(L, be->graph_end(dev, &g));
+        if (be->graph_replay(g, 1) != K3_OK || k3_synchronize() != K3_OK) {
+            be->graph_free(g);
+            return raise_k3(L);
+        }
+    }
+    for (int i = 1; i <= iters; i++) {
+        record(L, &es, dev);
+        if (graph) {
+            if (be->graph_replay(g, 1) != K3_OK) {
+                be->graph_free(g);
+                events_free(&es);
+                return raise_k3(L);
+            }
+        } else {
+            timed_call(L, &es, i);
+        }
+        record(L, &es, dev);
+    }
+    k3_status st = K3_OK;
+    for (int i = 0; i < iters && st == K3_OK; i++) {
+        float e = 0;
+        st = be->event_elapsed(es.ev[2 * i], es.ev[2 * i + 1], &e);
+        ms[i] = (double)e * 1000.0 / (graph ? calls : 1); /* µs per call */
+    }
+    events_free(&es);
+    if (g) be->graph_free(g);
+    if (st != K3_OK) return raise_k3(L);
+    qsort(ms, (size_t)iters, sizeof(double), cmp_double);
+    double median = ms[iters / 2];
+    lua_pushnumber(L, median);
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, median);
+    lua_setfield(L, -2, "median");
+    lua_pushnumber(L, ms[0]);
+    lua_setfield(L, -2, "min");
+    lua_pushnumber(L, ms[(iters * 9) / 10 < iters ? (iters * 9) / 10 : iters - 1]);
+    lua_setfield(L, -2, "p90");
+    lua_pushinteger(L, iters);
+    lua_setfield(L, -2, "samples");
+    return 2;
+}
+
 static const luaL_Reg ops_funcs[] = {
     {"linear", l_linear},
     {"rms_norm", l_rms_norm},
@@ -1238,6 +1363,7 @@ static const luaL_Reg ops_funcs[] = {
     {"empty_cache", l_empty_cache},
     {"cuda_arch", l_cuda_arch},
     {"compile_policy", l_compile_policy},
+    {"cuda_time", l_cuda_time},
     {"method_default", l_method_default},
     {"method_low_latency", l_method_low_latency},
     {NULL, NULL}};

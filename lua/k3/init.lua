@@ -188,6 +188,7 @@ local HELP = {
   {"k3.set_batch_invariant(on)", "rows independent of M, bit for bit"},
   {"k3.stats() k3.stats_reset()", "calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
+  {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
 }
 
 --- k3.help() prints the API with one line each.
