@@ -1,0 +1,318 @@
+-- cuda.linear.skinny and cuda.linear.batch_invariant on a GPU: correctness against the fp64
+-- reference (K not a multiple of 4096, N not a multiple of the rows per block, M = 1..17),
+-- ones·ones = K, the residual variant, every decline reason driven with a real input whose
+-- result must equal cuBLAS's, and the batch-invariant rows equal across M and to the CPU.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+-- The TEAM.md gate; `pending` is a global of the spec file's environment only.
+local function need_gpu()
+  local c = k3.backends().cuda
+  if not c.available then
+    pending("no CUDA device: " .. tostring(c.reason))
+    return false
+  end
+  return true
+end
+
+local function need_kernel(name)
+  if not k3.has_kernel(name) then
+    pending(name .. " is not registered in this build")
+    return false
+  end
+  return true
+end
+
+local SKINNY, CUBLAS, BI = "cuda.linear.skinny", "cuda.linear.cublas", "cuda.linear.batch_invariant"
+
+-- Every instantiated configuration (kernels/linear_skinny.cuh, K3_SKINNY_CONFIGS).
+local CONFIGS = {
+  {128, 8, 2}, {128, 8, 4}, {128, 8, 8}, {256, 8, 2}, {256, 8, 4}, {256, 8, 8}, {512, 8, 2},
+  {512, 8, 4}, {128, 16, 4}, {256, 16, 2}, {256, 16, 4}, {256, 16, 8}, {512, 16, 4},
+  {256, 32, 4}, {512, 32, 2}, {512, 32, 4}, {256, 64, 4}, {512, 64, 4},
+}
+
+local function bf16(shape, seed)
+  return k3.randn(shape, {dtype = "bf16", seed = seed, device = "cuda"})
+end
+
+-- y (any device, dtype) against the fp64 reference of x w^T (+ bias) (+ residual) on the CPU.
+local function check_ref(y, x, w, residual, what, bias)
+  local f = function(t) return t and t:to("cpu"):to("f64") or nil end
+  local ref = k3.linear(f(x), f(w), {bias = f(bias), residual = f(residual), kernel = "cpu.linear.reference"})
+  local K = x:size(2)
+  local y64 = f(y)
+  assert.is_false(H.has_nan(y64), what .. ": unwritten (NaN) outputs")
+  assert.is_true(k3.allclose(y64, ref, {atol = 1e-2 * math.sqrt(K), rtol = 1e-2}),
+    string.format("%s: max |y - ref| = %g", what, k3.max_abs_diff(y64, ref)))
+end
+
+-- The skinny kernel called directly into a NaN-poisoned out.
+local function skinny(x, w, residual)
+  local out = H.poisoned({x:size(1), w:size(1)}, {dtype = "bf16", device = "cuda"})
+  return k3.linear(x, w, {kernel = SKINNY, residual = residual, out = out})
+end
+
+local function all_plan(config)
+  local plan = {}
+  for m = 1, 16 do plan[m] = {kernel = "skinny", config = config} end
+  return plan
+end
+
+-- The decline a method recorded for the skinny kernel, and the whole decision.
+local function skinny_decline(e)
+  for _, d in ipairs(e.declined) do
+    if d.kernel == SKINNY then return d.reason end
+  end
+  return nil
+end
+
+describe("cuda.linear.skinny #gpu", function()
+  it("matches the fp64 reference for K = 4096, 4104, 5120, 6144, 7168, 8192, 14336", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local N = 264 -- 33 groups of 8 rows: the last block of a 16/32/64-row config is partial
+    for i, K in ipairs({4096, 4104, 5120, 6144, 7168, 8192, 14336}) do
+      local w = bf16({N, K}, 100 + i)
+      for _, M in ipairs({1, 5, 9, 16}) do
+        local x = bf16({M, K}, 200 + M)
+        check_ref(skinny(x, w), x, w, nil, string.format("K=%d M=%d", K, M))
+      end
+    end
+  end)
+
+  it("matches the fp64 reference at M = 1..17 for three shapes (17 on the fallback)", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local ll = k3.method.low_latency(all_plan())
+    for i, s in ipairs({{131, 4104}, {1536, 7168}, {7168, 768}}) do
+      local N, K = s[1], s[2]
+      local w = bf16({N, K}, 300 + i)
+      for M = 1, 17 do
+        local x = bf16({M, K}, 400 + M)
+        local what = string.format("%dx%d M=%d", N, K, M)
+        local e = ll:explain(x, w)
+        if M <= 16 then
+          assert.equal(SKINNY, e.chosen, what)
+          check_ref(skinny(x, w), x, w, nil, what .. " direct")
+        else
+          assert.equal(CUBLAS, e.chosen, what)
+          assert.equal("plan has no entry for M = 17", skinny_decline(e), what)
+          H.raises(function() skinny(x, w) end, "M = 17 is outside 1..16")
+        end
+        check_ref(ll:apply(x, w), x, w, nil, what .. " method")
+      end
+    end
+  end)
+
+  it("every instantiated configuration matches the reference (through plans)", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local N, K = 200, 4104
+    local w = bf16({N, K}, 500)
+    for _, c in ipairs(CONFIGS) do
+      local config = {threads = c[1], rows = c[2], unroll = c[3], vec = 8}
+      local ll = k3.method.low_latency(all_plan(config))
+      for _, M in ipairs({1, 8, 9, 16}) do
+        local x = bf16({M, K}, 600 + M)
+        local what = string.format("threads=%d rows=%d unroll=%d M=%d", c[1], c[2], c[3], M)
+        assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+        check_ref(ll:apply(x, w), x, w, nil, what)
+      end
+    end
+  end)
+
+  it("ones · ones = K exactly (rounded once to bf16)", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    for _, K in ipairs({4096, 4104, 7168, 14336}) do
+      local want = k3.full({1}, K, {dtype = "bf16"}):get(1) -- 4104 is not a bf16: 4096
+      for _, M in ipairs({1, 16}) do
+        local x = k3.ones({M, K}, {dtype = "bf16", device = "cuda"})
+        local w = k3.ones({40, K}, {dtype = "bf16", device = "cuda"})
+        local y = skinny(x, w):to("cpu")
+        for i = 1, M do
+          for n = 1, 40 do
+            assert.equal(want, y:get(i, n), string.format("K=%d M=%d [%d,%d]", K, M, i, n))
+          end
+        end
+      end
+    end
+  end)
+
+  it("residual variant: residual + x·wᵀ in one pass, strided residual and out", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local N, K = 136, 5120
+    local w = bf16({N, K}, 700)
+    for _, M in ipairs({1, 7, 16}) do
+      local x = bf16({M, K}, 710 + M)
+      local r = bf16({M, N}, 720 + M)
+      check_ref(skinny(x, w, r), x, w, r, string.format("residual M=%d", M))
+      -- a padded residual and a padded out: the kernel honours their row strides and writes
+      -- nothing outside the out view
+      local rp = H.padded(M, N, 8, {dtype = "bf16", device = "cuda", seed = 730 + M})
+      local base = H.poisoned({M, N + 8}, {dtype = "bf16", device = "cuda"})
+      local out = base:narrow(2, 1, N)
+      k3.linear(x, w, {kernel = SKINNY, residual = rp, out = out})
+      check_ref(out, x, w, rp, string.format("padded residual/out M=%d", M))
+      for _, row in ipairs(base:narrow(2, N + 1, 8):to("cpu"):totable()) do
+        for _, v in ipairs(row) do assert.is_true(v ~= v, "the padding of out was written") end
+      end
+    end
+  end)
+end)
+
+describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
+  local N, K = 96, 128
+  after_each(function() k3.set_batch_invariant(false) end)
+
+  -- Runs m on (x, w, bias), checks the decline text and that the result equals cuBLAS's.
+  local function declines(x, w, bias, text, chosen)
+    local ll = k3.method.low_latency(all_plan())
+    local e = ll:explain(x, w, bias)
+    local reason = skinny_decline(e)
+    assert.truthy(reason, "no decline recorded for " .. SKINNY)
+    assert.truthy(reason:find(text, 1, true), string.format("%q does not contain %q", reason, text))
+    assert.equal(chosen or CUBLAS, e.chosen)
+    local y = ll:apply(x, w, bias)
+    local want = k3.linear(x, w, {bias = bias, kernel = chosen or CUBLAS})
+    assert.equal(0, k3.max_abs_diff(y, want))
+    return y
+  end
+
+  it("bias", function()
+    if not need_gpu() then return end
+    local x, w, b = bf16({2, K}, 1), bf16({N, K}, 2), bf16({N}, 3)
+    declines(x, w, b, "bias is present")
+  end)
+
+  it("batch-invariant mode", function()
+    if not need_gpu() or not need_kernel(BI) then return end
+    local x, w = bf16({2, K}, 1), bf16({N, K}, 2)
+    k3.set_batch_invariant(true)
+    declines(x, w, nil, "batch-invariant mode is on", BI)
+  end)
+
+  it("f32", function()
+    if not need_gpu() then return end
+    local x = k3.randn({2, K}, {device = "cuda", seed = 1})
+    local w = k3.randn({N, K}, {device = "cuda", seed = 2})
+    declines(x, w, nil, "x is not bf16 (f32)")
+  end)
+
+  for _, M in ipairs({1, 4}) do
+    it("strided x: [" .. M .. ",128], the last 128 elements of rows with stride 6288 (M=" .. M .. ")", function()
+      if not need_gpu() then return end
+      local base = bf16({M, 6288}, 10 + M)
+      local x = base:narrow(2, 6288 - 128 + 1, 128)
+      assert.same({6288, 1}, x:stride())
+      assert.equal(M == 1, x:is_contiguous()) -- is_contiguous ignores a size-1 dim's stride
+      local w = bf16({N, 128}, 20)
+      local y = declines(x, w, nil, "x is not packed row-major")
+      check_ref(y, x, w, nil, "strided x fallback")
+      -- called directly, the kernel fails loud and names the strides
+      H.raises(function() k3.linear(x, w, {kernel = SKINNY}) end,
+        string.format("x is not packed row-major: strides [6288, 1] for shape [%d, 128], needs [128, 1]", M))
+    end)
+  end
+
+  it("strided w", function()
+    if not need_gpu() then return end
+    local x = bf16({2, K}, 1)
+    local w = H.padded(N, K, 8, {dtype = "bf16", device = "cuda", seed = 2})
+    declines(x, w, nil, "w is not packed row-major")
+    H.raises(function() k3.linear(x, w, {kernel = SKINNY}) end,
+      string.format("w is not packed row-major: strides [%d, 1] for shape [%d, %d], needs [%d, 1]",
+        K + 8, N, K, K))
+  end)
+
+  it("x not 16-byte aligned (packed strides, storage offset 1)", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local flat = bf16({2 * K + 1}, 5)
+    local x = flat:narrow(1, 2, 2 * K):view({2, K})
+    assert.same({K, 1}, x:stride())
+    local w = bf16({N, K}, 6)
+    local y = declines(x, w, nil, "x is not 16-byte aligned")
+    check_ref(y, x, w, nil, "misaligned x fallback")
+    H.raises(function() k3.linear(x, w, {kernel = SKINNY}) end, "x is not 16-byte aligned")
+  end)
+
+  it("K mismatch", function()
+    if not need_gpu() then return end
+    local ll = k3.method.low_latency(all_plan())
+    local x, w = bf16({1, 7000}, 1), bf16({N, 7168}, 2)
+    H.raises(function() ll:apply(x, w) end, "linear: x dim 2 (7000) must match w dim 2 (7168)")
+    H.raises(function() k3.linear(x, w, {kernel = SKINNY}) end, "x dim 2 (7000) must match w dim 2 (7168)")
+  end)
+
+  it("M = 17", function()
+    if not need_gpu() then return end
+    local x, w = bf16({17, K}, 1), bf16({N, K}, 2)
+    declines(x, w, nil, "plan has no entry for M = 17")
+  end)
+
+  it("a configuration that is not instantiated", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local ll = k3.method.low_latency({[1] = {kernel = "skinny", config = {threads = 96}}})
+    local x, w = bf16({1, K}, 1), bf16({N, K}, 2)
+    local e = ll:explain(x, w)
+    assert.equal(CUBLAS, e.chosen)
+    assert.equal("config {threads = 96, rows = 8, unroll = 4, vec = 8, split_k = 0} is not instantiated",
+      skinny_decline(e))
+    assert.equal(0, k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = CUBLAS})))
+  end)
+
+  it("kernel disabled (K3_DISABLE_KERNELS): the fallback result equals cuBLAS's", function()
+    if not need_gpu() then return end
+    local p = io.popen([[K3_DISABLE_KERNELS=cuda.linear.skinny scripts/k3 -e '
+      local ll = k3.method.low_latency({[1] = {kernel = "skinny"}})
+      local x = k3.randn({1, 128}, {dtype = "bf16", device = "cuda", seed = 1})
+      local w = k3.randn({96, 128}, {dtype = "bf16", device = "cuda", seed = 2})
+      local e = ll:explain(x, w)
+      print(e.declined[1].reason)
+      print(e.chosen)
+      print(k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = "cuda.linear.cublas"})))
+      print(tostring(k3.has_kernel("cuda.linear.skinny")))' 2>&1]])
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:find("kernel cuda.linear.skinny is not registered\ncuda.linear.cublas\n0.0\nfalse", 1, true)
+      or out:find("kernel cuda.linear.skinny is not registered\ncuda.linear.cublas\n0\nfalse", 1, true), out)
+  end)
+end)
+
+describe("cuda.linear.batch_invariant #gpu", function()
+  after_each(function() k3.set_batch_invariant(false) end)
+
+  for _, dt in ipairs({"bf16", "f16", "f32"}) do
+    it(dt .. ": rows equal across M = 1..16 and equal to cpu.linear.batch_invariant bit for bit", function()
+      if not need_gpu() or not need_kernel(BI) then return end
+      if not k3.has_kernel("cpu.linear.batch_invariant") then
+        pending("cpu.linear.batch_invariant is not registered")
+        return
+      end
+      for _, s in ipairs({{37, 300}, {70, 4104}}) do
+        local N, K = s[1], s[2]
+        local o = {dtype = dt, device = "cuda"}
+        -- x with padded rows (row stride K + 3): the kernel takes any row stride
+        local x = H.padded(16, K, 3, {dtype = dt, device = "cuda", seed = 31})
+        local w = k3.randn({N, K}, {dtype = dt, device = "cuda", seed = 32})
+        local b = k3.randn({N}, {dtype = dt, device = "cuda", seed = 33})
+        local r = k3.randn({16, N}, {dtype = dt, device = "cuda", seed = 34})
+        local full = k3.linear(x, w, {bias = b, residual = r, kernel = BI, out = H.poisoned({16, N}, o)})
+        local cpu = k3.linear(x:to("cpu"), w:to("cpu"), {bias = b:to("cpu"), residual = r:to("cpu"),
+          kernel = "cpu.linear.batch_invariant"})
+        assert.equal(0, k3.max_abs_diff(full:to("cpu"), cpu), string.format("%dx%d vs CPU", N, K))
+        check_ref(full, x, w, r, string.format("%dx%d vs fp64", N, K), b)
+        for M = 1, 16 do
+          local y = k3.linear(x:narrow(1, 1, M), w, {bias = b, residual = r:narrow(1, 1, M), kernel = BI,
+            out = H.poisoned({M, N}, o)})
+          assert.equal(0, k3.max_abs_diff(y, full:narrow(1, 1, M)), string.format("%dx%d M=%d", N, K, M))
+        end
+      end
+    end)
+  end
+
+  it("batch-invariant mode dispatches to it on a CUDA device", function()
+    if not need_gpu() or not need_kernel(BI) then return end
+    local x, w = bf16({3, 64}, 1), bf16({24, 64}, 2)
+    k3.set_batch_invariant(true)
+    assert.equal(BI, k3.explain("linear", x, w).chosen)
+    assert.equal(0, k3.max_abs_diff(k3.linear(x, w), k3.linear(x, w, {kernel = BI})))
+  end)
+end)
