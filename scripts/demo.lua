@@ -3,6 +3,7 @@
 -- with every decline reason. Run as `scripts/k3 scripts/demo.lua [options]`.
 local k3 = require "k3"
 local demo = require "k3.model.decode_demo"
+local kimi = require "k3.model.kimi_k3"
 
 local usage = [[
 usage: scripts/k3 scripts/demo.lua [options]
@@ -70,15 +71,29 @@ while i <= #args do
   i = i + 1
 end
 
+if opts.config and not kimi.configs[opts.config] then
+  local names = {}
+  for k in pairs(kimi.configs) do names[#names + 1] = k end
+  table.sort(names)
+  die(string.format("--config: unknown config '%s' (known: %s)", opts.config, table.concat(names, ", ")))
+end
+
 if opts.weights_path then
-  opts.weights = k3.load_safetensors(opts.weights_path)
+  local lok, w = pcall(k3.load_safetensors, opts.weights_path)
+  if not lok then
+    io.stderr:write("demo: ", tostring(w), "\n")
+    os.exit(1)
+  end
+  opts.weights = w
   opts.weights_source = "from " .. opts.weights_path
 end
 
-local ok, res = xpcall(demo.run, debug.traceback, opts)
+-- A failure prints its message (K3_DEBUG=1 adds the Lua traceback) and exits 1.
+local ok, res = xpcall(demo.run, function(e)
+  return os.getenv("K3_DEBUG") and debug.traceback(tostring(e), 2) or tostring(e)
+end, opts)
 if not ok then
-  io.stderr:write("\r\27[K")
-  io.stderr:write("demo: ", tostring(res), "\n")
+  io.stderr:write("\r\27[K", "demo: ", res, "\n")
   os.exit(1)
 end
 print(demo.format(res))

@@ -43,7 +43,7 @@ M.configs = {
     name = "kimi-k3-tp8", hidden_size = 7168, num_layers = 93, block_size = 12,
     q_lora_rank = 1536, kv_lora_rank = 512, qk_rope_head_dim = 64, num_heads = 12,
     qk_nope_head_dim = 128, v_head_dim = 128, intermediate_size = 4224, eps = 1e-5,
-    weight_sets = 4,
+    weight_sets = 2,
   },
 }
 
