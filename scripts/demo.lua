@@ -11,7 +11,7 @@ usage: scripts/k3 scripts/demo.lua [options]
   --device DEV              cpu | cuda | cuda:N (default: cuda when available, else cpu)
   --weights FILE            load weights from a safetensors file instead of generating them
   --save-weights FILE       save the weights used to a safetensors file
-  --steps N                 timed decode steps per M (default 10 on cpu, 20 on cuda)
+  --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
   --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
   --seed N                  seed of the generated weights and inputs (default 1234)
   --quiet                   no progress line

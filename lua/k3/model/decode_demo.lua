@@ -28,7 +28,7 @@ function demo.defaults()
   local m = {}
   for i = 1, 16 do m[i] = i end
   return {config = gpu and "kimi-k3-tp8" or "tiny", device = gpu and "cuda" or "cpu",
-          steps = gpu and 20 or 10, m = m, seed = 1234}
+          steps = gpu and 20 or 5, m = m, seed = 1234}
 end
 
 -- ||a - b|| / ||b|| and ||a|| / ||b|| over all elements (both read back as f64).
