@@ -40,10 +40,10 @@ struct k3_tensor {
 /* ---- errors ---------------------------------------------------------------------------- */
 
 /* Sets this thread's message (printf format) and returns s. The one way k3 reports errors. */
-k3_status k3_error(k3_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+K3_API k3_status k3_error(k3_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current message with "<prefix>: " (used to add context). Returns s. */
-k3_status k3_error_prefix(k3_status s, const char *prefix);
-void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+K3_API k3_status k3_error_prefix(k3_status s, const char *prefix);
+K3_API void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagates a non-OK status. */
 #define K3_TRY(expr)                                                                       \
@@ -66,9 +66,9 @@ void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(prin
 
 /* ---- host memory through the pluggable allocator --------------------------------------- */
 
-void *k3_host_alloc(size_t n);            /* NULL on failure (caller reports K3_ENOMEM) */
-void *k3_host_calloc(size_t count, size_t size); /* overflow-checked, zeroed */
-void k3_host_free(void *p, size_t n);     /* n is the size given at allocation */
+K3_API void *k3_host_alloc(size_t n);            /* NULL on failure (caller reports K3_ENOMEM) */
+K3_API void *k3_host_calloc(size_t count, size_t size); /* overflow-checked, zeroed */
+K3_API void k3_host_free(void *p, size_t n);     /* n is the size given at allocation */
 
 /* ---- checked size arithmetic ----------------------------------------------------------- */
 
@@ -88,21 +88,21 @@ static inline void *k3_tensor_ptr(const k3_tensor *t) {
 }
 /* Largest element offset + 1 the view can touch (0 for an empty view). Overflow-checked by
  * the constructors, so plain arithmetic here is safe. */
-int64_t k3_tensor_extent(const k3_tensor *t);
+K3_API int64_t k3_tensor_extent(const k3_tensor *t);
 /* New handle with the same view as t (one more storage reference). */
-k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t);
+K3_API k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t);
 /* Formats "[d1, d2, ...]" of sizes or strides into buf. Returns buf. */
-const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v);
+K3_API const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v);
 /* True when a and b share storage and their extents intersect. */
-bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b);
+K3_API bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b);
 /* Loads element at flat storage index (element units) of dtype as double / float. */
-double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
-float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
-void k3_store_f64(void *base, k3_dtype dt, int64_t i, double v);
-void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v);
+K3_API double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
+K3_API float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
+K3_API void k3_store_f64(void *base, k3_dtype dt, int64_t i, double v);
+K3_API void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v);
 /* Converts n contiguous elements to/from f32 (used to widen 16-bit data in blocks). */
-void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n);
-void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n);
+K3_API void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n);
+K3_API void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n);
 
 /* ---- ops: argument blocks ---------------------------------------------------------------- */
 
@@ -282,6 +282,16 @@ K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tenso
                                const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                                const k3_call *call, const k3_skinny_config *config,
                                const k3_dispatch_ext *ext);
+
+/* ---- core functions the CUDA backend calls (helper B) ----------------------------------- */
+/* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these
+ * redeclarations export the internal helpers the backend uses (reporting errors, staging
+ * host buffers through the pluggable allocator). */
+K3_API k3_status k3_error(k3_status s, const char *fmt, ...);
+K3_API k3_status k3_error_prefix(k3_status s, const char *prefix);
+K3_API void k3_log(k3_log_level level, const char *fmt, ...);
+K3_API void *k3_host_alloc(size_t n);
+K3_API void k3_host_free(void *p, size_t n);
 
 #ifdef __cplusplus
 }
