@@ -96,3 +96,103 @@ leak-check: all
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- reliability (issue 9, helper F): sanitizers and fuzzing ---------------------------------
+#   make test-asan    the whole CPU spec suite against a k3 built with ASan + UBSan (build/asan/)
+#   make fuzz-smoke   each libFuzzer target (spec/fuzz/) for FUZZ_TIME seconds from its corpus
+#   make fuzz         builds the fuzzers only (build/fuzz/fuzz_<target>)
+ASAN_BUILD  ?= build/asan
+ASAN_FLAGS  ?= -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+FUZZ_BUILD  ?= build/fuzz
+FUZZ_CC     ?= clang
+FUZZ_TIME   ?= 30
+FUZZ_NAMES   = tensor ops safetensors
+FUZZ_BINS    = $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_NAMES))
+FUZZ_CFLAGS  = -std=c11 -g -O1 -D_GNU_SOURCE -Ilib -Wall -Wno-unused-parameter \
+               -fno-omit-frame-pointer -fno-sanitize-recover=all $(DEPS_INC)
+FUZZ_OBJ     = $(patsubst lib/%.c,$(FUZZ_BUILD)/obj/%.o,$(CORE_SRC))
+
+.PHONY: asan test-asan fuzz fuzz-smoke
+asan:
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE="$(ASAN_FLAGS)" OPT=-O1 NVCC= all
+
+test-asan: deps
+	@$(MAKE) --no-print-directory all asan
+	@K3_BUILD_DIR="$(CURDIR)/$(ASAN_BUILD)" scripts/test-asan
+
+# The core is instrumented for coverage (fuzzer-no-link); each target links it with libFuzzer.
+$(FUZZ_BUILD)/obj/%.o: lib/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+
+$(FUZZ_BUILD)/fuzz_%: spec/fuzz/fuzz_%.c $(FUZZ_OBJ) spec/fuzz/fuzz_common.h
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< $(FUZZ_OBJ) -o $@ \
+	    $(DEPS_LIB) -lopenblas -lcjson -ldl -lm -lpthread
+
+fuzz: $(FUZZ_BINS)
+
+fuzz-smoke: fuzz
+	@FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_TIME="$(FUZZ_TIME)" scripts/fuzz-smoke $(FUZZ_NAMES)
+
+# ==== embedding: example host, install, pkg-config (helper E, issue 7) ==========================
+#   make host                       build/examples/host/k3-host (the game-loop host example)
+#   make capi                       build/examples/capi/attn_res (C API example, in-tree flags)
+#   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the Lua files, the C module
+#                                   k3/core.so and k3.pc (DESTDIR is honoured)
+# EMBED_TARGETS is what `all`/`test` should also build once the lead hooks it in.
+PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+INCDIR    ?= $(PREFIX)/include
+LUADIR    ?= $(PREFIX)/share/lua/5.4
+LUACDIR   ?= $(PREFIX)/lib/lua/5.4
+PCDIR     ?= $(LIBDIR)/pkgconfig
+LUA_LIB   ?= lua5.4
+HOST_BIN   = $(BUILD)/examples/host/k3-host
+CAPI_BIN   = $(BUILD)/examples/capi/attn_res
+EMBED_TARGETS = $(HOST_BIN) $(CAPI_BIN)
+CFLAGS_EX  = -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE $(SANITIZE)
+# The installed binding: one object installed as PREFIX/lib/libk3lua.so and as the Lua C module
+# PREFIX/lib/lua/5.4/k3/core.so; its rpath finds libk3.so from either place, and from a
+# LuaRocks tree (where libk3.so is deployed beside the k3/ module folder).
+INSTALL_LUAMOD = $(BUILD)/install/libk3lua.so
+K3_LUA_FILES = $(shell find lua/k3 -name '*.lua' | sort)
+
+.PHONY: host capi embed install uninstall
+host: $(HOST_BIN)
+capi: $(CAPI_BIN)
+embed: $(EMBED_TARGETS)
+
+$(HOST_BIN): examples/host/host.c lib/k3.h $(LIBK3) $(LIBK3LUA)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_EX) -Ilib -I$(LUA_INC) $(DEPS_INC) $< -o $@ -L$(BUILD) -lk3lua -lk3 -l$(LUA_LIB) \
+	    -lpthread -lm $(DEPS_LIB) -Wl,-rpath,'$$ORIGIN/../..'
+
+$(CAPI_BIN): examples/capi/attn_res.c lib/k3.h $(LIBK3)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_EX) -Ilib $< -o $@ -L$(BUILD) -lk3 -lm -Wl,-rpath,'$$ORIGIN/../..'
+
+$(INSTALL_LUAMOD): $(BUILD)/obj/k3_lua.o $(LIBK3)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-soname,libk3lua.so \
+	    -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..:$$ORIGIN/../../..'
+
+$(BUILD)/k3.pc: k3.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+	    -e 's|@VERSION@|$(shell sed -n 's/^#define K3_VERSION_STRING "\(.*\)"/\1/p' lib/k3.h)|g' $< > $@
+
+# $(BUILD)/k3.pc is remade every install: PREFIX may differ from the last one.
+install: all $(INSTALL_LUAMOD)
+	@rm -f $(BUILD)/k3.pc && $(MAKE) --no-print-directory $(BUILD)/k3.pc
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(LUACDIR)/k3 $(DESTDIR)$(PCDIR)
+	install -m 755 $(LIBK3) $(DESTDIR)$(LIBDIR)/libk3.so
+	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LIBDIR)/libk3lua.so
+	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LUACDIR)/k3/core.so
+	if [ -f $(LIBCUDA) ]; then install -m 755 $(LIBCUDA) $(DESTDIR)$(LIBDIR)/libk3_cuda.so; fi
+	install -m 644 lib/k3.h $(DESTDIR)$(INCDIR)/k3.h
+	install -m 644 $(BUILD)/k3.pc $(DESTDIR)$(PCDIR)/k3.pc
+	for f in $(K3_LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/}; done
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libk3.so $(DESTDIR)$(LIBDIR)/libk3lua.so $(DESTDIR)$(LIBDIR)/libk3_cuda.so \
+	      $(DESTDIR)$(LUACDIR)/k3/core.so $(DESTDIR)$(INCDIR)/k3.h $(DESTDIR)$(PCDIR)/k3.pc
+	rm -rf $(DESTDIR)$(LUADIR)/k3

@@ -1,0 +1,613 @@
+/*
+ * host.c — a game-engine-style C host embedding k3: a lua_State with a counting, capped
+ * allocator, k3 loaded with luaL_requiref, and a script's on_frame(dt) called every frame
+ * under an instruction budget. A bad frame is reported and the next one runs; the host never
+ * aborts. --threads N runs N independent states at once and checks their results against a
+ * single-threaded run, bit for bit.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include "k3.h"
+
+int luaopen_k3(lua_State *L); /* libk3lua.so: the whole `k3` module for luaL_requiref */
+
+/* ---- options ---------------------------------------------------------------------------- */
+
+typedef struct host_opts {
+    const char *script;
+    const char *lua_root; /* a checkout (lua/, build/lua/) or an install prefix (share/lua/5.4) */
+    long frames;
+    long budget;        /* Lua VM instructions per frame; 0 = unlimited */
+    long setup_budget;  /* for running the script's main chunk */
+    size_t mem_cap;     /* live Lua heap per state, bytes; 0 = unlimited */
+    size_t tensor_cap;  /* k3 host memory (tensor storage, scratch) per state; 0 = unlimited */
+    double dt;
+    int threads;        /* 0: one state on the main thread; N >= 1: reference run + N threads */
+} host_opts;
+
+static const char *usage_text =
+    "usage: k3-host [options]\n"
+    "  --script FILE       the frame script (defines on_frame(dt)); default: clean.lua\n"
+    "  --frames N          frames to run (default 10)\n"
+    "  --budget N          Lua instructions per frame, 0 = unlimited (default 5000000)\n"
+    "  --setup-budget N    Lua instructions for the script's main chunk (default 500000000)\n"
+    "  --mem-cap BYTES     live Lua memory per state, 0 = unlimited (default 64M; K/M/G ok)\n"
+    "  --tensor-cap BYTES  k3 host memory per state, 0 = unlimited (default 1G)\n"
+    "  --dt SECONDS        the dt passed to on_frame (default 1/60)\n"
+    "  --threads N         run N states on N threads at once and compare them with a\n"
+    "                      single-threaded run, bit for bit\n"
+    "  --lua-root DIR      where lua/k3 (a checkout) or share/lua/5.4/k3 (a prefix) is;\n"
+    "                      default: found from the executable's location\n";
+
+/* Parses a count with an optional K/M/G suffix (powers of 1024). */
+static int parse_size(const char *s, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || v < 0) return 0;
+    long long mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1LL << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1LL << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1LL << 30, end++;
+    if (*end != '\0' || v > LLONG_MAX / mul) return 0;
+    *out = v * mul;
+    return 1;
+}
+
+/* ---- output (one mutex so lines of concurrent states never interleave) --------------------- */
+
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void say(const char *prefix, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&out_lock);
+    fputs(prefix, stdout);
+    vfprintf(stdout, fmt, ap);
+    fflush(stdout);
+    pthread_mutex_unlock(&out_lock);
+    va_end(ap);
+}
+
+/* ---- one Lua state and its accounting ------------------------------------------------------- */
+
+typedef enum { FAIL_NONE = 0, FAIL_ERROR, FAIL_BUDGET, FAIL_MEMORY } fail_kind;
+static const char *const fail_names[] = {"ok", "error", "budget", "memory"};
+
+typedef struct host_state {
+    const host_opts *o;
+    lua_State *L;
+    int id;             /* 0: the single-threaded run; 1..N: threads */
+    char prefix[32];    /* "" or "[state i] " */
+    /* Lua heap */
+    size_t used, peak, cap, headroom;
+    int deny_pending;   /* the last growth was refused; Lua collects and retries once */
+    int over_cap;       /* granted from the headroom: the frame stops at its next instruction */
+    int in_frame;       /* hooks are armed (setup or a frame) */
+    /* k3 host memory charged to this state (tensor storage and kernel scratch) */
+    size_t t_used, t_peak;
+    int tensor_refused; /* this frame asked k3 for more than the tensor cap */
+    /* this frame */
+    fail_kind fail;
+    long budget_now;
+    /* results */
+    long frames_run, frames_failed;
+    uint64_t digest;
+    int setup_ok;
+} host_state;
+
+static host_state *state_of(lua_State *L) {
+    void *ud;
+    lua_getallocf(L, &ud);
+    return ud;
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar);
+
+/* The Lua allocator. A growth past the cap is refused once (Lua then runs an emergency full
+ * collection and retries), so the cap bounds live memory, not garbage. If the retry still
+ * does not fit, it is granted from a small headroom and the frame is stopped at its next
+ * instruction by the hook, which raises an ordinary error: the report gets a traceback.
+ * Past cap + headroom the request fails and Lua raises its own "not enough memory". Lua
+ * requires shrinking and freeing never to fail, so only growth is checked. */
+static void *lua_alloc_capped(void *ud, void *ptr, size_t osize, size_t nsize) {
+    host_state *h = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        h->used -= old;
+        return NULL;
+    }
+    if (nsize > old && h->cap) {
+        size_t want = h->used - old + nsize;
+        if (want > h->cap) {
+            if (!h->deny_pending && !h->over_cap) {
+                h->deny_pending = 1;
+                return NULL;
+            }
+            if (want > h->cap + h->headroom) return NULL;
+            if (!h->over_cap) {
+                h->over_cap = 1;
+                /* lua_sethook may be called at any point (lua.c calls it from a signal
+                 * handler), so arming it from inside an allocation is safe. */
+                if (h->in_frame && h->L) lua_sethook(h->L, count_hook, LUA_MASKCOUNT, 1);
+            }
+        }
+    }
+    void *p = realloc(ptr, nsize);
+    if (!p) return NULL;
+    h->deny_pending = 0;
+    h->used = h->used - old + nsize;
+    if (h->used > h->peak) h->peak = h->used;
+    return p;
+}
+
+/* k3's allocator is process-wide; each thread charges the state it is running. */
+static _Thread_local host_state *t_current;
+
+static void *k3_alloc_counted(void *ud, void *ptr, size_t old_size, size_t new_size) {
+    (void)ud;
+    host_state *h = t_current;
+    size_t old = ptr ? old_size : 0;
+    if (new_size == 0) {
+        free(ptr);
+        if (h) h->t_used -= old;
+        return NULL;
+    }
+    if (h && h->o->tensor_cap && new_size > old && h->t_used - old + new_size > h->o->tensor_cap) {
+        h->tensor_refused = 1;
+        return NULL; /* k3 turns this into K3_ENOMEM, a Lua error the frame reports */
+    }
+    void *p = realloc(ptr, new_size);
+    if (p && h) {
+        h->t_used = h->t_used - old + new_size;
+        if (h->t_used > h->t_peak) h->t_peak = h->t_used;
+    }
+    return p;
+}
+
+/* The budget and memory-cap hook. Once a frame is over budget the hook fires on every
+ * instruction, so a script that catches the error with pcall is stopped again at once. */
+static void count_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    host_state *h = state_of(L);
+    lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+    luaL_where(L, 0);
+    if (h->over_cap) {
+        h->fail = FAIL_MEMORY;
+        lua_pushfstring(L, "Lua memory cap of %I bytes exceeded (%I bytes live)",
+                        (lua_Integer)h->cap, (lua_Integer)h->used);
+    } else {
+        h->fail = FAIL_BUDGET;
+        lua_pushfstring(L, "instruction budget of %I exceeded", (lua_Integer)h->budget_now);
+    }
+    lua_concat(L, 2);
+    lua_error(L);
+}
+
+/* lua.c's message handler: the error message (or its __tostring) plus a traceback. It runs
+ * only for errors that escape to the host's lua_pcall, so the frame is failing: the hook is
+ * disarmed first so building the traceback cannot be interrupted. */
+static int msghandler(lua_State *L) {
+    lua_sethook(L, NULL, 0, 0);
+    const char *msg = lua_tostring(L, 1);
+    if (msg == NULL) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/* ---- paths ------------------------------------------------------------------------------- */
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Finds lua/k3/init.lua: under --lua-root, or relative to the executable (build/examples/host
+ * in a checkout, PREFIX/bin after an install). Fills path/cpath; 0 when nothing was found. */
+static int find_lua_paths(const char *root_opt, char *root_out, size_t rn, char *path,
+                          char *cpath, size_t n) {
+    char exe[PATH_MAX], buf[2 * PATH_MAX];
+    const char *roots[4];
+    int nroots = 0;
+    char r1[PATH_MAX + 16], r2[PATH_MAX + 16];
+    if (root_opt) roots[nroots++] = root_opt;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        snprintf(r1, sizeof r1, "%s/../../..", exe); /* <checkout>/build/examples/host */
+        snprintf(r2, sizeof r2, "%s/..", exe);       /* <prefix>/bin */
+        if (!root_opt) {
+            roots[nroots++] = r1;
+            roots[nroots++] = r2;
+        }
+    }
+    for (int i = 0; i < nroots; i++) {
+        char canon[PATH_MAX];
+        if (!realpath(roots[i], canon)) continue;
+        roots[i] = canon;
+        snprintf(buf, sizeof buf, "%s/lua/k3/init.lua", roots[i]);
+        if (is_file(buf)) {
+            snprintf(path, n, "%s/lua/?.lua;%s/lua/?/init.lua", roots[i], roots[i]);
+            snprintf(cpath, n, "%s/build/lua/?.so", roots[i]);
+            snprintf(root_out, rn, "%s", roots[i]);
+            return 1;
+        }
+        snprintf(buf, sizeof buf, "%s/share/lua/5.4/k3/init.lua", roots[i]);
+        if (is_file(buf)) {
+            snprintf(path, n, "%s/share/lua/5.4/?.lua;%s/share/lua/5.4/?/init.lua", roots[i],
+                     roots[i]);
+            snprintf(cpath, n, "%s/lib/lua/5.4/?.so", roots[i]);
+            snprintf(root_out, rn, "%s", roots[i]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static char g_path[4 * PATH_MAX], g_cpath[4 * PATH_MAX], g_root[PATH_MAX + 16];
+
+/* Prepends `value` to package[field]. */
+static void prepend_package(lua_State *L, const char *field, const char *value) {
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, field);
+    lua_pushfstring(L, "%s;%s", value, lua_tostring(L, -1) ? lua_tostring(L, -1) : "");
+    lua_setfield(L, -3, field);
+    lua_pop(L, 2);
+}
+
+/* ---- running a state ---------------------------------------------------------------------- */
+
+/* FNV-1a over bytes: the digest of a state's frames, compared across threads. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Folds a frame's status and returned value (string bytes, exact hex float, type name). */
+static void fold_result(host_state *h, long frame, int idx) {
+    char buf[64];
+    int k = snprintf(buf, sizeof buf, "%ld:%s:", frame, fail_names[h->fail]);
+    h->digest = fnv(h->digest, buf, (size_t)k);
+    if (h->fail != FAIL_NONE) return;
+    size_t n;
+    const char *s;
+    switch (lua_type(h->L, idx)) {
+    case LUA_TSTRING:
+        s = lua_tolstring(h->L, idx, &n);
+        h->digest = fnv(h->digest, s, n);
+        break;
+    case LUA_TNUMBER:
+        k = lua_isinteger(h->L, idx)
+                ? snprintf(buf, sizeof buf, "%lld", (long long)lua_tointeger(h->L, idx))
+                : snprintf(buf, sizeof buf, "%a", (double)lua_tonumber(h->L, idx));
+        h->digest = fnv(h->digest, buf, (size_t)k);
+        break;
+    default:
+        s = luaL_typename(h->L, idx);
+        h->digest = fnv(h->digest, s, strlen(s));
+    }
+}
+
+/* Runs the function below the argument count on the stack under `budget`, with the message
+ * handler. Returns the lua_pcall status; sets h->fail. Leaves one result (or the error). */
+static int protected_run(host_state *h, int nargs, long budget) {
+    lua_State *L = h->L;
+    int base = lua_gettop(L) - nargs; /* the function's slot */
+    lua_pushcfunction(L, msghandler);
+    lua_insert(L, base);
+    h->fail = FAIL_NONE;
+    h->over_cap = 0;
+    h->deny_pending = 0;
+    h->tensor_refused = 0;
+    h->budget_now = budget;
+    h->in_frame = 1;
+    if (budget > 0) lua_sethook(L, count_hook, LUA_MASKCOUNT, budget > INT_MAX ? INT_MAX : (int)budget);
+    int rc = lua_pcall(L, nargs, 1, base);
+    lua_sethook(L, NULL, 0, 0);
+    h->in_frame = 0;
+    lua_remove(L, base);
+    if (rc != LUA_OK && h->fail == FAIL_NONE)
+        h->fail = rc == LUA_ERRMEM || h->tensor_refused ? FAIL_MEMORY : FAIL_ERROR;
+    return rc;
+}
+
+static void report_failure(host_state *h, const char *what) {
+    const char *msg = lua_tostring(h->L, -1);
+    if (h->fail == FAIL_MEMORY && h->tensor_refused)
+        say(h->prefix, "%s failed (memory): tensor cap of %zu bytes exceeded (%zu bytes in use): %s\n",
+            what, h->o->tensor_cap, h->t_used, msg ? msg : "(no message)");
+    else if (h->fail == FAIL_MEMORY && !strstr(msg ? msg : "", "memory cap"))
+        say(h->prefix, "%s failed (memory): Lua memory cap of %zu bytes exceeded (%zu bytes live): %s\n",
+            what, h->cap, h->used, msg ? msg : "(no message)");
+    else
+        say(h->prefix, "%s failed (%s): %s\n", what, fail_names[h->fail],
+            msg ? msg : "(error object is not a string)");
+}
+
+/* Opens the standard libraries, points package.path/cpath at k3's Lua files, sets the
+ * `host` global and loads k3 with luaL_requiref (global `k3`). Runs protected. */
+static int setup_libs(lua_State *L) {
+    host_state *h = lua_touserdata(L, 1);
+    const host_opts *o = h->o;
+    luaL_openlibs(L);
+    prepend_package(L, "path", g_path);
+    prepend_package(L, "cpath", g_cpath);
+    lua_createtable(L, 0, 6); /* what the script may want to know about its host */
+    lua_pushinteger(L, h->id);
+    lua_setfield(L, -2, "state");
+    lua_pushinteger(L, o->frames);
+    lua_setfield(L, -2, "frames");
+    lua_pushinteger(L, o->budget);
+    lua_setfield(L, -2, "budget");
+    lua_pushinteger(L, (lua_Integer)o->mem_cap);
+    lua_setfield(L, -2, "mem_cap");
+    lua_pushinteger(L, (lua_Integer)o->tensor_cap);
+    lua_setfield(L, -2, "tensor_cap");
+    lua_pushstring(L, g_root);
+    lua_setfield(L, -2, "root");
+    lua_setglobal(L, "host");
+    luaL_requiref(L, "k3", luaopen_k3, 1);
+    return 1;
+}
+
+/* Creates the state, loads k3 and runs the script's main chunk. 0 on failure (reported). */
+static int state_open(host_state *h, const host_opts *o, int id) {
+    memset(h, 0, sizeof *h);
+    h->o = o;
+    h->id = id;
+    h->cap = o->mem_cap;
+    h->headroom = o->mem_cap / 8 + (256 << 10); /* room to build the error report */
+    h->digest = 0xcbf29ce484222325ULL;
+    if (id > 0) snprintf(h->prefix, sizeof h->prefix, "[state %d] ", id);
+    t_current = h;
+    h->L = lua_newstate(lua_alloc_capped, h);
+    if (!h->L) {
+        say(h->prefix, "setup failed: lua_newstate: not enough memory\n");
+        return 0;
+    }
+    lua_State *L = h->L;
+    lua_gc(L, LUA_GCGEN, 0, 0); /* short frames make lots of young garbage */
+    /* Libraries, paths and k3 are set up inside a protected call: any of them can raise. */
+    lua_pushcfunction(L, setup_libs);
+    lua_pushlightuserdata(L, h);
+    if (protected_run(h, 1, o->setup_budget) != LUA_OK) {
+        report_failure(h, "setup (loading k3)");
+        return 0;
+    }
+    lua_pop(L, 1);
+
+    int rc = luaL_loadfile(L, o->script);
+    if (rc != LUA_OK) {
+        h->fail = rc == LUA_ERRMEM ? FAIL_MEMORY : FAIL_ERROR;
+        report_failure(h, "setup (loading the script)");
+        return 0;
+    }
+    if (protected_run(h, 0, o->setup_budget) != LUA_OK) {
+        report_failure(h, "setup (running the script)");
+        return 0;
+    }
+    lua_pop(L, 1);
+    lua_getglobal(L, "on_frame");
+    int ok = lua_isfunction(L, -1);
+    lua_pop(L, 1);
+    if (!ok) {
+        say(h->prefix, "setup failed: %s does not define a global function on_frame(dt)\n",
+            o->script);
+        return 0;
+    }
+    h->setup_ok = 1;
+    return 1;
+}
+
+static void state_frames(host_state *h) {
+    lua_State *L = h->L;
+    t_current = h;
+    for (long f = 1; f <= h->o->frames; f++) {
+        int top = lua_gettop(L);
+        lua_getglobal(L, "on_frame");
+        lua_pushnumber(L, h->o->dt);
+        int rc = protected_run(h, 1, h->o->budget);
+        h->frames_run++;
+        fold_result(h, f, -1);
+        if (rc != LUA_OK) {
+            char what[48];
+            snprintf(what, sizeof what, "frame %ld", f);
+            h->frames_failed++;
+            report_failure(h, what);
+        }
+        lua_settop(L, top);
+        /* A failed frame's garbage may hold tensors and most of the cap: release it now. */
+        if (rc != LUA_OK) lua_gc(L, LUA_GCCOLLECT);
+    }
+}
+
+static void state_close(host_state *h) {
+    t_current = h;
+    if (h->L) lua_close(h->L);
+    h->L = NULL;
+    t_current = NULL;
+}
+
+static void print_summary(const host_state *h) {
+    say(h->prefix, "frames run: %ld\n", h->frames_run);
+    say(h->prefix, "frames failed: %ld\n", h->frames_failed);
+    say(h->prefix, "peak Lua memory: %zu bytes\n", h->peak);
+    say(h->prefix, "peak tensor memory: %zu bytes\n", h->t_peak);
+    say(h->prefix, "digest: %016" PRIx64 "\n", h->digest);
+}
+
+static void print_stat(void *ud, const char *kind, const char *name, uint64_t count) {
+    (void)ud;
+    say("", "k3 %s %s: %" PRIu64 "\n", kind, name, count);
+}
+
+/* ---- threads ------------------------------------------------------------------------------ */
+
+typedef struct thread_job {
+    host_state h;
+    const host_opts *o;
+    int id;
+    pthread_barrier_t *barrier;
+} thread_job;
+
+static void *thread_main(void *arg) {
+    thread_job *j = arg;
+    int ok = state_open(&j->h, j->o, j->id);
+    /* Every state starts its frames together, so the frames really run at the same time. */
+    pthread_barrier_wait(j->barrier);
+    if (ok) state_frames(&j->h);
+    if (j->h.L) {
+        state_close(&j->h);
+    }
+    return NULL;
+}
+
+static int run_threads(const host_opts *o) {
+    host_state ref;
+    say("", "threads: single-threaded reference run\n");
+    int ok = state_open(&ref, o, 0);
+    if (ok) state_frames(&ref);
+    state_close(&ref);
+    if (!ok) return 1;
+    print_summary(&ref);
+
+    int n = o->threads;
+    thread_job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *tids = calloc((size_t)n, sizeof *tids);
+    pthread_barrier_t barrier;
+    if (!jobs || !tids || pthread_barrier_init(&barrier, NULL, (unsigned)n) != 0) {
+        say("", "threads: out of memory\n");
+        free(jobs);
+        free(tids);
+        return 1;
+    }
+    say("", "threads: %d states on %d threads at once\n", n, n);
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i].o = o;
+        jobs[i].id = i + 1;
+        jobs[i].barrier = &barrier;
+        if (pthread_create(&tids[i], NULL, thread_main, &jobs[i]) != 0) break;
+        started++;
+    }
+    if (started < n) {
+        /* The barrier would never open: report and wait for nothing further. */
+        say("", "threads: could not start thread %d\n", started + 1);
+        for (int i = started; i < n; i++) pthread_barrier_wait(&barrier);
+    }
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    int mismatch = started < n;
+    for (int i = 0; i < started; i++) {
+        print_summary(&jobs[i].h);
+        int same = jobs[i].h.setup_ok && jobs[i].h.digest == ref.digest &&
+                   jobs[i].h.frames_failed == ref.frames_failed;
+        if (!same) mismatch = 1;
+        say("", "threads: state %d %s the single-threaded run (%016" PRIx64 " vs %016" PRIx64
+                ")\n", i + 1, same ? "matches" : "DIFFERS FROM", jobs[i].h.digest, ref.digest);
+    }
+    say("", "threads: %s\n", mismatch ? "MISMATCH" : "all states match the single-threaded run bit for bit");
+    free(jobs);
+    free(tids);
+    return mismatch ? 2 : 0;
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    host_opts o = {.script = NULL,
+                   .lua_root = NULL,
+                   .frames = 10,
+                   .budget = 5000000,
+                   .setup_budget = 500000000,
+                   .mem_cap = 64u << 20,
+                   .tensor_cap = 1u << 30,
+                   .dt = 1.0 / 60.0,
+                   .threads = 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long n = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "k3-host: %s needs a value\n%s", a, usage_text);
+            return 1;
+        }
+        int ok = 1;
+        if (!strcmp(a, "--script")) o.script = v;
+        else if (!strcmp(a, "--lua-root")) o.lua_root = v;
+        else if (!strcmp(a, "--dt")) o.dt = strtod(v, NULL);
+        else if (!parse_size(v, &n)) ok = 0;
+        else if (!strcmp(a, "--frames")) o.frames = (long)n;
+        else if (!strcmp(a, "--budget")) o.budget = (long)n;
+        else if (!strcmp(a, "--setup-budget")) o.setup_budget = (long)n;
+        else if (!strcmp(a, "--mem-cap")) o.mem_cap = (size_t)n;
+        else if (!strcmp(a, "--tensor-cap")) o.tensor_cap = (size_t)n;
+        else if (!strcmp(a, "--threads") && n >= 1 && n <= 64) o.threads = (int)n;
+        else ok = 0;
+        if (!ok) {
+            fprintf(stderr, "k3-host: bad option %s %s\n%s", a, v, usage_text);
+            return 1;
+        }
+        i++;
+    }
+    if (!find_lua_paths(o.lua_root, g_root, sizeof g_root, g_path, g_cpath, sizeof g_cpath)) {
+        fprintf(stderr, "k3-host: lua/k3/init.lua not found (from %s); pass --lua-root DIR\n",
+                o.lua_root ? o.lua_root : "the executable's location");
+        return 1;
+    }
+    static char default_script[PATH_MAX + 64];
+    if (!o.script) {
+        snprintf(default_script, sizeof default_script, "%s/examples/host/scripts/clean.lua", g_root);
+        o.script = default_script;
+    }
+    /* Before any tensor exists: count k3's host memory per state. */
+    if (k3_set_allocator(k3_alloc_counted, NULL) != K3_OK) {
+        fprintf(stderr, "k3-host: %s\n", k3_last_error());
+        return 1;
+    }
+    k3_stats_reset();
+    say("", "k3-host: k3 %s, script %s, %ld frames, budget %ld instructions/frame, "
+            "Lua memory cap %zu bytes, tensor cap %zu bytes\n",
+        K3_VERSION_STRING, o.script, o.frames, o.budget, o.mem_cap, o.tensor_cap);
+
+    int rc;
+    if (o.threads > 0) {
+        rc = run_threads(&o);
+    } else {
+        host_state h;
+        int ok = state_open(&h, &o, 0);
+        if (ok) state_frames(&h);
+        state_close(&h);
+        if (ok) print_summary(&h);
+        rc = ok ? 0 : 1;
+    }
+    k3_stats(print_stat, NULL);
+    return rc;
+}

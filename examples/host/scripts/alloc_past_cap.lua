@@ -1,0 +1,23 @@
+-- Frame 2 keeps growing a Lua table past the host's Lua memory cap; frame 4 asks k3 for a
+-- tensor larger than the host's tensor cap. Each of those frames fails on its own; the
+-- others are normal decode steps, and the memory of the failed frames is given back.
+local k3 = require "k3"
+local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+
+local frame = 0
+
+local function hoard()
+  local t = {}
+  for i = 1, math.maxinteger do t[i] = string.rep("x", 64) .. i end
+end
+
+function on_frame(dt)
+  frame = frame + 1
+  if frame == 2 then hoard() end
+  if frame == 4 then
+    local cap = host.tensor_cap > 0 and host.tensor_cap or (1 << 40)
+    local big = k3.empty({cap // 4 + 1}, {dtype = "f32"})
+    big:fill(0)
+  end
+  return decode.step(frame)
+end

@@ -1,0 +1,19 @@
+-- Frame 2 never ends; frame 4 loops forever inside pcall, trying to swallow the budget error.
+-- The instruction budget stops just those two frames; the others are normal decode steps.
+local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+
+local frame = 0
+
+local function spin()
+  local n = 0
+  while true do n = n + 1 end
+end
+
+function on_frame(dt)
+  frame = frame + 1
+  if frame == 2 then spin() end
+  if frame == 4 then
+    while true do pcall(spin) end
+  end
+  return decode.step(frame)
+end

@@ -1,0 +1,15 @@
+-- Frame 3 raises an error from inside a nested call; every other frame is a normal decode
+-- step. The host reports frame 3 with a traceback and runs the remaining frames.
+local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+
+local frame = 0
+
+local function check_frame(n)
+  if n == 3 then error("frame 3 went wrong on purpose") end
+end
+
+function on_frame(dt)
+  frame = frame + 1
+  check_frame(frame)
+  return decode.step(frame)
+end

@@ -1,0 +1,110 @@
+-- The game-loop host (examples/host/host.c) driven as a subprocess: a clean run; an error in
+-- frame 3; an endless loop stopped by the instruction budget; allocations past the Lua and
+-- tensor caps; two states on two threads matching a single-threaded run bit for bit.
+-- The host is built by `make host` (part of EMBED_TARGETS); without it every spec is pending.
+local here = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")
+local root = here and here ~= "" and here or "."
+local HOST = root .. "/build/examples/host/k3-host"
+local SCRIPTS = root .. "/examples/host/scripts/"
+
+local function have_host()
+  local f = io.open(HOST, "rb")
+  if f then f:close() return true end
+  pending("host binary " .. HOST .. " is missing: run `make host` (EMBED_TARGETS) first")
+  return false
+end
+
+-- Runs the host with `args`; returns its output (stdout and stderr) and exit code.
+local function run(args)
+  local p = assert(io.popen(HOST .. " " .. args .. " 2>&1"))
+  local out = p:read("a")
+  local _, how, code = p:close()
+  return out, how == "exit" and code or 128 + code
+end
+
+local function field(out, name, prefix)
+  local v = out:match("\n" .. (prefix or "") .. name:gsub("%p", "%%%0") .. ": (%d+)")
+  return tonumber(v)
+end
+
+local function count(s, pattern)
+  return select(2, s:gsub(pattern, ""))
+end
+
+describe("k3-host", function()
+  it("runs a clean script: every frame, no failures, peak memory and kernel counters", function()
+    if not have_host() then return end
+    local out, code = run("--frames 6 --script " .. SCRIPTS .. "clean.lua")
+    assert.are.equal(0, code, out)
+    assert.are.equal(6, field(out, "frames run"), out)
+    assert.are.equal(0, field(out, "frames failed"), out)
+    assert.is_true(field(out, "peak Lua memory") > 0, out)
+    assert.is_true(field(out, "peak tensor memory") > 0, out)
+    assert.truthy(out:find("k3 kernel cpu.linear.[%w_]+: %d+"), out)
+    assert.truthy(out:find("k3 kernel cpu.attn_res.reference: %d+"), out)
+    assert.falsy(out:find("failed %("), out)
+  end)
+
+  it("reports an error in frame 3 with a traceback and runs every frame", function()
+    if not have_host() then return end
+    local out, code = run("--frames 6 --script " .. SCRIPTS .. "error_in_frame3.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("frame 3 failed %(error%): [^\n]*error_in_frame3.lua:%d+: frame 3 went wrong on purpose\nstack traceback:\n"), out)
+    assert.truthy(out:find("in upvalue 'check_frame'", 1, true), out)
+    assert.truthy(out:find("in function 'on_frame'", 1, true), out)
+    assert.are.equal(1, count(out, "failed %("), out)
+    assert.are.equal(6, field(out, "frames run"), out)
+    assert.are.equal(1, field(out, "frames failed"), out)
+  end)
+
+  it("stops an endless loop at the frame's instruction budget, even one under pcall", function()
+    if not have_host() then return end
+    local out, code = run("--frames 6 --budget 200000 --script " .. SCRIPTS .. "endless_loop.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("frame 2 failed %(budget%): [^\n]*endless_loop.lua:%d+: instruction budget of 200000 exceeded\nstack traceback:\n[^\n]*in upvalue 'spin'"), out)
+    assert.truthy(out:find("frame 4 failed %(budget%): [^\n]*instruction budget of 200000 exceeded"), out)
+    assert.are.equal(2, count(out, "failed %("), out)
+    assert.are.equal(6, field(out, "frames run"), out)
+    assert.are.equal(2, field(out, "frames failed"), out)
+  end)
+
+  it("fails only the frames that allocate past the Lua or tensor cap", function()
+    if not have_host() then return end
+    local out, code = run("--frames 6 --mem-cap 4M --tensor-cap 64M --script " .. SCRIPTS ..
+                          "alloc_past_cap.lua")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("frame 2 failed %(memory%): [^\n]*Lua memory cap of 4194304 bytes exceeded %(%d+ bytes live%)\nstack traceback:\n[^\n]*in upvalue 'hoard'"), out)
+    assert.truthy(out:find("frame 4 failed %(memory%): tensor cap of 67108864 bytes exceeded %(%d+ bytes in use%): [^\n]*empty: out of host memory allocating 67108868 bytes\nstack traceback:\n"), out)
+    assert.are.equal(2, count(out, "failed %("), out)
+    assert.are.equal(6, field(out, "frames run"), out)
+    assert.are.equal(2, field(out, "frames failed"), out)
+    -- The cap bounds live memory: the peak stays within the cap plus the report's headroom.
+    assert.is_true(field(out, "peak Lua memory") <= 4 * 2 ^ 20 * 9 / 8 + 256 * 1024, out)
+  end)
+
+  it("runs two states on two threads at once, matching a single-threaded run bit for bit", function()
+    if not have_host() then return end
+    local out, code = run("--frames 5 --threads 2 --script " .. SCRIPTS .. "clean.lua")
+    assert.are.equal(0, code, out)
+    assert.are.equal(5, field(out, "frames run", "%[state 1%] "), out)
+    assert.are.equal(5, field(out, "frames run", "%[state 2%] "), out)
+    assert.truthy(out:find("threads: state 1 matches the single-threaded run", 1, true), out)
+    assert.truthy(out:find("threads: state 2 matches the single-threaded run", 1, true), out)
+    assert.truthy(out:find("threads: all states match the single-threaded run bit for bit", 1, true), out)
+    local digests = {}
+    for d in out:gmatch("digest: (%x+)") do digests[#digests + 1] = d end
+    assert.are.equal(3, #digests, out)
+    assert.are.equal(digests[1], digests[2])
+    assert.are.equal(digests[1], digests[3])
+  end)
+
+  it("rejects bad options with a usage message and a non-zero exit, never a crash", function()
+    if not have_host() then return end
+    local out, code = run("--frames many")
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("bad option --frames many", 1, true), out)
+    out, code = run("--script /nonexistent/script.lua")
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("setup (loading the script) failed (error): cannot open /nonexistent/script.lua", 1, true), out)
+  end)
+end)
