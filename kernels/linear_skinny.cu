@@ -72,6 +72,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
         return snprintf(why, n, "K mismatch: x dim 2 (%lld), w dim 2 (%lld)", (long long)K,
                         (long long)w->size[1]),
                K3_ESHAPE;
+    if (K == 0) return snprintf(why, n, "K = 0 (nothing to stream)"), K3_ESHAPE;
     if (M < 1 || M > K3_SKINNY_MAX_M)
         return snprintf(why, n, "M = %lld is outside 1..%d", (long long)M, K3_SKINNY_MAX_M),
                K3_ESHAPE;
@@ -140,9 +141,10 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.M = (int)l->x->size[0];
     p.N = (int)l->w->size[0];
     p.K = (int)l->x->size[1];
-    if (!p.x || !p.w || !p.y || (l->residual && !p.res))
-        return k3_error(K3_EFREED, "linear: cuda.linear.skinny: tensor has been freed");
     if (p.N == 0) return K3_OK;
+    /* k3_linear_validate has rejected freed tensors; non-empty views have storage. */
+    if (!p.x || !p.w || !p.y || (l->residual && !p.res))
+        return k3_error(K3_EINTERNAL, "linear: cuda.linear.skinny: NULL data for a non-empty tensor");
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
