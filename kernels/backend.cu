@@ -246,6 +246,11 @@ k3_status k3c_backend_copy(k3_tensor *dst, const k3_tensor *src);
 k3_status k3c_backend_fill(k3_tensor *t, double value);
 k3_status k3c_backend_binary(k3_tensor *out, k3_binop op, const k3_tensor *a, const k3_tensor *b,
                              double s, int scalar_first);
+/* Defined in graph.cu. */
+k3_status k3c_graph_begin(int dev);
+k3_status k3c_graph_end(int dev, void **graph);
+k3_status k3c_graph_replay(void *graph, int n);
+void k3c_graph_free(void *graph);
 
 namespace {
 
@@ -281,9 +286,12 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
             cudaDriverGetVersion(&drv);
             cudaRuntimeGetVersion(&rt);
             (void)cudaGetLastError();
-            set_reason(reason, n,
-                       "CUDA driver too old: it supports CUDA %d.%d, the backend needs %d.%d",
-                       drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+            if (drv == 0)
+                set_reason(reason, n, "no CUDA driver (libcuda.so.1 not found): no CUDA device");
+            else
+                set_reason(reason, n,
+                           "CUDA driver too old: it supports CUDA %d.%d, the backend needs %d.%d",
+                           drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
         } else {
             set_reason(reason, n, "CUDA initialisation failed: %s (%s)", cudaGetErrorName(e),
                        cudaGetErrorString(e));
@@ -363,5 +371,9 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     out->event_record = be_event_record;
     out->event_elapsed = be_event_elapsed;
     out->event_free = be_event_free;
+    out->graph_begin = k3c_graph_begin;
+    out->graph_end = k3c_graph_end;
+    out->graph_replay = k3c_graph_replay;
+    out->graph_free = k3c_graph_free;
     return K3_OK;
 }

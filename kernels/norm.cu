@@ -1,0 +1,126 @@
+/*
+ * norm.cu — cuda.rms_norm.generic and cuda.silu_mul.generic: row-wise kernels for any row
+ * strides with unit last stride, bf16/f16/f32/f64 (weights of any dtype), fp32 arithmetic
+ * (fp64 for f64) in the expression order of lib/cpu_norm.c, rounded once.
+ */
+#include "common.cuh"
+
+#include <stdio.h>
+
+namespace {
+
+const int kThreads = 256;
+
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <class A> __device__ __forceinline__ A load_w(const void *p, int dt, int64_t i);
+template <> __device__ __forceinline__ float load_w<float>(const void *p, int dt, int64_t i) {
+    return k3c_load_any_f32(p, dt, i);
+}
+template <> __device__ __forceinline__ double load_w<double>(const void *p, int dt, int64_t i) {
+    return k3c_load_any_f64(p, dt, i);
+}
+__device__ __forceinline__ float rsqrt_exact(float x) { return 1.0f / sqrtf(x); }
+__device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); }
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+
+/* One CTA per row (grid-stride over rows). */
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const T *__restrict__ x, int64_t xs, const void *__restrict__ w, int wdt,
+                    T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps) {
+    typedef typename k3c_acc<T>::type A;
+    __shared__ A part[kThreads / 32];
+    for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
+        const T *xr = x + i * xs;
+        A ss = 0;
+        for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+            A v = k3c_load_acc<T>(xr[d]);
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        A tot = 0;
+        for (int q = 0; q < (int)(blockDim.x >> 5); q++) tot += part[q];
+        A r = rsqrt_exact(tot / (A)H + (A)eps);
+        T *yr = y + i * ys;
+        for (int64_t d = threadIdx.x; d < H; d += blockDim.x)
+            yr[d] = k3c_store_acc<T>(k3c_load_acc<T>(xr[d]) * r * load_w<A>(w, wdt, d));
+        __syncthreads(); /* part is reused by the next row */
+    }
+}
+
+template <class T>
+__global__ void silu_mul_kernel(const T *__restrict__ x, int64_t xs, T *__restrict__ y, int64_t ys,
+                                int64_t M, int64_t I) {
+    typedef typename k3c_acc<T>::type A;
+    int64_t n = M * I;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = k / I, j = k - i * I;
+        A g = k3c_load_acc<T>(x[i * xs + j]);
+        A u = k3c_load_acc<T>(x[i * xs + I + j]);
+        y[i * ys + j] = k3c_store_acc<T>(g / ((A)1 + exp_(-g)) * u);
+    }
+}
+
+k3_status supports(const k3_op_args *, char *, size_t) { return K3_OK; }
+
+k3_status wrong_args(const k3_kernel *k, const k3_op_args *a) {
+    return k3_error(K3_EINVAL, "%s: kernel %s called with %s arguments", k3_op_name(k->op),
+                    k->name, a ? k3_op_name(a->op) : "NULL");
+}
+
+k3_status run_rms_norm(const k3_op_args *oa) {
+    const k3_kernel *k = &k3_cuda_rms_norm_generic;
+    if (!oa || oa->op != K3_OP_RMS_NORM) return wrong_args(k, oa);
+    const k3_rms_norm_args *a = &oa->u.rms_norm;
+    K3_TRY(k3_rms_norm_validate(a));
+    K3_TRY(k3_kernel_check_device(k, a->x));
+    K3_TRY(k3_kernel_check_device(k, a->out));
+    k3c_ctx *ctx = nullptr;
+    K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
+    int64_t M = a->x->size[0], H = a->x->size[1];
+    if (M == 0 || H == 0) return K3_OK;
+    unsigned grid = (unsigned)(M < (1 << 20) ? M : (1 << 20));
+    K3C_DISPATCH_DTYPE(a->x->dtype, T, {
+        rms_norm_kernel<T><<<grid, kThreads, 0, ctx->stream>>>(
+            (const T *)k3_tensor_ptr(a->x), a->x->stride[0], k3_tensor_ptr(a->w), (int)a->w->dtype,
+            (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps);
+        K3_CHECK_LAUNCH(rms_norm_kernel);
+    });
+    return K3_OK;
+}
+
+k3_status run_silu_mul(const k3_op_args *oa) {
+    const k3_kernel *k = &k3_cuda_silu_mul_generic;
+    if (!oa || oa->op != K3_OP_SILU_MUL) return wrong_args(k, oa);
+    const k3_silu_mul_args *a = &oa->u.silu_mul;
+    K3_TRY(k3_silu_mul_validate(a));
+    K3_TRY(k3_kernel_check_device(k, a->x));
+    K3_TRY(k3_kernel_check_device(k, a->out));
+    k3c_ctx *ctx = nullptr;
+    K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
+    int64_t M = a->x->size[0], I = a->x->size[1] / 2;
+    if (M == 0 || I == 0) return K3_OK;
+    unsigned grid = k3c_blocks_for(M * I, kThreads);
+    K3C_DISPATCH_DTYPE(a->x->dtype, T, {
+        silu_mul_kernel<T><<<grid, kThreads, 0, ctx->stream>>>(
+            (const T *)k3_tensor_ptr(a->x), a->x->stride[0], (T *)k3_tensor_ptr(a->out),
+            a->out->stride[0], M, I);
+        K3_CHECK_LAUNCH(silu_mul_kernel);
+    });
+    return K3_OK;
+}
+
+} // namespace
+
+extern "C" const k3_kernel k3_cuda_rms_norm_generic = {
+    "cuda.rms_norm.generic", K3_OP_RMS_NORM, K3_DEVICE_CUDA, supports, run_rms_norm};
+extern "C" const k3_kernel k3_cuda_silu_mul_generic = {
+    "cuda.silu_mul.generic", K3_OP_SILU_MUL, K3_DEVICE_CUDA, supports, run_silu_mul};
