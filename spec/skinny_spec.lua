@@ -253,7 +253,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
     local x, w = bf16({1, K}, 1), bf16({N, K}, 2)
     local e = ll:explain(x, w)
     assert.equal(CUBLAS, e.chosen)
-    assert.equal("config {threads = 96, rows = 8, unroll = 4, vec = 8, split_k = 0} is not instantiated",
+    assert.equal("config {threads = 96, rows = 8, unroll = 4, vec = 8, split_k = 3} is not instantiated",
       skinny_decline(e))
     assert.equal(0, k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = CUBLAS})))
   end)
