@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TENSOR_MT "k3.Tensor"
 #define METHOD_MT "k3.Method"
@@ -337,7 +338,7 @@ static int m_narrow(lua_State *L) {
     int d = check_dim_arg(L, 2, t, "narrow");
     lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_narrow(&u->t, t, d, (int64_t)start - 1, (int64_t)len));
+    CHECK_K3(L, k3_tensor_narrow(&u->t, t, d, (int64_t)((uint64_t)start - 1), (int64_t)len));
     return 1;
 }
 
@@ -347,7 +348,7 @@ static int m_select(lua_State *L) {
     int d = check_dim_arg(L, 2, t, "select");
     lua_Integer i = luaL_checkinteger(L, 3);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_select(&u->t, t, d, (int64_t)i - 1));
+    CHECK_K3(L, k3_tensor_select(&u->t, t, d, (int64_t)((uint64_t)i - 1)));
     return 1;
 }
 
@@ -477,7 +478,7 @@ static void check_indices(lua_State *L, const k3_tensor *t, int first, int count
     if (count != t->ndim)
         luaL_error(L, "%s: expected %d ind%s for a %d-dim tensor; got %d", fname, t->ndim,
                    t->ndim == 1 ? "ex" : "ices", t->ndim, count);
-    for (int i = 0; i < count; i++) idx[i] = (int64_t)luaL_checkinteger(L, first + i) - 1;
+    for (int i = 0; i < count; i++) idx[i] = (int64_t)((uint64_t)luaL_checkinteger(L, first + i) - 1);
 }
 
 /* t:get(i1, ..., in) -> number (synchronises for device tensors). */
@@ -909,7 +910,7 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     a.output_norm_weight = opt_tensor_field(L, base, "output_norm_weight", base, fname);
     a.num_blocks = int_field(L, base, "num_blocks", 0, 1, base, fname);
     int64_t wb = int_field(L, base, "write_block", 0, 0, base, fname);
-    a.write_block = wb - 1; /* nil (0) -> -1: no write; 1-based -> 0-based */
+    a.write_block = (int64_t)((uint64_t)wb - 1); /* nil (0) -> -1: no write; 1-based -> 0-based */
     if (lua_getfield(L, base, "write_block") != LUA_TNIL && wb < 1) {
         int64_t S = k3_tensor_ndim(a.blocks) == 3 ? k3_tensor_size(a.blocks, 1) : 0;
         luaL_error(L, "attn_res: write_block must be in 1..%I (blocks dim 2); got %I",
@@ -1220,6 +1221,86 @@ static int method_explain(lua_State *L) { return method_call(L, 1); }
 static const luaL_Reg method_methods[] = {
     {"apply", method_apply}, {"explain", method_explain}, {"free", method_gc}, {NULL, NULL}};
 
+/* ---- safetensors ------------------------------------------------------------------------------------ */
+
+#define SAFETENSORS_MT "k3.Safetensors"
+
+typedef struct {
+    k3_safetensors *st;
+} safetensors_ud;
+
+static int safetensors_gc(lua_State *L) {
+    safetensors_ud *u = luaL_checkudata(L, 1, SAFETENSORS_MT);
+    k3_safetensors_free(u->st);
+    u->st = NULL;
+    return 0;
+}
+
+/* k3.load_safetensors(path) -> {name = tensor}: contiguous CPU tensors. Every offset, length,
+ * dtype and shape is checked against the file before any data is read (lib/safetensors.c). */
+static int l_load_safetensors(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    /* The loaded file lives in a userdata so that a Lua error below cannot leak it. */
+    safetensors_ud *f = lua_newuserdatauv(L, sizeof *f, 0);
+    f->st = NULL;
+    luaL_setmetatable(L, SAFETENSORS_MT);
+    CHECK_K3(L, k3_safetensors_load(path, &f->st));
+    int n = k3_safetensors_count(f->st);
+    lua_createtable(L, 0, n);
+    for (int i = 0; i < n; i++) {
+        tensor_ud *u = push_tensor_slot(L);
+        CHECK_K3(L, k3_safetensors_tensor(f->st, i, &u->t));
+        lua_setfield(L, -2, k3_safetensors_name(f->st, i));
+    }
+    k3_safetensors_free(f->st);
+    f->st = NULL;
+    return 1;
+}
+
+/* k3.save_safetensors(path, {name = tensor}): writes every tensor (any strides, dtype or
+ * device) little-endian, sorted by name, through a temporary file renamed into place. */
+static int l_save_safetensors(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        if (lua_type(L, -2) != LUA_TSTRING)
+            return luaL_error(L, "bad argument #2 to 'save_safetensors' (keys must be tensor "
+                                 "names; got %s)",
+                              luaL_typename(L, -2));
+        if (!luaL_testudata(L, -1, TENSOR_MT))
+            return luaL_error(L, "bad argument #2 to 'save_safetensors' (field '%s' must be a "
+                                 "k3.Tensor; got %s)",
+                              lua_tostring(L, -2), luaL_typename(L, -1));
+        check_tensor(L, lua_gettop(L));
+        n++;
+        lua_pop(L, 1);
+    }
+    /* Arrays as userdata: collected even if an error is raised. */
+    const char **names = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *names, 0);
+    const k3_tensor **ts = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *ts, 0);
+    int i = 0;
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        names[i] = lua_tostring(L, -2); /* anchored as a key of the table */
+        ts[i] = ((tensor_ud *)lua_touserdata(L, -1))->t;
+        i++;
+        lua_pop(L, 1);
+    }
+    CHECK_K3(L, k3_safetensors_save(path, n, names, ts));
+    return 0;
+}
+
+/* k3.clock() -> monotonic wall-clock seconds (for host-side timing; device work is
+ * asynchronous: call k3.synchronize() first). */
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 /* ---- device timing (benchmarks) -------------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -1364,11 +1445,19 @@ static const luaL_Reg ops_funcs[] = {
     {"cuda_arch", l_cuda_arch},
     {"compile_policy", l_compile_policy},
     {"cuda_time", l_cuda_time},
+    {"load_safetensors", l_load_safetensors},
+    {"save_safetensors", l_save_safetensors},
+    {"clock", l_clock},
     {"method_default", l_method_default},
     {"method_low_latency", l_method_low_latency},
     {NULL, NULL}};
 
 static void register_ops(lua_State *L) {
+    if (luaL_newmetatable(L, SAFETENSORS_MT)) {
+        lua_pushcfunction(L, safetensors_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
     if (luaL_newmetatable(L, POLICY_MT)) {
         lua_pushcfunction(L, policy_gc);
         lua_setfield(L, -2, "__gc");

@@ -188,6 +188,8 @@ local HELP = {
   {"k3.set_batch_invariant(on)", "rows independent of M, bit for bit"},
   {"k3.stats() k3.stats_reset()", "calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
+  {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
+  {"k3.clock()", "monotonic seconds (host)"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
 }
 
