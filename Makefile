@@ -129,6 +129,7 @@ $(FUZZ_BUILD)/fuzz_%: spec/fuzz/fuzz_%.c $(FUZZ_OBJ) spec/fuzz/fuzz_common.h
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< $(FUZZ_OBJ) -o $@ \
 	    $(DEPS_LIB) -lopenblas -lcjson -ldl -lm -lpthread
 
+.PRECIOUS: $(FUZZ_BUILD)/obj/%.o
 fuzz: $(FUZZ_BINS)
 
 fuzz-smoke: fuzz

@@ -360,6 +360,64 @@ K3_API void k3_safetensors_free(k3_safetensors *st);
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 
+/* ---- tensor parallelism (lib/dist.c, kernels/dist.cu; helper H, issue 10) ----------------- */
+
+/* One communicator per process (one process per GPU, started by `scripts/k3 --nproc N`).
+ * At world size 1 nothing is loaded and the collectives are checked no-ops on any device;
+ * above 1 they run on NCCL, which the CUDA backend loads with dlopen (libnccl.so.2; override
+ * with K3_NCCL_LIBRARY), so the core and a machine without NCCL are unaffected. Every wait is
+ * bounded (timeout_s): a failed peer, a timeout or a call whose shape, dtype or kind differs
+ * across ranks is an error on every rank, never a hang. After a timeout or a failed peer the
+ * communicator is aborted and every later call fails with the first message. */
+typedef enum k3_dist_op { K3_DIST_SUM = 0, K3_DIST_MAX = 1, K3_DIST_MIN = 2 } k3_dist_op;
+#define K3_DIST_ID_BYTES 128 /* an NCCL unique id */
+
+typedef struct k3_dist_options {
+    int rank;          /* -1: K3_RANK (0 when unset) */
+    int world_size;    /* 0: K3_WORLD_SIZE (1 when unset) */
+    int device;        /* -1: K3_DIST_DEVICE (0 when unset): this rank's CUDA device */
+    const char *dir;   /* NULL: K3_DIST_DIR, the launcher's directory for the NCCL id file */
+    double timeout_s;  /* <= 0: K3_DIST_TIMEOUT (default 120): bound of every wait */
+    int check_shapes;  /* -1: K3_DIST_CHECK (default 1): compare call, dtype and shape
+                        * across ranks before each collective (one small all-reduce) */
+    int wait_each;     /* -1: K3_DIST_WAIT ("each", the default, = 1; "next" = 0): wait for
+                        * each collective before returning, or only before the next one */
+} k3_dist_options;
+/* Fills *o with the "from the environment" values above. */
+K3_API void k3_dist_options_default(k3_dist_options *o);
+/* Joins the process group. Rank 0 writes the NCCL id to <dir>/nccl_id.<n> (n counts inits in
+ * this process); the other ranks wait for it (bounded, and they stop early when the launcher
+ * reports a failed rank in <dir>/failed). Errors: K3_EINVAL (bad rank, world size, missing
+ * dir; the message names the variable), K3_EDEVICE (no CUDA backend, no NCCL, no such
+ * device), K3_ECUDA (NCCL failure or timeout). Calling it twice without k3_dist_destroy is
+ * K3_EINVAL. o NULL: every field from the environment. */
+K3_API k3_status k3_dist_init(const k3_dist_options *o);
+K3_API int k3_dist_initialized(void);
+K3_API int k3_dist_rank(void);       /* 0 before init */
+K3_API int k3_dist_world_size(void); /* 1 before init */
+K3_API int k3_dist_device(void);     /* this rank's CUDA device index */
+/* t <- op over ranks of t, in place. t must be contiguous (K3_ELAYOUT names the strides) and,
+ * above world size 1, on this rank's CUDA device (K3_EDEVICE). */
+K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op);
+/* *out = a new contiguous tensor [world * d1, d2, ...]: every rank's t stacked along dim 0 in
+ * rank order (a 0-dim t gives [world]). Same checks as all_reduce. The caller owns *out. */
+K3_API k3_status k3_dist_all_gather(k3_tensor **out, const k3_tensor *t);
+/* Returns when every rank has called it (bounded like every wait). */
+K3_API k3_status k3_dist_barrier(void);
+/* Waits (bounded) for the last collective this process queued (wait_each = 0 mode). */
+K3_API k3_status k3_dist_synchronize(void);
+/* Leaves the group: graceful (finalize, bounded) unless abort is set or the communicator has
+ * failed, then aborted. No-op when not initialised. */
+K3_API k3_status k3_dist_destroy(int abort);
+/* Device time of the collectives since init or the last reset, from CUDA events around each
+ * NCCL call (it includes waiting for the slowest rank). Index 0 all_reduce, 1 all_gather,
+ * 2 the shape checks. */
+typedef struct k3_dist_stats {
+    uint64_t calls[3];
+    double ms[3];
+} k3_dist_stats;
+K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
+
 #ifdef __cplusplus
 }
 #endif

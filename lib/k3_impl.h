@@ -216,7 +216,22 @@ typedef struct k3_backend {
     k3_status (*graph_end)(int dev, void **graph);
     k3_status (*graph_replay)(void *graph, int n);
     void (*graph_free)(void *graph);
+    /* Tensor parallelism (kernels/dist.cu, helper H; filled by k3c_dist_fill). NCCL is loaded
+     * with dlopen on first use; NULL entries (an older backend) make k3_dist_init fail with a
+     * reason. One communicator per process, on device `dev`; every wait is bounded by
+     * timeout_s, and stops early when `abort_file` exists (the launcher's failed-rank
+     * note; this rank writes it first when it times out). op: k3_dist_op, plus
+     * K3_DIST_INTERNAL for the shape checks (counted apart). Tensors are contiguous on dev. */
+    k3_status (*dist_unique_id)(void *id, size_t n);
+    k3_status (*dist_init)(int dev, int rank, int world, const void *id, size_t n,
+                           double timeout_s, const char *abort_file, int wait_each);
+    k3_status (*dist_all_reduce)(k3_tensor *t, int op);
+    k3_status (*dist_all_gather)(k3_tensor *out, const k3_tensor *t);
+    k3_status (*dist_synchronize)(void);
+    k3_status (*dist_destroy)(int abort);
+    k3_status (*dist_stats)(k3_dist_stats *out, int reset);
 } k3_backend;
+#define K3_DIST_INTERNAL 0x100
 
 /* Exported by libk3_cuda.so. Fills *out and returns K3_OK, or returns an error with a
  * one-line reason ("no CUDA device", "driver too old: …") in reason. */

@@ -441,7 +441,7 @@ k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t s
         return k3_error(K3_ESHAPE,
                         "narrow: start %lld and length %lld out of range for dim %d of size "
                         "%lld",
-                        (long long)start + 1, (long long)length, d + 1, (long long)t->size[d]);
+                        (long long)((uint64_t)start + 1), (long long)length, d + 1, (long long)t->size[d]);
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->size[d] = length;
@@ -455,7 +455,7 @@ k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i
     K3_TRY(check_dim("select", t, d, "dim"));
     if (i < 0 || i >= t->size[d])
         return k3_error(K3_ESHAPE, "select: index %lld out of range for dim %d of size %lld",
-                        (long long)i + 1, d + 1, (long long)t->size[d]);
+                        (long long)((uint64_t)i + 1), d + 1, (long long)t->size[d]);
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->offset += i * t->stride[d];
@@ -617,7 +617,7 @@ static k3_status element_offset(const char *op, const k3_tensor *t, const int64_
     for (int d = 0; d < t->ndim; d++) {
         if (idx[d] < 0 || idx[d] >= t->size[d])
             return k3_error(K3_ESHAPE, "%s: index %lld out of range for dim %d of size %lld", op,
-                            (long long)idx[d] + 1, d + 1, (long long)t->size[d]);
+                            (long long)((uint64_t)idx[d] + 1), d + 1, (long long)t->size[d]);
         o += idx[d] * t->stride[d];
     }
     *off = o;
