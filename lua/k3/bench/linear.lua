@@ -1,0 +1,313 @@
+-- k3.bench.linear — `scripts/bench linear`: every Kimi-K3 TP8 projection shape (DESIGN.md, plus
+-- 7168x7168) at M = 1, 2, 4, 8, 16: the low-latency plan's choice (k3.method.low_latency over
+-- k3.plan_for(w), what m:explain says it runs) against cuBLAS (kernel = "cuda.linear.cublas"),
+-- each timed in a CUDA graph of one call per rotated weight copy (launch overhead excluded,
+-- as in PEERS.md), with eager times at M = 1, bandwidth, the copy-bandwidth floor and the
+-- targets of the low-latency issue.
+local k3 = require "k3"
+local U = require "k3.bench.util"
+local Env = require "k3.bench.env"
+
+local L = {}
+
+-- DESIGN.md's local bf16 projection shapes (N, K) at TP8, plus the square 7168x7168.
+L.SHAPES = {
+  {1536, 7168}, {3072, 7168}, {2112, 7168}, {2304, 1536}, {4608, 1536}, {3584, 7168},
+  {6288, 7168}, {12448, 7168}, {7168, 768}, {7168, 1536}, {7168, 3072}, {7168, 3584},
+  {7168, 4224}, {7168, 8448}, {8448, 7168}, {16896, 7168}, {7168, 14336}, {20480, 7168},
+  {7168, 7168},
+}
+L.MS = {1, 2, 4, 8, 16}
+
+-- The low-latency issue's targets.
+L.TARGETS = {
+  geomean_m1 = 1.30,        -- geomean speed-up over cuBLAS at M = 1
+  geomean_m16 = 1.15,       -- ... at M = 16
+  worst_ratio = 0.98,       -- never slower than cuBLAS by more than 2%
+  floor_gap_us = 1.5,       -- every shape within 1.5 µs of its floor at M = 1
+  big_floor_frac = 0.92,    -- at least 92% of the floor on weights above 100 MB
+  big_bytes = 100e6,
+}
+
+-- A plan used by --dry-run only when the machine has none (CPU tensors never get one): it
+-- exercises the plan and config code paths; its entries decline on the CPU like any other.
+local DRY_PLAN = {
+  [1] = {kernel = "skinny", config = {threads = 256, rows = 4, unroll = 2, vec = 8, split_k = 1}},
+  [2] = {kernel = "skinny", config = {threads = 128, rows = 2, unroll = 4, vec = 8}},
+  [4] = {kernel = "skinny", config = {threads = 256, rows = 2, vec = 8, split_k = 2}},
+}
+
+local function config_string(entry)
+  if not entry then return nil end
+  local c = entry.config or {}
+  local parts = {}
+  for _, f in ipairs({{"threads", "t"}, {"rows", "r"}, {"unroll", "u"}, {"vec", "v"},
+                      {"split_k", "s"}}) do
+    if c[f[1]] then parts[#parts + 1] = f[2] .. tostring(c[f[1]]) end
+  end
+  return tostring(entry.kernel) .. (#parts > 0 and (" " .. table.concat(parts, "/")) or "")
+end
+
+local function short_kernel(name)
+  return (name or "?"):gsub("^cuda%.linear%.", ""):gsub("^cpu%.linear%.", "cpu.")
+end
+
+-- Relative max difference of a against b: max|a - b| / max|b| (both on the device).
+local function rel_diff(a, b)
+  local z = k3.zeros(b:size(), {dtype = b:dtype(), device = b:device()})
+  local scale = k3.max_abs_diff(b, z)
+  z:free()
+  local d = k3.max_abs_diff(a, b)
+  if scale == 0 then return d end
+  return d / scale
+end
+
+-- Dry-run stand-in timings: bytes over the nominal bandwidth with kernel-like efficiencies
+-- and latencies, varied per shape so every summary branch is exercised.
+local function model_us(env, kind, N, K, M, bytes)
+  local floor = bytes / (Env.NOMINAL_BW * 1e3)
+  local wiggle = ((N // 64 + K // 64 + M) % 7) / 100
+  if kind == "plan" then return floor / (0.93 - wiggle) + 0.9 end
+  if kind == "plan_eager" then return floor / (0.93 - wiggle) + 4.5 end
+  if kind == "cublas_eager" then return floor / 0.85 + 7.0 end
+  return floor / 0.85 + 3.5 - 3 * wiggle
+end
+
+-- L.run(env, peers, opts) -> {rows =, summary =, lines =}; opts.shapes / opts.ms override.
+function L.run(env, peers, opts)
+  opts = opts or {}
+  local shapes, ms = opts.shapes or L.SHAPES, opts.ms or L.MS
+  local cublas = env:kernel("cuda.linear.cublas")
+  local rows = {}
+  local total = #shapes * #ms
+  local done = 0
+  for si, sh in ipairs(shapes) do
+    local N, K = sh[1], sh[2]
+    local n, k = env:dim(N, 16, 8), env:dim(K, 16, 8)
+    local wbytes = 2 * N * K
+    local copies = Env.copies_for(wbytes, 3)
+    local alloc = env:alloc_copies(copies)
+    U.progress("linear %d/%d %dx%d: filling %d weight copies (%.0f MB)", si, #shapes, N, K,
+               copies, copies * wbytes / 1e6)
+    local ws = {}
+    for c = 1, alloc do ws[c] = env:random({n, k}, si * 1000 + c) end
+    local plan = k3.plan_for(ws[1])
+    local plan_source = plan and "policy" or "none"
+    if not plan and env.dry then plan, plan_source = DRY_PLAN, "dry-run stand-in" end
+    local method = k3.method.low_latency(plan or {})
+    for _, M in ipairs(ms) do
+      done = done + 1
+      U.progress("linear %d/%d %dx%d M=%d (%d/%d)", si, #shapes, N, K, M, done, total)
+      local X = env:random({alloc * M, k}, si * 7 + M)
+      local Y = env:empty({alloc * M, n})
+      Y:fill(7)                      -- a value no output should keep (poison)
+      local xs, ys, popt, copt = {}, {}, {}, {}
+      for c = 1, alloc do
+        xs[c] = X:narrow(1, (c - 1) * M + 1, M)
+        ys[c] = Y:narrow(1, (c - 1) * M + 1, M)
+        popt[c] = {out = ys[c]}
+        copt[c] = {kernel = cublas, out = ys[c]}
+      end
+      local bytes = 2 * (N * K + M * K + M * N)
+      local floor = env:floor_us(bytes)
+      local ex = method:explain(xs[1], ws[1])
+      local entry = plan and plan[M]
+      local fast = ex.chosen and ex.chosen:find("skinny", 1, true) ~= nil
+      local note
+      if not fast then
+        for _, d in ipairs(ex.declined or {}) do
+          if d.kernel == "cuda.linear.skinny" or d.kernel == "low_latency" or
+             d.kernel:find("skinny") then
+            note = d.reason
+            break
+          end
+        end
+        note = note or (entry and "plan entry not used" or "no plan entry for this M")
+      end
+      local function plan_fn(i)
+        local c = (i - 1) % alloc + 1
+        method:apply(xs[c], ws[c], nil, popt[c])
+      end
+      local function cublas_fn(i)
+        local c = (i - 1) % alloc + 1
+        k3.linear(xs[c], ws[c], copt[c])
+      end
+      local gopts = {graph = true, calls = alloc}
+      local t_plan, s_plan = env:time(plan_fn, gopts,
+                                      model_us(env, "plan", N, K, M, bytes))
+      local t_cub, s_cub = env:time(cublas_fn, gopts, model_us(env, "cublas", N, K, M, bytes))
+      local t_plan_e, t_cub_e
+      if M == 1 then
+        local eopts = {graph = false, iters = math.max(env.iters, copies)}
+        t_plan_e = env:time(plan_fn, eopts, model_us(env, "plan_eager", N, K, M, bytes))
+        t_cub_e = env:time(cublas_fn, eopts, model_us(env, "cublas_eager", N, K, M, bytes))
+      end
+      -- Fast garbage is not fast: the plan's output against cuBLAS's on the first copy.
+      local y1 = method:apply(xs[1], ws[1])
+      local y2 = k3.linear(xs[1], ws[1], {kernel = cublas})
+      local check = rel_diff(y1, y2)
+      y1:free()
+      y2:free()
+      local peer = peers:linear(N, K, M)
+      rows[#rows + 1] = {
+        shape = string.format("%dx%d", N, K), N = N, K = K, M = M,
+        weight_MB = wbytes / 1e6, bytes = bytes, copies = copies,
+        choice = ex.chosen, config = fast and config_string(entry) or nil,
+        plan_entry = config_string(entry), plan_source = plan_source, note = note,
+        plan_us = t_plan, plan_min_us = s_plan.min, plan_p90_us = s_plan.p90,
+        cublas_us = t_cub, cublas_min_us = s_cub.min, cublas_p90_us = s_cub.p90,
+        speedup = t_cub / t_plan, floor_us = floor, gap_us = t_plan - floor,
+        plan_GBps = bytes / (t_plan * 1e3), cublas_GBps = bytes / (t_cub * 1e3),
+        plan_floor_frac = floor / t_plan, cublas_floor_frac = floor / t_cub,
+        plan_eager_us = t_plan_e, cublas_eager_us = t_cub_e,
+        torch_us = peer.torch_us, torch_eager_us = peer.torch_eager_us,
+        vs_torch = peer.torch_us and peer.torch_us / t_plan or nil,
+        check_rel = check, check_ok = check <= 2e-2,
+      }
+      X:free()
+      Y:free()
+    end
+    for c = 1, alloc do ws[c]:free() end
+    method:free()
+    collectgarbage()
+  end
+  U.progress_done()
+  local res = {rows = rows, summary = L.summarize(rows)}
+  res.lines = L.format(env, peers, res)
+  return res
+end
+
+-- Summary against the targets.
+function L.summarize(rows)
+  local T = L.TARGETS
+  local by_m = {}
+  local worst, worst_row
+  local big_min, big_min_row, big_m1_min, big_m1_row
+  local near, near_total, far = 0, 0, {}
+  local vs_torch_m1 = {}
+  local bad_checks = {}
+  for _, r in ipairs(rows) do
+    by_m[r.M] = by_m[r.M] or {}
+    table.insert(by_m[r.M], r.speedup)
+    if not worst or r.speedup < worst then worst, worst_row = r.speedup, r end
+    if r.weight_MB * 1e6 > T.big_bytes then
+      if not big_min or r.plan_floor_frac < big_min then big_min, big_min_row = r.plan_floor_frac, r end
+      if r.M == 1 and (not big_m1_min or r.plan_floor_frac < big_m1_min) then
+        big_m1_min, big_m1_row = r.plan_floor_frac, r
+      end
+    end
+    if r.M == 1 then
+      near_total = near_total + 1
+      if r.gap_us <= T.floor_gap_us then near = near + 1 else far[#far + 1] = r.shape end
+      if r.vs_torch then vs_torch_m1[#vs_torch_m1 + 1] = r.vs_torch end
+    end
+    if not r.check_ok then bad_checks[#bad_checks + 1] = string.format("%s M=%d", r.shape, r.M) end
+  end
+  local s = {
+    geomean_m1 = U.geomean(by_m[1] or {}), geomean_m16 = U.geomean(by_m[16] or {}),
+    geomean_by_m = {},
+    worst_ratio = worst, worst_at = worst_row and string.format("%s M=%d", worst_row.shape, worst_row.M),
+    near_floor_m1 = near, near_floor_total = near_total, far_from_floor_m1 = far,
+    big_floor_frac_min = big_min,
+    big_floor_frac_min_at = big_min_row and string.format("%s M=%d", big_min_row.shape, big_min_row.M),
+    big_floor_frac_m1_min = big_m1_min,
+    big_floor_frac_m1_at = big_m1_row and big_m1_row.shape,
+    geomean_vs_torch_m1 = U.geomean(vs_torch_m1),
+    bad_checks = bad_checks,
+  }
+  for m, xs in pairs(by_m) do s.geomean_by_m[tostring(m)] = U.geomean(xs) end
+  s.verdicts = {
+    geomean_m1 = U.verdict(s.geomean_m1, ">=", T.geomean_m1),
+    geomean_m16 = U.verdict(s.geomean_m16, ">=", T.geomean_m16),
+    worst_ratio = U.verdict(s.worst_ratio, ">=", T.worst_ratio),
+    near_floor_m1 = near_total > 0 and (near == near_total and "MET" or "MISSED") or "n/a",
+    big_floor_frac = U.verdict(s.big_floor_frac_min, ">=", T.big_floor_frac),
+  }
+  return s
+end
+
+function L.format(env, peers, res)
+  local rows, s, T = res.rows, res.summary, L.TARGETS
+  local out = {}
+  local function p(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
+  p("== linear: y[M,N] = x[M,K] w[N,K]^T, bf16; k3's low-latency plan vs cuBLAS ==")
+  p("%s", env:header())
+  p("times: median µs per call inside a CUDA graph of one call per rotated weight copy (copies x weight > 200 MB),")
+  p("random bf16 data; floor = (weight + x + y bytes) / copy bandwidth; %%floor = floor / time; gap = time - floor.")
+  p("peer column 'torch': torch.nn.functional.linear, from %s", peers.source)
+  p("")
+  local cols = {
+    {head = "N x K", key = "shape", align = "l"},
+    {head = "MB", key = "weight_MB", fmt = "%.1f"},
+    {head = "M", key = "M", fmt = "%d"},
+    {head = "plan runs", align = "l", get = function(r)
+      return r.config or short_kernel(r.choice)
+    end},
+    {head = "k3 µs", key = "plan_us", fmt = U.fmt_us},
+    {head = "cuBLAS µs", key = "cublas_us", fmt = U.fmt_us},
+    {head = "speed-up", key = "speedup", fmt = "%.2fx"},
+    {head = "GB/s", key = "plan_GBps", fmt = "%.0f"},
+    {head = "floor µs", key = "floor_us", fmt = U.fmt_us},
+    {head = "%floor", key = "plan_floor_frac", fmt = U.pct},
+    {head = "cuBLAS %floor", key = "cublas_floor_frac", fmt = U.pct},
+    {head = "gap µs", key = "gap_us", fmt = "%.2f"},
+    {head = "torch µs", key = "torch_us", fmt = U.fmt_us},
+    {head = "vs torch", key = "vs_torch", fmt = "%.2fx"},
+    {head = "eager k3", key = "plan_eager_us", fmt = U.fmt_us},
+    {head = "eager cuBLAS", key = "cublas_eager_us", fmt = U.fmt_us},
+    {head = "check", get = function(r) return r.check_ok and "ok" or string.format("BAD %.1e", r.check_rel) end},
+  }
+  for _, line in ipairs(U.format_table(cols, rows)) do out[#out + 1] = line end
+  p("")
+  p("'plan runs': the kernel m:explain chose (skinny with its plan config, or cublas where the plan")
+  p("has no entry or declined); 'eager' columns: M = 1, one call per sample, launch overhead included;")
+  p("'check': max|k3 - cuBLAS| / max|cuBLAS| <= 2e-2 on the first copy.")
+  local notes = {}
+  for _, r in ipairs(rows) do
+    if r.note then notes[r.note] = (notes[r.note] or 0) + 1 end
+  end
+  local nk = {}
+  for k in pairs(notes) do nk[#nk + 1] = k end
+  table.sort(nk)
+  if #nk > 0 then
+    p("why the plan ran cuBLAS (reason, rows):")
+    for _, k in ipairs(nk) do p("  %3d  %s", notes[k], k) end
+  end
+  p("")
+  p("summary against the low-latency issue's targets:")
+  local function fx(v) return v and string.format("%.2fx", v) or "-" end
+  p("  geomean speed-up over cuBLAS, M = 1:   %-8s target >= %.2fx   %s", fx(s.geomean_m1),
+    T.geomean_m1, s.verdicts.geomean_m1)
+  p("  geomean speed-up over cuBLAS, M = 16:  %-8s target >= %.2fx   %s", fx(s.geomean_m16),
+    T.geomean_m16, s.verdicts.geomean_m16)
+  local ms = {}
+  for m in pairs(s.geomean_by_m) do ms[#ms + 1] = tonumber(m) end
+  table.sort(ms)
+  local parts = {}
+  for _, m in ipairs(ms) do parts[#parts + 1] = string.format("M=%d %s", m, fx(s.geomean_by_m[tostring(m)])) end
+  p("  geomean speed-up by M:                 %s", table.concat(parts, ", "))
+  p("  worst ratio (cuBLAS / k3):             %-8s target >= %.2fx (never > 2%% slower)   %s   at %s",
+    fx(s.worst_ratio), T.worst_ratio, s.verdicts.worst_ratio, s.worst_at or "-")
+  p("  shapes within %.1f µs of floor, M = 1:  %d/%d     target %d/%d   %s%s", T.floor_gap_us,
+    s.near_floor_m1, s.near_floor_total, s.near_floor_total, s.near_floor_total,
+    s.verdicts.near_floor_m1,
+    #s.far_from_floor_m1 > 0 and ("   beyond: " .. table.concat(s.far_from_floor_m1, ", ")) or "")
+  p("  %%floor on weights > 100 MB, min:       %-8s target >= %.0f%%   %s   at %s (M = 1 min %s at %s)",
+    U.pct(s.big_floor_frac_min), 100 * T.big_floor_frac, s.verdicts.big_floor_frac,
+    s.big_floor_frac_min_at or "-", U.pct(s.big_floor_frac_m1_min), s.big_floor_frac_m1_at or "-")
+  if s.geomean_vs_torch_m1 then
+    p("  geomean speed-up over torch (peer), M = 1: %s", fx(s.geomean_vs_torch_m1))
+  end
+  if #s.bad_checks > 0 then
+    p("  OUTPUT CHECK FAILED (k3 vs cuBLAS > 2e-2): %s", table.concat(s.bad_checks, ", "))
+  end
+  return out
+end
+
+L.CSV_KEYS = {"shape", "N", "K", "M", "weight_MB", "copies", "choice", "config", "plan_entry",
+              "plan_source", "note", "plan_us", "plan_min_us", "plan_p90_us", "cublas_us",
+              "cublas_min_us", "cublas_p90_us", "speedup", "floor_us", "gap_us", "plan_GBps",
+              "cublas_GBps", "plan_floor_frac", "cublas_floor_frac", "plan_eager_us",
+              "cublas_eager_us", "torch_us", "torch_eager_us", "vs_torch", "check_rel", "check_ok"}
+
+return L

@@ -1,0 +1,127 @@
+-- scripts/bench.lua — k3's benchmarks against cuBLAS, PyTorch and the copy-bandwidth floor
+-- (the benchmarks issue). Run through scripts/bench; bench/README.md says how and what each
+-- column means. Tables go to stdout; a progress line to stderr; CSV and JSON copies of every
+-- table to --out.
+local k3 = require "k3"
+local U = require "k3.bench.util"
+local Env = require "k3.bench.env"
+local Peers = require "k3.bench.peers"
+
+local usage = [[
+usage: scripts/bench linear|attn_res|stack|all ... [options]
+  linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
+  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed and generic, eager and in a graph
+  stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
+  all           linear, attn_res and stack
+options:
+  --out DIR         where the CSV and JSON copies go (default bench/out)
+  --peers FILE      peer figures from scripts/bench-peers.py (default: PEERS.md's published figures)
+  --quick           fewer timing samples (15 graph replays instead of 50; 5 steps instead of 10)
+  --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
+  --bw GBPS         use this copy bandwidth for the floors instead of the measured one
+  --quiet           no progress line
+  -h, --help        this text]]
+
+local function die(msg)
+  io.stderr:write("bench: ", msg, "\n", usage, "\n")
+  os.exit(2)
+end
+
+local function parse(args)
+  local o = {out = "bench/out", subs = {}}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
+    key = key or a
+    local function value()
+      if val then return val end
+      i = i + 1
+      if args[i] == nil then die(key .. " needs a value") end
+      return args[i]
+    end
+    if key == "--out" then o.out = value()
+    elseif key == "--peers" then o.peers = value()
+    elseif key == "--quick" then o.quick = true
+    elseif key == "--dry-run" then o.dry = true
+    elseif key == "--quiet" then o.quiet = true
+    elseif key == "--bw" then
+      o.bw = tonumber(value())
+      if not o.bw or o.bw <= 0 then die("--bw must be a positive number (GB/s)") end
+    elseif key == "-h" or key == "--help" then print(usage) os.exit(0)
+    elseif a:sub(1, 1) == "-" then die("unknown option '" .. a .. "'")
+    elseif a == "all" then
+      for _, s in ipairs({"linear", "attn_res", "stack"}) do o.subs[#o.subs + 1] = s end
+    elseif a == "linear" or a == "attn_res" or a == "stack" then o.subs[#o.subs + 1] = a
+    else die("unknown benchmark '" .. a .. "'") end
+    i = i + 1
+  end
+  if #o.subs == 0 then die("name a benchmark: linear, attn_res, stack or all") end
+  -- Each benchmark once, in the order given.
+  local seen, subs = {}, {}
+  for _, s in ipairs(o.subs) do
+    if not seen[s] then seen[s] = true; subs[#subs + 1] = s end
+  end
+  o.subs = subs
+  return o
+end
+
+local MODULES = {
+  linear = "k3.bench.linear", attn_res = "k3.bench.attn_res", stack = "k3.bench.stack",
+}
+
+local function main(args)
+  local o = parse(args)
+  U.quiet = o.quiet or false
+  local peers = Peers.load(o.peers)
+  U.mkdir_p(o.out)
+  local env = Env.new{dry = o.dry, quick = o.quick, bw = o.bw}
+  U.progress("copy bandwidth: 2 GiB device-to-device copy")
+  env:measure_copy_bandwidth()
+  U.progress_done()
+  local cmd = "scripts/bench " .. table.concat(args, " ")
+  print(string.format("k3 %s bench: %s  (%s)", k3.version, cmd, U.date()))
+  if peers.copy_GBps then
+    print(string.format("bench-peers.py measured copy bandwidth %.0f GB/s in its own run", peers.copy_GBps))
+  end
+  for _, n in ipairs(peers.notes) do print("peers note: " .. n) end
+  print("")
+  local all = {meta = env:meta(), command = cmd, peers_source = peers.source}
+  U.write_file(o.out .. "/copy.json", U.json_encode({meta = env:meta(), copy = env.copy}) .. "\n")
+  local failed = {}
+  for _, sub in ipairs(o.subs) do
+    local mod = require(MODULES[sub])
+    local ok, res = xpcall(mod.run, debug.traceback, env, peers)
+    U.progress_done()
+    if not ok then
+      io.stderr:write("bench: ", sub, " failed: ", tostring(res), "\n")
+      failed[#failed + 1] = sub
+      all[sub] = {error = tostring(res)}
+    else
+      for _, line in ipairs(res.lines) do print(line) end
+      print("")
+      local rows = res.rows
+      if sub == "stack" then
+        -- ops (a table) does not fit a CSV cell; the JSON keeps it.
+        rows = {}
+        for i, r in ipairs(res.rows) do rows[i] = r end
+      end
+      U.write_csv(string.format("%s/%s.csv", o.out, sub), mod.CSV_KEYS, rows)
+      local doc = {meta = env:meta(), command = cmd, peers_source = peers.source,
+                   rows = res.rows, summary = res.summary, table = res.lines}
+      U.write_file(string.format("%s/%s.json", o.out, sub), U.json_encode(doc) .. "\n")
+      U.write_file(string.format("%s/%s.txt", o.out, sub), table.concat(res.lines, "\n") .. "\n")
+      all[sub] = {summary = res.summary}
+      print(string.format("(%s: %s/%s.csv, %s.json, %s.txt)", sub, o.out, sub, sub, sub))
+      print("")
+    end
+    collectgarbage()
+  end
+  U.write_file(o.out .. "/summary.json", U.json_encode(all) .. "\n")
+  if #failed > 0 then
+    io.stderr:write("bench: failed: ", table.concat(failed, ", "), "\n")
+    os.exit(1)
+  end
+end
+
+main({...})
