@@ -159,6 +159,15 @@ function k3.plan_for(w)
   return tbl.plans[string.format("%dx%d", w:size(1), w:size(2))]
 end
 
+-- ---- tensor parallelism (issue 10, helper H: lua/k3/dist.lua) ------------------------------------
+
+--- k3.dist: init(), rank(), world_size(), device(), all_reduce(t), all_gather(t, dim), barrier(),
+--- synchronize(), destroy(), stats(), simulate(W, fn). Its C functions stay out of k3 itself.
+for name in pairs(core) do
+  if name:match("^dist_") then k3[name] = nil end
+end
+k3.dist = require "k3.dist"
+
 -- ---- help -----------------------------------------------------------------------------------------
 
 local HELP = {

@@ -1,0 +1,245 @@
+-- k3.dist: tensor parallelism. The process group (one process per GPU, started by
+-- `scripts/k3 --nproc N`) and its collectives are C (lib/dist.c, kernels/dist.cu over NCCL);
+-- this file adds all_gather along any dim and `simulate`, which runs the ranks of a world as
+-- coroutines in one process with the same collective semantics, so sharded layers can be
+-- checked on the CPU without GPUs.
+local core = require "k3.core"
+
+local dist = {}
+
+--- k3.dist.init(opts) joins the group; opts (all optional, defaults from the launcher's
+--- environment): rank, world_size, device (CUDA index), dir, timeout (s), check_shapes,
+--- wait = "each" | "next". Without the launcher: world size 1, rank 0 (everything local).
+dist.init = core.dist_init
+
+dist.initialized = core.dist_initialized
+dist.rank = core.dist_rank
+dist.world_size = core.dist_world_size
+dist.barrier = core.dist_barrier
+dist.synchronize = core.dist_synchronize
+
+--- k3.dist.device() -> this rank's device: "cuda:N" when CUDA is available, else "cpu".
+function dist.device()
+  local ok, b = pcall(core.backends)
+  if ok and b.cuda and b.cuda.available then return "cuda:" .. core.dist_device() end
+  return "cpu"
+end
+
+--- k3.dist.all_reduce(t, op = "sum"|"max"|"min") -> t, reduced in place over the ranks.
+dist.all_reduce = core.dist_all_reduce
+
+-- g holds the ranks' tensors of shape s stacked along dim 1 ([W * s1, ...]); returns a new
+-- tensor with them concatenated along `dim` instead (one strided copy).
+local function restack(g, s, dim, W)
+  local out_shape, split, src_shape = {}, {}, {W}
+  for i, n in ipairs(s) do
+    out_shape[i] = i == dim and W * n or n
+    if i == dim then split[#split + 1] = W end
+    split[#split + 1] = n
+    src_shape[#src_shape + 1] = n
+  end
+  local out = core.empty(out_shape, {dtype = g:dtype(), device = g:device()})
+  local src = g:view(src_shape)
+  for i = 1, dim - 1 do src = src:transpose(i, i + 1) end -- the rank dim moves next to `dim`
+  out:view(split):copy(src)
+  return out
+end
+
+local function gather_along(gather1, t, dim, W, fname)
+  dim = dim or 1
+  if math.type(dim) ~= "integer" or dim < 1 or dim > math.max(t:dim(), 1) then
+    error(string.format("bad argument #2 to '%s' (dim must be in 1..%d; got %s)", fname,
+                        math.max(t:dim(), 1), tostring(dim)), 3)
+  end
+  local ok, g = pcall(gather1, t)
+  if not ok then error((tostring(g):gsub("^[^:]*:%d+: ", "")), 3) end
+  if dim == 1 or W == 1 then return g end
+  local out = restack(g, t:size(), dim, W)
+  g:free()
+  return out
+end
+
+--- k3.dist.all_gather(t, dim = 1) -> a new tensor: every rank's t concatenated along dim,
+--- in rank order ([M, n] per rank with dim 2 gives [M, W * n]).
+function dist.all_gather(t, dim)
+  return gather_along(core.dist_all_gather, t, dim, core.dist_world_size(), "all_gather")
+end
+
+--- k3.dist.destroy{abort = false} leaves the group (graceful unless abort).
+function dist.destroy(opts)
+  core.dist_destroy(opts and opts.abort or false)
+end
+
+--- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =}, all_gather = ..., check = ...}:
+--- device time of the collectives (CUDA events around each NCCL call; includes waiting for
+--- the slowest rank). Zero at world size 1.
+function dist.stats(opts) return core.dist_stats(opts and opts.reset or false) end
+
+-- ---- a simulated world ---------------------------------------------------------------------
+
+local function dims(t) return "[" .. table.concat(t:size(), ", ") .. "]" end
+
+local function describe(req)
+  if req.op == "barrier" then return "barrier" end
+  local name = req.op == "all_reduce" and ("all_reduce(" .. req.reduce .. ")") or req.op
+  return string.format("%s of %s %s", name, req.t:dtype(), dims(req.t))
+end
+
+-- Runs one collective for every rank's request; returns per-rank replies.
+local function run_collective(reqs, W)
+  local first = reqs[0]
+  local same = true
+  for r = 1, W - 1 do
+    same = same and describe(reqs[r]) == describe(first)
+  end
+  if not same then
+    local parts = {}
+    for r = 0, W - 1 do parts[#parts + 1] = string.format("rank %d: %s", r, describe(reqs[r])) end
+    local msg = string.format("k3.dist.%s: the ranks' calls differ (every rank must make the same " ..
+                              "collective call with the same dtype and shape): %s", first.op,
+                              table.concat(parts, "; "))
+    local replies = {}
+    for r = 0, W - 1 do
+      replies[r] = {err = msg:gsub("^k3%.dist%.[%w_]+", "k3.dist." .. reqs[r].op, 1)}
+    end
+    return replies
+  end
+  local replies = {}
+  if first.op == "all_reduce" then
+    if first.reduce == "sum" then
+      -- Summed in f64 and rounded once: what NCCL's sum gives for two ranks.
+      local acc = reqs[0].t:to("f64")
+      for r = 1, W - 1 do
+        local x = reqs[r].t:to("f64")
+        local s = acc + x
+        acc:free(); x:free()
+        acc = s
+      end
+      for r = 0, W - 1 do reqs[r].t:copy(acc); replies[r] = {value = reqs[r].t} end
+      acc:free()
+    else
+      local best = reqs[0].t:contiguous():view({-1}):totable()
+      for r = 1, W - 1 do
+        for i, v in ipairs(reqs[r].t:contiguous():view({-1}):totable()) do
+          if (first.reduce == "max" and v > best[i]) or (first.reduce == "min" and v < best[i]) then
+            best[i] = v
+          end
+        end
+      end
+      local flat = core.tensor(best, {dtype = "f64"})
+      for r = 0, W - 1 do
+        local t = reqs[r].t
+        t:copy(flat:view(t:size()))
+        replies[r] = {value = t}
+      end
+      flat:free()
+    end
+  elseif first.op == "all_gather" then
+    for r = 0, W - 1 do
+      local s = reqs[r].t:size()
+      local shape = {}
+      for i, n in ipairs(s) do shape[i] = n end
+      shape[1] = W * s[1]
+      local out = core.empty(shape, {dtype = reqs[r].t:dtype(), device = reqs[r].t:device()})
+      for q = 0, W - 1 do out:narrow(1, q * s[1] + 1, s[1]):copy(reqs[q].t) end
+      replies[r] = {value = out}
+    end
+  else
+    for r = 0, W - 1 do replies[r] = {} end
+  end
+  return replies
+end
+
+-- The rank object handed to each simulated rank: k3.dist's interface.
+local function sim_rank(rank, W)
+  local d = {}
+  local function call(req)
+    local reply = coroutine.yield(req)
+    if reply.err then error(reply.err, 0) end
+    return reply.value
+  end
+  function d.rank() return rank end
+  function d.world_size() return W end
+  function d.device() return "cpu" end
+  function d.initialized() return true end
+  function d.all_reduce(t, op)
+    op = op or "sum"
+    if op ~= "sum" and op ~= "max" and op ~= "min" then
+      error("bad argument #2 to 'all_reduce' (invalid option '" .. tostring(op) .. "')", 2)
+    end
+    if not t:is_contiguous() then
+      error(string.format("k3.dist.all_reduce: tensor must be contiguous (NCCL reads packed " ..
+                          "memory); got shape %s strides [%s]", dims(t),
+                          table.concat(t:stride(), ", ")), 2)
+    end
+    return call{op = "all_reduce", reduce = op, t = t}
+  end
+  function d.all_gather(t, dim)
+    return gather_along(function(x) return call{op = "all_gather", t = x} end, t, dim, W,
+                        "all_gather")
+  end
+  function d.barrier() call{op = "barrier"} end
+  function d.synchronize() end
+  function d.stats() return {all_reduce = {calls = 0, ms = 0}, all_gather = {calls = 0, ms = 0},
+                             check = {calls = 0, ms = 0}} end
+  return d
+end
+
+--- k3.dist.simulate(world_size, fn, {errors = "raise"|"return"}) runs fn(rank, d) for every
+--- rank as a coroutine; d has k3.dist's interface (rank, world_size, all_reduce, all_gather,
+--- barrier) and its collectives meet like NCCL's: each waits for every rank's call, and calls
+--- that differ in kind, dtype or shape fail on every rank. Returns {[rank + 1] = fn's first
+--- result}; with errors = "return" also {[rank + 1] = message} instead of raising.
+function dist.simulate(W, fn, opts)
+  if math.type(W) ~= "integer" or W < 1 then
+    error("bad argument #1 to 'simulate' (world size must be an integer >= 1)", 2)
+  end
+  local cos, results, errors, pending, live = {}, {}, {}, {}, {}
+  local function step(r, reply)
+    local ok, v = coroutine.resume(cos[r], reply)
+    if not ok then
+      errors[r + 1] = string.format("rank %d: %s", r, tostring(v))
+    elseif coroutine.status(cos[r]) == "dead" then
+      results[r + 1] = v
+    else
+      pending[r] = v
+      return
+    end
+    live[r] = nil
+  end
+  for r = 0, W - 1 do
+    cos[r] = coroutine.create(function() return fn(r, sim_rank(r, W)) end)
+    live[r] = true
+  end
+  for r = 0, W - 1 do step(r) end
+  while next(live) do
+    local waiting, gone = {}, {}
+    for r = 0, W - 1 do
+      if pending[r] then waiting[#waiting + 1] = r else gone[#gone + 1] = r end
+    end
+    local reqs = pending
+    pending = {}
+    if #gone == 0 then
+      local replies = run_collective(reqs, W)
+      for r = 0, W - 1 do step(r, replies[r]) end
+    else
+      -- Ranks that finished or failed never join: in a real world the others would time out.
+      local why = {}
+      for _, r in ipairs(gone) do
+        why[#why + 1] = errors[r + 1] and ("rank " .. r .. " failed") or ("rank " .. r .. " finished")
+      end
+      for _, r in ipairs(waiting) do
+        step(r, {err = string.format("k3.dist.%s: rank %d waits for ranks that will not join (%s)",
+                                     reqs[r].op, r, table.concat(why, ", "))})
+      end
+    end
+  end
+  if not (opts and opts.errors == "return") then
+    for r = 1, W do
+      if errors[r] then error(errors[r], 2) end
+    end
+  end
+  return results, errors
+end
+
+return dist
