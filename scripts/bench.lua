@@ -124,4 +124,13 @@ local function main(args)
   end
 end
 
-main({...})
+local ok, err = xpcall(main, function(e)
+  if type(e) == "string" and e:match("^bench: ") then return e end
+  return debug.traceback(e)
+end, {...})
+if not ok then
+  U.progress_done()
+  local msg = tostring(err):gsub("^bench: ", "")
+  io.stderr:write("bench: ", msg, "\n")
+  os.exit(1)
+end

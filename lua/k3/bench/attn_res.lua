@@ -102,37 +102,49 @@ function A.run(env, peers, opts)
         end
         local function fn(i) k3.attn_res(args[(i - 1) % alloc + 1]) end
         U.progress("attn_res T=%d num_blocks=%d %s eager (%d/%d)", T, nb, name, done, total)
-        local te, se = env:time(fn, {graph = false, iters = math.max(env.iters, copies)},
-                                model_us(name .. "_e", floor, T, nb))
+        local tag = string.format("T=%d num_blocks=%d %s", T, nb, name)
+        local te, se = env:try_time(tag .. " (eager)", fn,
+                                    {graph = false, iters = math.max(env.iters, copies)},
+                                    model_us(name .. "_e", floor, T, nb))
         U.progress("attn_res T=%d num_blocks=%d %s graph of %d calls (%d/%d)", T, nb, name,
                    alloc, done, total)
-        local tg, sg = env:time(fn, {graph = true, calls = alloc},
-                                model_us(name .. "_g", floor, T, nb))
+        local tg, sg = env:try_time(tag .. " (graph)", fn, {graph = true, calls = alloc},
+                                    model_us(name .. "_g", floor, T, nb))
         row[name .. "_us"], row[name .. "_p90_us"] = te, se.p90
         row[name .. "_graph_us"], row[name .. "_graph_min_us"], row[name .. "_graph_p90_us"] =
           tg, sg.min, sg.p90
-        row[name .. "_floor_frac"] = floor / tg
-        row[name .. "_GBps"] = bytes / (tg * 1e3)
+        row[name .. "_floor_frac"] = tg and floor / tg
+        row[name .. "_GBps"] = tg and bytes / (tg * 1e3)
       end
       -- Check: packed against generic on the first set, from the same prefix (both add
       -- delta into it in place, so it is restored around each call).
       local s = sets[1]
       local p0 = s.prefix:clone()
-      local function once(kname)
-        s.prefix:copy(p0)
-        local y = k3.attn_res{prefix = s.prefix, delta = s.delta, blocks = s.blocks,
-                              num_blocks = nb, norm_weight = s.norm_weight,
-                              qk_weight = s.qk_weight, output_norm_weight = s.output_norm_weight,
-                              kernel = kname}
-        return y, s.prefix:clone()
-      end
-      local ya, pa = once(packed)
-      local yb, pb = once(generic)
-      row.check_rel = math.max(rel_diff(ya, yb), rel_diff(pa, pb))
-      row.check_ok = row.check_rel <= 2e-2
-      for _, t in ipairs({ya, pa, yb, pb}) do t:free() end
+      local okc, check = pcall(function()
+        local function once(kname)
+          s.prefix:copy(p0)
+          local y = k3.attn_res{prefix = s.prefix, delta = s.delta, blocks = s.blocks,
+                                num_blocks = nb, norm_weight = s.norm_weight,
+                                qk_weight = s.qk_weight,
+                                output_norm_weight = s.output_norm_weight, kernel = kname}
+          return y, s.prefix:clone()
+        end
+        local ya, pa = once(packed)
+        local yb, pb = once(generic)
+        local d = math.max(rel_diff(ya, yb), rel_diff(pa, pb))
+        for _, t in ipairs({ya, pa, yb, pb}) do t:free() end
+        return d
+      end)
       s.prefix:copy(p0)
       p0:free()
+      if okc then
+        row.check_rel = check
+        row.check_ok = check <= 2e-2
+      else
+        env.errors = env.errors or {}
+        env.errors[#env.errors + 1] = {label = string.format("T=%d num_blocks=%d check", T, nb),
+                                       error = (tostring(check):gsub("\n.*", ""))}
+      end
       -- Peers and targets.
       local peer = peers:attn_res(T, nb)
       local best_g, best_g_name, best_e, best_e_name
@@ -146,17 +158,18 @@ function A.run(env, peers, opts)
       end
       row.best_peer_graph_us, row.best_peer_graph = best_g, best_g_name
       row.best_peer_eager_us, row.best_peer_eager = best_e, best_e_name
-      row.vs_best_peer_graph = best_g and best_g / row.packed_graph_us or nil
-      row.vs_best_peer_eager = best_e and best_e / row.packed_us or nil
-      row.beats_peers = (not best_g or row.packed_graph_us < best_g) and
-                        (not best_e or row.packed_us < best_e)
+      local pg, pe = row.packed_graph_us, row.packed_us
+      row.vs_best_peer_graph = best_g and pg and best_g / pg or nil
+      row.vs_best_peer_eager = best_e and pe and best_e / pe or nil
+      row.beats_peers = (not best_g or (pg ~= nil and pg < best_g)) and
+                        (not best_e or (pe ~= nil and pe < best_e))
       local tdesc, op, tv, unit = target_of(T)
       row.target = tdesc
       if tdesc then
         local v = unit == "us" and row.packed_graph_us or row.packed_floor_frac
         row.target_verdict = U.verdict(v, op, tv)
       end
-      row.packed_vs_generic = row.generic_graph_us / row.packed_graph_us
+      row.packed_vs_generic = row.generic_graph_us and pg and row.generic_graph_us / pg or nil
       rows[#rows + 1] = row
     end
     for _, t in ipairs({P, D, B, O, NW, QW, OW}) do t:free() end
@@ -176,9 +189,9 @@ function A.summarize(rows)
   for _, r in ipairs(rows) do
     if r.T == 1 and r.num_blocks == 8 then s.t1_nb8_us = r.packed_graph_us end
     if r.T == 16 and r.num_blocks == 8 then s.t16_nb8_us = r.packed_graph_us end
-    if r.T == 1 then s.t1_max_us = math.max(s.t1_max_us or 0, r.packed_graph_us) end
-    if r.T == 16 then s.t16_max_us = math.max(s.t16_max_us or 0, r.packed_graph_us) end
-    if r.T >= T.big_t and (not s.big_floor_frac_min or r.packed_floor_frac < s.big_floor_frac_min) then
+    if r.T == 1 and r.packed_graph_us then s.t1_max_us = math.max(s.t1_max_us or 0, r.packed_graph_us) end
+    if r.T == 16 and r.packed_graph_us then s.t16_max_us = math.max(s.t16_max_us or 0, r.packed_graph_us) end
+    if r.T >= T.big_t and r.packed_floor_frac and (not s.big_floor_frac_min or r.packed_floor_frac < s.big_floor_frac_min) then
       s.big_floor_frac_min = r.packed_floor_frac
       s.big_floor_frac_at = string.format("T=%d num_blocks=%d", r.T, r.num_blocks)
     end
@@ -190,8 +203,8 @@ function A.summarize(rows)
         s.losses[#s.losses + 1] = string.format("T=%d nb=%d", r.T, r.num_blocks)
       end
     end
-    pvg[#pvg + 1] = r.packed_vs_generic
-    if not r.check_ok then
+    if r.packed_vs_generic then pvg[#pvg + 1] = r.packed_vs_generic end
+    if r.check_rel ~= nil and not r.check_ok then
       s.bad_checks[#s.bad_checks + 1] = string.format("T=%d nb=%d", r.T, r.num_blocks)
     end
   end
@@ -240,9 +253,16 @@ function A.format(env, peers, res)
     return r.target and (r.target .. " " .. r.target_verdict) or nil
   end}
   cols[#cols + 1] = {head = "check", get = function(r)
+    if r.check_rel == nil then return "n/a" end
     return r.check_ok and "ok" or string.format("BAD %.1e", r.check_rel)
   end}
   for _, line in ipairs(U.format_table(cols, rows)) do out[#out + 1] = line end
+  local errs = env:take_errors()
+  if #errs > 0 then
+    p("")
+    p("measurements that raised an error (shown as '-' above):")
+    for _, l in ipairs(errs) do out[#out + 1] = l end
+  end
   p("")
   p("'check': packed vs generic (out and written-back prefix), max|diff| / max|generic| <= 2e-2.")
   p("")
@@ -256,7 +276,8 @@ function A.format(env, peers, res)
   p("  faster than every peer:          %d/%d rows (graph vs graph, eager vs eager)   %s%s",
     s.peer_wins, s.peer_rows, s.verdicts.peers,
     #s.losses > 0 and ("   not at: " .. table.concat(s.losses, ", ")) or "")
-  p("  packed vs generic in a graph:    geomean %.2fx", s.packed_vs_generic_geomean or 0)
+  p("  packed vs generic in a graph:    geomean %s", s.packed_vs_generic_geomean and
+    string.format("%.2fx", s.packed_vs_generic_geomean) or "-")
   if #s.bad_checks > 0 then
     p("  OUTPUT CHECK FAILED (packed vs generic > 2e-2): %s", table.concat(s.bad_checks, ", "))
   end

@@ -136,6 +136,29 @@ function Env:time(fn, opts, model_us)
                            calls = opts.calls or 1, device = 0})
 end
 
+-- Env:try_time(label, fn, opts, model_us) -> µs, stats; or nil when timing raised an error
+-- (a kernel missing from this build, a failed capture): the error is kept in self.errors
+-- under `label` and printed after the table, and the run goes on.
+function Env:try_time(label, fn, opts, model_us)
+  local ok, us, st = pcall(self.time, self, fn, opts, model_us)
+  if ok then return us, st end
+  self.errors = self.errors or {}
+  local msg = tostring(us):gsub("\n.*", "")
+  self.errors[#self.errors + 1] = {label = label, error = msg}
+  return nil, {}
+end
+
+-- Lines listing the errors kept since the last call (and forgets them).
+function Env:take_errors()
+  local lines = {}
+  for _, e in ipairs(self.errors or {}) do
+    lines[#lines + 1] = string.format("  ERROR %s: %s", e.label, e.error)
+  end
+  local errs = self.errors or {}
+  self.errors = {}
+  return lines, errs
+end
+
 -- ---- copy bandwidth --------------------------------------------------------------------------
 
 -- Measures the device-to-device copy bandwidth (GB/s, bytes read plus bytes written) with a

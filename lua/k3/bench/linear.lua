@@ -133,22 +133,35 @@ function L.run(env, peers, opts)
         k3.linear(xs[c], ws[c], copt[c])
       end
       local gopts = {graph = true, calls = alloc}
-      local t_plan, s_plan = env:time(plan_fn, gopts,
-                                      model_us(env, "plan", N, K, M, bytes))
-      local t_cub, s_cub = env:time(cublas_fn, gopts, model_us(env, "cublas", N, K, M, bytes))
+      local tag = string.format("%dx%d M=%d", N, K, M)
+      local t_plan, s_plan = env:try_time(tag .. " plan (graph)", plan_fn, gopts,
+                                          model_us(env, "plan", N, K, M, bytes))
+      local t_cub, s_cub = env:try_time(tag .. " cuBLAS (graph)", cublas_fn, gopts,
+                                        model_us(env, "cublas", N, K, M, bytes))
       local t_plan_e, t_cub_e
       if M == 1 then
         local eopts = {graph = false, iters = math.max(env.iters, copies)}
-        t_plan_e = env:time(plan_fn, eopts, model_us(env, "plan_eager", N, K, M, bytes))
-        t_cub_e = env:time(cublas_fn, eopts, model_us(env, "cublas_eager", N, K, M, bytes))
+        t_plan_e = env:try_time(tag .. " plan (eager)", plan_fn, eopts,
+                                model_us(env, "plan_eager", N, K, M, bytes))
+        t_cub_e = env:try_time(tag .. " cuBLAS (eager)", cublas_fn, eopts,
+                               model_us(env, "cublas_eager", N, K, M, bytes))
       end
       -- Fast garbage is not fast: the plan's output against cuBLAS's on the first copy.
-      local y1 = method:apply(xs[1], ws[1])
-      local y2 = k3.linear(xs[1], ws[1], {kernel = cublas})
-      local check = rel_diff(y1, y2)
-      y1:free()
-      y2:free()
+      local okc, check = pcall(function()
+        local y1 = method:apply(xs[1], ws[1])
+        local y2 = k3.linear(xs[1], ws[1], {kernel = cublas})
+        local d = rel_diff(y1, y2)
+        y1:free()
+        y2:free()
+        return d
+      end)
+      if not okc then
+        env.errors = env.errors or {}
+        env.errors[#env.errors + 1] = {label = tag .. " check", error = tostring(check):gsub("\n.*", "")}
+        check = nil
+      end
       local peer = peers:linear(N, K, M)
+      local function ratio(a, b) return a and b and a / b or nil end
       rows[#rows + 1] = {
         shape = string.format("%dx%d", N, K), N = N, K = K, M = M,
         weight_MB = wbytes / 1e6, bytes = bytes, copies = copies,
@@ -156,13 +169,13 @@ function L.run(env, peers, opts)
         plan_entry = config_string(entry), plan_source = plan_source, note = note,
         plan_us = t_plan, plan_min_us = s_plan.min, plan_p90_us = s_plan.p90,
         cublas_us = t_cub, cublas_min_us = s_cub.min, cublas_p90_us = s_cub.p90,
-        speedup = t_cub / t_plan, floor_us = floor, gap_us = t_plan - floor,
-        plan_GBps = bytes / (t_plan * 1e3), cublas_GBps = bytes / (t_cub * 1e3),
-        plan_floor_frac = floor / t_plan, cublas_floor_frac = floor / t_cub,
+        speedup = ratio(t_cub, t_plan), floor_us = floor, gap_us = t_plan and t_plan - floor,
+        plan_GBps = t_plan and bytes / (t_plan * 1e3), cublas_GBps = t_cub and bytes / (t_cub * 1e3),
+        plan_floor_frac = ratio(floor, t_plan), cublas_floor_frac = ratio(floor, t_cub),
         plan_eager_us = t_plan_e, cublas_eager_us = t_cub_e,
         torch_us = peer.torch_us, torch_eager_us = peer.torch_eager_us,
-        vs_torch = peer.torch_us and peer.torch_us / t_plan or nil,
-        check_rel = check, check_ok = check <= 2e-2,
+        vs_torch = ratio(peer.torch_us, t_plan),
+        check_rel = check, check_ok = check ~= nil and check <= 2e-2,
       }
       X:free()
       Y:free()
@@ -188,9 +201,9 @@ function L.summarize(rows)
   local bad_checks = {}
   for _, r in ipairs(rows) do
     by_m[r.M] = by_m[r.M] or {}
-    table.insert(by_m[r.M], r.speedup)
-    if not worst or r.speedup < worst then worst, worst_row = r.speedup, r end
-    if r.weight_MB * 1e6 > T.big_bytes then
+    if r.speedup then table.insert(by_m[r.M], r.speedup) end
+    if r.speedup and (not worst or r.speedup < worst) then worst, worst_row = r.speedup, r end
+    if r.weight_MB * 1e6 > T.big_bytes and r.plan_floor_frac then
       if not big_min or r.plan_floor_frac < big_min then big_min, big_min_row = r.plan_floor_frac, r end
       if r.M == 1 and (not big_m1_min or r.plan_floor_frac < big_m1_min) then
         big_m1_min, big_m1_row = r.plan_floor_frac, r
@@ -198,10 +211,10 @@ function L.summarize(rows)
     end
     if r.M == 1 then
       near_total = near_total + 1
-      if r.gap_us <= T.floor_gap_us then near = near + 1 else far[#far + 1] = r.shape end
+      if r.gap_us and r.gap_us <= T.floor_gap_us then near = near + 1 else far[#far + 1] = r.shape end
       if r.vs_torch then vs_torch_m1[#vs_torch_m1 + 1] = r.vs_torch end
     end
-    if not r.check_ok then bad_checks[#bad_checks + 1] = string.format("%s M=%d", r.shape, r.M) end
+    if r.check_rel ~= nil and not r.check_ok then bad_checks[#bad_checks + 1] = string.format("%s M=%d", r.shape, r.M) end
   end
   local s = {
     geomean_m1 = U.geomean(by_m[1] or {}), geomean_m16 = U.geomean(by_m[16] or {}),
@@ -255,9 +268,18 @@ function L.format(env, peers, res)
     {head = "vs torch", key = "vs_torch", fmt = "%.2fx"},
     {head = "eager k3", key = "plan_eager_us", fmt = U.fmt_us},
     {head = "eager cuBLAS", key = "cublas_eager_us", fmt = U.fmt_us},
-    {head = "check", get = function(r) return r.check_ok and "ok" or string.format("BAD %.1e", r.check_rel) end},
+    {head = "check", get = function(r)
+      if r.check_rel == nil then return "n/a" end
+      return r.check_ok and "ok" or string.format("BAD %.1e", r.check_rel)
+    end},
   }
   for _, line in ipairs(U.format_table(cols, rows)) do out[#out + 1] = line end
+  local errs = env:take_errors()
+  if #errs > 0 then
+    p("")
+    p("measurements that raised an error (shown as '-' above):")
+    for _, l in ipairs(errs) do out[#out + 1] = l end
+  end
   p("")
   p("'plan runs': the kernel m:explain chose (skinny with its plan config, or cublas where the plan")
   p("has no entry or declined); 'eager' columns: M = 1, one call per sample, launch overhead included;")

@@ -166,11 +166,16 @@ function S.run(env, peers, opts)
     end, {graph = false, iters = steps, warmup = 2}, m_step)
     local gi = env.quick and 8 or 20
     U.progress("stack M=%d: replaying %d linear calls (graph, eager)", M, #rec.linear)
-    local t_lin_g = env:time(fn_lin, {graph = true, calls = 1, iters = gi, warmup = 1}, m_lin)
-    local t_lin_e = env:time(fn_lin, {graph = false, iters = steps, warmup = 1}, m_lin + 5 * #rec.linear)
+    local tag = string.format("M=%d", M)
+    local t_lin_g = env:try_time(tag .. " linear replay (graph)", fn_lin,
+                                 {graph = true, calls = 1, iters = gi, warmup = 1}, m_lin)
+    local t_lin_e = env:try_time(tag .. " linear replay (eager)", fn_lin,
+                                 {graph = false, iters = steps, warmup = 1}, m_lin + 5 * #rec.linear)
     U.progress("stack M=%d: replaying %d AttnRes reads (graph, eager)", M, #rec.attn)
-    local t_attn_g = env:time(fn_attn, {graph = true, calls = 1, iters = gi, warmup = 1}, m_attn)
-    local t_attn_e = env:time(fn_attn, {graph = false, iters = steps, warmup = 1}, m_attn + 5 * #rec.attn)
+    local t_attn_g = env:try_time(tag .. " attn_res replay (graph)", fn_attn,
+                                  {graph = true, calls = 1, iters = gi, warmup = 1}, m_attn)
+    local t_attn_e = env:try_time(tag .. " attn_res replay (eager)", fn_attn,
+                                  {graph = false, iters = steps, warmup = 1}, m_attn + 5 * #rec.attn)
     for _, t in ipairs(bufs) do t:free() end
     local unpacked = 0
     for _, c in ipairs(rec.linear) do if not c.packed then unpacked = unpacked + 1 end end
@@ -208,11 +213,12 @@ function S.run(env, peers, opts)
     local base = row.step_graph_us or row.step_us
     row.share_base = row.step_graph_us and "step in a CUDA graph" or "eager step"
     row.base_us = base
-    row.linear_share = row.linear_graph_us / base
-    row.attn_res_share = row.attn_res_graph_us / base
-    row.rest_us = base - row.linear_graph_us - row.attn_res_graph_us
-    row.rest_share = row.rest_us / base
-    row.attn_res_share_eager = row.attn_res_graph_us / row.step_us
+    local lin, att = row.linear_graph_us, row.attn_res_graph_us
+    row.linear_share = lin and lin / base
+    row.attn_res_share = att and att / base
+    row.rest_us = lin and att and base - lin - att
+    row.rest_share = row.rest_us and row.rest_us / base
+    row.attn_res_share_eager = att and att / row.step_us
     row.step_floor_frac = row.step_floor_us / base
   end
   X:free()
@@ -280,10 +286,16 @@ function S.format(env, res)
     table.sort(names)
     local parts = {}
     for _, k in ipairs(names) do parts[#parts + 1] = string.format("%s %d", k, r.ops[k]) end
-    p("M=%d: dispatches per step: %s; eager replays: linear %.3f ms, attn_res %.3f ms%s", r.M,
-      table.concat(parts, ", "), r.linear_eager_us / 1000, r.attn_res_eager_us / 1000,
+    local function ms(v) return v and string.format("%.3f ms", v / 1000) or "-" end
+    p("M=%d: dispatches per step: %s; eager replays: linear %s, attn_res %s%s", r.M,
+      table.concat(parts, ", "), ms(r.linear_eager_us), ms(r.attn_res_eager_us),
       r.linear_unpacked_x > 0 and string.format("; %d linear calls had a strided x (replayed packed)", r.linear_unpacked_x) or "")
     if r.step_graph_error then p("M=%d: step not captured in a graph: %s", r.M, r.step_graph_error) end
+  end
+  local errs = env:take_errors()
+  if #errs > 0 then
+    p("measurements that raised an error (shown as '-' above):")
+    for _, l in ipairs(errs) do out[#out + 1] = l end
   end
   p("")
   p("summary against the benchmarks issue's target:")
