@@ -89,6 +89,12 @@ local function main(args)
   local all = {meta = env:meta(), command = cmd, peers_source = peers.source}
   U.write_file(o.out .. "/copy.json", U.json_encode({meta = env:meta(), copy = env.copy}) .. "\n")
   local failed = {}
+  -- results.md: every table of this run in code blocks, ready to paste into bench/RESULTS.md.
+  local md = {string.format("<!-- written by %s on %s -->", cmd, U.date()),
+              string.format("Command: `%s`  ", cmd), string.format("Date: %s  ", U.date()),
+              string.format("Copy bandwidth: %.0f GB/s measured (floors use %.0f GB/s)  ",
+                            env.copy.measured_GBps, env.bw),
+              string.format("Peers: %s", peers.source), ""}
   for _, sub in ipairs(o.subs) do
     local mod = require(MODULES[sub])
     local ok, res = xpcall(mod.run, debug.traceback, env, peers)
@@ -112,12 +118,20 @@ local function main(args)
       U.write_file(string.format("%s/%s.json", o.out, sub), U.json_encode(doc) .. "\n")
       U.write_file(string.format("%s/%s.txt", o.out, sub), table.concat(res.lines, "\n") .. "\n")
       all[sub] = {summary = res.summary}
+      md[#md + 1] = "### " .. sub
+      md[#md + 1] = ""
+      md[#md + 1] = "```"
+      for _, line in ipairs(res.lines) do md[#md + 1] = line end
+      md[#md + 1] = "```"
+      md[#md + 1] = ""
       print(string.format("(%s: %s/%s.csv, %s.json, %s.txt)", sub, o.out, sub, sub, sub))
       print("")
     end
     collectgarbage()
   end
   U.write_file(o.out .. "/summary.json", U.json_encode(all) .. "\n")
+  U.write_file(o.out .. "/results.md", table.concat(md, "\n") .. "\n")
+  print(string.format("(all tables for bench/RESULTS.md: %s/results.md)", o.out))
   if #failed > 0 then
     io.stderr:write("bench: failed: ", table.concat(failed, ", "), "\n")
     os.exit(1)
