@@ -1,0 +1,483 @@
+-- The Kimi-K3 decode stack (lua/k3/model/kimi_k3.lua) tensor-parallel over k3.dist, sharded
+-- the way the model is served: the MLA down-projection (qkv_a) and every norm and AttnRes
+-- query replicated; q_b column-parallel over heads; o_proj row-parallel; gate_up
+-- column-parallel with gate and up sharded separately; down row-parallel. The two
+-- row-parallel outputs of a layer stay partial sums until the AttnRes read that consumes them:
+-- a stream with `reduce_delta` all-reduces the delta, then runs the fused read, so every rank
+-- holds the same residual stream. Also the `--tp N` demo (scripts/demo.lua hands over here).
+local k3 = require "k3"
+local nn = require "k3.nn"
+local P = require "k3.nn.parallel"
+local kimi = require "k3.model.kimi_k3"
+local Stream = require "k3.model.attn_res_stream"
+
+local M = {}
+
+-- ---- the stream with reduce_delta ------------------------------------------------------------
+
+-- An AttnRes stream whose reads first all-reduce their delta over `reduce_delta` (k3.dist or
+-- a simulated rank): the row-parallel module output arrives as this rank's partial sum, and
+-- the read adds the full sum into the prefix, fused as on one GPU.
+local TPStream = setmetatable({}, {__index = Stream})
+TPStream.__index = TPStream
+TPStream.__name = "k3.model.AttnResStreamTP"
+M.Stream = TPStream
+
+--- Stream.new(opts) with opts.reduce_delta = the group (k3.dist) whose sum the delta is.
+function TPStream.new(opts)
+  local s = Stream.new(opts)
+  s.reduce_delta = opts.reduce_delta
+  s.reduce_calls = 0
+  return setmetatable(s, TPStream)
+end
+
+function TPStream:read(query, delta, seal, layer)
+  if delta and self.reduce_delta then
+    self.reduce_delta.all_reduce(delta)
+    self.reduce_calls = self.reduce_calls + 1
+  end
+  return Stream.read(self, query, delta, seal, layer)
+end
+
+-- ---- configurations -------------------------------------------------------------------------
+
+-- Logical (TP = 1) configurations: the whole model, which --tp N splits N ways. "kimi-k3" is
+-- Kimi-K3 whole (96 heads, MLP 33792): its TP8 shards are DESIGN.md's TP8 shapes and its TP2
+-- shards (48 heads, MLP 16896) what two H200s serve; with two weight sets it fits one GPU,
+-- which the TP = 1 comparison needs.
+M.configs = {
+  tiny = kimi.config("tiny"),
+  ["kimi-k3"] = kimi.config("kimi-k3-tp8", {name = "kimi-k3", num_heads = 96,
+                                           intermediate_size = 33792, weight_sets = 2}),
+}
+
+function M.config(name, over)
+  local base = type(name) == "table" and name or M.configs[name]
+  if not base then
+    error(string.format("kimi_k3_tp: unknown config '%s' (known: kimi-k3, tiny)", tostring(name)), 2)
+  end
+  return kimi.config(base, over)
+end
+
+-- The per-rank (local) shapes of config cfg at world size W, and a check that it splits.
+function M.local_config(cfg, W)
+  for _, f in ipairs{"num_heads", "intermediate_size"} do
+    if cfg[f] % W ~= 0 then
+      error(string.format("kimi_k3_tp: %s = %d does not split over %d ranks", f, cfg[f], W), 2)
+    end
+  end
+  return kimi.config(cfg, {num_heads = cfg.num_heads // W, intermediate_size = cfg.intermediate_size // W,
+                           name = string.format("%s-tp%d-local", cfg.name, W)})
+end
+
+-- ---- the stack -------------------------------------------------------------------------------
+
+local Attention = {}
+Attention.__index = Attention
+
+function Attention:__call(h)
+  local cfg = self.lcfg
+  local T = h:size(1)
+  local a = self.qkv_a(h)
+  local q = k3.rms_norm(a:narrow(2, 1, cfg.q_lora_rank), self.q_a_norm, cfg.eps)
+  a:free()
+  local qb = self.q_b(q) -- this rank's heads
+  q:free()
+  local hd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+  local v = k3.empty({T, cfg.num_heads * cfg.v_head_dim}, {dtype = qb:dtype(), device = qb:device()})
+  v:view({T, cfg.num_heads, cfg.v_head_dim})
+   :copy(qb:view({T, cfg.num_heads, hd}):narrow(3, 1, cfg.v_head_dim))
+  qb:free()
+  local o = self.o_proj(v) -- partial sum over this rank's heads
+  v:free()
+  return o
+end
+
+local MLP = {}
+MLP.__index = MLP
+
+function MLP:__call(x)
+  local gu = self.gate_up(x)
+  local g = k3.silu_mul(gu)
+  gu:free()
+  local y = self.down(g) -- partial sum
+  g:free()
+  return y
+end
+
+local Layer = {}
+Layer.__index = Layer
+
+-- delta: the previous layer's MLP partial output (nil at layer 0), consumed; returns this
+-- layer's MLP partial output. The stream reduces each delta before its read.
+function Layer:forward(stream, delta)
+  local h = stream:pre_attention(self.index, self.attn_query, delta)
+  if delta then delta:free() end
+  local a = self.attn(h)
+  h:free()
+  h = stream:post_attention(self.index, self.mlp_query, a)
+  a:free()
+  local m = self.mlp(h)
+  h:free()
+  return m
+end
+
+local Stack = {}
+Stack.__index = Stack
+M.Stack = Stack
+
+--- build(cfg, weights, opts) -> this rank's stack. cfg: a logical config (name or table);
+--- weights: the whole model's {name = tensor} (kimi_k3.generate_weights of cfg, or a
+--- safetensors file's table); opts: device, dtype, dist (default k3.dist), rank, world_size.
+--- Only this rank's shards are moved to the device; shared weight sets stay shared.
+function M.build(cfg, weights, opts)
+  if type(cfg) == "string" then cfg = M.config(cfg) end
+  opts = opts or {}
+  local d = opts.dist or k3.dist
+  local rank, W = opts.rank or d.rank(), opts.world_size or d.world_size()
+  local lcfg = M.local_config(cfg, W)
+  local any = weights["model.norm.weight"]
+  local dtype = opts.dtype or (any and any:dtype()) or "bf16"
+  local device = kimi.canonical_device(opts.device or "cpu")
+  local specs = kimi.weight_specs(cfg)
+  local cache = {} -- [role][source tensor] -> local tensor or layer
+  local function fetch(name)
+    local t = weights[name]
+    if t == nil then error(string.format("kimi_k3_tp: weights: missing '%s'", name), 0) end
+    local want, got = specs[name].shape, t:size()
+    local ok = #got == #want
+    for i = 1, #want do ok = ok and got[i] == want[i] end
+    if not ok then
+      error(string.format("kimi_k3_tp: weights: '%s' has shape [%s], the config needs [%s]", name,
+                          table.concat(got, ", "), table.concat(want, ", ")), 0)
+    end
+    return t
+  end
+  local function shared(role, name, make)
+    local src = fetch(name)
+    cache[role] = cache[role] or {}
+    local v = cache[role][src]
+    if not v then
+      v = make(src)
+      cache[role][src] = v
+    end
+    return v
+  end
+  local popts = {dist = d, rank = rank, world_size = W, device = device, dtype = dtype}
+  local function with(extra)
+    local o = {}
+    for k, v in pairs(popts) do o[k] = v end
+    for k, v in pairs(extra) do o[k] = v end
+    return o
+  end
+  local function replicated(name)
+    return shared("rep", name, function(t) return t:to{device = device, dtype = dtype} end)
+  end
+  local I = cfg.intermediate_size
+  local self = setmetatable({cfg = cfg, lcfg = lcfg, dist = d, rank = rank, world_size = W,
+                             device = device, dtype = dtype, layers = {}, streams = {}}, Stack)
+  for i = 0, cfg.num_layers - 1 do
+    local p = "model.layers." .. i .. "."
+    self.layers[i + 1] = setmetatable({
+      index = i,
+      attn_query = {norm_weight = replicated(p .. "attn_res.norm.weight"),
+                    qk_weight = replicated(p .. "attn_res.proj.weight"),
+                    output_norm_weight = replicated(p .. "input_layernorm.weight")},
+      mlp_query = {norm_weight = replicated(p .. "mlp_res.norm.weight"),
+                   qk_weight = replicated(p .. "mlp_res.proj.weight"),
+                   output_norm_weight = replicated(p .. "post_attention_layernorm.weight")},
+      attn = setmetatable({
+        lcfg = lcfg,
+        qkv_a = shared("qkv_a", p .. "self_attn.qkv_a_proj.weight",
+                       function(t) local w = t:to{device = device, dtype = dtype}; return nn.Linear(w, {method = P.method_for(w)}) end),
+        q_a_norm = replicated(p .. "self_attn.q_a_layernorm.weight"),
+        q_b = shared("q_b", p .. "self_attn.q_b_proj.weight",
+                     function(t) return P.ColumnParallelLinear(t, with{}) end),
+        o_proj = shared("o_proj", p .. "self_attn.o_proj.weight",
+                        function(t) return P.RowParallelLinear(t, with{reduce = false}) end),
+      }, Attention),
+      mlp = setmetatable({
+        gate_up = shared("gate_up", p .. "mlp.gate_up_proj.weight",
+                         function(t) return P.ColumnParallelLinear(t, with{parts = {I, I}}) end),
+        down = shared("down", p .. "mlp.down_proj.weight",
+                      function(t) return P.RowParallelLinear(t, with{reduce = false}) end),
+      }, MLP),
+    }, Layer)
+  end
+  self.final_query = {norm_weight = replicated("model.final_res.norm.weight"),
+                      qk_weight = replicated("model.final_res.proj.weight"),
+                      output_norm_weight = replicated("model.norm.weight")}
+  self.cache = cache
+  return self
+end
+
+function Stack:stream(T)
+  local s = self.streams[T]
+  if not s then
+    s = TPStream.new{tokens = T, hidden_size = self.cfg.hidden_size, num_layers = self.cfg.num_layers,
+                     block_size = self.cfg.block_size, dtype = self.dtype, device = self.device,
+                     eps = self.cfg.eps, reduce_delta = self.world_size > 1 and self.dist or nil}
+    self.streams[T] = s
+  end
+  return s
+end
+
+--- forward(x) -> final hidden state [T, H] (the same on every rank), the stream. x: the
+--- tokens' embedding rows, replicated on every rank.
+function Stack:forward(x, opts)
+  opts = opts or {}
+  local stream = self:stream(x:size(1))
+  stream:begin(x)
+  local delta
+  for i, layer in ipairs(self.layers) do
+    delta = layer:forward(stream, delta)
+    if opts.on_layer then opts.on_layer(i - 1, stream) end
+  end
+  local out = stream:final(self.final_query, delta)
+  delta:free()
+  return out, stream
+end
+
+function Stack:free()
+  for _, s in pairs(self.streams) do s:free() end
+  self.streams = {}
+  for _, per in pairs(self.cache) do
+    for _, v in pairs(per) do v:free() end
+  end
+  self.cache = {}
+end
+
+-- ---- the --tp demo ----------------------------------------------------------------------------
+
+local function wall()
+  if k3.clock then return k3.clock() end
+  return os.clock()
+end
+
+-- ||y - ref|| / ||ref||, cosine and max |y - ref|, in f64.
+local function compare(y, ref)
+  local a, b = y:to{device = "cpu", dtype = "f64"}, ref:to{device = "cpu", dtype = "f64"}
+  local av, bv = a:totable(), b:totable()
+  local s2, r2 = 0, 0
+  for i = 1, #av do
+    for j = 1, #av[i] do
+      s2 = s2 + (av[i][j] - bv[i][j]) ^ 2
+      r2 = r2 + bv[i][j] ^ 2
+    end
+  end
+  local rel, cos, mad = math.sqrt(s2 / r2), k3.cosine(a, b), k3.max_abs_diff(a, b)
+  a:free()
+  b:free()
+  return rel, cos, mad
+end
+M.compare = compare
+
+local function count_kernels(trace)
+  local per = {}
+  for _, r in ipairs(trace) do
+    if r.kernel and r.kernel ~= "" then per[r.kernel] = (per[r.kernel] or 0) + 1 end
+  end
+  local ks = {}
+  for k in pairs(per) do ks[#ks + 1] = k end
+  table.sort(ks)
+  local parts = {}
+  for _, k in ipairs(ks) do parts[#parts + 1] = string.format("%s x%d", k, per[k]) end
+  return table.concat(parts, ", ")
+end
+
+--- run(opts) -> result (every rank runs it; rank 0 formats it). opts: tp (world size, checked
+--- against k3.dist), config (logical config name or table), device, dtype, steps, m (list),
+--- seed, weight_sets, weights ({name = tensor}), tol = {rel_err =, cosine =}, quiet.
+function M.run(opts)
+  opts = opts or {}
+  local d = k3.dist
+  if not d.initialized() then d.init() end
+  local W, rank = d.world_size(), d.rank()
+  if opts.tp and opts.tp ~= W then
+    error(string.format("demo --tp %d, but this process group has %d rank(s)", opts.tp, W), 0)
+  end
+  local gpu = k3.backends().cuda.available
+  local device = opts.device or d.device()
+  local cfg = M.config(opts.config or (gpu and "kimi-k3" or "tiny"),
+                       opts.weight_sets and {weight_sets = opts.weight_sets} or nil)
+  local lcfg = M.local_config(cfg, W)
+  local steps = opts.steps or (gpu and 20 or 5)
+  local ms_list = opts.m or (gpu and {1, 2, 4, 8, 16} or {1, 4})
+  local tol = opts.tol or {rel_err = 5e-2, cosine = 0.998}
+  local seed = opts.seed or 1234
+  local mmax = 0
+  for _, m in ipairs(ms_list) do mmax = math.max(mmax, m) end
+  local function say(fmt, ...)
+    if rank == 0 and not opts.quiet then io.stderr:write("\r\27[K" .. string.format(fmt, ...)) end
+  end
+  say("generating weights (%s, seed %d)", cfg.name, seed)
+  local weights = opts.weights or kimi.generate_weights(cfg, {seed = seed, dtype = opts.dtype or "bf16",
+                                                              device = "cpu"})
+  say("building the TP%d stack on %s", W, device)
+  local stack = M.build(cfg, weights, {device = device, dtype = opts.dtype or "bf16"})
+  local xs = {}
+  for s = 1, steps do
+    xs[s] = kimi.embedding(cfg, mmax, {seed = seed, step = s, dtype = stack.dtype, device = device})
+  end
+  local rows = {}
+  for _, m in ipairs(ms_list) do
+    say("M=%-2d warm-up (traced)", m)
+    local y0
+    local trace = k3.trace(function() y0 = stack:forward(xs[1]:narrow(1, 1, m)) end)
+    y0:free()
+    k3.synchronize()
+    d.barrier()
+    d.stats{reset = true}
+    local t0 = wall()
+    local y
+    for s = 1, steps do
+      if y then y:free() end
+      y = stack:forward(xs[s]:narrow(1, 1, m))
+    end
+    k3.synchronize()
+    d.synchronize()
+    local ms = (wall() - t0) * 1000 / steps
+    local st = d.stats()
+    rows[#rows + 1] = {m = m, ms = ms, ar_ms = st.all_reduce.ms / steps,
+                       ar_calls = st.all_reduce.calls / steps, check_ms = st.check.ms / steps,
+                       kernels = count_kernels(trace), output = y}
+  end
+  -- TP = 1 on every rank at once (so no rank idles into a timeout): the same weights whole.
+  say("TP=1 run of the same weights for the comparison")
+  local whole = kimi.build(cfg, weights, {device = device, dtype = stack.dtype})
+  for _, r in ipairs(rows) do
+    local y1 = whole:forward(xs[steps]:narrow(1, 1, r.m))
+    r.rel_err, r.cosine, r.max_abs = compare(r.output, y1)
+    r.pass = r.rel_err <= tol.rel_err and r.cosine >= tol.cosine
+    y1:free()
+  end
+  whole:free()
+  d.barrier()
+  if rank == 0 and not opts.quiet then io.stderr:write("\r\27[K") end
+  for s = 1, steps do xs[s]:free() end
+  return {config = cfg, local_config = lcfg, world_size = W, device = device, dtype = stack.dtype,
+          steps = steps, rows = rows, tol = tol, stack = stack, weights = weights}
+end
+
+function M.format(res)
+  local cfg, l = res.config, res.local_config
+  local out = {}
+  local function p(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
+  p("k3 demo --tp %d: Kimi-K3 decode stack, config %s across %d rank(s) on %s, %s", res.world_size,
+    cfg.name, res.world_size, res.device, res.dtype)
+  p("  hidden %d, %d layers, AttnRes block size %d; per rank: %d heads, MLP %d (q_b %dx%d, o_proj %dx%d, gate_up %dx%d, down %dx%d)",
+    cfg.hidden_size, cfg.num_layers, cfg.block_size, l.num_heads, l.intermediate_size,
+    l.num_heads * (l.qk_nope_head_dim + l.qk_rope_head_dim), l.q_lora_rank, cfg.hidden_size,
+    l.num_heads * l.v_head_dim, 2 * l.intermediate_size, cfg.hidden_size, cfg.hidden_size,
+    l.intermediate_size)
+  p("  %d decode steps per M; all-reduce: NCCL device time per step (includes waiting for the slower rank);",
+    res.steps)
+  p("  fidelity: rank 0's final hidden state of the last step vs a TP=1 run of the same weights (pass: rel err <= %g, cosine >= %g)",
+    res.tol.rel_err, res.tol.cosine)
+  p("")
+  p("%3s  %10s  %10s  %7s  %8s  %11s  %10s  %9s  %4s  %s", "M", "ms/step", "AR ms/step", "AR %",
+    "AR/step", "rel err", "cosine", "max |d|", "ok", "kernels (calls per step, rank 0)")
+  for _, r in ipairs(res.rows) do
+    p("%3d  %10.3f  %10.3f  %6.1f%%  %8.0f  %11.3e  %10.7f  %9.3e  %4s  %s", r.m, r.ms, r.ar_ms,
+      r.ms > 0 and 100 * r.ar_ms / r.ms or 0, r.ar_calls, r.rel_err, r.cosine, r.max_abs,
+      r.pass and "yes" or "NO", r.kernels)
+  end
+  return table.concat(out, "\n")
+end
+
+local usage = [[
+usage: scripts/k3 scripts/demo.lua --tp N [options]   (re-runs itself through scripts/k3 --nproc N)
+  --config NAME      kimi-k3 (whole model; default on a GPU) | tiny (default on the CPU)
+  --steps N          timed decode steps per M (default 20 on a GPU, 5 on the CPU)
+  --m LIST           decode batch sizes, e.g. 1,16 or 1-16 (default 1,2,4,8,16 on a GPU)
+  --weight-sets N    distinct seeded weight sets the layers cycle through (default 2)
+  --seed N           seed of weights and inputs (default 1234)
+  --timeout S        bound of every wait across ranks (K3_DIST_TIMEOUT)
+  --quiet            no progress line]]
+
+local function parse_m(s)
+  local list = {}
+  for part in s:gmatch("[^,]+") do
+    local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if a then
+      for i = tonumber(a), tonumber(b) do list[#list + 1] = i end
+    elseif part:match("^%s*%d+%s*$") then
+      list[#list + 1] = tonumber(part)
+    else
+      return nil
+    end
+  end
+  return #list > 0 and list or nil
+end
+
+local function root_dir()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  return (src:match("^(.*)/lua/k3/model/kimi_k3_tp%.lua$")) or "."
+end
+
+--- main(args): scripts/demo.lua's `--tp N` path. Outside the launcher it re-runs itself as
+--- `scripts/k3 --nproc N scripts/demo.lua args…`; under it, every rank runs and rank 0 prints.
+--- Returns the process exit status.
+function M.main(args)
+  local opts, i = {}, 1
+  local function die(msg)
+    io.stderr:write("demo: ", msg, "\n", usage, "\n")
+    return 2
+  end
+  while i <= #args do
+    local a = args[i]
+    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
+    key = key or a
+    local function value()
+      if val then return val end
+      i = i + 1
+      return args[i]
+    end
+    if key == "--tp" then opts.tp = math.tointeger(tonumber(value() or ""))
+      if not opts.tp or opts.tp < 1 then return die("--tp needs a positive integer") end
+    elseif key == "--config" then opts.config = value()
+    elseif key == "--steps" then opts.steps = math.tointeger(tonumber(value() or ""))
+      if not opts.steps or opts.steps < 1 then return die("--steps must be a positive integer") end
+    elseif key == "--m" then opts.m = parse_m(value() or "")
+      if not opts.m then return die("--m: expected a list like 1,2,16 or 1-16") end
+    elseif key == "--weight-sets" then opts.weight_sets = math.tointeger(tonumber(value() or ""))
+      if not opts.weight_sets or opts.weight_sets < 1 then return die("--weight-sets must be a positive integer") end
+    elseif key == "--seed" then opts.seed = math.tointeger(tonumber(value() or ""))
+      if not opts.seed then return die("--seed must be an integer") end
+    elseif key == "--timeout" then opts.timeout = tonumber(value() or "")
+      if not opts.timeout or opts.timeout <= 0 then return die("--timeout must be a number of seconds") end
+    elseif key == "--quiet" then opts.quiet = true
+    elseif key == "-h" or key == "--help" then print(usage) return 0
+    else return die("unknown option '" .. a .. "' (with --tp)") end
+    i = i + 1
+  end
+  if not opts.tp then return die("--tp N is required here") end
+  if not os.getenv("K3_WORLD_SIZE") and opts.tp > 1 then
+    local quoted = {}
+    for _, a in ipairs(args) do quoted[#quoted + 1] = "'" .. a:gsub("'", "'\\''") .. "'" end
+    local root = root_dir()
+    local cmd = string.format("'%s/scripts/k3' --nproc %d %s'%s/scripts/demo.lua' %s", root, opts.tp,
+                              opts.timeout and string.format("--timeout %g ", opts.timeout) or "",
+                              root, table.concat(quoted, " "))
+    local ok, how, code = os.execute(cmd)
+    if ok then return 0 end
+    return how == "exit" and code or 1
+  end
+  k3.dist.init(opts.timeout and {timeout = opts.timeout} or nil)
+  local ok, res = xpcall(M.run, debug.traceback, opts)
+  if not ok then
+    io.stderr:write("\r\27[K", string.format("demo (rank %d): %s\n", k3.dist.rank(), tostring(res)))
+    return 1
+  end
+  local pass = true
+  for _, r in ipairs(res.rows) do pass = pass and r.pass end
+  if k3.dist.rank() == 0 then
+    print(M.format(res))
+    print(pass and "TP check: rank 0 matches TP=1 within tolerance for every M"
+               or "TP check FAILED: rank 0 differs from TP=1 beyond tolerance")
+  end
+  k3.dist.destroy()
+  return pass and 0 or 1
+end
+
+return M

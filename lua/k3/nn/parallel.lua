@@ -1,0 +1,233 @@
+-- k3.nn.parallel — tensor-parallel linear layers (Megatron style) over k3.dist:
+-- ColumnParallelLinear shards the output features N (each rank holds w[N/W rows, K]; its output
+-- stays sharded or is all-gathered), RowParallelLinear shards the input features K (each rank
+-- holds w[N, K/W columns]; the partial outputs are all-reduced). Each loads only its shard,
+-- from a full weight tensor or a {name = tensor} table (k3.load_safetensors), and runs the
+-- low-latency method with the plan for its *local* shape when the device has one.
+local k3 = require "k3"
+
+local P = {}
+
+-- [start, start + len) (1-based) of `rank`'s shard of n features split `world` ways.
+function P.shard_range(n, rank, world, what)
+  if n % world ~= 0 then
+    error(string.format("%s: %d features do not split evenly over world size %d", what or "shard",
+                        n, world), 3)
+  end
+  local len = n // world
+  return rank * len + 1, len
+end
+
+-- The group a layer uses: opts.dist (k3.dist, or a simulated rank from k3.dist.simulate),
+-- with opts.rank / opts.world_size overriding it (e.g. to build every shard in one process).
+local function group(opts)
+  local d = opts.dist or k3.dist
+  local rank = opts.rank or d.rank()
+  local world = opts.world_size or d.world_size()
+  if math.type(rank) ~= "integer" or math.type(world) ~= "integer" or world < 1 or rank < 0 or
+     rank >= world then
+    error(string.format("parallel: rank %s is not in 0..%s", tostring(rank), tostring(world - 1)), 3)
+  end
+  return d, rank, world
+end
+
+-- The full weight from a tensor, or from a table of tensors (opts.name), or a file path.
+local function source_weight(src, opts, what)
+  if k3.is_tensor(src) then return src end
+  if type(src) == "string" then
+    if not k3.load_safetensors then error(what .. ": this k3 cannot load safetensors files", 3) end
+    src = k3.load_safetensors(src)
+  end
+  if type(src) ~= "table" then
+    error(string.format("%s: weight must be a k3 tensor or a {name = tensor} table (got %s)", what,
+                        type(src)), 3)
+  end
+  if type(opts.name) ~= "string" then error(what .. ": a weight table needs opts.name", 3) end
+  local w = src[opts.name]
+  if not k3.is_tensor(w) then
+    error(string.format("%s: the weight table has no tensor '%s'", what, opts.name), 3)
+  end
+  return w
+end
+
+-- Copies `view` (a shard of the full weight) into a new contiguous tensor in the target
+-- dtype and device: only the shard is ever moved to the device.
+local function materialize(view, opts)
+  return view:to{dtype = opts.dtype or view:dtype(), device = opts.device or view:device()}
+end
+
+-- The method for a local weight: the low-latency one when this device has a plan for the
+-- local shape (it owns a default method for everything it declines), else the default.
+function P.method_for(w)
+  local plan = k3.plan_for(w)
+  if plan then return k3.method.low_latency(plan) end
+  return k3.method.default()
+end
+
+-- ---- ColumnParallelLinear ---------------------------------------------------------------------
+
+local Column = {}
+Column.__index = Column
+Column.__name = "k3.nn.ColumnParallelLinear"
+
+--- ColumnParallelLinear(weight, opts): weight [N, K] (tensor, table with opts.name, or a
+--- safetensors path). opts: gather (output all-gathered to [M, N]; default false: [M, N/W]),
+--- parts ({n1, n2, ...}: N is a fused stack of parts, each sharded on its own, e.g. {I, I} for
+--- gate_up, so a rank holds [gate shard; up shard]), bias ([N]), dtype, device, method,
+--- dist, rank, world_size.
+P.ColumnParallelLinear = setmetatable(Column, {
+  __call = function(_, src, opts)
+    opts = opts or {}
+    local what = "ColumnParallelLinear"
+    local full = source_weight(src, opts, what)
+    if full:dim() ~= 2 then error(string.format("%s: weight must be 2-D [N, K] (got %d dims)", what, full:dim()), 2) end
+    local d, rank, world = group(opts)
+    local N, K = full:size(1), full:size(2)
+    local parts = opts.parts or {N}
+    local total = 0
+    for _, n in ipairs(parts) do total = total + n end
+    if total ~= N then
+      error(string.format("%s: parts {%s} add up to %d, but the weight has N = %d", what,
+                          table.concat(parts, ", "), total, N), 2)
+    end
+    local pieces, bias_pieces, off, local_n = {}, {}, 0, 0
+    for _, n in ipairs(parts) do
+      local s, len = P.shard_range(n, rank, world, what)
+      pieces[#pieces + 1] = {off + s, len}
+      off, local_n = off + n, local_n + len
+    end
+    local w
+    if #pieces == 1 then
+      w = materialize(full:narrow(1, pieces[1][1], pieces[1][2]), opts)
+    else
+      w = k3.empty({local_n, K}, {dtype = opts.dtype or full:dtype(), device = opts.device or full:device()})
+      local row = 1
+      for _, p in ipairs(pieces) do
+        w:narrow(1, row, p[2]):copy(full:narrow(1, p[1], p[2]))
+        row = row + p[2]
+      end
+    end
+    local b
+    if opts.bias then
+      b = k3.empty({local_n}, {dtype = w:dtype(), device = w:device()})
+      local row = 1
+      for _, p in ipairs(pieces) do
+        b:narrow(1, row, p[2]):copy(opts.bias:narrow(1, p[1], p[2]))
+        row = row + p[2]
+      end
+    end
+    return setmetatable({weight = w, bias = b, dist = d, rank = rank, world_size = world,
+                         gather = opts.gather or false, full_shape = {N, K}, parts = parts,
+                         method = opts.method or P.method_for(w)}, Column)
+  end,
+})
+
+--- layer(x) -> y: x [M, K] (replicated on every rank) -> [M, N/W], or [M, N] with gather.
+--- opts.gather overrides the layer's setting for one call.
+function Column:__call(x, opts)
+  local y = self.method:apply(x, self.weight, self.bias)
+  local gather = self.gather
+  if opts and opts.gather ~= nil then gather = opts.gather end
+  if not gather or self.world_size == 1 then return y end
+  local g = self.dist.all_gather(y, 2)
+  y:free()
+  if #self.parts > 1 then
+    -- The gather lays out [rank 0: parts..., rank 1: parts...]; put each part back whole.
+    local out = k3.empty({g:size(1), self.full_shape[1]}, {dtype = g:dtype(), device = g:device()})
+    local W = self.world_size
+    local local_n = self.weight:size(1)
+    local src_off, dst_off = 0, 0
+    for _, n in ipairs(self.parts) do
+      local len = n // W
+      for r = 0, W - 1 do
+        out:narrow(2, dst_off + r * len + 1, len):copy(g:narrow(2, r * local_n + src_off + 1, len))
+      end
+      src_off, dst_off = src_off + len, dst_off + n
+    end
+    g:free()
+    return out
+  end
+  return g
+end
+
+function Column:out_features() return self.weight:size(1) end
+function Column:in_features() return self.weight:size(2) end
+function Column:free()
+  self.weight:free()
+  if self.bias then self.bias:free() end
+end
+function Column:__tostring()
+  return string.format("ColumnParallelLinear(%d -> %d, shard %d/%d: %d rows, %s%s)", self.full_shape[2],
+                       self.full_shape[1], self.rank, self.world_size, self.weight:size(1),
+                       self.weight:dtype(), self.gather and ", gathered" or "")
+end
+
+-- ---- RowParallelLinear ------------------------------------------------------------------------
+
+local Row = {}
+Row.__index = Row
+Row.__name = "k3.nn.RowParallelLinear"
+
+--- RowParallelLinear(weight, opts): weight [N, K]; this rank keeps columns K/W. opts:
+--- input_is_parallel (default true: x is already [M, K/W], e.g. a column-parallel output;
+--- false: x is [M, K] and the layer takes its columns), reduce (default true: all-reduce the
+--- partial outputs; false: return the partial sum, e.g. for a fused reduce elsewhere),
+--- bias ([N], added once after the reduction), dtype, device, method, dist, rank, world_size.
+P.RowParallelLinear = setmetatable(Row, {
+  __call = function(_, src, opts)
+    opts = opts or {}
+    local what = "RowParallelLinear"
+    local full = source_weight(src, opts, what)
+    if full:dim() ~= 2 then error(string.format("%s: weight must be 2-D [N, K] (got %d dims)", what, full:dim()), 2) end
+    local d, rank, world = group(opts)
+    local N, K = full:size(1), full:size(2)
+    local s, len = P.shard_range(K, rank, world, what)
+    local w = materialize(full:narrow(2, s, len), opts)
+    local b
+    if opts.bias then b = materialize(opts.bias, opts) end
+    local input_parallel = opts.input_is_parallel
+    if input_parallel == nil then input_parallel = true end
+    local reduce = opts.reduce
+    if reduce == nil then reduce = true end
+    return setmetatable({weight = w, bias = b, dist = d, rank = rank, world_size = world,
+                         k_start = s, input_is_parallel = input_parallel, reduce = reduce,
+                         full_shape = {N, K}, method = opts.method or P.method_for(w)}, Row)
+  end,
+})
+
+--- layer(x) -> y [M, N]: the all-reduced sum of every rank's x_local w_local^T (+ bias), or
+--- this rank's partial sum with reduce = false (layer's setting, or opts.reduce per call).
+function Row:__call(x, opts)
+  local xl, own = x, false
+  if not self.input_is_parallel then
+    -- t:free() releases the whole storage: free only a copy contiguous() made, never a view.
+    local v = x:narrow(2, self.k_start, self.weight:size(2))
+    xl = v:contiguous()
+    own = xl ~= v
+  end
+  local y = self.method:apply(xl, self.weight)
+  if own then xl:free() end
+  local reduce = self.reduce
+  if opts and opts.reduce ~= nil then reduce = opts.reduce end
+  if reduce and self.world_size > 1 then self.dist.all_reduce(y) end
+  if self.bias and reduce then
+    local yb = y + self.bias:view({1, -1}):expand(y:size())
+    y:free()
+    y = yb
+  end
+  return y
+end
+
+function Row:out_features() return self.weight:size(1) end
+function Row:in_features() return self.weight:size(2) end
+function Row:free()
+  self.weight:free()
+  if self.bias then self.bias:free() end
+end
+function Row:__tostring()
+  return string.format("RowParallelLinear(%d -> %d, shard %d/%d: %d columns, %s)", self.full_shape[2],
+                       self.full_shape[1], self.rank, self.world_size, self.weight:size(2),
+                       self.weight:dtype())
+end
+
+return P
