@@ -45,6 +45,8 @@ EPS = 1e-5
 ROTATE_BYTES = 200e6
 NOMINAL_BW = 4170.0  # GB/s, PEERS.md; --dry-run's model only
 
+torch = None  # imported in main(), after the arguments are parsed (so --help needs no torch)
+
 
 def copies_for(bytes_per_call, lo=1, hi=None):
     c = max(lo, math.ceil(ROTATE_BYTES / bytes_per_call))
@@ -73,7 +75,6 @@ def attn_res_torch(prefix, delta, blocks, nb, norm_w, qk_w, out_w, out, eps=EPS,
     """DESIGN.md's AttnRes read in plain PyTorch, fp32 arithmetic, one rounding per stored value:
     p = round(prefix + delta) written back; sources = blocks[:, :nb], then p; keys RMS-normed,
     softmax over sources, values mixed in fp32, output RMS-normed with out_w."""
-    import torch
     p = (prefix.float() + delta.float()).to(prefix.dtype)
     prefix.copy_(p)
     v = torch.cat([blocks[:, :nb], p.unsqueeze(1)], dim=1).float()       # [T, nb+1, H]
@@ -390,7 +391,12 @@ def main(argv=None):
         if s not in ("linear", "attn_res"):
             ap.error(f"--only: unknown benchmark '{s}'")
 
-    import torch
+    global torch
+    try:
+        import torch as torch_module
+    except ImportError as e:
+        sys.exit(f"bench-peers: PyTorch is not importable here ({e}); run it with the GPU machine's python3")
+    torch = torch_module
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("bench-peers: CUDA is not available to PyTorch; use --dry-run to check the script")
     ctx = Ctx(args, torch)

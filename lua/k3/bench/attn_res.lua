@@ -174,7 +174,7 @@ function A.run(env, peers, opts)
     end
     for _, t in ipairs({P, D, B, O, NW, QW, OW}) do t:free() end
     sets = nil
-    collectgarbage()
+    env:release()
   end
   U.progress_done()
   local res = {rows = rows, summary = A.summarize(rows)}

@@ -175,12 +175,20 @@ function Env:measure_copy_bandwidth()
                            function() return 2 * bytes / (Env.NOMINAL_BW * 1e3) end)
   src:free()
   dst:free()
+  self:release()
   self.copy = {bytes_each_way = bytes, us = us, min_us = st.min, p90_us = st.p90,
                measured_GBps = 2 * bytes / (us * 1e3), model = st.model or false}
   self.bw = self.bw_override or self.copy.measured_GBps
   self.copy.used_GBps = self.bw
   self.copy.overridden = self.bw_override ~= nil
   return self.bw
+end
+
+-- Returns cached device memory to the driver between benchmarks (the 2 GiB copy buffers,
+-- one shape's rotated weights), so the next one starts from a clean pool.
+function Env:release()
+  collectgarbage()
+  if k3.empty_cache then pcall(k3.empty_cache) end
 end
 
 -- Floor in µs of moving `bytes` (read + written) at the copy bandwidth.

@@ -182,7 +182,7 @@ function L.run(env, peers, opts)
     end
     for c = 1, alloc do ws[c]:free() end
     method:free()
-    collectgarbage()
+    env:release()
   end
   U.progress_done()
   local res = {rows = rows, summary = L.summarize(rows)}

@@ -228,7 +228,7 @@ function S.run(env, peers, opts)
   for _, t in pairs(weights) do
     if not seen[t] then seen[t] = true; t:free() end
   end
-  collectgarbage()
+  env:release()
   U.progress_done()
   local res = {rows = rows, summary = S.summarize(rows)}
   res.lines = S.format(env, res)
