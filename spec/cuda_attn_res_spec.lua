@@ -1,0 +1,256 @@
+-- cuda.attn_res.generic and cuda.attn_res.packed (#gpu) against the fp64 CPU reference on
+-- fresh random inputs with poisoned outputs: every case of the op on the generic kernel, the
+-- packed kernel's decode shapes around its limits (hidden 4096, 7000, 7168, 7176), its
+-- layout error through every path, the fallback policy, and which kernel dispatch picks.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+local function clone_args(a)
+  local c = {}
+  for k, v in pairs(a) do c[k] = v end
+  return c
+end
+
+-- Inputs on the device. o: dtype, pad (row padding of prefix/delta/out), bpad (blocks row
+-- padding), num_blocks, write_block, delta (false = none), onorm (false = none), wdtype.
+local function inputs(T, S, Hd, o)
+  o = o or {}
+  local dt, pad, bpad = o.dtype or "bf16", o.pad or 0, o.bpad or 0
+  local wdt = o.wdtype or dt
+  local dev = {device = "cuda", dtype = dt}
+  local seed = o.seed or 100
+  local a = {
+    prefix = H.padded(T, Hd, pad, {device = "cuda", dtype = dt, seed = seed + 1}),
+    blocks = k3.randn({T, S, Hd + bpad}, {device = "cuda", dtype = dt, seed = seed + 2}):narrow(3, 1, Hd),
+    num_blocks = o.num_blocks or S,
+    write_block = o.write_block,
+    norm_weight = (k3.randn({Hd}, {dtype = wdt, seed = seed + 4}) * 0.5 + 1):to("cuda"),
+    qk_weight = (k3.randn({Hd}, {dtype = wdt, seed = seed + 5}) * 0.1):to("cuda"),
+  }
+  if o.delta ~= false then
+    a.delta = H.padded(T, Hd, pad, {device = "cuda", dtype = dt, seed = seed + 3})
+  end
+  if o.onorm ~= false then
+    a.output_norm_weight = (k3.randn({Hd}, {dtype = wdt, seed = seed + 6}) * 0.1 + 1):to("cuda")
+  end
+  a.out = H.padded(T, Hd, o.opad or pad, dev)
+  a.out:fill(0 / 0)
+  return a
+end
+
+-- The fp64 CPU reference on copies of the inputs as they are before the call. The prefix
+-- the device will use is bf16(prefix + delta) (rounded to the dtype), so the reference gets
+-- that rounded prefix and no delta. Returns out (f64), the expected prefix afterwards (the
+-- dtype) and the expected blocks afterwards (the dtype).
+local function reference(a)
+  local dt = a.prefix:dtype()
+  local prefix = a.prefix:to("cpu")
+  if a.delta then prefix = (prefix:to("f64") + a.delta:to("cpu"):to("f64")):to(dt) end
+  local blocks = a.blocks:to("cpu")
+  if a.write_block then blocks:select(2, a.write_block):copy(prefix) end
+  local r = {
+    prefix = prefix:to("f64"),
+    blocks = blocks:to("f64"),
+    num_blocks = a.num_blocks,
+    norm_weight = a.norm_weight:to("cpu"):to("f64"),
+    qk_weight = a.qk_weight:to("cpu"):to("f64"),
+    output_norm_weight = a.output_norm_weight and a.output_norm_weight:to("cpu"):to("f64"),
+    eps = a.eps, output_eps = a.output_eps,
+    kernel = "cpu.attn_res.reference",
+  }
+  return k3.attn_res(r), prefix, blocks
+end
+
+local tol = {bf16 = {8e-2, 3e-2}, f16 = {2e-2, 1e-2}, f32 = {2e-4, 1e-4}, f64 = {1e-9, 1e-9}}
+
+local function check(a, kernel, what)
+  local want, want_prefix, want_blocks = reference(a)
+  local c = clone_args(a)
+  c.kernel = kernel
+  local y = k3.attn_res(c)
+  local got = y:to("cpu"):to("f64")
+  assert.is_false(H.has_nan(got), what .. ": output has NaN (unwritten elements)")
+  local t = tol[a.prefix:dtype()]
+  if not k3.allclose(got, want, {atol = t[1], rtol = t[2]}) then
+    error(string.format("%s: max abs diff %g vs the fp64 reference", what, k3.max_abs_diff(got, want)))
+  end
+  assert.equal(0, k3.max_abs_diff(a.prefix, want_prefix), what .. ": prefix after the call")
+  assert.equal(0, k3.max_abs_diff(a.blocks, want_blocks), what .. ": blocks after the call")
+  return y
+end
+
+local function kernels_of(trace)
+  local k = {}
+  for _, r in ipairs(trace) do k[#k + 1] = r.kernel end
+  return k
+end
+
+describe("cuda.attn_res.generic #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.generic"
+
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    it(dt .. ": padded rows, write_block inside num_blocks, delta, output norm", function()
+      check(inputs(17, 5, 132, {dtype = dt, pad = 7, bpad = 3, write_block = 2, num_blocks = 4}), K, dt)
+      check(inputs(3, 4, 33, {dtype = dt, pad = 1, write_block = 4, num_blocks = 2, onorm = false}), K,
+        dt .. " no output norm")
+      check(inputs(5, 3, 260, {dtype = dt, delta = false, num_blocks = 3}), K, dt .. " no delta")
+    end)
+  end
+
+  it("every num_blocks from 0 to S", function()
+    for nb = 0, 6 do
+      check(inputs(4, 6, 64, {num_blocks = nb, seed = 200 + nb}), K, "num_blocks " .. nb)
+    end
+    check(inputs(4, 6, 64, {num_blocks = 0, delta = false, onorm = false}), K, "num_blocks 0, plain")
+  end)
+
+  it("hidden sizes around the packed kernel's limits", function()
+    for _, hd in ipairs({4096, 7000, 7168, 7176, 7}) do
+      check(inputs(3, 8, hd, {num_blocks = 8, pad = 5, seed = hd}), K, "hidden " .. hd)
+    end
+  end)
+
+  it("many tokens and one", function()
+    check(inputs(1, 2, 96, {num_blocks = 2}), K, "T=1")
+    check(inputs(1100, 3, 256, {num_blocks = 3, write_block = 3, pad = 8}), K, "T=1100")
+  end)
+
+  it("an empty token dim writes nothing and raises nothing", function()
+    local a = inputs(0, 3, 64)
+    a.kernel = K
+    local y = k3.attn_res(a)
+    assert.same({0, 64}, y:size())
+  end)
+end)
+
+describe("cuda.attn_res.packed #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.packed"
+  local default_policy = k3.policy
+  after_each(function() k3.set_policy(default_policy) end)
+
+  local function have_packed()
+    if k3.has_kernel(K) then return true end
+    -- a build with K3_PACKED_ATTN_RES=0 or K3_DISABLE_KERNELS: the direct call names it
+    local a = inputs(1, 1, 64)
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end, K)
+    return false
+  end
+
+  it("decode shapes: T 1..17, 1/4/8/16 blocks, hidden 4096, 7000, 7168, 7176", function()
+    if not have_packed() then return end
+    for _, hd in ipairs({4096, 7000, 7168, 7176}) do
+      for _, T in ipairs({1, 4, 16, 17}) do
+        for _, nb in ipairs({1, 4, 8}) do
+          check(inputs(T, 8, hd, {num_blocks = nb, seed = hd + T + nb}), K,
+            string.format("bf16 H=%d T=%d nb=%d", hd, T, nb))
+        end
+      end
+    end
+    check(inputs(5, 16, 7168, {num_blocks = 16}), K, "16 blocks")
+    check(inputs(3, 12, 7168, {num_blocks = 11, bpad = 8}), K, "11 of 12 blocks, padded block rows")
+  end)
+
+  it("f16, f32 weights, small and large hidden sizes, many tokens", function()
+    if not have_packed() then return end
+    check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
+    check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
+    check(inputs(2, 4, 64, {}), K, "hidden 64")
+    check(inputs(2, 4, 8, {}), K, "hidden 8")
+    check(inputs(2, 8, 16384, {}), K, "hidden 16384")
+    check(inputs(2, 8, 32768, {}), K, "hidden 32768")
+    check(inputs(300, 8, 7168, {num_blocks = 8}), K, "T=300 (the large-T launch shape)")
+  end)
+
+  it("row-padded prefix and delta: direct call and default dispatch raise the layout error", function()
+    if not have_packed() then return end
+    local msg = "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
+    local a = inputs(17, 5, 7168, {pad = 7, opad = 0})
+    assert.same({7175, 1}, a.prefix:stride())
+    assert.same({7168, 1}, a.out:stride())
+    local p0, b0 = a.prefix:clone(), a.blocks:clone()
+    local c = clone_args(a)
+    c.kernel = K
+    H.raises(function() k3.attn_res(c) end, msg)
+    H.raises(function() k3.attn_res(clone_args(a)) end, msg)
+    assert.equal(0, k3.max_abs_diff(a.prefix, p0)) -- nothing written
+    assert.equal(0, k3.max_abs_diff(a.blocks, b0))
+    assert.is_true(H.has_nan(a.out))
+  end)
+
+  it("with on_layout_mismatch = fallback the generic kernel answers", function()
+    local a = inputs(17, 5, 7168, {pad = 7, opad = 0})
+    local pol = {}
+    for k, v in pairs(default_policy) do pol[k] = v end
+    pol.on_layout_mismatch = "fallback"
+    k3.set_policy(pol)
+    local b0 = a.blocks:clone()
+    local want, want_prefix = reference(a)
+    local y
+    local tr = k3.trace(function() y = k3.attn_res(clone_args(a)) end)
+    assert.same({"cuda.attn_res.generic"}, kernels_of(tr))
+    if k3.has_kernel(K) then
+      assert.equal(K, tr[1].declined[1].kernel)
+      assert.truthy(tr[1].declined[1].reason:find("densely packed rows", 1, true))
+    end
+    assert.is_false(H.has_nan(y))
+    assert.is_true(k3.allclose(y:to("cpu"):to("f64"), want, {atol = 8e-2, rtol = 3e-2}))
+    assert.equal(0, k3.max_abs_diff(a.prefix, want_prefix))
+    assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
+  end)
+
+  it("dispatch: the common decode case runs packed; the rest go to generic", function()
+    for _, T in ipairs({1, 2, 8, 16}) do
+      for _, nb in ipairs({4, 8}) do
+        local tr = k3.trace(function() k3.attn_res(inputs(T, 8, 7168, {num_blocks = nb})) end)
+        local want = k3.has_kernel(K) and K or "cuda.attn_res.generic"
+        assert.same({want}, kernels_of(tr), string.format("T=%d num_blocks=%d", T, nb))
+      end
+    end
+    for _, case in ipairs({
+      {o = {num_blocks = 0}, why = "num_blocks"},
+      {o = {delta = false}, why = "requires delta"},
+      {o = {onorm = false}, why = "requires output_norm_weight"},
+      {o = {write_block = 2}, why = "does not write blocks"},
+      {o = {dtype = "f32"}, why = "supports bf16 and f16"},
+    }) do
+      local tr = k3.trace(function() k3.attn_res(inputs(2, 4, 64, case.o)) end)
+      assert.same({"cuda.attn_res.generic"}, kernels_of(tr), case.why)
+      if k3.has_kernel(K) then
+        assert.truthy(tr[1].declined[1].reason:find(case.why, 1, true), case.why)
+      end
+    end
+  end)
+
+  it("a policy without the packed kernel runs num_blocks 0, 4 and 8 on generic", function()
+    k3.set_policy{attn_res = {"cuda.attn_res.generic", "cpu.attn_res.reference"}}
+    for _, nb in ipairs({0, 4, 8}) do
+      local a = inputs(4, 8, 7168, {num_blocks = nb, seed = 300 + nb})
+      local tr = k3.trace(function() k3.attn_res(clone_args(a)) end)
+      assert.same({"cuda.attn_res.generic"}, kernels_of(tr))
+    end
+  end)
+
+  it("K3_DISABLE_KERNELS=cuda.attn_res.packed routes everything to generic", function()
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    local chunk = [[
+      assert(not k3.has_kernel("cuda.attn_res.packed"))
+      for _, nb in ipairs({0, 4, 8}) do
+        local a = {prefix = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16"}),
+          delta = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16", seed = 1}),
+          blocks = k3.randn({3, 8, 7168}, {device = "cuda", dtype = "bf16", seed = 2}),
+          num_blocks = nb, norm_weight = k3.ones({7168}, {device = "cuda", dtype = "bf16"}),
+          qk_weight = k3.ones({7168}, {device = "cuda", dtype = "bf16"}),
+          output_norm_weight = k3.ones({7168}, {device = "cuda", dtype = "bf16"})}
+        local tr = k3.trace(function() k3.attn_res(a) end)
+        io.write(tr[1].kernel, " ")
+      end
+      print()]]
+    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed scripts/k3 -e '" .. chunk .. "' 2>&1"))
+    local out = f:read("a")
+    f:close()
+    assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)
+  end)
+end)
