@@ -139,7 +139,7 @@ fuzz-smoke: fuzz
 #   make host                       build/examples/host/k3-host (the game-loop host example)
 #   make capi                       build/examples/capi/attn_res (C API example, in-tree flags)
 #   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the Lua files, the C module
-#                                   k3/core.so and k3.pc (DESTDIR is honoured)
+#                                   k3/core.so, k3.pc and k3-lua.pc (DESTDIR is honoured)
 # EMBED_TARGETS is what `all`/`test` should also build once the lead hooks it in.
 PREFIX    ?= /usr/local
 LIBDIR    ?= $(PREFIX)/lib
@@ -177,23 +177,24 @@ $(INSTALL_LUAMOD): $(BUILD)/obj/k3_lua.o $(LIBK3)
 	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-soname,libk3lua.so \
 	    -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..:$$ORIGIN/../../..'
 
-$(BUILD)/k3.pc: k3.pc.in
+$(BUILD)/%.pc: %.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+	    -e 's|@LUADIR@|$(LUADIR)|g' -e 's|@LUACDIR@|$(LUACDIR)|g' \
 	    -e 's|@VERSION@|$(shell sed -n 's/^#define K3_VERSION_STRING "\(.*\)"/\1/p' lib/k3.h)|g' $< > $@
 
-# $(BUILD)/k3.pc is remade every install: PREFIX may differ from the last one.
+# The .pc files are remade every install: PREFIX may differ from the last one.
 install: all $(INSTALL_LUAMOD)
-	@rm -f $(BUILD)/k3.pc && $(MAKE) --no-print-directory $(BUILD)/k3.pc
+	@rm -f $(BUILD)/k3.pc $(BUILD)/k3-lua.pc && $(MAKE) --no-print-directory $(BUILD)/k3.pc $(BUILD)/k3-lua.pc
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(LUACDIR)/k3 $(DESTDIR)$(PCDIR)
 	install -m 755 $(LIBK3) $(DESTDIR)$(LIBDIR)/libk3.so
 	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LIBDIR)/libk3lua.so
 	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LUACDIR)/k3/core.so
 	if [ -f $(LIBCUDA) ]; then install -m 755 $(LIBCUDA) $(DESTDIR)$(LIBDIR)/libk3_cuda.so; fi
 	install -m 644 lib/k3.h $(DESTDIR)$(INCDIR)/k3.h
-	install -m 644 $(BUILD)/k3.pc $(DESTDIR)$(PCDIR)/k3.pc
+	install -m 644 $(BUILD)/k3.pc $(BUILD)/k3-lua.pc $(DESTDIR)$(PCDIR)/
 	for f in $(K3_LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/}; done
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libk3.so $(DESTDIR)$(LIBDIR)/libk3lua.so $(DESTDIR)$(LIBDIR)/libk3_cuda.so \
-	      $(DESTDIR)$(LUACDIR)/k3/core.so $(DESTDIR)$(INCDIR)/k3.h $(DESTDIR)$(PCDIR)/k3.pc
+	      $(DESTDIR)$(LUACDIR)/k3/core.so $(DESTDIR)$(INCDIR)/k3.h $(DESTDIR)$(PCDIR)/k3.pc $(DESTDIR)$(PCDIR)/k3-lua.pc
 	rm -rf $(DESTDIR)$(LUADIR)/k3

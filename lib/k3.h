@@ -418,6 +418,20 @@ typedef struct k3_dist_stats {
 } k3_dist_stats;
 K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
 
+/* ---- Lua embedding (libk3lua; helper E) ------------------------------------------------------ */
+
+/* Defined in libk3lua.so (link -lk3lua -lk3, or `pkg-config --libs k3-lua`), not in libk3;
+ * lua.h is not needed to declare them. A host that owns a lua_State loads the module with
+ *   luaL_requiref(L, "k3", luaopen_k3, 1);
+ * which opens "k3.core" and runs lua/k3/init.lua found on package.path (set package.path
+ * first: a checkout's lua/, or PREFIX/share/lua/5.4 after `make install`), and pushes the `k3`
+ * table. Raises a Lua error (never aborts) when init.lua is not found. Each lua_State gets its
+ * own tensors and policy; states on different threads may use k3 at the same time. */
+struct lua_State;
+K3_API int luaopen_k3(struct lua_State *L);
+/* The C half alone (what `require "k3.core"` loads); init.lua builds `k3` on it. */
+K3_API int luaopen_k3_core(struct lua_State *L);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,8 +4,19 @@
 -- installed Lua module loading from the prefix alone.
 local k3 = require "k3"
 
-local here = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")
-local root = here and here ~= "" and here or "."
+-- The checkout's absolute path (this file is <root>/spec/<name>).
+local function checkout_root()
+  local src = debug.getinfo(1, "S").source:sub(2)
+  local dir = src:match("^(.*)/spec/[^/]*$") or "."
+  if dir:sub(1, 1) ~= "/" then
+    local p = io.popen("pwd")
+    local cwd = p:read("l")
+    p:close()
+    dir = dir == "." and cwd or cwd .. "/" .. dir
+  end
+  return dir
+end
+local root = checkout_root()
 
 local function sh(cmd)
   local p = assert(io.popen(cmd .. " 2>&1"))
@@ -110,6 +121,25 @@ describe("install and the C API", function()
       assert.truthy(out:find("bad call: K3_ESHAPE: attn_res: qk_weight must be [H] = [" ..
                              case[3] .. "]", 1, true), out)
     end
+  end)
+
+  it("builds the game-loop host against the installed k3 with pkg-config k3-lua", function()
+    if not ready() then return end
+    local _, has_lua_pc = sh("pkg-config --exists lua5.4")
+    if has_lua_pc ~= 0 then pending("no lua5.4.pc for pkg-config") return end
+    os.execute("mkdir -p " .. prefix .. "/bin")
+    local exe = prefix .. "/bin/k3-host"
+    local out, code = sh(string.format(
+      "%scc -std=c11 -Wall -Werror %q -o %q $(%spkg-config --cflags --libs k3-lua lua5.4) " ..
+      "-lpthread -Wl,-rpath,$(%spkg-config --variable=libdir k3)",
+      pc_env, root .. "/examples/host/host.c", exe, pc_env, pc_env))
+    assert.are.equal(0, code, out)
+    -- From PREFIX/bin the host finds PREFIX/share/lua/5.4/k3 by itself.
+    out, code = sh(string.format("cd / && %q --frames 3 --script %q", exe,
+                                 root .. "/examples/host/scripts/error_in_frame3.lua"))
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("frames run: 3\nframes failed: 1\n"), out)
+    assert.truthy(out:find("frame 3 failed (error)", 1, true), out)
   end)
 
   it("loads the installed Lua module from the prefix alone", function()

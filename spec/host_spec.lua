@@ -2,8 +2,19 @@
 -- frame 3; an endless loop stopped by the instruction budget; allocations past the Lua and
 -- tensor caps; two states on two threads matching a single-threaded run bit for bit.
 -- The host is built by `make host` (part of EMBED_TARGETS); without it every spec is pending.
-local here = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")
-local root = here and here ~= "" and here or "."
+-- The checkout's absolute path (this file is <root>/spec/<name>).
+local function checkout_root()
+  local src = debug.getinfo(1, "S").source:sub(2)
+  local dir = src:match("^(.*)/spec/[^/]*$") or "."
+  if dir:sub(1, 1) ~= "/" then
+    local p = io.popen("pwd")
+    local cwd = p:read("l")
+    p:close()
+    dir = dir == "." and cwd or cwd .. "/" .. dir
+  end
+  return dir
+end
+local root = checkout_root()
 local HOST = root .. "/build/examples/host/k3-host"
 local SCRIPTS = root .. "/examples/host/scripts/"
 

@@ -24,9 +24,9 @@
 #include <lua.h>
 #include <lualib.h>
 
-#include "k3.h"
+#include "k3.h" /* also declares luaopen_k3 (defined in libk3lua) */
 
-int luaopen_k3(lua_State *L); /* libk3lua.so: the whole `k3` module for luaL_requiref */
+
 
 /* ---- options ---------------------------------------------------------------------------- */
 

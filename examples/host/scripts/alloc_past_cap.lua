@@ -2,7 +2,8 @@
 -- tensor larger than the host's tensor cap. Each of those frames fails on its own; the
 -- others are normal decode steps, and the memory of the failed frames is given back.
 local k3 = require "k3"
-local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+-- decode.lua sits beside this script.
+local decode = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "decode.lua")
 
 local frame = 0
 

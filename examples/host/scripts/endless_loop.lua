@@ -1,6 +1,7 @@
 -- Frame 2 never ends; frame 4 loops forever inside pcall, trying to swallow the budget error.
 -- The instruction budget stops just those two frames; the others are normal decode steps.
-local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+-- decode.lua sits beside this script.
+local decode = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "decode.lua")
 
 local frame = 0
 

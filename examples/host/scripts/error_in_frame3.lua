@@ -1,6 +1,7 @@
 -- Frame 3 raises an error from inside a nested call; every other frame is a normal decode
 -- step. The host reports frame 3 with a traceback and runs the remaining frames.
-local decode = dofile(host.root .. "/examples/host/scripts/decode.lua")
+-- decode.lua sits beside this script.
+local decode = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "decode.lua")
 
 local frame = 0
 
