@@ -336,7 +336,8 @@ static int protected_run(host_state *h, int nargs, long budget) {
 }
 
 static void report_failure(host_state *h, const char *what) {
-    const char *msg = lua_tostring(h->L, -1);
+    /* Only a string is read: converting a number would allocate, outside any protection. */
+    const char *msg = lua_type(h->L, -1) == LUA_TSTRING ? lua_tostring(h->L, -1) : NULL;
     if (h->fail == FAIL_MEMORY && h->tensor_refused)
         say(h->prefix, "%s failed (memory): tensor cap of %zu bytes exceeded (%zu bytes in use): %s\n",
             what, h->o->tensor_cap, h->t_used, msg ? msg : "(no message)");
@@ -346,6 +347,24 @@ static void report_failure(host_state *h, const char *what) {
     else
         say(h->prefix, "%s failed (%s): %s\n", what, fail_names[h->fail],
             msg ? msg : "(error object is not a string)");
+}
+
+/* The frame, as a C function run protected: looks up on_frame (the globals table may have
+ * metamethods that raise) and calls it with dt, returning its first result. */
+static int frame_call(lua_State *L) {
+    lua_getglobal(L, "on_frame");
+    if (!lua_isfunction(L, -1))
+        return luaL_error(L, "on_frame is not a function (it is a %s value)", luaL_typename(L, -1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/* Whether the script defined a global function on_frame (run protected). */
+static int has_on_frame(lua_State *L) {
+    lua_getglobal(L, "on_frame");
+    lua_pushboolean(L, lua_isfunction(L, -1));
+    return 1;
 }
 
 /* Opens the standard libraries, points package.path/cpath at k3's Lua files, sets the
@@ -411,8 +430,8 @@ static int state_open(host_state *h, const host_opts *o, int id) {
         return 0;
     }
     lua_pop(L, 1);
-    lua_getglobal(L, "on_frame");
-    int ok = lua_isfunction(L, -1);
+    lua_pushcfunction(L, has_on_frame);
+    int ok = protected_run(h, 0, o->setup_budget) == LUA_OK && lua_toboolean(L, -1);
     lua_pop(L, 1);
     if (!ok) {
         say(h->prefix, "setup failed: %s does not define a global function on_frame(dt)\n",
@@ -428,7 +447,7 @@ static void state_frames(host_state *h) {
     t_current = h;
     for (long f = 1; f <= h->o->frames; f++) {
         int top = lua_gettop(L);
-        lua_getglobal(L, "on_frame");
+        lua_pushcfunction(L, frame_call);
         lua_pushnumber(L, h->o->dt);
         int rc = protected_run(h, 1, h->o->budget);
         h->frames_run++;
