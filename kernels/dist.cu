@@ -189,6 +189,23 @@ k3_status fail(bool tell_peers, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (tell_peers && g.abort_file[0]) {
+        /* A transport error is often a peer that died: give the launcher a moment to say
+         * which, so every rank reports the cause rather than the symptom. */
+        char note[512];
+        for (int i = 0; i < 100 && !peer_failed(note, sizeof note); i++) {
+            struct timespec ts = {0, 20000000L};
+            nanosleep(&ts, nullptr);
+        }
+        if (peer_failed(note, sizeof note)) {
+            char cause[1100];
+            const char *colon = strchr(msg, ':');
+            snprintf(cause, sizeof cause, "%.*s: rank %d stops: %.300s (%.500s)",
+                     colon ? (int)(colon - msg) : 0, msg, g.rank, note, colon ? colon + 2 : msg);
+            snprintf(msg, sizeof msg, "%.1000s", cause);
+            tell_peers = false;
+        }
+    }
     if (tell_peers) note_failure(msg);
     if (g.comm) {
         g_nccl.CommAbort(g.comm);
@@ -216,11 +233,15 @@ k3_status poll_bounds(const char *what, double start, const char *waiting_for) {
         if (peer_failed(note, sizeof note))
             return fail(false, "k3.dist.%s: rank %d stops: %s", what, g.rank, note);
     }
-    if (t - start > g.timeout_s)
-        return fail(true,
-                    "k3.dist.%s: rank %d timed out after %g s waiting for %s (a rank may have "
-                    "failed, or not made the same call)",
-                    what, g.rank, g.timeout_s, waiting_for);
+    if (t - start > g.timeout_s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg,
+                 "k3.dist.%s: rank %d timed out after %g s waiting for %s (a rank may have "
+                 "failed, or not made the same call)",
+                 what, g.rank, g.timeout_s, waiting_for);
+        note_failure(msg); /* the other ranks stop at once instead of timing out in turn */
+        return fail(false, "%s", msg);
+    }
     return K3_OK;
 }
 

@@ -328,7 +328,17 @@ static k3_status check_across_ranks(const k3_backend *be, const char *what, int 
     k3_status s = be->dist_all_reduce(st, K3_DIST_MAX | K3_DIST_INTERNAL);
     if (s == K3_OK) s = k3_tensor_to_f64(st, v);
     k3_tensor_free(st);
-    if (s != K3_OK) return s;
+    if (s != K3_OK) {
+        /* The backend names its internal call; the user made `what`. */
+        static const char internal[] = "k3.dist.shape check";
+        const char *m = k3_last_error();
+        if (strncmp(m, internal, sizeof internal - 1) == 0) {
+            char copy[1200];
+            snprintf(copy, sizeof copy, "%s", m + sizeof internal - 1);
+            return k3_error(s, "k3.dist.%s%s", what, copy);
+        }
+        return s;
+    }
     bool same = true;
     for (int i = 0; i < SIG_N; i++) same = same && v[i] == -v[SIG_N + i];
     if (same) return K3_OK;

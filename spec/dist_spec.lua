@@ -1,0 +1,377 @@
+-- k3.dist, the launcher (scripts/k3 --nproc), k3.nn.parallel and the Kimi-K3 TP stack.
+-- CPU parts run everywhere: world size 1, the launcher with plain Lua ranks, and the sharding
+-- arithmetic through k3.dist.simulate (ranks as coroutines with NCCL's semantics). The
+-- `#multigpu` parts launch real ranks on two GPUs and skip with a reason elsewhere.
+local k3 = require "k3"
+local H = require "spec.helpers"
+local P = require "k3.nn.parallel"
+
+local root = (debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/spec/[^/]*$")) or "."
+if root:sub(1, 1) ~= "/" then root = os.getenv("PWD") .. "/" .. root end
+
+-- Writes `src` to a temporary Lua file; returns its path.
+local function script(src)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(src)
+  f:close()
+  return path
+end
+
+-- Runs `scripts/k3 <args>` with stderr merged; returns output, exit code, seconds taken.
+local function launch(args, env)
+  local t0 = os.time()
+  local p = io.popen(string.format("%s '%s/scripts/k3' %s 2>&1", env or "", root, args))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return out, code, os.time() - t0
+end
+
+local function ints(shape, seed, dtype, device)
+  -- Integer-valued data (exact in bf16 up to 256): (i * 7 + seed) % 19 - 9.
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  local flat = {}
+  for i = 1, n do flat[i] = (i * 7 + seed) % 19 - 9 end
+  return k3.tensor(flat, {dtype = dtype or "f32"}):view(shape):to(device or "cpu")
+end
+
+describe("k3.dist at world size 1", function()
+  after_each(function() k3.dist.destroy() end)
+
+  it("is rank 0 of 1 before and after init; collectives are checked no-ops", function()
+    assert.are.equal(0, k3.dist.rank())
+    assert.are.equal(1, k3.dist.world_size())
+    assert.is_false(k3.dist.initialized())
+    k3.dist.init{world_size = 1}
+    assert.is_true(k3.dist.initialized())
+    local t = ints({3, 4}, 1)
+    local before = t:totable()
+    assert.are.equal(t, k3.dist.all_reduce(t))
+    assert.are.same(before, t:totable())
+    local g = k3.dist.all_gather(t, 2)
+    assert.are.same({3, 4}, g:size())
+    assert.are.same(before, g:totable())
+    k3.dist.barrier()
+    assert.are.equal(0, k3.dist.stats().all_reduce.calls)
+  end)
+
+  it("names the problem: collectives before init, strided tensors, a second init, bad ranks", function()
+    H.raises(function() k3.dist.all_reduce(k3.zeros({2})) end,
+             "k3.dist.all_reduce: call k3.dist.init() first")
+    k3.dist.init{world_size = 1}
+    H.raises(function() k3.dist.all_reduce(k3.zeros({4, 6}):t()) end,
+             "k3.dist.all_reduce: tensor must be contiguous (NCCL reads packed memory); got shape [6, 4] strides [1, 6]")
+    H.raises(function() k3.dist.all_gather(k3.zeros({2, 2}), 3) end, "dim must be in 1..2; got 3")
+    H.raises(function() k3.dist.init() end, "k3.dist.init: already initialised as rank 0 of 1")
+    k3.dist.destroy()
+    H.raises(function() k3.dist.init{rank = 2, world_size = 2, dir = "/tmp"} end,
+             "k3.dist.init: rank 2 is not in 0..1")
+    H.raises(function() k3.dist.init{rank = 0, world_size = 2, dir = false} end, "field 'dir' must be a string")
+    assert.is_false(k3.dist.initialized())
+  end)
+
+  it("needs the launcher's directory above world size 1", function()
+    if os.getenv("K3_DIST_DIR") then return end
+    H.raises(function() k3.dist.init{rank = 0, world_size = 2} end,
+             "k3.dist.init: world size 2 needs K3_DIST_DIR (the directory where rank 0 leaves the NCCL id); start the ranks with scripts/k3 --nproc 2")
+  end)
+end)
+
+describe("k3.dist.simulate", function()
+  it("all-reduces and all-gathers integer data exactly, along any dim", function()
+    for _, W in ipairs{2, 3, 4} do
+      local res = k3.dist.simulate(W, function(r, d)
+        local t = ints({2, 3}, r, "bf16")
+        d.all_reduce(t)
+        local m = ints({2, 3}, r)
+        d.all_reduce(m, "max")
+        return {t:totable(), d.all_gather(ints({2, 3}, r), 1):totable(),
+                d.all_gather(ints({2, 3}, r), 2):totable(), m:totable()}
+      end)
+      for r = 1, W do
+        local sum, mx = {}, {}
+        for i = 1, 2 do
+          sum[i], mx[i] = {}, {}
+          for j = 1, 3 do
+            sum[i][j], mx[i][j] = 0, -math.huge
+            for q = 0, W - 1 do
+              local v = ints({2, 3}, q):get(i, j)
+              sum[i][j] = sum[i][j] + v
+              mx[i][j] = math.max(mx[i][j], v)
+            end
+          end
+        end
+        assert.are.same(sum, res[r][1])
+        assert.are.same(mx, res[r][4])
+        for q = 0, W - 1 do
+          local src = ints({2, 3}, q):totable()
+          for i = 1, 2 do
+            assert.are.same(src[i], res[r][2][q * 2 + i])
+            for j = 1, 3 do assert.are.equal(src[i][j], res[r][3][i][q * 3 + j]) end
+          end
+        end
+      end
+    end
+  end)
+
+  it("fails every rank with each rank's call when shapes differ", function()
+    local _, errs = k3.dist.simulate(2, function(r, d) d.all_reduce(k3.zeros({r + 1, 3})) end,
+                                     {errors = "return"})
+    local want = "k3.dist.all_reduce: the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): rank 0: all_reduce(sum) of f32 [1, 3]; rank 1: all_reduce(sum) of f32 [2, 3]"
+    assert.are.equal("rank 0: " .. want, errs[1])
+    assert.are.equal("rank 1: " .. want, errs[2])
+  end)
+
+  it("fails the other ranks when one raises", function()
+    local _, errs = k3.dist.simulate(2, function(r, d)
+      if r == 1 then error("boom", 0) end
+      d.barrier()
+    end, {errors = "return"})
+    assert.are.equal("rank 1: boom", errs[2])
+    assert.are.equal("rank 0: k3.dist.barrier: rank 0 waits for ranks that will not join (rank 1 failed)", errs[1])
+  end)
+end)
+
+describe("k3.nn.parallel", function()
+  -- Kimi-K3 shapes (DESIGN.md, TP8 locals) as whole weights split W ways, on the CPU.
+  local shapes = {{1536, 7168}, {7168, 1536}, {2304, 1536}, {8448, 7168}}
+
+  it("column- and row-parallel linear equal the unsharded linear (bf16 tolerance)", function()
+    for si, s in ipairs(shapes) do
+      local N, K = s[1], s[2]
+      local w = k3.randn({N, K}, {seed = si, dtype = "bf16"}) * (1 / math.sqrt(K))
+      local x = k3.randn({2, K}, {seed = 100 + si, dtype = "bf16"})
+      local ref = k3.linear(x, w)
+      local scale = k3.max_abs_diff(ref, k3.zeros({2, N}, {dtype = "bf16"}))
+      for _, W in ipairs{2, 4} do
+        local res = k3.dist.simulate(W, function(r, d)
+          local col = P.ColumnParallelLinear(w, {dist = d, gather = true})
+          local row = P.RowParallelLinear(w, {dist = d, input_is_parallel = false})
+          local yc, yr = col(x), row(x)
+          col:free(); row:free()
+          return {yc, yr}
+        end)
+        -- Column shards compute whole rows of the same dot products: identical bits.
+        assert.are.equal(0, k3.max_abs_diff(res[1][1], ref))
+        -- Row shards round W partial sums once each before the sum: a few bf16 ulps.
+        assert.is_true(k3.max_abs_diff(res[1][2], ref) <= 4 * 2 ^ -8 * scale,
+                       string.format("row-parallel %dx%d W=%d differs by %g (scale %g)", N, K, W,
+                                     k3.max_abs_diff(res[1][2], ref), scale))
+        for r = 2, W do assert.are.equal(0, k3.max_abs_diff(res[1][2], res[r][2])) end
+      end
+    end
+  end)
+
+  it("shards fused gate_up by parts, keeps outputs sharded by default, loads from tables", function()
+    local w = k3.randn({16, 8}, {seed = 3})
+    local x = k3.randn({2, 8}, {seed = 4})
+    local gate, up = k3.linear(x, w:narrow(1, 1, 8)), k3.linear(x, w:narrow(1, 9, 8))
+    local l = P.ColumnParallelLinear({["g.weight"] = w}, {name = "g.weight", parts = {8, 8}, rank = 1, world_size = 2})
+    local y = l(x) -- [gate rows 5..8; up rows 13..16]
+    assert.are.same({2, 8}, y:size())
+    assert.are.equal(0, k3.max_abs_diff(y:narrow(2, 1, 4), gate:narrow(2, 5, 4)))
+    assert.are.equal(0, k3.max_abs_diff(y:narrow(2, 5, 4), up:narrow(2, 5, 4)))
+    H.raises(function() P.ColumnParallelLinear(k3.zeros({6, 4}), {rank = 0, world_size = 4}) end,
+             "ColumnParallelLinear: 6 features do not split evenly over world size 4")
+    H.raises(function() P.RowParallelLinear({a = w}, {name = "b"}) end,
+             "RowParallelLinear: the weight table has no tensor 'b'")
+    H.raises(function() P.RowParallelLinear(w, {rank = 2, world_size = 2}) end, "parallel: rank 2 is not in 0..1")
+  end)
+
+  it("the Kimi-K3 TP stack (tiny) matches TP=1 at W = 2 and 4, every rank the same", function()
+    local tp = require "k3.model.kimi_k3_tp"
+    local kimi = require "k3.model.kimi_k3"
+    local cfg = tp.config("tiny")
+    local w = kimi.generate_weights(cfg, {seed = 7})
+    local x = kimi.embedding(cfg, 4, {seed = 7, step = 1})
+    local whole = kimi.build(cfg, w)
+    local y1 = whole:forward(x)
+    for _, W in ipairs{1, 2, 4} do
+      local res = k3.dist.simulate(W, function(r, d)
+        local st = tp.build(cfg, w, {dist = d})
+        local y, stream = st:forward(x)
+        return {y, stream.reduce_calls}
+      end)
+      local rel, cos = tp.compare(res[1][1], y1)
+      if W == 1 then assert.are.equal(0, rel) else
+        assert.is_true(rel < 3e-2 and cos > 0.9995, string.format("W=%d rel %g cos %g", W, rel, cos))
+      end
+      assert.are.equal(W == 1 and 0 or 2 * cfg.num_layers, res[1][2])
+      for r = 2, W do assert.are.equal(0, k3.max_abs_diff(res[1][1], res[r][1])) end
+    end
+  end)
+end)
+
+describe("scripts/k3 --nproc (launcher)", function()
+  it("starts N ranks with their environment and passes the arguments", function()
+    local s = script([[print(string.format("rank %s/%s dev %s cvd %s nvls %s dir %s args %s",
+      os.getenv("K3_RANK"), os.getenv("K3_WORLD_SIZE"), os.getenv("K3_DIST_DEVICE"),
+      os.getenv("CUDA_VISIBLE_DEVICES"), os.getenv("NCCL_NVLS_ENABLE"),
+      os.getenv("K3_DIST_DIR") and "yes" or "no", table.concat({...}, ",")))]])
+    local out, code = launch("--nproc 3 " .. s .. " a b", "env -u CUDA_VISIBLE_DEVICES -u NCCL_NVLS_ENABLE")
+    assert.are.equal(0, code, out)
+    for r = 0, 2 do
+      assert.truthy(out:find(string.format("rank %d/3 dev 0 cvd %d nvls 0 dir yes args a,b", r, r), 1, true), out)
+    end
+    out, code = launch("--nproc 2 --all-devices " .. s, "CUDA_VISIBLE_DEVICES=5,6")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 1/2 dev 1 cvd 5,6", 1, true), out)
+    os.remove(s)
+  end)
+
+  it("names the failed rank, tells the others through K3_DIST_DIR/failed, exits non-zero", function()
+    local s = script([[
+      if os.getenv("K3_RANK") == "1" then error("rank one raises", 0) end
+      local path = os.getenv("K3_DIST_DIR") .. "/failed"
+      for _ = 1, 400 do
+        local f = io.open(path)
+        if f then io.stderr:write("rank 0 saw: ", f:read("l"), "\n") os.exit(3) end
+        os.execute("sleep 0.05")
+      end]])
+    local out, code, secs = launch("--nproc 2 " .. s)
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("k3-launch: rank 1 exited with status 1; stopping the other ranks", 1, true), out)
+    assert.truthy(out:find("rank 0 saw: rank 1 exited with status 1", 1, true), out)
+    assert.truthy(out:find("k3-launch: rank 1 failed (exited with status 1); rank 0 exited with status 3", 1, true), out)
+    assert.is_true(secs <= 10)
+    os.remove(s)
+  end)
+
+  it("stops ranks that outlive a failure after --grace seconds", function()
+    local s = script([[if os.getenv("K3_RANK") == "0" then os.exit(5) end os.execute("exec sleep 60")]])
+    local out, code, secs = launch("--nproc 2 --grace 1 " .. s)
+    assert.are.equal(5, code, out)
+    assert.truthy(out:find("rank 1 was killed by signal SIGTERM", 1, true), out)
+    assert.is_true(secs <= 10, "took " .. secs .. " s")
+    os.remove(s)
+  end)
+
+  it("rejects bad arguments with a message", function()
+    local out, code = launch("--nproc 0 x.lua")
+    assert.are.equal(2, code)
+    assert.truthy(out:find("k3-launch: --nproc must be an integer in 1..4096; got '0'", 1, true), out)
+    out, code = launch("--nproc 2")
+    assert.are.equal(2, code)
+    assert.truthy(out:find("k3-launch: needs a script to run", 1, true), out)
+    out, code = launch("--nproc 3 x.lua", "CUDA_VISIBLE_DEVICES=0,1")
+    assert.are.equal(2, code)
+    assert.truthy(out:find("--nproc 3 but CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)", 1, true), out)
+  end)
+end)
+
+describe("k3.dist on two GPUs #multigpu", function()
+  local function two_gpus()
+    local c = k3.backends().cuda
+    if not c.available or (c.devices or 0) < 2 then
+      pending(string.format("needs 2 CUDA devices; this machine has %s (%s)",
+        tostring(c.devices or 0), tostring(c.reason or "available")))
+      return false
+    end
+    return true
+  end
+
+  -- Runs `body` on 2 ranks (k3 and k3.dist initialised); returns output, exit code, seconds.
+  local function ranks(body, timeout, grace)
+    local s = script("local k3 = require 'k3'\nk3.dist.init()\nlocal rank = k3.dist.rank()\n" .. body ..
+                     "\nk3.dist.destroy()\n")
+    local out, code, secs = launch(string.format("--nproc 2 --timeout %d --grace %d %s", timeout or 60,
+                                                 grace or 30, s))
+    os.remove(s)
+    return out, code, secs
+  end
+
+  it("all-reduce and all-gather are exact for integer-valued data", function()
+    if not two_gpus() then return end
+    local out, code = ranks([[
+      local function ints(shape, seed, dtype)
+        local n = 1
+        for _, s in ipairs(shape) do n = n * s end
+        local flat = {}
+        for i = 1, n do flat[i] = (i * 7 + seed) % 19 - 9 end
+        return k3.tensor(flat, {dtype = dtype}):view(shape):to("cuda")
+      end
+      for _, dt in ipairs{"bf16", "f16", "f32", "f64"} do
+        for _, shape in ipairs{{1, 7168}, {16, 7168}, {3, 5}} do
+          local t = ints(shape, rank, dt)
+          k3.dist.all_reduce(t)
+          local want = ints(shape, 0, "f64") + ints(shape, 1, "f64")
+          assert(k3.max_abs_diff(t, want) == 0, "all_reduce " .. dt)
+          local g = k3.dist.all_gather(ints(shape, rank, dt), 2)
+          assert(k3.max_abs_diff(g:narrow(2, 1, shape[2]), ints(shape, 0, "f64")) == 0, "gather 0 " .. dt)
+          assert(k3.max_abs_diff(g:narrow(2, shape[2] + 1, shape[2]), ints(shape, 1, "f64")) == 0, "gather 1 " .. dt)
+          local m = ints(shape, rank, dt)
+          k3.dist.all_reduce(m, "max")
+        end
+      end
+      local st = k3.dist.stats()
+      assert(st.all_reduce.calls == 24 and st.all_gather.calls == 12, "stats")
+      print("rank " .. rank .. " exact")]])
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 exact", 1, true) and out:find("rank 1 exact", 1, true), out)
+  end)
+
+  it("column- and row-parallel linear equal the unsharded linear for Kimi-K3 shapes", function()
+    if not two_gpus() then return end
+    local out, code = ranks([[
+      local P = require "k3.nn.parallel"
+      for si, s in ipairs{{3072, 7168}, {7168, 3072}, {16896, 7168}, {7168, 8448}, {4608, 1536}} do
+        local N, K = s[1], s[2]
+        local w = (k3.randn({N, K}, {seed = si}) * (1 / math.sqrt(K))):to("bf16")
+        for _, M in ipairs{1, 16} do
+          local x = k3.randn({M, K}, {seed = 50 + si, dtype = "bf16"}):to("cuda")
+          local ref = k3.linear(x, w:to("cuda"))
+          local scale = k3.max_abs_diff(ref, k3.zeros({M, N}, {dtype = "bf16", device = "cuda"}))
+          local col = P.ColumnParallelLinear(w, {device = "cuda", gather = true})
+          local row = P.RowParallelLinear(w, {device = "cuda", input_is_parallel = false})
+          local dc, dr = k3.max_abs_diff(col(x), ref), k3.max_abs_diff(row(x), ref)
+          assert(dc <= 2 * 2 ^ -8 * scale, string.format("column %dx%d M=%d: %g", N, K, M, dc))
+          assert(dr <= 4 * 2 ^ -8 * scale, string.format("row %dx%d M=%d: %g", N, K, M, dr))
+          col:free(); row:free()
+        end
+      end
+      print("rank " .. rank .. " parallel ok")]], 120)
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 parallel ok", 1, true) and out:find("rank 1 parallel ok", 1, true), out)
+  end)
+
+  it("a shape that differs across ranks is an error on both ranks, naming each shape", function()
+    if not two_gpus() then return end
+    local out, code = ranks([[
+      local ok, err = pcall(k3.dist.all_reduce, k3.zeros({2, 8 * (rank + 1)}, {dtype = "bf16", device = "cuda"}))
+      print("rank " .. rank .. ": " .. tostring(err))
+      local t = k3.ones({4}, {device = "cuda"})
+      k3.dist.all_reduce(t) -- the communicator is still usable
+      assert(t:get(1) == 2)]], 30)
+    assert.are.equal(0, code, out)
+    local want = "k3.dist.all_reduce: the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): rank 0: all_reduce(sum) of bf16 [2, 8]; rank 1: all_reduce(sum) of bf16 [2, 16]"
+    assert.truthy(out:find("rank 0: " .. want, 1, true), out)
+    assert.truthy(out:find("rank 1: " .. want, 1, true), out)
+  end)
+
+  it("a rank that raises makes the other fail with a clear message within bounded time", function()
+    if not two_gpus() then return end
+    local out, code, secs = ranks([[
+      k3.dist.barrier()
+      if rank == 1 then error("rank 1 gives up", 0) end
+      local ok, err = pcall(k3.dist.all_reduce, k3.ones({16, 7168}, {dtype = "bf16", device = "cuda"}))
+      io.stderr:write("rank 0 got: ", tostring(err), "\n")
+      os.exit(ok and 0 or 7)]], 60, 30)
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 stops: rank 1 exited with status 1; communicator aborted", 1, true), out)
+    assert.truthy(out:find("k3-launch: rank 1 failed (exited with status 1); rank 0 exited with status 7", 1, true), out)
+    assert.is_true(secs < 30, "took " .. secs .. " s")
+  end)
+
+  it("a rank that never joins makes the other time out with a message", function()
+    if not two_gpus() then return end
+    local out, code, secs = ranks([[
+      if rank == 1 then os.execute("sleep 8") os.exit(0) end
+      local ok, err = pcall(k3.dist.all_reduce, k3.ones({4}, {device = "cuda"}))
+      io.stderr:write("rank 0 got: ", tostring(err), "\n")
+      os.exit(ok and 0 or 7)]], 3, 30)
+    assert.are.equal(7, code, out)
+    assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 timed out after 3 s waiting for", 1, true), out)
+    assert.is_true(secs < 20, "took " .. secs .. " s")
+  end)
+end)
