@@ -67,6 +67,7 @@ void *k3_tensor_data(const k3_tensor *t) {
 }
 
 int64_t k3_tensor_extent(const k3_tensor *t) {
+    if (k3_tensor_numel(t) == 0) return 0; /* before any (size-1)*stride: empty views' strides are unchecked */
     int64_t e = 1;
     for (int i = 0; i < t->ndim; i++) {
         if (t->size[i] == 0) return 0;
