@@ -43,6 +43,9 @@ end
 
 local opts = {}
 local args = {...}
+for _, a in ipairs(args) do -- --tp N: the tensor-parallel stack (re-runs itself via scripts/k3 --nproc N)
+  if a == "--tp" or a:match("^%-%-tp=") then os.exit(require("k3.model.kimi_k3_tp").main(args)) end
+end
 local i = 1
 while i <= #args do
   local a = args[i]
