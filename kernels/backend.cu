@@ -70,8 +70,20 @@ k3_status create_context(int dev, k3c_ctx **out) {
                       __FILE__, __LINE__);
     if (s == K3_OK)
         s = k3c_check(cublasLtCreate(&c->lt), "cublasLtCreate(&c->lt)", __FILE__, __LINE__);
+    /* Plain cudaMalloc, not the cache: the cache itself asks for this context first. */
     if (s == K3_OK) {
-        s = k3c_alloc(dev, K3C_WORKSPACE_BYTES, &c->workspace);
+        cudaError_t e = cudaMalloc(&c->workspace, K3C_WORKSPACE_BYTES);
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            c->workspace = nullptr;
+            s = k3c_empty_cache();
+            if (s == K3_OK) s = k3c_check(cudaSetDevice(dev), "cudaSetDevice(dev)", __FILE__, __LINE__);
+            if (s == K3_OK) e = cudaMalloc(&c->workspace, K3C_WORKSPACE_BYTES);
+        }
+        if (s == K3_OK && e != cudaSuccess) {
+            c->workspace = nullptr;
+            s = k3c_check(e, "cudaMalloc(&c->workspace, K3C_WORKSPACE_BYTES)", __FILE__, __LINE__);
+        }
         if (s == K3_OK) c->workspace_size = K3C_WORKSPACE_BYTES;
     }
     /* cuBLAS gets the same workspace: both handles work in order on the one stream, and a
@@ -82,7 +94,7 @@ k3_status create_context(int dev, k3c_ctx **out) {
                       __LINE__);
     if (s != K3_OK) {
         /* Keep the first message; tear down quietly. */
-        if (c->workspace) k3c_free(dev, c->workspace, K3C_WORKSPACE_BYTES);
+        if (c->workspace) cudaFree(c->workspace);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->stream) cudaStreamDestroy(c->stream);
