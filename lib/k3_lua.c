@@ -1096,7 +1096,7 @@ static int l_compile_policy(lua_State *L) {
     }
     int ty = lua_getfield(L, 1, "on_layout_mismatch");
     if (ty != LUA_TNIL) {
-        const char *v = lua_tostring(L, -1);
+        const char *v = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL; /* no in-place number->string */
         if (ty != LUA_TSTRING || (strcmp(v, "error") != 0 && strcmp(v, "fallback") != 0))
             return luaL_error(L, "set_policy: on_layout_mismatch must be \"error\" or "
                                  "\"fallback\"; got %s",
