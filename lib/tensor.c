@@ -446,7 +446,7 @@ k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t s
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->size[d] = length;
-    if (length > 0) r->offset += start * t->stride[d];
+    if (k3_tensor_numel(r) > 0) r->offset += start * t->stride[d]; /* empty views' strides are unchecked */
     *out = r;
     return K3_OK;
 }
@@ -459,7 +459,7 @@ k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i
                         (long long)((uint64_t)i + 1), d + 1, (long long)t->size[d]);
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
-    r->offset += i * t->stride[d];
+    if (k3_tensor_numel(t) > 0) r->offset += i * t->stride[d]; /* empty views' strides are unchecked */
     for (int k = d; k < t->ndim - 1; k++) {
         r->size[k] = t->size[k + 1];
         r->stride[k] = t->stride[k + 1];
