@@ -32,6 +32,21 @@ static int raise_k3(lua_State *L) { return luaL_error(L, "%s", k3_last_error());
         if ((expr) != K3_OK) return raise_k3(L);                                           \
     } while (0)
 
+/* Raises "bad argument #arg to 'fname' (msg)" like luaL_argerror: a method call does not
+ * count self, and the called name is used when Lua knows it. */
+static int arg_error(lua_State *L, int arg, const char *fname, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const char *msg = lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_Debug ar;
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) {
+        if (ar.namewhat && strcmp(ar.namewhat, "method") == 0) arg--;
+        if (ar.name) fname = ar.name;
+    }
+    return luaL_error(L, "bad argument #%d to '%s' (%s)", arg, fname, msg);
+}
+
 /* ---- tensor userdata ------------------------------------------------------------------------ */
 
 /* A new userdata in the closed (NULL) state, pushed before anything is allocated, so an
@@ -63,8 +78,7 @@ static k3_tensor *opt_tensor_field(lua_State *L, int idx, const char *field, int
     if (ty != LUA_TNIL) {
         tensor_ud *u = luaL_testudata(L, -1, TENSOR_MT);
         if (!u)
-            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a k3.Tensor; got %s)",
-                       argn, fname, field, luaL_typename(L, -1));
+            arg_error(L, argn, fname, "field '%s' must be a k3.Tensor; got %s", field, luaL_typename(L, -1));
         t = check_tensor(L, lua_gettop(L));
     }
     lua_pop(L, 1);
@@ -96,8 +110,7 @@ static int64_t check_int_field(lua_State *L, int argn, const char *fname, int id
     if (!isnum) {
         const char *got = lua_type(L, -1) == LUA_TNUMBER ? "a non-integer number"
                                                           : luaL_typename(L, -1);
-        luaL_error(L, "bad argument #%d to '%s' (shape[%d] must be an integer; got %s)", argn,
-                   fname, i, got);
+        arg_error(L, argn, fname, "shape[%d] must be an integer; got %s", i, got);
     }
     lua_pop(L, 1);
     return (int64_t)v;
@@ -109,13 +122,11 @@ static int check_shape(lua_State *L, int idx, int64_t *shape, const char *fname,
     luaL_checktype(L, idx, LUA_TTABLE);
     lua_Integer n = luaL_len(L, idx);
     if (n < 1 || n > K3_MAX_DIMS)
-        luaL_error(L, "bad argument #%d to '%s' (shape must have 1 to %d dims; got %d)", idx,
-                   fname, K3_MAX_DIMS, (int)n);
+        arg_error(L, idx, fname, "shape must have 1 to %d dims; got %d", K3_MAX_DIMS, (int)n);
     for (int i = 1; i <= n; i++) {
         shape[i - 1] = check_int_field(L, idx, fname, idx, i);
         if (!allow_neg && shape[i - 1] < 0)
-            luaL_error(L, "bad argument #%d to '%s' (size of dim %d must be >= 0; got %I)",
-                       idx, fname, i, (LUA_INTEGER)shape[i - 1]);
+            arg_error(L, idx, fname, "size of dim %d must be >= 0; got %I", i, (LUA_INTEGER)shape[i - 1]);
     }
     return (int)n;
 }
@@ -129,17 +140,13 @@ typedef struct {
 static void check_dtype_str(lua_State *L, const char *s, int argn, const char *fname,
                             k3_dtype *out) {
     if (k3_dtype_parse(s, out) != K3_OK)
-        luaL_error(L, "bad argument #%d to '%s' (unknown dtype '%s'; expected bf16, f16, f32 "
-                   "or f64)",
-                   argn, fname, s);
+        arg_error(L, argn, fname, "unknown dtype '%s'; expected bf16, f16, f32 or f64", s);
 }
 
 static void check_device_str(lua_State *L, const char *s, int argn, const char *fname,
                              k3_device *out) {
     if (k3_device_parse(s, out) != K3_OK)
-        luaL_error(L, "bad argument #%d to '%s' (unknown device '%s'; expected cpu, cuda or "
-                   "cuda:N)",
-                   argn, fname, s);
+        arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N", s);
 }
 
 static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
@@ -148,15 +155,13 @@ static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
     luaL_checktype(L, idx, LUA_TTABLE);
     if (lua_getfield(L, idx, "dtype") != LUA_TNIL) {
         if (lua_type(L, -1) != LUA_TSTRING)
-            luaL_error(L, "bad argument #%d to '%s' (dtype must be a string; got %s)", idx,
-                       fname, luaL_typename(L, -1));
+            arg_error(L, idx, fname, "dtype must be a string; got %s", luaL_typename(L, -1));
         check_dtype_str(L, lua_tostring(L, -1), idx, fname, &o.dtype);
     }
     lua_pop(L, 1);
     if (lua_getfield(L, idx, "device") != LUA_TNIL) {
         if (lua_type(L, -1) != LUA_TSTRING)
-            luaL_error(L, "bad argument #%d to '%s' (device must be a string; got %s)", idx,
-                       fname, luaL_typename(L, -1));
+            arg_error(L, idx, fname, "device must be a string; got %s", luaL_typename(L, -1));
         check_device_str(L, lua_tostring(L, -1), idx, fname, &o.device);
     }
     lua_pop(L, 1);
@@ -164,7 +169,7 @@ static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
         int isnum;
         lua_Integer s = lua_tointegerx(L, -1, &isnum);
         if (!isnum)
-            luaL_error(L, "bad argument #%d to '%s' (seed must be an integer)", idx, fname);
+            arg_error(L, idx, fname, "seed must be an integer");
         o.seed = (uint64_t)s;
     }
     lua_pop(L, 1);
@@ -742,8 +747,7 @@ static const char *opt_kernel(lua_State *L, int idx, int argn, const char *fname
     if (ty == LUA_TSTRING)
         k = lua_tostring(L, -1);
     else if (ty != LUA_TNIL)
-        luaL_error(L, "bad argument #%d to '%s' (field 'kernel' must be a string; got %s)", argn,
-                   fname, luaL_typename(L, -1));
+        arg_error(L, argn, fname, "field 'kernel' must be a string; got %s", luaL_typename(L, -1));
     lua_pop(L, 1);
     return k;
 }
@@ -755,8 +759,7 @@ static double opt_number_field(lua_State *L, int idx, const char *field, double 
     if (ty == LUA_TNUMBER)
         v = lua_tonumber(L, -1);
     else if (ty != LUA_TNIL)
-        luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a number; got %s)", argn,
-                   fname, field, luaL_typename(L, -1));
+        arg_error(L, argn, fname, "field '%s' must be a number; got %s", field, luaL_typename(L, -1));
     lua_pop(L, 1);
     return v;
 }
@@ -790,8 +793,7 @@ static int opt_out(lua_State *L, int opts, int argn, const char *fname) {
         return 0;
     }
     if (!luaL_testudata(L, -1, TENSOR_MT))
-        luaL_error(L, "bad argument #%d to '%s' (field 'out' must be a k3.Tensor; got %s)", argn,
-                   fname, luaL_typename(L, -1));
+        arg_error(L, argn, fname, "field 'out' must be a k3.Tensor; got %s", luaL_typename(L, -1));
     check_tensor(L, lua_gettop(L));
     return lua_gettop(L);
 }
@@ -866,8 +868,7 @@ static int l_silu_mul(lua_State *L) { return silu_mul_impl(L, 1, 0); }
 static k3_tensor *req_tensor_field(lua_State *L, int idx, const char *field, int argn,
                                    const char *fname) {
     if (lua_getfield(L, idx, field) == LUA_TNIL || !luaL_testudata(L, -1, TENSOR_MT))
-        luaL_error(L, "bad argument #%d to '%s' (field '%s' must be a k3.Tensor; got %s)", argn,
-                   fname, field, luaL_typename(L, -1));
+        arg_error(L, argn, fname, "field '%s' must be a k3.Tensor; got %s", field, luaL_typename(L, -1));
     k3_tensor *t = check_tensor(L, lua_gettop(L));
     lua_pop(L, 1);
     return t;
@@ -879,15 +880,12 @@ static int64_t int_field(lua_State *L, int idx, const char *field, int64_t dflt,
     int64_t v = dflt;
     if (ty == LUA_TNIL) {
         if (required)
-            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be an integer; got nil)",
-                       argn, fname, field);
+            arg_error(L, argn, fname, "field '%s' must be an integer; got nil", field);
     } else {
         int isnum;
         lua_Integer i = lua_tointegerx(L, -1, &isnum);
         if (!isnum)
-            luaL_error(L, "bad argument #%d to '%s' (field '%s' must be an integer; got %s)",
-                       argn, fname, field,
-                       ty == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, -1));
+            arg_error(L, argn, fname, "field '%s' must be an integer; got %s", field, ty == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, -1));
         v = (int64_t)i;
     }
     lua_pop(L, 1);

@@ -52,9 +52,9 @@ int64_t k3_tensor_numel(const k3_tensor *t) {
 
 int k3_tensor_is_contiguous(const k3_tensor *t) {
     if (!t) return 0;
+    if (k3_tensor_numel(t) == 0) return 1; /* before any product that could overflow */
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->size[i] == 0) return 1;
         if (t->size[i] != 1 && t->stride[i] != expect) return 0;
         expect *= t->size[i];
     }
@@ -190,7 +190,7 @@ static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op,
                         K3_MAX_DIMS, ndim);
-    int64_t n = 1;
+    int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0; got %lld", op, i + 1,
@@ -198,6 +198,11 @@ static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int
         if (!k3_mul_ok(n, shape[i], &n))
             return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d (size %lld)",
                             op, i + 1, (long long)shape[i]);
+        /* The row-major strides multiply the nonzero sizes; an empty tensor must not make
+         * them overflow either. */
+        if (!k3_mul_ok(span, shape[i] ? shape[i] : 1, &span))
+            return k3_error(K3_EOVERFLOW, "%s: stride computation overflows at dim %d (size %lld)", op,
+                            i + 1, (long long)shape[i]);
     }
     *numel = n;
     return K3_OK;
@@ -522,6 +527,8 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const in
         return k3_error(K3_ESHAPE, "view: shape %s has %lld elements; tensor has %lld",
                         k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
                         (long long)numel);
+    int64_t checked;
+    K3_TRY(check_shape("view", ndim, sh, &checked));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;

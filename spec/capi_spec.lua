@@ -146,7 +146,7 @@ describe("install and the C API", function()
     if not ready() then return end
     local env = string.format("LUA_PATH='%s/share/lua/5.4/?.lua;%s/share/lua/5.4/?/init.lua' " ..
                               "LUA_CPATH='%s/lib/lua/5.4/?.so' ", prefix, prefix, prefix)
-    local out, code = sh("cd / && " .. env .. "lua5.4 -e 'local k3 = require \"k3\"; " ..
+    local out, code = sh("cd / && " .. env .. (os.getenv("K3_LUA") or "lua5.4") .. " -e 'local k3 = require \"k3\"; " ..
                          "print(k3.version, k3.zeros({2}):get(2) == 0, " ..
                          "#k3.kernels() > 0, package.searchpath(\"k3.core\", package.cpath))'")
     assert.are.equal(0, code, out)
