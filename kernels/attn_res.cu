@@ -67,6 +67,9 @@ template <class A> __device__ __forceinline__ A warp_sum(A v) {
  * N * (blockDim.x / 32) values. Contains two barriers. */
 template <class A, int N> __device__ void block_sum(A (&v)[N], A *scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    /* Every warp is done with the shared values read before this sum (racecheck on the H200
+     * reported the mix loop's reads against this function's scratch writes). */
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < N; i++) v[i] = warp_sum(v[i]);
     if (lane == 0)
