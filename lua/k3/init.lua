@@ -199,6 +199,8 @@ local HELP = {
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
   {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
   {"k3.clock()", "monotonic seconds (host)"},
+  {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
+  {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
 }
 
@@ -211,7 +213,45 @@ function k3.help()
   end
 end
 
+--- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
+--- (keys sorted, nested up to 3 levels), tensors print their header line.
+function k3.inspect(v, depth)
+  depth = depth or 0
+  if k3.is_tensor(v) then
+    return (tostring(v):match("^[^\n]*"))
+  elseif type(v) == "string" then
+    return string.format("%q", v)
+  elseif type(v) ~= "table" then
+    return tostring(v)
+  elseif depth >= 3 then
+    return "{…}"
+  end
+  local parts, n = {}, #v
+  for i = 1, n do parts[#parts + 1] = k3.inspect(v[i], depth + 1) end
+  local keys = {}
+  for key in pairs(v) do
+    if not (math.type(key) == "integer" and key >= 1 and key <= n) then keys[#keys + 1] = key end
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  for _, key in ipairs(keys) do
+    local name = (type(key) == "string" and key:match("^[%a_][%w_]*$")) and key
+      or "[" .. k3.inspect(key, depth + 1) .. "]"
+    parts[#parts + 1] = name .. " = " .. k3.inspect(v[key], depth + 1)
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- The REPL (scripts/k3 with no arguments): results print through the global `print`
+-- (lua.c), so tables show their contents instead of an address.
 function k3._repl_banner()
+  local plain_print = print
+  _G.print = function(...)
+    local out = table.pack(...)
+    for i = 1, out.n do
+      if type(out[i]) == "table" then out[i] = k3.inspect(out[i]) end
+    end
+    plain_print(table.unpack(out, 1, out.n))
+  end
   local b = k3.backends()
   io.write(string.format("k3 %s: cuda %s. k3.help() lists the API.\n", k3.version,
     b.cuda.available and ("available, " .. b.cuda.devices .. " device(s)") or
