@@ -78,7 +78,7 @@ deps:
 	@scripts/deps $(DEB_PKGS)
 
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all embed
 	@scripts/run-specs
 
 demo: all
@@ -140,7 +140,7 @@ fuzz-smoke: fuzz
 #   make capi                       build/examples/capi/attn_res (C API example, in-tree flags)
 #   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the Lua files, the C module
 #                                   k3/core.so, k3.pc and k3-lua.pc (DESTDIR is honoured)
-# EMBED_TARGETS is what `all`/`test` should also build once the lead hooks it in.
+# EMBED_TARGETS: the example host and C API program; `make test` builds them (host specs).
 PREFIX    ?= /usr/local
 LIBDIR    ?= $(PREFIX)/lib
 INCDIR    ?= $(PREFIX)/include
