@@ -237,9 +237,9 @@ static k3_status attn_res_inputs(const k3_attn_res_args *p) {
         if (S == 0)
             return k3_error(K3_ESHAPE,
                             "attn_res: write_block must be nil: blocks dim 2 is 0; got %lld",
-                            (long long)p->write_block + 1);
+                            (long long)((uint64_t)p->write_block + 1));
         return k3_error(K3_ESHAPE, "attn_res: write_block must be in 1..%lld (blocks dim 2); got %lld",
-                        (long long)S, (long long)p->write_block + 1);
+                        (long long)S, (long long)((uint64_t)p->write_block + 1));
     }
     if (delta) K3_TRY(same_dtype(op, "delta", delta, "prefix", prefix));
     K3_TRY(same_dtype(op, "blocks", blocks, "prefix", prefix));

@@ -433,8 +433,8 @@ k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape, k3
 
 static k3_status check_dim(const char *op, const k3_tensor *t, int d, const char *arg) {
     if (d < 0 || d >= t->ndim)
-        return k3_error(K3_ESHAPE, "%s: %s must be in 1..%d for a %d-dim tensor; got %d", op,
-                        arg, t->ndim, t->ndim, d + 1);
+        return k3_error(K3_ESHAPE, "%s: %s must be in 1..%d for a %d-dim tensor; got %lld", op,
+                        arg, t->ndim, t->ndim, (long long)d + 1);
     return K3_OK;
 }
 
