@@ -164,6 +164,25 @@ describe("cuda.attn_res.packed #gpu", function()
     check(inputs(300, 8, 7168, {num_blocks = 8}), K, "T=300 (the large-T launch shape)")
   end)
 
+  it("large-T persistent path: T 64, 300, 4097; num_blocks 1, 8, 16; padded blocks; f16", function()
+    if not have_packed() then return end
+    for _, T in ipairs({64, 300}) do
+      for _, nb in ipairs({1, 8, 16}) do
+        check(inputs(T, nb, 7168, {num_blocks = nb, seed = 500 + T + nb}), K,
+          string.format("bf16 H=7168 T=%d nb=%d", T, nb))
+      end
+    end
+    check(inputs(300, 12, 7168, {num_blocks = 8, bpad = 8, seed = 601}), K, "T=300 8 of 12 blocks, padded block rows")
+    check(inputs(300, 8, 7168, {num_blocks = 5, dtype = "f16", bpad = 16, seed = 602}), K, "f16 T=300 nb=5 padded")
+    check(inputs(300, 8, 7168, {num_blocks = 8, wdtype = "f32", seed = 603}), K, "T=300 f32 weights")
+    check(inputs(64, 8, 8192, {num_blocks = 8, seed = 604}), K, "T=64 H=8192 (512 threads)")
+    check(inputs(300, 4, 7176, {num_blocks = 4, seed = 605}), K, "T=300 H=7176 (idle slots)")
+    check(inputs(300, 3, 1000, {num_blocks = 3, seed = 606}), K, "T=300 H=1000")
+    check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 607}), K, "T=4097 nb=1")
+    check(inputs(4097, 8, 1024, {num_blocks = 8, seed = 608}), K, "T=4097 H=1024 nb=8")
+    check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
+  end)
+
   it("row-padded prefix and delta: direct call and default dispatch raise the layout error", function()
     if not have_packed() then return end
     local msg = "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
