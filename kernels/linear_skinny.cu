@@ -12,6 +12,45 @@
 #include <limits.h>
 #include <stdio.h>
 
+/* Split-K across CTAs (kcta >= 2, see linear_skinny.cuh) needs, per launch:
+ *  - fp32 partials: the context's workspace (k3c_ctx::workspace, shared with cuBLAS(Lt),
+ *    stream-ordered scratch on this thread's stream: nothing else runs on it meanwhile);
+ *  - arrival counters that are zero before the launch. The kernel leaves them zero, so they
+ *    live in a small per-thread, per-device buffer that nothing else touches (the workspace
+ *    would not do: cuBLAS scribbles on it between our calls). It is allocated and zeroed on
+ *    the first split call of a thread, which therefore must not be inside a CUDA graph
+ *    capture (supports() declines with a named reason then; the buffer is never freed:
+ *    256 KiB per thread and device). */
+#define K3SK_MAX_DEVICES 64
+#define K3SK_COUNTERS 65536 /* row tiles: N <= 65536 * rows */
+static thread_local unsigned *k3sk_counters[K3SK_MAX_DEVICES];
+
+static bool k3sk_capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true; /* unknown: behave as if capturing (never allocate) */
+    }
+    return st != cudaStreamCaptureStatusNone;
+}
+
+/* This thread's counters on ctx's device, allocating and zeroing them on first use. */
+static k3_status k3sk_get_counters(k3c_ctx *ctx, unsigned **out) {
+    unsigned *&c = k3sk_counters[ctx->dev];
+    if (!c) {
+        void *p = NULL;
+        K3_TRY(k3c_alloc(ctx->dev, K3SK_COUNTERS * sizeof(unsigned), &p));
+        cudaError_t e = cudaMemsetAsync(p, 0, K3SK_COUNTERS * sizeof(unsigned), ctx->stream);
+        if (e != cudaSuccess) {
+            k3c_free(ctx->dev, p, K3SK_COUNTERS * sizeof(unsigned));
+            K3_CHECK(e);
+        }
+        c = (unsigned *)p;
+    }
+    *out = c;
+    return K3_OK;
+}
+
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
     snprintf(buf, n, "[%lld, %lld]", (long long)v[0], (long long)v[1]);
     return buf;
@@ -90,12 +129,24 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     if (!r.vec) r.vec = K3_SKINNY_VEC;
     int sk = k3_skinny_split_k(r.threads, r.rows);
     if (!r.split_k) r.split_k = sk;
-    if (r.vec != K3_SKINNY_VEC || !sk || r.split_k != sk ||
-        !k3_skinny_instantiated(r.threads, r.rows, r.unroll))
+    /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
+     * (CTAs along K); kcta = 1 is the classic kernel, kcta >= 2 the split-K-across-CTAs one. */
+    const int kcta = sk && r.split_k % sk == 0 ? r.split_k / sk : 0;
+    if (kcta > K3_SKINNY_MAX_KCTA)
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
-                        "is not instantiated",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k),
+                        "asks for %d CTAs along K (split_k / %d); at most %d",
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k, kcta, sk,
+                        K3_SKINNY_MAX_KCTA),
+               K3_EINVAL;
+    if (r.vec != K3_SKINNY_VEC || !sk || !kcta ||
+        (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll)) ||
+        (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll)))
+        return snprintf(why, n,
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
+                        "is not instantiated%s",
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
+                        kcta > 1 ? " for split-K across CTAs" : ""),
                K3_EINVAL;
     if (K % r.vec)
         return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
@@ -109,6 +160,40 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             "kernel loads 16 bytes at a time",
                             tname[i], (long long)packed[i]->offset),
                    for_run ? K3_ELAYOUT : K3_ENOKERNEL;
+    if (kcta > 1) {
+        const int64_t tiles = k3_skinny_split_tiles(r.rows, (int)N);
+        if (tiles > K3SK_COUNTERS)
+            return snprintf(why, n,
+                            "split-K across CTAs: %lld row tiles of %d exceed the %d arrival "
+                            "counters",
+                            (long long)tiles, r.rows, K3SK_COUNTERS),
+                   K3_ESHAPE;
+        if (dx.index < 0 || dx.index >= K3SK_MAX_DEVICES)
+            return snprintf(why, n, "split-K across CTAs: device index %d is >= %d", dx.index,
+                            K3SK_MAX_DEVICES),
+                   K3_EDEVICE;
+        k3c_ctx *ctx = NULL;
+        k3_status cs = k3c_context(dx.index, &ctx);
+        if (cs != K3_OK || !ctx)
+            return snprintf(why, n, "split-K across CTAs: no CUDA context for cuda:%d",
+                            dx.index),
+                   cs != K3_OK ? cs : K3_EINTERNAL;
+        const size_t need = k3_skinny_split_ws_bytes(r.rows, kcta, (int)M, (int)N);
+        if (!ctx->workspace || need > ctx->workspace_size)
+            return snprintf(why, n,
+                            "split-K across CTAs: %zu bytes of fp32 partials (%lld tiles x %d "
+                            "CTAs x M %lld x rows %d) exceed the context workspace (%zu bytes)",
+                            need, (long long)tiles, kcta, (long long)M, r.rows,
+                            ctx->workspace ? ctx->workspace_size : (size_t)0),
+                   K3_ENOMEM;
+        if (!k3sk_counters[dx.index] && k3sk_capturing(ctx->stream))
+            return snprintf(why, n,
+                            "split-K across CTAs: this thread's arrival counters on cuda:%d are "
+                            "not allocated yet and its stream is being captured (run one split "
+                            "call outside the capture first)",
+                            dx.index),
+                   K3_ENOKERNEL;
+    }
     *cfg = r;
     return K3_OK;
 }
@@ -148,7 +233,15 @@ static k3_status k3sk_run(const k3_op_args *a) {
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
+    const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows);
+    if (kcta <= 1) {
+        K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
+        return K3_OK;
+    }
+    unsigned *counters = NULL;
+    K3_TRY(k3sk_get_counters(ctx, &counters));
+    K3_CHECK(k3_skinny_launch_split(cfg.threads, cfg.rows, cfg.unroll, kcta, p,
+                                    (float *)ctx->workspace, counters, ctx->stream));
     return K3_OK;
 }
 

@@ -15,9 +15,23 @@
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
  * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
- * (16-byte loads) and split_k = threads / 32 / (rows / 8) (K-slices per row group, reduced
- * in shared memory; no workspace, no atomics). Only the triples listed in
- * K3_SKINNY_CONFIGS are compiled; spec/skinny_spec.lua uses some of them by value.
+ * (16-byte loads) and split_k = the number of K-slices per row group IN TOTAL:
+ *   split_k = kw * kcta,  kw = threads / 32 / (rows / 8)  (warps of one CTA on a row group)
+ * where kcta is the number of CTAs along K.
+ *   kcta = 1 (split_k == kw, or 0 = default): the classic kernel, grid = ceil(N / rows)
+ *     CTAs, the kw warps' partials reduced in shared memory; no workspace, no atomics.
+ *     Only the triples of K3_SKINNY_CONFIGS are compiled.
+ *   kcta >= 2 (split_k == kw * kcta): split-K ACROSS CTAs. grid = (ceil(N / rows), kcta);
+ *     CTA (tile, s) streams chunks [nchunk * s / kcta, nchunk * (s + 1) / kcta) of its rows
+ *     (equal slices, within one 32-k chunk), reduces its warps in shared memory as above and
+ *     writes its fp32 partial [M][rows] to ws[(tile * kcta + s) * M * rows]. Then each
+ *     thread __threadfence()s, thread 0 increments counters[tile]; the CTA that sees
+ *     kcta - 1 (the last to arrive) sums the kcta partials in split order 0..kcta-1 (fixed,
+ *     whoever arrives last: deterministic), adds the residual, rounds once, writes y and
+ *     resets counters[tile] to 0 — so the counters must be zero before the first launch
+ *     and stay zero between launches (re-launchable, CUDA-graph safe). Only the triples of
+ *     K3_SKINNY_SPLIT_CONFIGS are compiled for this mode, kcta 2..K3_SKINNY_MAX_KCTA.
+ * spec/skinny_spec.lua uses some of them by value.
  */
 #ifndef K3_LINEAR_SKINNY_CUH
 #define K3_LINEAR_SKINNY_CUH
@@ -36,8 +50,13 @@
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4)                                             \
     X(256, 64, 4) X(512, 64, 4)
 
+/* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
+#define K3_SKINNY_SPLIT_CONFIGS(X)                                                        \
+    X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
+
 #define K3_SKINNY_VEC 8
 #define K3_SKINNY_MAX_M 16
+#define K3_SKINNY_MAX_KCTA 32
 
 /* What one launch computes. x [M,K] and w [N,K] are packed row-major bf16 (row stride K),
  * 16-byte aligned; res (may be NULL) and y are bf16 with element strides (s0, s1). */
@@ -62,6 +81,24 @@ static inline bool k3_skinny_instantiated(int threads, int rows, int unroll) {
     K3_SKINNY_CONFIGS(K3_SK_MATCH)
 #undef K3_SK_MATCH
     return false;
+}
+
+static inline bool k3_skinny_split_instantiated(int threads, int rows, int unroll) {
+#define K3_SK_MATCH(T, R, U)                                                               \
+    if (threads == (T) && rows == (R) && unroll == (U)) return true;
+    K3_SKINNY_SPLIT_CONFIGS(K3_SK_MATCH)
+#undef K3_SK_MATCH
+    return false;
+}
+
+/* Bytes of fp32 partials a split launch needs in ws (0 for kcta <= 1), and the number of
+ * counters (row tiles) it uses. */
+static inline size_t k3_skinny_split_ws_bytes(int rows, int kcta, int M, int N) {
+    if (kcta <= 1 || rows <= 0 || N <= 0) return 0;
+    return (size_t)((N + rows - 1) / rows) * (size_t)kcta * (size_t)M * (size_t)rows * 4u;
+}
+static inline int64_t k3_skinny_split_tiles(int rows, int N) {
+    return rows > 0 && N > 0 ? ((int64_t)N + rows - 1) / rows : 0;
 }
 
 #if defined(__CUDACC__)
@@ -90,6 +127,30 @@ static __device__ __forceinline__ uint4 k3sk_load_x(const uint4 *p, bool pred) {
     return r;
 }
 
+/* The same two loads as asm volatile: the compiler keeps them in program order ahead of
+ * the (volatile) MMAs, so all UNROLL loads of a step are issued before the first MMA
+ * (more bytes in flight; the split kernels use these). */
+static __device__ __forceinline__ uint4 k3sk_load_w_v(const uint4 *p, bool pred) {
+    uint4 r;
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.ne.b32 p, %5, 0;\n\t"
+                 "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+                 "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "r"((int)pred));
+    return r;
+}
+static __device__ __forceinline__ uint4 k3sk_load_x_v(const uint4 *p, bool pred) {
+    uint4 r;
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "setp.ne.b32 p, %5, 0;\n\t"
+                 "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+                 "@p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "r"((int)pred));
+    return r;
+}
+
 /* d += A(16x16, tokens x k) * B(16x8, k x rows), bf16 operands, fp32 accumulators. */
 static __device__ __forceinline__ void k3sk_mma(float (&d)[4], uint32_t a0, uint32_t a1,
                                                 uint32_t a2, uint32_t a3, uint32_t b0,
@@ -113,12 +174,14 @@ static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
 }
 
 /* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
-template <int THREADS, int ROWS, int UNROLL, int MT>
+/* SPLIT: split-K across CTAs (gridDim.y = kcta >= 2, ws and counters used); otherwise
+ * gridDim.y = 1 and ws / counters are unused (may be NULL). */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
 __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
                      uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K) {
+                     int K, float *__restrict__ ws, unsigned *__restrict__ counters) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -143,19 +206,36 @@ __global__ void __launch_bounds__(THREADS)
     const uint4 *x0 = x + (x0_ok ? g : 0) * (int64_t)nvec;
     const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * (int64_t)nvec;
 
+    /* This CTA's chunks: all of them, or split s of kcta (equal slices, fixed bounds). */
+    int cbeg = 0, cend = nchunk;
+    if (SPLIT) {
+        cbeg = (int)((int64_t)nchunk * blockIdx.y / gridDim.y);
+        cend = (int)((int64_t)nchunk * (blockIdx.y + 1) / gridDim.y);
+    }
+
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int c0 = kw * UNROLL; c0 < nchunk; c0 += KW * UNROLL) {
+    for (int c0 = cbeg + kw * UNROLL; c0 < cend; c0 += KW * UNROLL) {
         uint4 wv[UNROLL], xa[UNROLL], xb[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
-            const bool kin = v < nvec;
-            wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
-            xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
-            if (MT == 2)
-                xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
-            else
-                xb[u] = make_uint4(0u, 0u, 0u, 0u);
+            /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
+            const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
+            if (SPLIT) {
+                wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
+                if (MT == 2)
+                    xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
+                else
+                    xb[u] = make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
+                if (MT == 2)
+                    xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
+                else
+                    xb[u] = make_uint4(0u, 0u, 0u, 0u);
+            }
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -179,23 +259,57 @@ __global__ void __launch_bounds__(THREADS)
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < KW; ++j) s += partial[grp * KW + j][reg][src];
+        if (SPLIT) {
+            /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
+            ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
+               r] = s;
+            continue;
+        }
         if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
         y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
     }
+    if (!SPLIT) return;
+
+    /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
+     * seeing the count), sum the kcta partials in split order, round once, reset. */
+    __shared__ unsigned is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned prev = atomicAdd(&counters[blockIdx.x], 1u);
+        is_last = prev == gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int kcta = (int)gridDim.y;
+    const int64_t slot = (int64_t)M * ROWS;
+    const float *tp = ws + (int64_t)blockIdx.x * kcta * slot;
+    for (int i = threadIdx.x; i < M * ROWS; i += THREADS) {
+        const int m = i / ROWS, rr = i % ROWS;
+        const int64_t n = (int64_t)blockIdx.x * ROWS + rr;
+        if (n >= N) continue;
+        float s = 0.f;
+        for (int j = 0; j < kcta; ++j) s += __ldcg(tp + j * slot + i);
+        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
-template <int THREADS, int ROWS, int UNROLL>
-static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, cudaStream_t stream) {
-    const unsigned blocks = (unsigned)((p.N + ROWS - 1) / ROWS);
+template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
+static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
+                                      unsigned *counters, cudaStream_t stream) {
+    const dim3 grid((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
     const uint16_t *res = (const uint16_t *)p.res;
     uint16_t *y = (uint16_t *)p.y;
     if (p.M <= 8)
-        k3_skinny_kernel<THREADS, ROWS, UNROLL, 1><<<blocks, THREADS, 0, stream>>>(
-            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K);
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT><<<grid, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
     else
-        k3_skinny_kernel<THREADS, ROWS, UNROLL, 2><<<blocks, THREADS, 0, stream>>>(
-            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K);
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT><<<grid, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
     return cudaGetLastError();
 }
 
@@ -210,8 +324,29 @@ static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
     if (p.N == 0) return cudaSuccess;
 #define K3_SK_LAUNCH(T, R, U)                                                              \
     if (threads == (T) && rows == (R) && unroll == (U))                                    \
-        return k3_skinny_launch_t<T, R, U>(p, stream);
+        return k3_skinny_launch_t<T, R, U, false>(p, 1, nullptr, nullptr, stream);
     K3_SKINNY_CONFIGS(K3_SK_LAUNCH)
+#undef K3_SK_LAUNCH
+    return cudaErrorInvalidValue;
+}
+
+/* Launches one split-K-across-CTAs configuration (kcta CTAs along K, 2..K3_SKINNY_MAX_KCTA).
+ * ws: >= k3_skinny_split_ws_bytes(rows, kcta, M, N) bytes, 16-byte aligned, scratch (stream
+ * ordered); counters: >= k3_skinny_split_tiles(rows, N) unsigned, all ZERO, owned by this
+ * stream (the kernel leaves them zero). cudaErrorInvalidValue as k3_skinny_launch, and when
+ * the triple is not in K3_SKINNY_SPLIT_CONFIGS, kcta is out of range or ws/counters are NULL. */
+static cudaError_t k3_skinny_launch_split(int threads, int rows, int unroll, int kcta,
+                                          const k3_skinny_problem &p, float *ws,
+                                          unsigned *counters, cudaStream_t stream) {
+    if (p.M < 1 || p.M > K3_SKINNY_MAX_M || p.N < 0 || p.K < 0 || p.K % K3_SKINNY_VEC ||
+        ((uintptr_t)p.x & 15) || ((uintptr_t)p.w & 15) || !p.y || kcta < 2 ||
+        kcta > K3_SKINNY_MAX_KCTA || !ws || !counters)
+        return cudaErrorInvalidValue;
+    if (p.N == 0) return cudaSuccess;
+#define K3_SK_LAUNCH(T, R, U)                                                              \
+    if (threads == (T) && rows == (R) && unroll == (U))                                    \
+        return k3_skinny_launch_t<T, R, U, true>(p, kcta, ws, counters, stream);
+    K3_SKINNY_SPLIT_CONFIGS(K3_SK_LAUNCH)
 #undef K3_SK_LAUNCH
     return cudaErrorInvalidValue;
 }

@@ -1,6 +1,6 @@
 -- cuda.linear.skinny and cuda.linear.batch_invariant on a GPU: correctness against the fp64
 -- reference (K not a multiple of 4096, N not a multiple of the rows per block, M = 1..17),
--- ones·ones = K, the residual variant, every decline reason driven with a real input whose
+-- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), every decline reason driven with a real input whose
 -- result must equal cuBLAS's, and the batch-invariant rows equal across M and to the CPU.
 local k3 = require "k3"
 local H = require "spec.helpers"
@@ -155,6 +155,110 @@ describe("cuda.linear.skinny #gpu", function()
       for _, row in ipairs(base:narrow(2, N + 1, 8):to("cpu"):totable()) do
         for _, v in ipairs(row) do assert.is_true(v ~= v, "the padding of out was written") end
       end
+    end
+  end)
+end)
+
+-- Split-K across CTAs (kernels/linear_skinny.cuh, K3_SKINNY_SPLIT_CONFIGS): split_k = kw x kcta
+-- with kw = threads / 32 / (rows / 8) and kcta (CTAs along K) >= 2.
+local SPLIT_CONFIGS = { -- {threads, rows, unroll, kcta}
+  {256, 8, 4, 2}, {256, 8, 4, 3}, {128, 8, 8, 4}, {256, 8, 8, 2}, {512, 8, 2, 3}, {512, 8, 2, 8},
+}
+local function split_config(c)
+  local kw = c[1] // 32 // (c[2] // 8)
+  return {threads = c[1], rows = c[2], unroll = c[3], vec = 8, split_k = kw * c[4]}
+end
+
+describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
+  it("matches the fp64 reference through plans (several shapes, M = 1, 7, 16, residual)", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    -- N not a multiple of 8 (partial last tile), K with a partial last chunk (4104) and
+    -- chunk counts not divisible by kcta; 1536x7168 and 2304x1536 are Kimi-K3 shapes
+    local shapes = {{1536, 7168}, {2304, 1536}, {131, 4104}, {264, 5120}}
+    for si, s in ipairs(shapes) do
+      local N, K = s[1], s[2]
+      local w = bf16({N, K}, 800 + si)
+      for ci, c in ipairs(SPLIT_CONFIGS) do
+        local config = split_config(c)
+        local ll = k3.method.low_latency(all_plan(config))
+        for _, M in ipairs({1, 7, 16}) do
+          local x = bf16({M, K}, 810 + M)
+          local what = string.format("%dx%d threads=%d rows=%d unroll=%d kcta=%d M=%d", N, K,
+            c[1], c[2], c[3], c[4], M)
+          assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+          check_ref(ll:apply(x, w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}),
+            x, w, nil, what)
+          if ci <= 2 or si == 1 then
+            local r = bf16({M, N}, 820 + M)
+            check_ref(ll:apply(x, w, nil, {residual = r,
+              out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}), x, w, r, what .. " residual")
+          end
+        end
+      end
+    end
+  end)
+
+  it("re-launched twice in a row gives identical results (counters reset), equal to the other kcta", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local N, K = 1536, 7168
+    local w = bf16({N, K}, 900)
+    for _, M in ipairs({1, 7, 16}) do
+      local x = bf16({M, K}, 910 + M)
+      local r = bf16({M, N}, 920 + M)
+      for _, c in ipairs(SPLIT_CONFIGS) do
+        local ll = k3.method.low_latency(all_plan(split_config(c)))
+        local what = string.format("threads=%d rows=%d unroll=%d kcta=%d M=%d", c[1], c[2], c[3], c[4], M)
+        local o = {dtype = "bf16", device = "cuda"}
+        local y1 = ll:apply(x, w, nil, {residual = r, out = H.poisoned({M, N}, o)})
+        local y2 = ll:apply(x, w, nil, {residual = r, out = H.poisoned({M, N}, o)})
+        local y3 = ll:apply(x, w, nil, {residual = r, out = H.poisoned({M, N}, o)})
+        assert.equal(0, k3.max_abs_diff(y1, y2), what .. ": second launch differs")
+        assert.equal(0, k3.max_abs_diff(y1, y3), what .. ": third launch differs")
+        check_ref(y3, x, w, r, what)
+      end
+    end
+  end)
+
+  it("ones · ones = K exactly with the K slices summed across CTAs", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    for _, K in ipairs({4096, 7168, 14336}) do
+      local want = k3.full({1}, K, {dtype = "bf16"}):get(1)
+      for _, c in ipairs({SPLIT_CONFIGS[1], SPLIT_CONFIGS[6]}) do
+        local ll = k3.method.low_latency(all_plan(split_config(c)))
+        for _, M in ipairs({1, 16}) do
+          local x = k3.ones({M, K}, {dtype = "bf16", device = "cuda"})
+          local w = k3.ones({40, K}, {dtype = "bf16", device = "cuda"})
+          local y = ll:apply(x, w):to("cpu")
+          for i = 1, M do
+            for n = 1, 40 do
+              assert.equal(want, y:get(i, n), string.format("K=%d kcta=%d M=%d [%d,%d]", K, c[4], M, i, n))
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  it("declines split configurations it cannot run, with named reasons, and the fallback serves", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local x, w = bf16({3, 1024}, 1), bf16({96, 1024}, 2)
+    local cases = {
+      -- 256 threads, rows 8: kw = 8; 12 is not a multiple
+      {{threads = 256, rows = 8, unroll = 4, split_k = 12},
+        "config {threads = 256, rows = 8, unroll = 4, vec = 8, split_k = 12} is not instantiated"},
+      {{threads = 256, rows = 8, unroll = 4, split_k = 8 * 33},
+        "asks for 33 CTAs along K (split_k / 8); at most 32"},
+      -- (256, 8, 2) is a classic configuration only
+      {{threads = 256, rows = 8, unroll = 2, split_k = 16},
+        "config {threads = 256, rows = 8, unroll = 2, vec = 8, split_k = 16} is not instantiated for split-K across CTAs"},
+    }
+    for _, case in ipairs(cases) do
+      local ll = k3.method.low_latency({[3] = {kernel = "skinny", config = case[1]}})
+      local e = ll:explain(x, w)
+      assert.equal(CUBLAS, e.chosen)
+      local reason = skinny_decline(e)
+      assert.truthy(reason and reason:find(case[2], 1, true), tostring(reason))
+      assert.equal(0, k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = CUBLAS})))
     end
   end)
 end)

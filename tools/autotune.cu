@@ -55,14 +55,53 @@ static const Shape KIMI[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304, 
                              {7168, 4224}, {7168, 8448},  {8448, 7168},  {16896, 7168},
                              {7168, 14336}, {20480, 7168}};
 
+/* kcta = CTAs along K: 1 = the classic kernel, >= 2 = split-K across CTAs (the plan's
+ * split_k is then k3_skinny_split_k(threads, rows) * kcta). */
 struct Config {
-    int threads, rows, unroll;
+    int threads, rows, unroll, kcta;
 };
 static std::vector<Config> all_configs() {
     std::vector<Config> v;
-#define K3_AT_ADD(T, R, U) v.push_back(Config{T, R, U});
+#define K3_AT_ADD(T, R, U) v.push_back(Config{T, R, U, 1});
     K3_SKINNY_CONFIGS(K3_AT_ADD)
 #undef K3_AT_ADD
+    return v;
+}
+static std::vector<Config> split_templates() {
+    std::vector<Config> v;
+#define K3_AT_ADD(T, R, U) v.push_back(Config{T, R, U, 0});
+    K3_SKINNY_SPLIT_CONFIGS(K3_AT_ADD)
+#undef K3_AT_ADD
+    return v;
+}
+/* The split-K candidates for one shape: for each split template, the smallest kcta >= 2
+ * whose grid reaches 2x the SM count and the smallest larger one reaching 4x (so every SM
+ * gets several CTAs and the block scheduler balances them), each CTA keeping at least
+ * half a step (warps x unroll chunks of 32 k) of work. Shapes whose classic grid already
+ * has >= 8 CTAs per SM get none (nothing to balance; keeps the run short). */
+static std::vector<Config> split_configs(const Shape &s, int sms) {
+    std::vector<Config> v;
+    const int nchunk = (s.K / 8 + 3) / 4;
+    for (Config c : split_templates()) {
+        const long tiles = (s.N + c.rows - 1) / c.rows;
+        const int kw = k3_skinny_split_k(c.threads, c.rows);
+        if (tiles >= 8L * sms) continue;
+        int picked = 0, last = 1;
+        for (int target : {2, 4}) {
+            for (int k = last + 1; k <= K3_SKINNY_MAX_KCTA; k++) {
+                if (2L * nchunk < (long)k * kw * c.unroll) break; /* < half a step each */
+                if (tiles * k >= (long)target * sms) {
+                    Config d = c;
+                    d.kcta = k;
+                    v.push_back(d);
+                    last = k;
+                    picked++;
+                    break;
+                }
+            }
+        }
+        (void)picked;
+    }
     return v;
 }
 
@@ -269,13 +308,28 @@ int main(int argc, char **argv) {
              prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, rt, drv, blas_ver,
              copy_tbs);
     fprintf(stderr, "autotune: %s\n", machine);
-    fprintf(stderr, "autotune: %zu shapes x %zu M values x %zu configs\n", shapes.size(),
-            ms.size(), all_configs().size());
+    size_t nsplit = 0;
+    for (const Shape &s : shapes) nsplit += split_configs(s, prop.multiProcessorCount).size();
+    fprintf(stderr,
+            "autotune: %zu shapes x %zu M values x (%zu classic configs + %zu split-K ones over "
+            "all shapes)\n",
+            shapes.size(), ms.size(), all_configs().size(), nsplit);
 
-    const std::vector<Config> cfgs = all_configs();
+    /* Split-K across CTAs: fp32 partials in a workspace the size of the backend's context
+     * workspace (kernels/backend.cu, 32 MiB) and zeroed arrival counters, as the kernel
+     * record uses them; candidates that need more workspace are skipped, as supports()
+     * declines them. */
+    const size_t split_ws_bytes = 32u << 20;
+    const int n_counters = 65536;
+    float *split_ws = nullptr;
+    unsigned *counters = nullptr;
+    CK(cudaMalloc(&split_ws, split_ws_bytes));
+    CK(cudaMalloc(&counters, n_counters * sizeof(unsigned)));
+    CK(cudaMemset(counters, 0, n_counters * sizeof(unsigned)));
+    std::vector<unsigned> hcounters(n_counters);
     std::vector<Result> results;
     FILE *csv = fopen(csv_path.c_str(), "w");
-    if (csv) fprintf(csv, "N,K,M,kernel,threads,rows,unroll,us,status\n");
+    if (csv) fprintf(csv, "N,K,M,kernel,threads,rows,unroll,kcta,us,status\n");
     const size_t l2 = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : (size_t)60 << 20;
     const int total = (int)(shapes.size() * ms.size());
     int done = 0;
@@ -296,6 +350,8 @@ int main(int argc, char **argv) {
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(t.s));
         std::vector<uint16_t> href((size_t)K3_SKINNY_MAX_M * s.N), hy(href.size());
+        std::vector<Config> cfgs = all_configs();
+        for (const Config &c : split_configs(s, prop.multiProcessorCount)) cfgs.push_back(c);
 
         for (int M : ms) {
             const float alpha = 1.f, beta = 0.f;
@@ -333,9 +389,18 @@ int main(int argc, char **argv) {
                         s.K, M);
                 return 1;
             }
-            if (csv) fprintf(csv, "%d,%d,%d,cublas,0,0,0,%.3f,ok\n", s.N, s.K, M, r.cublas_us);
+            if (csv) fprintf(csv, "%d,%d,%d,cublas,0,0,0,0,%.3f,ok\n", s.N, s.K, M, r.cublas_us);
 
             for (const Config &c : cfgs) {
+                if (c.kcta > 1 &&
+                    (k3_skinny_split_ws_bytes(c.rows, c.kcta, M, s.N) > split_ws_bytes ||
+                     k3_skinny_split_tiles(c.rows, s.N) > n_counters))
+                    continue;
+                auto launch = [&](const k3_skinny_problem &q) {
+                    return c.kcta > 1 ? k3_skinny_launch_split(c.threads, c.rows, c.unroll,
+                                                               c.kcta, q, split_ws, counters, t.s)
+                                      : k3_skinny_launch(c.threads, c.rows, c.unroll, q, t.s);
+                };
                 k3_skinny_problem p;
                 p.x = x;
                 p.res = nullptr;
@@ -347,21 +412,29 @@ int main(int argc, char **argv) {
                 p.N = s.N;
                 p.K = s.K;
                 /* Correctness first, on copy 0, into a NaN-poisoned output. */
-                CK(cudaMemsetAsync(y, 0xff, (size_t)M * s.N * 2, t.s));
                 p.w = w;
-                cudaError_t le = k3_skinny_launch(c.threads, c.rows, c.unroll, p, t.s);
                 const char *status = "ok";
-                if (le != cudaSuccess) {
-                    status = "launch-failed";
-                } else {
+                /* Split candidates run twice in a row (the second relies on the first having
+                 * reset its counters) and both results must be right and bit-identical. */
+                const int passes = c.kcta > 1 ? 2 : 1;
+                for (int pass = 0; pass < passes && !strcmp(status, "ok"); pass++) {
+                    CK(cudaMemsetAsync(y, 0xff, (size_t)M * s.N * 2, t.s));
+                    cudaError_t le = launch(p);
+                    if (le != cudaSuccess) {
+                        status = "launch-failed";
+                        break;
+                    }
                     cudaError_t se = cudaStreamSynchronize(t.s);
                     if (se != cudaSuccess) {
                         fprintf(stderr,
-                                "\nautotune: config threads=%d rows=%d unroll=%d crashed on %dx%d "
-                                "M=%d: %s\n",
-                                c.threads, c.rows, c.unroll, s.N, s.K, M, cudaGetErrorString(se));
+                                "\nautotune: config threads=%d rows=%d unroll=%d kcta=%d crashed "
+                                "on %dx%d M=%d: %s\n",
+                                c.threads, c.rows, c.unroll, c.kcta, s.N, s.K, M,
+                                cudaGetErrorString(se));
                         return 1;
                     }
+                    std::vector<uint16_t> prev;
+                    if (pass) prev = hy;
                     CK(cudaMemcpy(hy.data(), y, (size_t)M * s.N * 2, cudaMemcpyDeviceToHost));
                     size_t bad = 0, first = 0;
                     for (size_t i = 0; i < (size_t)M * s.N; i++) {
@@ -374,28 +447,50 @@ int main(int argc, char **argv) {
                     if (bad) {
                         status = "wrong";
                         fprintf(stderr,
-                                "\nautotune: WRONG result: threads=%d rows=%d unroll=%d on %dx%d "
-                                "M=%d: %zu elements differ from cuBLAS (first [%zu, %zu]: %g vs "
-                                "%g)\n",
-                                c.threads, c.rows, c.unroll, s.N, s.K, M, bad, first / s.N,
-                                first % s.N, host_bf16_to_f32(hy[first]),
+                                "\nautotune: WRONG result: threads=%d rows=%d unroll=%d kcta=%d "
+                                "on %dx%d M=%d (pass %d): %zu elements differ from cuBLAS (first "
+                                "[%zu, %zu]: %g vs %g)\n",
+                                c.threads, c.rows, c.unroll, c.kcta, s.N, s.K, M, pass + 1, bad,
+                                first / s.N, first % s.N, host_bf16_to_f32(hy[first]),
                                 host_bf16_to_f32(href[first]));
+                    } else if (pass &&
+                               memcmp(prev.data(), hy.data(), (size_t)M * s.N * 2) != 0) {
+                        status = "not-deterministic";
+                        fprintf(stderr,
+                                "\nautotune: threads=%d rows=%d unroll=%d kcta=%d on %dx%d M=%d: "
+                                "a second launch differs from the first\n",
+                                c.threads, c.rows, c.unroll, c.kcta, s.N, s.K, M);
                     }
+                }
+                if (c.kcta > 1 && !strcmp(status, "ok")) {
+                    /* the counters must be back to zero */
+                    const size_t nt = (size_t)k3_skinny_split_tiles(c.rows, s.N);
+                    CK(cudaMemcpy(hcounters.data(), counters, nt * sizeof(unsigned),
+                                  cudaMemcpyDeviceToHost));
+                    for (size_t i = 0; i < nt; i++)
+                        if (hcounters[i]) {
+                            status = "counters-not-reset";
+                            fprintf(stderr,
+                                    "\nautotune: threads=%d rows=%d unroll=%d kcta=%d on %dx%d "
+                                    "M=%d: counter %zu is %u after the launch\n",
+                                    c.threads, c.rows, c.unroll, c.kcta, s.N, s.K, M, i,
+                                    hcounters[i]);
+                            return 1; /* every later split measurement would be wrong */
+                        }
                 }
                 double us = -1;
                 if (!strcmp(status, "ok")) {
                     us = time_calls(t, L, [&](int j) {
                         k3_skinny_problem q = p;
                         q.w = w + (size_t)(j % copies) * wn;
-                        return k3_skinny_launch(c.threads, c.rows, c.unroll, q, t.s) ==
-                               cudaSuccess;
+                        return launch(q) == cudaSuccess;
                     });
                     if (us < 0) status = "capture-failed";
                 }
                 if (strcmp(status, "ok")) r.failed++;
                 if (csv)
-                    fprintf(csv, "%d,%d,%d,skinny,%d,%d,%d,%.3f,%s\n", s.N, s.K, M, c.threads,
-                            c.rows, c.unroll, us, status);
+                    fprintf(csv, "%d,%d,%d,skinny,%d,%d,%d,%d,%.3f,%s\n", s.N, s.K, M, c.threads,
+                            c.rows, c.unroll, c.kcta, us, status);
                 if (us > 0 && (!r.have_best || us < r.best_us)) {
                     r.have_best = true;
                     r.best_us = us;
@@ -444,7 +539,12 @@ int main(int argc, char **argv) {
         fprintf(f,
                 "-- %s.lua: measured cuda.linear.skinny plans for %s, written by scripts/autotune\n"
                 "-- (tools/autotune.cu); regenerate on the machine rather than editing by hand.\n"
-                "-- An entry exists only where the skinny kernel beat cuBLAS by >= %.0f%%.\n",
+                "-- An entry exists only where the skinny kernel beat cuBLAS by >= %.0f%%.\n"
+                "-- config.split_k = K-slices per row group in total = kw * kcta, where kw =\n"
+                "-- threads / 32 / (rows / 8) (warps of a CTA on one row group, reduced in shared\n"
+                "-- memory) and kcta = CTAs along K: split_k == kw is the classic one-CTA-per-tile\n"
+                "-- kernel; split_k == kw * kcta (kcta >= 2) is split-K across CTAs (fp32 partials\n"
+                "-- in the context workspace, summed in fixed order by the last CTA of each tile).\n",
                 arch, arch, (min_speedup - 1) * 100);
         fprintf(f, "return {\n  arch = \"%s\",\n  machine = \"%s\",\n  date = \"%s\",\n",
                 arch, machine, date);
@@ -465,7 +565,7 @@ int main(int argc, char **argv) {
                         "      [%d] = {kernel = \"skinny\", config = {threads = %d, rows = %d, "
                         "unroll = %d, vec = %d, split_k = %d}, us = %.2f, cublas_us = %.2f},\n",
                         r.M, c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
-                        k3_skinny_split_k(c.threads, c.rows), r.best_us, r.cublas_us);
+                        k3_skinny_split_k(c.threads, c.rows) * c.kcta, r.best_us, r.cublas_us);
             }
             fprintf(f, "    },\n");
         }
@@ -513,5 +613,7 @@ int main(int argc, char **argv) {
     }
     cublasDestroy(h);
     cudaFree(ws);
+    cudaFree(split_ws);
+    cudaFree(counters);
     return failures ? 3 : 0;
 }
