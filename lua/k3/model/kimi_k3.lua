@@ -190,6 +190,7 @@ end
 
 local Layer = {}
 Layer.__index = Layer
+M.Layer = Layer -- shared by the tensor-parallel stack (lua/k3/model/kimi_k3_tp.lua)
 
 -- One decoder layer. delta: the previous layer's MLP output (nil at layer 0), consumed.
 -- Returns this layer's MLP output, the delta of the next read (the caller owns it).

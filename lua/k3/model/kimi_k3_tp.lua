@@ -105,22 +105,10 @@ function MLP:__call(x)
   return y
 end
 
-local Layer = {}
-Layer.__index = Layer
-
--- delta: the previous layer's MLP partial output (nil at layer 0), consumed; returns this
--- layer's MLP partial output. The stream reduces each delta before its read.
-function Layer:forward(stream, delta)
-  local h = stream:pre_attention(self.index, self.attn_query, delta)
-  if delta then delta:free() end
-  local a = self.attn(h)
-  h:free()
-  h = stream:post_attention(self.index, self.mlp_query, a)
-  a:free()
-  local m = self.mlp(h)
-  h:free()
-  return m
-end
+-- The decoder layer is the single-GPU one (kimi_k3.Layer): the TP stream reduces each
+-- delta (the previous layer's MLP partial output) before its read, so the layer itself is
+-- the same.
+local Layer = kimi.Layer
 
 local Stack = {}
 Stack.__index = Stack
