@@ -140,7 +140,9 @@ __global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(gener
         for (int s = 0; s < nsrc; s++) mx = fmax(mx, prob[s]);
         for (int s = 0; s < nsrc; s++) sum += k3c_exp(prob[s] - mx);
         __syncthreads();
-        for (int s = threadIdx.x; s < nsrc; s += blockDim.x) prob[s] = k3c_exp(prob[s] - mx) / sum;
+        /* One source (num_blocks 0): the softmax is exactly one, even for a non-finite logit. */
+        for (int s = threadIdx.x; s < nsrc; s += blockDim.x)
+            prob[s] = nsrc == 1 ? (A)1 : k3c_exp(prob[s] - mx) / sum;
         __syncthreads();
         /* Mix; with an output norm, first its sum of squares, then the scaled write. */
         T *orow = p.out + t * p.so;

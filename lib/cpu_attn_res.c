@@ -54,6 +54,7 @@ static k3_status supports(const k3_op_args *a, char *reason, size_t n) { return 
             sum += logit[s];                                                                 \
         }                                                                                    \
         for (int64_t s = 0; s <= n; s++) logit[s] = logit[s] / sum;                          \
+        if (n == 0) logit[0] = 1; /* one source: exactly one, even for a non-finite logit */ \
         for (int64_t d = 0; d < H; d++) mixed[d] = 0;                                        \
         for (int64_t s = 0; s <= n; s++)                                                     \
             for (int64_t d = 0; d < H; d++) mixed[d] += logit[s] * src[s * H + d];           \
@@ -88,8 +89,14 @@ static k3_status run(const k3_op_args *oa) {
     bool dbl = a->prefix->dtype == K3_DTYPE_F64;
     size_t es = dbl ? sizeof(double) : sizeof(float);
     /* src (n+1)*H, mixed H, three weights H, logits n+1. */
-    size_t elems = (size_t)(n + 1) * (size_t)H + 4 * (size_t)H + (size_t)(n + 1);
-    size_t bytes = elems * es;
+    size_t elems, bytes;
+    if (__builtin_mul_overflow((size_t)(n + 1), (size_t)H + 1, &elems) ||
+        __builtin_add_overflow(elems, 4 * (size_t)H, &elems) ||
+        __builtin_mul_overflow(elems, es, &bytes))
+        return k3_error(K3_EOVERFLOW,
+                        "attn_res: cpu.attn_res.reference: scratch size overflows for "
+                        "num_blocks %lld and hidden_size %lld",
+                        (long long)n, (long long)H);
     char *buf = k3_host_alloc(bytes);
     if (!buf) return k3_error(K3_ENOMEM, "attn_res: cpu.attn_res.reference: out of memory (%zu bytes)", bytes);
     char *src = buf, *mixed = src + (size_t)(n + 1) * H * es, *nw = mixed + H * es,

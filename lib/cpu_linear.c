@@ -262,7 +262,12 @@ static k3_status run_batch_invariant(const k3_op_args *oa) {
     bool dbl = x->dtype == K3_DTYPE_F64;
     size_t es = dbl ? sizeof(double) : sizeof(float);
     /* x is widened whole (it is the activation); w one row at a time. */
-    size_t xbytes = (size_t)M * (size_t)max1(K) * es, wbytes = (size_t)max1(K) * es;
+    size_t xbytes, wbytes = (size_t)max1(K) * es;
+    if (__builtin_mul_overflow((size_t)M, wbytes, &xbytes))
+        return k3_error(K3_EOVERFLOW,
+                        "linear: cpu.linear.batch_invariant: scratch size overflows for M %lld, "
+                        "K %lld",
+                        (long long)M, (long long)K);
     void *xbuf = k3_host_alloc(xbytes), *wbuf = k3_host_alloc(wbytes);
     if (!xbuf || !wbuf) {
         if (xbuf) k3_host_free(xbuf, xbytes);

@@ -184,9 +184,14 @@ static void count_declines(const k3_dispatch *rec) {
             if (strcmp(g_declines[i].key, key) == 0) break;
         if (i == g_ndeclines) {
             /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
-            if (g_ndeclines == K3_MAX_STAT_DECLINES) {
+            /* The last slot is reserved for "(other declines)" once the others are taken. */
+            if (g_ndeclines >= K3_MAX_STAT_DECLINES - 1) {
                 i = K3_MAX_STAT_DECLINES - 1;
-                snprintf(g_declines[i].key, sizeof g_declines[i].key, "(other declines)");
+                if (g_ndeclines == K3_MAX_STAT_DECLINES - 1) {
+                    snprintf(g_declines[i].key, sizeof g_declines[i].key, "(other declines)");
+                    g_declines[i].count = 0;
+                    g_ndeclines++;
+                }
             } else {
                 memcpy(g_declines[i].key, key, sizeof key);
                 g_declines[i].count = 0;
@@ -259,8 +264,7 @@ static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason
 /* Why a known kernel is not registered, for direct calls. */
 static void absent_detail(char *buf, size_t n, const char *name, k3_device_type dev) {
     buf[0] = '\0';
-    const char *env = getenv("K3_DISABLE_KERNELS");
-    if (env && strstr(env, name)) {
+    if (k3_kernel_disabled(name)) {
         snprintf(buf, n, " (disabled by K3_DISABLE_KERNELS)");
         return;
     }

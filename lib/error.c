@@ -4,6 +4,7 @@
  */
 #include "k3_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,23 +45,31 @@ const char *k3_status_name(k3_status s) {
 
 /* ---- log hook ---------------------------------------------------------------------------- */
 
+/* The callback and its userdata change together, so a concurrent k3_log never pairs one
+ * host's callback with another's userdata. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static k3_log_fn log_fn;
 static void *log_ud;
 
 void k3_set_log(k3_log_fn fn, void *ud) {
+    pthread_mutex_lock(&log_lock);
+    log_fn = fn;
     log_ud = ud;
-    __atomic_store_n(&log_fn, fn, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&log_lock);
 }
 
 void k3_log(k3_log_level level, const char *fmt, ...) {
-    k3_log_fn fn = __atomic_load_n(&log_fn, __ATOMIC_ACQUIRE);
+    pthread_mutex_lock(&log_lock);
+    k3_log_fn fn = log_fn;
+    void *ud = log_ud;
+    pthread_mutex_unlock(&log_lock);
     if (!fn) return;
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fn(log_ud, level, buf);
+    fn(ud, level, buf);
 }
 
 /* ---- host allocator ------------------------------------------------------------------------ */

@@ -246,6 +246,8 @@ const k3_backend *k3_cuda_backend(const char **reason);
 
 /* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
 K3_API const k3_kernel *k3_kernel_find(const char *name);
+/* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries. */
+bool k3_kernel_disabled(const char *name);
 /* The catalogue of known kernel names (registered or not): index of `name` (-1 unknown)
  * with its op and device type; the name and registered kernel (or NULL) at an index. */
 int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device);

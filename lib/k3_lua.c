@@ -70,19 +70,20 @@ static k3_tensor *check_tensor(lua_State *L, int idx) {
     return u->t;
 }
 
-/* An optional tensor field of the table at idx: nil -> NULL; otherwise it must be a tensor. */
+/* An optional tensor field of the table at idx: nil -> NULL; otherwise it must be a tensor.
+ * The tensor is LEFT ON THE STACK so it stays alive until the op returns: the table may be a
+ * proxy whose __index makes a fresh tensor that nothing else references. */
 static k3_tensor *opt_tensor_field(lua_State *L, int idx, const char *field, int argn,
                                    const char *fname) {
-    k3_tensor *t = NULL;
-    int ty = lua_getfield(L, idx, field);
-    if (ty != LUA_TNIL) {
-        tensor_ud *u = luaL_testudata(L, -1, TENSOR_MT);
-        if (!u)
-            arg_error(L, argn, fname, "field '%s' must be a k3.Tensor; got %s", field, luaL_typename(L, -1));
-        t = check_tensor(L, lua_gettop(L));
+    luaL_checkstack(L, 2, "k3: too many arguments");
+    if (lua_getfield(L, idx, field) == LUA_TNIL) {
+        lua_pop(L, 1);
+        return NULL;
     }
-    lua_pop(L, 1);
-    return t;
+    if (!luaL_testudata(L, -1, TENSOR_MT))
+        arg_error(L, argn, fname, "field '%s' must be a k3.Tensor; got %s", field,
+                  luaL_typename(L, -1));
+    return check_tensor(L, lua_gettop(L));
 }
 
 static int tensor_gc(lua_State *L) {
@@ -742,14 +743,13 @@ static void trace_record(lua_State *L, const call_ctx *c) {
  * the table is on the stack. */
 static const char *opt_kernel(lua_State *L, int idx, int argn, const char *fname) {
     if (idx == 0 || !lua_istable(L, idx)) return NULL;
-    const char *k = NULL;
+    luaL_checkstack(L, 2, "k3: too many arguments");
     int ty = lua_getfield(L, idx, "kernel");
-    if (ty == LUA_TSTRING)
-        k = lua_tostring(L, -1);
-    else if (ty != LUA_TNIL)
+    if (ty == LUA_TSTRING) return lua_tostring(L, -1); /* left on the stack: stays alive */
+    if (ty != LUA_TNIL)
         arg_error(L, argn, fname, "field 'kernel' must be a string; got %s", luaL_typename(L, -1));
     lua_pop(L, 1);
-    return k;
+    return NULL;
 }
 
 static double opt_number_field(lua_State *L, int idx, const char *field, double dflt, int argn,
@@ -867,11 +867,10 @@ static int l_silu_mul(lua_State *L) { return silu_mul_impl(L, 1, 0); }
 
 static k3_tensor *req_tensor_field(lua_State *L, int idx, const char *field, int argn,
                                    const char *fname) {
+    luaL_checkstack(L, 2, "k3: too many arguments");
     if (lua_getfield(L, idx, field) == LUA_TNIL || !luaL_testudata(L, -1, TENSOR_MT))
         arg_error(L, argn, fname, "field '%s' must be a k3.Tensor; got %s", field, luaL_typename(L, -1));
-    k3_tensor *t = check_tensor(L, lua_gettop(L));
-    lua_pop(L, 1);
-    return t;
+    return check_tensor(L, lua_gettop(L)); /* left on the stack, as in opt_tensor_field */
 }
 
 static int64_t int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,
@@ -1149,6 +1148,8 @@ static int l_method_low_latency(lua_State *L) {
     int n = 0;
     if (!lua_isnoneornil(L, 1)) {
         luaL_checktype(L, 1, LUA_TTABLE);
+        lua_settop(L, 1);
+        lua_newtable(L); /* 2: anchors the kernel name strings until the method is built */
         lua_pushnil(L);
         while (lua_next(L, 1)) {
             int isnum;
@@ -1170,8 +1171,8 @@ static int l_method_low_latency(lua_State *L) {
                 return luaL_error(L, "bad argument #1 to '%s' (plan[%d].kernel must be a string; "
                                      "got %s)",
                                   fname, (int)m, luaL_typename(L, -1));
-            e[n].kernel = lua_tostring(L, -1); /* anchored in the plan table */
-            lua_pop(L, 1);
+            e[n].kernel = lua_tostring(L, -1);
+            lua_rawseti(L, 2, n + 1); /* anchored: the entry may be a proxy */
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
                 e[n].threads = (int)int_field(L, cfg, "threads", 0, 0, 1, fname);
@@ -1328,9 +1329,10 @@ static void timed_call(lua_State *L, event_set *es, lua_Integer i) {
     }
 }
 
-static void record(lua_State *L, event_set *es, int dev) {
+static void record(lua_State *L, event_set *es, int dev, void *graph) {
     if (es->be->event_record(dev, &es->ev[es->n]) != K3_OK) {
         events_free(es);
+        if (graph) es->be->graph_free(graph);
         raise_k3(L);
     }
     es->n++;
@@ -1388,7 +1390,7 @@ static int l_cuda_time(lua_State *L) {
         }
     }
     for (int i = 1; i <= iters; i++) {
-        record(L, &es, dev);
+        record(L, &es, dev, g);
         if (graph) {
             if (be->graph_replay(g, 1) != K3_OK) {
                 be->graph_free(g);
@@ -1398,7 +1400,7 @@ static int l_cuda_time(lua_State *L) {
         } else {
             timed_call(L, &es, i);
         }
-        record(L, &es, dev);
+        record(L, &es, dev, g);
     }
     k3_status st = K3_OK;
     for (int i = 0; i < iters && st == K3_OK; i++) {

@@ -46,7 +46,7 @@ static const k3_kernel *g_slot[K3_MAX_KNOWN];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* True when `name` is listed in K3_DISABLE_KERNELS (comma-separated, spaces ignored). */
-static bool disabled(const char *name) {
+bool k3_kernel_disabled(const char *name) {
     const char *env = getenv("K3_DISABLE_KERNELS");
     if (!env) return false;
     size_t len = strlen(name);
@@ -69,7 +69,7 @@ static int known_index(const char *name) {
 }
 
 static void add(const k3_kernel *k) {
-    if (!k || !k->name || disabled(k->name)) return;
+    if (!k || !k->name || k3_kernel_disabled(k->name)) return;
     int i = known_index(k->name);
     if (i >= 0 && g_slot[i]) return; /* first registration wins */
     if (i < 0) {

@@ -32,6 +32,7 @@ typedef struct k3_st_entry {
 
 struct k3_safetensors {
     int count;
+    int capacity; /* entries allocated (count may stop short on a failed header) */
     k3_st_entry *entries;
 };
 
@@ -74,7 +75,7 @@ void k3_safetensors_free(k3_safetensors *st) {
         st_strfree(st->entries[i].name);
         k3_tensor_free(st->entries[i].tensor);
     }
-    if (st->entries) k3_host_free(st->entries, (size_t)st->count * sizeof(k3_st_entry));
+    if (st->entries) k3_host_free(st->entries, (size_t)st->capacity * sizeof(k3_st_entry));
     k3_host_free(st, sizeof *st);
 }
 
@@ -279,6 +280,7 @@ static k3_status st_parse_header(const char *path, const char *text, size_t len,
     }
     if (n > 0) {
         st->entries = k3_host_calloc((size_t)n, sizeof *st->entries);
+        if (st->entries) st->capacity = n;
         if (!st->entries) {
             s = k3_error(K3_ENOMEM, "safetensors: %s: out of memory for %d header entries", path, n);
             goto done;

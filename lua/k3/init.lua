@@ -81,6 +81,7 @@ local function tensor_tostring(t)
   end
   collect(1)
   local fmt = number_format(values)
+  if nd == 0 then return head .. "\n" .. format_number(fmt, values[1]) end
   local strs, width = {}, 0
   for i, v in ipairs(values) do
     strs[i] = format_number(fmt, v)

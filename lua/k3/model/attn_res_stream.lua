@@ -86,7 +86,8 @@ end
 
 function Stream:seals_at(layer) return layer % self.block_size == 0 end
 
-local function mark_written(self, slot, layer)
+-- Raises unless `slot` may be written now (write-once, within the stream's slots).
+local function check_slot(self, slot, layer)
   if self.written[slot] then
     error(string.format("AttnResStream: block %d already sealed at layer %d (write-once), sealing again at layer %s",
                         slot, self.written[slot], tostring(layer)), 3)
@@ -95,6 +96,10 @@ local function mark_written(self, slot, layer)
     error(string.format("AttnResStream: seal at layer %s needs block %d but the stream has %d slots",
                         tostring(layer), slot, self.num_slots), 3)
   end
+end
+
+local function mark_written(self, slot, layer)
+  check_slot(self, slot, layer)
   self.written[slot] = layer
 end
 
@@ -104,29 +109,37 @@ end
 -- Returns a new [T, H] tensor the caller owns.
 function Stream:read(query, delta, seal, layer)
   if self.finished then error("AttnResStream: read after the final read", 2) end
-  if delta and self.prefix_empty then
-    -- The open block is empty: its sum is exactly delta.
-    self.prefix:copy(delta)
-    self.counts.copied_deltas = self.counts.copied_deltas + 1
-    delta = nil
-  elseif self.prefix_empty then
+  -- Every check comes before any state changes, and the state changes only after the op has
+  -- succeeded, so a read that raises (a bad query, say) leaves the stream as it was.
+  if self.prefix_empty and not delta then
     error("AttnResStream: read of an empty open block needs a delta", 2)
-  elseif delta then
-    self.counts.fused_deltas = self.counts.fused_deltas + 1
   end
-  self.prefix_empty = false
   local slot
   if seal then
     slot = self.num_sealed + 1
-    mark_written(self, slot, layer)
+    check_slot(self, slot, layer)
+  end
+  local copied = false
+  if delta and self.prefix_empty then
+    -- The open block is empty: its sum is exactly delta (the prefix's old values are unused,
+    -- so overwriting them before the op is harmless if the op then raises).
+    self.prefix:copy(delta)
+    delta, copied = nil, true
   end
   local out = k3.attn_res{
     prefix = self.prefix, delta = delta, blocks = self.blocks, num_blocks = self.num_sealed,
     write_block = slot, norm_weight = query.norm_weight, qk_weight = query.qk_weight,
     output_norm_weight = query.output_norm_weight, eps = self.eps, output_eps = self.eps,
   }
+  self.prefix_empty = false
+  if copied then
+    self.counts.copied_deltas = self.counts.copied_deltas + 1
+  elseif delta then
+    self.counts.fused_deltas = self.counts.fused_deltas + 1
+  end
   self.counts.reads = self.counts.reads + 1
   if seal then
+    self.written[slot] = layer
     self.num_sealed = slot
     self.prefix_empty = true
     self.counts.seals = self.counts.seals + 1
