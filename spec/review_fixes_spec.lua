@@ -1,0 +1,80 @@
+-- Regressions found by review and by a new user trying to break k3: each case failed (crash,
+-- wrong result or misleading message) before its fix.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+describe("review regressions", function()
+  it("tensors made by a proxy table's __index stay alive through the op", function()
+    local mk = {
+      prefix = function() return k3.ones({2, 4}) end,
+      blocks = function() return k3.ones({2, 1, 4}) end,
+      norm_weight = function() return k3.ones({4}) end,
+      qk_weight = function() return k3.ones({4}) end,
+      num_blocks = function() return 0 end,
+    }
+    local proxy = setmetatable({}, {__index = function(_, k)
+      if k == "kernel" then collectgarbage(); collectgarbage(); return nil end
+      return mk[k] and mk[k]()
+    end})
+    assert.same({{1, 1, 1, 1}, {1, 1, 1, 1}}, k3.attn_res(proxy):totable())
+    local entry = setmetatable({}, {__index = function(_, k)
+      if k == "kernel" then return ("skin" .. "ny") end
+    end})
+    local m = k3.method.low_latency({[1] = entry})
+    collectgarbage()
+    assert.same({{4, 4}}, m:apply(k3.ones({1, 4}), k3.ones({2, 4})):totable())
+  end)
+
+  it("a CPU attn_res whose scratch size overflows is refused, not written out of bounds", function()
+    local Hd, S = (1 << 22) - 1, 1 << 40
+    local b = k3.zeros({1, 1, Hd}, {dtype = "bf16"}):expand({1, S, Hd})
+    local p = k3.ones({1, Hd}, {dtype = "bf16"})
+    local w = k3.ones({Hd}, {dtype = "bf16"})
+    H.raises(function()
+      k3.attn_res{prefix = p, blocks = b, num_blocks = S - 1, norm_weight = w, qk_weight = w}
+    end, "attn_res: cpu.attn_res.reference: scratch size overflows for num_blocks 1099511627775")
+  end)
+
+  it("num_blocks = 0 returns the prefix even when its logit is not finite", function()
+    local out = k3.attn_res{prefix = k3.tensor({{3e38, 3e38, 1}}), blocks = k3.zeros({1, 1, 3}),
+                            num_blocks = 0, norm_weight = k3.ones({3}), qk_weight = k3.ones({3})}
+    assert.same(k3.tensor({{3e38, 3e38, 1}}):totable(), out:totable())
+  end)
+
+  it("a 0-dim tensor prints as a scalar", function()
+    local s = k3.tensor({{1, 2}, {3, 4}}):select(1, 2):select(1, 1)
+    assert.equal("k3.Tensor [] f32 cpu strides [] offset 2\n3", tostring(s))
+    assert.equal("{k3.Tensor [] f32 cpu strides [] offset 2}", k3.inspect({s}))
+  end)
+
+  it("the AttnRes stream is unchanged by a read that raises", function()
+    local Stream = require "k3.model.attn_res_stream"
+    local Hd = 4
+    local st = Stream.new{tokens = 1, hidden_size = Hd, num_layers = 4, block_size = 2,
+                          dtype = "f32"}
+    st:begin(k3.ones({1, Hd}))
+    local good = {norm_weight = k3.ones({Hd}), qk_weight = k3.ones({Hd})}
+    local bad = {norm_weight = k3.ones({Hd + 1}), qk_weight = k3.ones({Hd})}
+    st:pre_attention(0, good)
+    st:post_attention(0, good, k3.ones({1, Hd}))
+    st:pre_attention(1, good, k3.ones({1, Hd}))
+    st:post_attention(1, good, k3.ones({1, Hd}))
+    local before = st.num_sealed
+    -- layer 2 seals: the bad query raises, and the seal must not be recorded
+    H.raises(function() st:pre_attention(2, bad, k3.ones({1, Hd})) end, "norm_weight")
+    assert.equal(before, st.num_sealed)
+    local out = st:pre_attention(2, good, k3.ones({1, Hd}))
+    assert.same({1, Hd}, out:size())
+    assert.equal(before + 1, st.num_sealed)
+  end)
+
+  it("K3_DISABLE_KERNELS is matched by whole entries in the not-registered detail", function()
+    local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
+    local cmd = string.format("cd %q && K3_DISABLE_KERNELS=xx-cpu.linear.blas-xx scripts/k3 -e %q 2>&1",
+      root, 'print(select(2, pcall(k3.linear, k3.ones({1,2}), k3.ones({1,2}), {kernel = "cpu.linear.blas"})))')
+    local f = io.popen(cmd)
+    local out = f:read("a")
+    f:close()
+    assert.equal("k3.Tensor [1, 1] f32 cpu\n[[2]]\n", out)
+  end)
+end)
