@@ -121,18 +121,57 @@ local function deep_copy(v)
   return r
 end
 
---- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op an ordered
---- list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this state's
---- dispatch tables, then makes it k3.policy. Unknown kernel names raise and change nothing.
+local POLICY_OPS = {"linear", "attn_res", "rms_norm", "silu_mul"}
+local POLICY_KEYS = {linear = true, attn_res = true, rms_norm = true, silu_mul = true,
+                     on_layout_mismatch = true, ops = true}
+local default_policy_table -- set below, once lua/k3/policy/default.lua is loaded
+
+local function policy_error(fmt, ...)
+  error(string.format("set_policy: " .. fmt, ...), 3)
+end
+
+--- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op a non-empty
+--- ordered list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this
+--- state's dispatch tables. Ops it leaves out keep the default's candidates; k3.policy becomes
+--- the policy now in effect (a copy). Unknown keys or kernel names, holes in a list and empty
+--- lists raise and change nothing.
 function k3.set_policy(tbl)
   if type(tbl) ~= "table" then
     error(string.format("bad argument #1 to 'set_policy' (table expected, got %s)", type(tbl)), 2)
   end
-  core.compile_policy(tbl)
-  k3.policy = tbl
+  for key in pairs(tbl) do
+    if not POLICY_KEYS[key] then
+      policy_error("unknown key %s (expected %s or on_layout_mismatch)", k3.inspect(key),
+                   table.concat(POLICY_OPS, ", "))
+    end
+  end
+  local src = type(tbl.ops) == "table" and tbl.ops or tbl
+  local effective = {on_layout_mismatch = tbl.on_layout_mismatch or "error"}
+  for _, op in ipairs(POLICY_OPS) do
+    local list = src[op]
+    if list ~= nil then
+      if type(list) ~= "table" then
+        policy_error("%s must be a list of kernel names; got %s", op, type(list))
+      end
+      local n = 0
+      for _ in pairs(list) do n = n + 1 end
+      if n == 0 then policy_error("%s lists no kernels; every op needs at least one", op) end
+      if n ~= #list then
+        policy_error("%s must be a list without holes (1..n); got %d entries for length %d",
+                     op, n, #list)
+      end
+    end
+    effective[op] = deep_copy(list or (default_policy_table and default_policy_table[op]))
+  end
+  local ok, err = pcall(core.compile_policy, effective)
+  if not ok then
+    error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2)
+  end
+  k3.policy = effective
 end
 
 local ok_default, default_policy = pcall(require, "k3.policy.default")
+default_policy_table = ok_default and default_policy or nil
 k3.policy = ok_default and deep_copy(default_policy) or {}
 
 -- ---- linear methods and plans -----------------------------------------------------------------
