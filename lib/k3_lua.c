@@ -47,6 +47,9 @@ static int arg_error(lua_State *L, int arg, const char *fname, const char *fmt, 
     return luaL_error(L, "bad argument #%d to '%s' (%s)", arg, fname, msg);
 }
 
+static double opt_number_field(lua_State *L, int idx, const char *field, double dflt, int argn,
+                               const char *fname);
+
 /* ---- tensor userdata ------------------------------------------------------------------------ */
 
 /* A new userdata in the closed (NULL) state, pushed before anything is allocated, so an
@@ -150,10 +153,38 @@ static void check_device_str(lua_State *L, const char *s, int argn, const char *
         arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N", s);
 }
 
+/* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated):
+ * a misspelt option ({dtyp = "f64"}) must not silently fall back to a default. */
+static void check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn,
+                              const char *fname) {
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        int ok = 0;
+        if (lua_type(L, -1) == LUA_TSTRING)
+            for (const char *const *a = allowed; *a && !ok; a++)
+                ok = strcmp(lua_tostring(L, -1), *a) == 0;
+        if (!ok) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            for (const char *const *a = allowed; *a; a++) {
+                if (a != allowed) luaL_addstring(&b, a[1] ? ", " : " or ");
+                luaL_addstring(&b, *a);
+            }
+            luaL_pushresult(&b);
+            arg_error(L, argn, fname, "unknown option '%s' (expected %s)",
+                      lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2),
+                      lua_tostring(L, -1));
+        }
+    }
+}
+
 static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
+    static const char *const keys[] = {"dtype", "device", "seed", NULL};
     create_opts o = {K3_DTYPE_F32, {K3_DEVICE_CPU, 0}, 0};
     if (lua_isnoneornil(L, idx)) return o;
     luaL_checktype(L, idx, LUA_TTABLE);
+    check_option_keys(L, idx, keys, idx, fname);
     if (lua_getfield(L, idx, "dtype") != LUA_TNIL) {
         if (lua_type(L, -1) != LUA_TSTRING)
             arg_error(L, idx, fname, "dtype must be a string; got %s", luaL_typename(L, -1));
@@ -577,9 +608,10 @@ static int l_allclose(lua_State *L) {
     double atol = 1e-8, rtol = 1e-5;
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
-        if (lua_getfield(L, 3, "atol") != LUA_TNIL) atol = luaL_checknumber(L, -1);
-        if (lua_getfield(L, 3, "rtol") != LUA_TNIL) rtol = luaL_checknumber(L, -1);
-        lua_pop(L, 2);
+        static const char *const keys[] = {"atol", "rtol", NULL};
+        check_option_keys(L, 3, keys, 3, "allclose");
+        atol = opt_number_field(L, 3, "atol", atol, 3, "allclose");
+        rtol = opt_number_field(L, 3, "rtol", rtol, 3, "allclose");
     }
     int ok;
     CHECK_K3(L, k3_allclose(a, b, atol, rtol, &ok));
@@ -803,9 +835,14 @@ static int opt_out(lua_State *L, int opts, int argn, const char *fname) {
 static int linear_impl(lua_State *L, int base, int explain) {
     const char *fname = "linear";
     k3_tensor *x = check_tensor(L, base), *w = check_tensor(L, base + 1);
+    static const char *const keys[] = {"bias", "residual", "out", "kernel", NULL};
     int opts = base + 2;
-    if (!lua_isnoneornil(L, opts)) luaL_checktype(L, opts, LUA_TTABLE);
-    else opts = 0;
+    if (!lua_isnoneornil(L, opts)) {
+        luaL_checktype(L, opts, LUA_TTABLE);
+        check_option_keys(L, opts, keys, opts, fname);
+    } else {
+        opts = 0;
+    }
     k3_tensor *bias = opts ? opt_tensor_field(L, opts, "bias", opts, fname) : NULL;
     k3_tensor *res = opts ? opt_tensor_field(L, opts, "residual", opts, fname) : NULL;
     int out_idx = opt_out(L, opts, opts, fname);
@@ -823,6 +860,7 @@ static int l_linear(lua_State *L) { return linear_impl(L, 1, 0); }
 static int rms_norm_impl(lua_State *L, int base, int explain) {
     const char *fname = "rms_norm";
     k3_tensor *x = check_tensor(L, base), *w = check_tensor(L, base + 1);
+    static const char *const keys[] = {"eps", "out", "kernel", NULL};
     double eps = 1e-5;
     int opts = 0;
     if (lua_type(L, base + 2) == LUA_TNUMBER) {
@@ -830,10 +868,14 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
         if (!lua_isnoneornil(L, base + 3)) {
             luaL_checktype(L, base + 3, LUA_TTABLE);
             opts = base + 3;
+            check_option_keys(L, opts, keys + 1, opts, fname);
         }
     } else if (!lua_isnoneornil(L, base + 2)) {
-        luaL_checktype(L, base + 2, LUA_TTABLE);
+        if (!lua_istable(L, base + 2))
+            return arg_error(L, base + 2, fname, "eps (a number) or an options table expected; "
+                             "got %s", luaL_typename(L, base + 2));
         opts = base + 2;
+        check_option_keys(L, opts, keys, opts, fname);
         eps = opt_number_field(L, opts, "eps", eps, opts, fname);
     }
     int out_idx = opt_out(L, opts, opts, fname);
@@ -852,8 +894,10 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
     k3_tensor *x = check_tensor(L, base);
     int opts = 0;
     if (!lua_isnoneornil(L, base + 1)) {
+        static const char *const keys[] = {"out", "kernel", NULL};
         luaL_checktype(L, base + 1, LUA_TTABLE);
         opts = base + 1;
+        check_option_keys(L, opts, keys, opts, fname);
     }
     int out_idx = opt_out(L, opts, opts, fname);
     k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
@@ -896,7 +940,11 @@ static int64_t int_field(lua_State *L, int idx, const char *field, int64_t dflt,
  * write_block is 1-based (nil: no write). DESIGN.md "attn_res" gives the formula. */
 static int attn_res_impl(lua_State *L, int base, int explain) {
     const char *fname = "attn_res";
+    static const char *const keys[] = {"prefix", "delta", "blocks", "num_blocks", "write_block",
+                                       "norm_weight", "qk_weight", "output_norm_weight", "eps",
+                                       "output_eps", "out", "kernel", NULL};
     luaL_checktype(L, base, LUA_TTABLE);
+    check_option_keys(L, base, keys, base, fname);
     k3_attn_res_args a;
     memset(&a, 0, sizeof a);
     a.prefix = req_tensor_field(L, base, "prefix", base, fname);
@@ -1167,6 +1215,8 @@ static int l_method_low_latency(lua_State *L) {
             memset(&e[n], 0, sizeof e[n]);
             e[n].m = (int)(m > 1000000 ? 1000000 : m < -1 ? -1 : m);
             int entry = lua_gettop(L);
+            static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
+            check_option_keys(L, entry, entry_keys, 1, fname);
             if (lua_getfield(L, entry, "kernel") != LUA_TSTRING)
                 return luaL_error(L, "bad argument #1 to '%s' (plan[%d].kernel must be a string; "
                                      "got %s)",
@@ -1175,6 +1225,9 @@ static int l_method_low_latency(lua_State *L) {
             lua_rawseti(L, 2, n + 1); /* anchored: the entry may be a proxy */
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
+                static const char *const cfg_keys[] = {"threads", "rows", "unroll", "vec",
+                                                       "split_k", NULL};
+                check_option_keys(L, cfg, cfg_keys, 1, fname);
                 e[n].threads = (int)int_field(L, cfg, "threads", 0, 0, 1, fname);
                 e[n].rows = (int)int_field(L, cfg, "rows", 0, 0, 1, fname);
                 e[n].unroll = (int)int_field(L, cfg, "unroll", 0, 0, 1, fname);
@@ -1202,8 +1255,10 @@ static int method_call(lua_State *L, int explain) {
     k3_tensor *bias = lua_isnoneornil(L, 4) ? NULL : check_tensor(L, 4);
     int opts = 0;
     if (!lua_isnoneornil(L, 5)) {
+        static const char *const keys[] = {"residual", "out", NULL};
         luaL_checktype(L, 5, LUA_TTABLE);
         opts = 5;
+        check_option_keys(L, opts, keys, opts, fname);
     }
     k3_tensor *res = opts ? opt_tensor_field(L, opts, "residual", 5, fname) : NULL;
     int out_idx = opt_out(L, opts, 5, fname);

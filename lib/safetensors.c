@@ -563,7 +563,28 @@ k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
         k3_host_free(order, (n > 0 ? (size_t)n : 1) * sizeof *order);
         return s;
     }
-    /* Written beside the target and renamed, so a failed save never leaves half a file. */
+    /* Written beside the target and renamed, so a failed save never leaves half a file. The
+     * rename would replace whatever is at the path, so only a regular file (or nothing) may be
+     * there; a symbolic link is followed to the file it names. */
+    char *resolved = NULL;
+    struct stat sb;
+    if (lstat(path, &sb) == 0) {
+        if (S_ISLNK(sb.st_mode)) {
+            resolved = realpath(path, NULL);
+            if (!resolved || stat(resolved, &sb) != 0) {
+                s = k3_error(K3_EIO, "safetensors_save: %s: cannot follow the symbolic link: %s",
+                             path, strerror(errno));
+            }
+        }
+        if (s == K3_OK && !S_ISREG(sb.st_mode))
+            s = k3_error(K3_EIO, "safetensors_save: %s exists and is not a regular file", path);
+    }
+    if (s != K3_OK) {
+        free(resolved); /* realpath's allocation comes from the C library */
+        k3_host_free(order, (n > 0 ? (size_t)n : 1) * sizeof *order);
+        return s;
+    }
+    if (resolved) path = resolved;
     size_t plen = strlen(path) + 16;
     char *tmp_path = k3_host_alloc(plen);
     if (!tmp_path) {
@@ -584,6 +605,7 @@ k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
         if (s != K3_OK) remove(tmp_path);
     }
     k3_host_free(tmp_path, plen);
+    free(resolved);
     k3_host_free(order, (n > 0 ? (size_t)n : 1) * sizeof *order);
     return s;
 }

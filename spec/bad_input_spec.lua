@@ -403,7 +403,7 @@ norm_case("rms_norm w wrong size", function(x) return function() k3.rms_norm(x, 
 norm_case("rms_norm negative eps", function(x, w) return function() k3.rms_norm(x, w, -1) end end,
   "rms_norm: eps must be a finite number >= 0; got -1")
 norm_case("rms_norm eps a string", function(x, w) return function() k3.rms_norm(x, w, "a") end end,
-  "bad argument #3 to 'rms_norm' (table expected, got string)")
+  "bad argument #3 to 'rms_norm' (eps (a number) or an options table expected; got string)")
 norm_case("rms_norm x 1-D", function(_, w) return function() k3.rms_norm(k3.ones({3}), w) end end,
   "rms_norm: x must be 2-D [M, H]; got 1-D [3]")
 norm_case("rms_norm out aliasing x", function(x, w) return function() k3.rms_norm(x, w, {out = x}) end end,

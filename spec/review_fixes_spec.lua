@@ -78,3 +78,47 @@ describe("review regressions", function()
     assert.equal("k3.Tensor [1, 1] f32 cpu\n[[2]]\n", out)
   end)
 end)
+
+describe("new-user regressions", function()
+  it("a misspelt option raises instead of falling back to a default", function()
+    H.raises(function() k3.zeros({2}, {dtyp = "f64"}) end,
+      "bad argument #2 to 'zeros' (unknown option 'dtyp' (expected dtype, device or seed))")
+    H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
+      "unknown option 'bais'")
+    H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
+      "unknown option 'thread' (expected threads, rows, unroll, vec or split_k)")
+  end)
+
+  it("allclose names its options argument", function()
+    H.raises(function() k3.allclose(k3.ones({2}), k3.ones({2}), {atol = "x"}) end,
+      "bad argument #3 to 'allclose' (field 'atol' must be a number; got string)")
+  end)
+
+  it("save_safetensors refuses a path that is not a regular file and follows symlinks", function()
+    H.raises(function() k3.save_safetensors("/dev/null", {a = k3.ones({2})}) end,
+      "safetensors_save: /dev/null exists and is not a regular file")
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir .. " && echo old > " .. dir .. "/target.st && ln -s target.st " .. dir .. "/link.st"))
+    k3.save_safetensors(dir .. "/link.st", {a = k3.tensor({1, 2})})
+    assert.same({1, 2}, k3.load_safetensors(dir .. "/target.st").a:totable())
+    local f = io.popen("test -L " .. dir .. "/link.st && echo link")
+    assert.equal("link\n", f:read("a"))
+    f:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("set_policy rejects unknown keys, holes and empty lists at the caller's line", function()
+    local before = k3.inspect(k3.policy)
+    H.raises(function() k3.set_policy({bogus = {}}) end, "set_policy: unknown key \"bogus\"")
+    H.raises(function() k3.set_policy({linear = {}}) end, "set_policy: linear lists no kernels")
+    local err = H.raises(function() k3.set_policy({linear = {"nope"}}) end,
+      "policy: unknown linear kernel 'nope'")
+    assert.is_nil(err:find("init.lua", 1, true))
+    assert.equal(before, k3.inspect(k3.policy))
+    k3.set_policy({linear = {"cpu.linear.reference"}})
+    assert.same({"cpu.linear.reference"}, k3.policy.linear)
+    assert.same({"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, k3.policy.rms_norm)
+    k3.set_policy(require "k3.policy.default")
+  end)
+end)
