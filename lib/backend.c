@@ -48,7 +48,9 @@ static void load_backend(void) {
     char path[4096];
     const char *env = getenv("K3_CUDA_BACKEND");
     if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
+        /* A name without a slash would make dlopen search the library path, not the file
+         * the user named. */
+        snprintf(path, sizeof path, "%s%s", strchr(env, '/') ? "" : "./", env);
     } else {
         char dir[4000];
         if (!self_dir(dir, sizeof dir)) {

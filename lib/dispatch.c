@@ -104,7 +104,7 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
             known_for_op(known, sizeof known, (k3_op)o);
             if (k >= 0)
                 return k3_error(K3_EINVAL,
-                                "policy: kernel '%s' is a %s kernel, not a %s kernel (known %s "
+                                "policy: kernel '%s' is for op %s, not %s (known %s "
                                 "kernels: %s)",
                                 names[i], k3_op_name(kop), op, op, known);
             return k3_error(K3_EINVAL, "policy: unknown %s kernel '%s' (known: %s)", op,
@@ -302,7 +302,7 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         int idx = k3_known_lookup(call->kernel, &kop, &kdev);
         if (idx < 0) return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn, call->kernel);
         if (kop != a->op)
-            return k3_error(K3_EINVAL, "%s: kernel '%s' is a %s kernel, not a %s kernel", opn,
+            return k3_error(K3_EINVAL, "%s: kernel '%s' is for op %s, not %s", opn,
                             call->kernel, k3_op_name(kop), opn);
         chosen = k3_known_kernel_at(idx);
         if (!chosen) {

@@ -425,8 +425,10 @@ K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
  *   luaL_requiref(L, "k3", luaopen_k3, 1);
  * which opens "k3.core" and runs lua/k3/init.lua found on package.path (set package.path
  * first: a checkout's lua/, or PREFIX/share/lua/5.4 after `make install`), and pushes the `k3`
- * table. Raises a Lua error (never aborts) when init.lua is not found. Each lua_State gets its
- * own tensors and policy; states on different threads may use k3 at the same time. */
+ * table. When init.lua is not found it raises a Lua error: call luaL_requiref inside a
+ * protected call (lua_pcall of a small C function, as examples/host/host.c does), since an
+ * error outside one ends in Lua's panic handler. Each lua_State gets its own tensors and
+ * policy; states on different threads may use k3 at the same time. */
 struct lua_State;
 K3_API int luaopen_k3(struct lua_State *L);
 /* The C half alone (what `require "k3.core"` loads); init.lua builds `k3` on it. */

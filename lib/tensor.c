@@ -843,11 +843,19 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
     double *x, *y;
     int64_t n;
     K3_TRY(load_pair("cosine", a, b, &x, &y, &n));
+    /* Scaled by the largest magnitudes so huge values (1e200) do not overflow the sums. */
+    double mx = 0, my = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (fabs(x[i]) > mx) mx = fabs(x[i]);
+        if (fabs(y[i]) > my) my = fabs(y[i]);
+    }
+    double sx = (mx > 0 && isfinite(mx)) ? 1 / mx : 1, sy = (my > 0 && isfinite(my)) ? 1 / my : 1;
     double dot = 0, nx = 0, ny = 0;
     for (int64_t i = 0; i < n; i++) {
-        dot += x[i] * y[i];
-        nx += x[i] * x[i];
-        ny += y[i] * y[i];
+        double a = x[i] * sx, b = y[i] * sy;
+        dot += a * b;
+        nx += a * a;
+        ny += b * b;
     }
     free_pair(x, y, n);
     if (nx == 0 && ny == 0)

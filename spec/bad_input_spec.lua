@@ -278,7 +278,7 @@ linear_case("linear unknown kernel", function(x, w) return function() k3.linear(
   "linear: unknown kernel 'nope'")
 linear_case("linear kernel of another op", function(x, w)
   return function() k3.linear(x, w, {kernel = "cpu.attn_res.reference"}) end
-end, "linear: kernel 'cpu.attn_res.reference' is a attn_res kernel, not a linear kernel")
+end, "linear: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
 linear_case("linear CUDA kernel on CPU tensors", function(x, w)
   return function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end
 end, "linear: kernel ")
@@ -387,7 +387,7 @@ ar_case("attn_res padded rows forced onto the packed kernel", function(a)
   a.kernel = "cuda.attn_res.packed"
 end, "attn_res: kernel ")
 ar_case("attn_res kernel of another op", function(a) a.kernel = "cpu.linear.blas" end,
-  "attn_res: kernel 'cpu.linear.blas' is a linear kernel, not a attn_res kernel")
+  "attn_res: kernel 'cpu.linear.blas' is for op linear, not attn_res")
 ar_case("attn_res empty prefix with non-empty blocks", function(a) a.prefix = k3.zeros({0, 4}) end,
   "attn_res: blocks dim 1 (2) must match prefix dim 1 (0)")
 
@@ -426,7 +426,7 @@ end
 policy_case("set_policy a string", "x", "bad argument #1 to 'set_policy' (table expected, got string)")
 policy_case("set_policy unknown kernel", {linear = {"nope"}}, "policy: unknown linear kernel 'nope' (known: ")
 policy_case("set_policy kernel of another op", {linear = {"cpu.attn_res.reference"}},
-  "policy: kernel 'cpu.attn_res.reference' is a attn_res kernel, not a linear kernel")
+  "policy: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
 policy_case("set_policy candidates a string", {linear = "cpu.linear.blas"},
   "set_policy: linear must be a list of kernel names; got string")
 policy_case("set_policy candidate a number", {attn_res = {1}},
