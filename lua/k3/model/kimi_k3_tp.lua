@@ -211,20 +211,9 @@ function Stack:stream(T)
 end
 
 --- forward(x) -> final hidden state [T, H] (the same on every rank), the stream. x: the
---- tokens' embedding rows, replicated on every rank.
-function Stack:forward(x, opts)
-  opts = opts or {}
-  local stream = self:stream(x:size(1))
-  stream:begin(x)
-  local delta
-  for i, layer in ipairs(self.layers) do
-    delta = layer:forward(stream, delta)
-    if opts.on_layer then opts.on_layer(i - 1, stream) end
-  end
-  local out = stream:final(self.final_query, delta)
-  delta:free()
-  return out, stream
-end
+--- tokens' embedding rows, replicated on every rank. The single-GPU step (kimi_k3.Stack):
+--- this stack's own stream(T) makes it tensor-parallel.
+Stack.forward = kimi.Stack.forward
 
 function Stack:free()
   for _, s in pairs(self.streams) do s:free() end
