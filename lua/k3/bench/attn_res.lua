@@ -43,14 +43,7 @@ local function target_of(T)
   return nil
 end
 
-local function rel_diff(a, b)
-  local z = k3.zeros(b:size(), {dtype = b:dtype(), device = b:device()})
-  local scale = k3.max_abs_diff(b, z)
-  z:free()
-  local d = k3.max_abs_diff(a, b)
-  if scale == 0 then return d end
-  return d / scale
-end
+local rel_diff = U.rel_diff
 
 -- A.run(env, peers, opts) -> {rows =, summary =, lines =}; opts.ts / opts.nbs override.
 function A.run(env, peers, opts)

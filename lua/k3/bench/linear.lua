@@ -52,15 +52,7 @@ local function short_kernel(name)
   return (name or "?"):gsub("^cuda%.linear%.", ""):gsub("^cpu%.linear%.", "cpu.")
 end
 
--- Relative max difference of a against b: max|a - b| / max|b| (both on the device).
-local function rel_diff(a, b)
-  local z = k3.zeros(b:size(), {dtype = b:dtype(), device = b:device()})
-  local scale = k3.max_abs_diff(b, z)
-  z:free()
-  local d = k3.max_abs_diff(a, b)
-  if scale == 0 then return d end
-  return d / scale
-end
+local rel_diff = U.rel_diff
 
 -- Dry-run stand-in timings: bytes over the nominal bandwidth with kernel-like efficiencies
 -- and latencies, varied per shape so every summary branch is exercised.

@@ -308,6 +308,17 @@ function U.fmt_us(v)
   return string.format("%.2f", v)
 end
 
+--- U.rel_diff(a, b) -> max|a - b| / max|b| (max|a - b| when b is all zero); any devices.
+function U.rel_diff(a, b)
+  local k3 = require "k3"
+  local z = k3.zeros(b:size(), {dtype = b:dtype(), device = b:device()})
+  local scale = k3.max_abs_diff(b, z)
+  z:free()
+  local d = k3.max_abs_diff(a, b)
+  if scale == 0 then return d end
+  return d / scale
+end
+
 function U.date()
   local p = io.popen("date -u +%Y-%m-%dT%H:%M:%SZ 2>/dev/null")
   local s = p and p:read("l")
