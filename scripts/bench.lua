@@ -29,17 +29,7 @@ end
 
 local function parse(args)
   local o = {out = "bench/out", subs = {}}
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
-    key = key or a
-    local function value()
-      if val then return val end
-      i = i + 1
-      if args[i] == nil then die(key .. " needs a value") end
-      return args[i]
-    end
+  for key, value, a in require("k3.cli").options(args, die) do
     if key == "--out" then o.out = value()
     elseif key == "--peers" then o.peers = value()
     elseif key == "--quick" then o.quick = true
@@ -54,7 +44,6 @@ local function parse(args)
       for _, s in ipairs({"linear", "attn_res", "stack"}) do o.subs[#o.subs + 1] = s end
     elseif a == "linear" or a == "attn_res" or a == "stack" then o.subs[#o.subs + 1] = a
     else die("unknown benchmark '" .. a .. "'") end
-    i = i + 1
   end
   if #o.subs == 0 then die("name a benchmark: linear, attn_res, stack or all") end
   -- Each benchmark once, in the order given.

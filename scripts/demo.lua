@@ -46,17 +46,7 @@ local args = {...}
 for _, a in ipairs(args) do -- --tp N: the tensor-parallel stack (re-runs itself via scripts/k3 --nproc N)
   if a == "--tp" or a:match("^%-%-tp=") then os.exit(require("k3.model.kimi_k3_tp").main(args)) end
 end
-local i = 1
-while i <= #args do
-  local a = args[i]
-  local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
-  key = key or a
-  local function value()
-    if val then return val end
-    i = i + 1
-    if args[i] == nil then die(key .. " needs a value") end
-    return args[i]
-  end
+for key, value, a in require("k3.cli").options(args, die) do
   if key == "--config" then opts.config = value()
   elseif key == "--device" then opts.device = value()
   elseif key == "--weights" then opts.weights_path = value()
@@ -71,7 +61,6 @@ while i <= #args do
   elseif key == "--quiet" then opts.quiet = true
   elseif key == "-h" or key == "--help" then print(usage) os.exit(0)
   else die("unknown option '" .. a .. "'") end
-  i = i + 1
 end
 
 if opts.config and not kimi.configs[opts.config] then

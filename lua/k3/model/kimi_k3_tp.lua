@@ -396,20 +396,12 @@ end
 --- `scripts/k3 --nproc N scripts/demo.lua args…`; under it, every rank runs and rank 0 prints.
 --- Returns the process exit status.
 function M.main(args)
-  local opts, i = {}, 1
+  local opts = {}
   local function die(msg)
     io.stderr:write("demo: ", msg, "\n", usage, "\n")
     return 2
   end
-  while i <= #args do
-    local a = args[i]
-    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
-    key = key or a
-    local function value()
-      if val then return val end
-      i = i + 1
-      return args[i]
-    end
+  for key, value, a in require("k3.cli").options(args) do
     if key == "--tp" then opts.tp = math.tointeger(tonumber(value() or ""))
       if not opts.tp or opts.tp < 1 then return die("--tp needs a positive integer") end
     elseif key == "--config" then opts.config = value()
@@ -426,7 +418,6 @@ function M.main(args)
     elseif key == "--quiet" then opts.quiet = true
     elseif key == "-h" or key == "--help" then print(usage) return 0
     else return die("unknown option '" .. a .. "' (with --tp)") end
-    i = i + 1
   end
   if not opts.tp then return die("--tp N is required here") end
   if not os.getenv("K3_WORLD_SIZE") and opts.tp > 1 then
