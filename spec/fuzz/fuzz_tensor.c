@@ -419,7 +419,15 @@ static void op_get_set(fz *f) {
     for (int d = 0; d < t->ndim; d++) {
         idx[d] = fz_sint(f, 4);
         if (idx[d] < 0 || idx[d] >= t->size[d]) inrange = false;
-        else o += idx[d] * t->stride[d];
+    }
+    /* The element offset is only meaningful (and only computed) for an in-range index: a view
+     * with a zero-size dimension may carry strides whose products overflow int64 elsewhere. */
+    bool o_ok = inrange;
+    for (int d = 0; o_ok && d < t->ndim; d++) {
+        int64_t step;
+        if (__builtin_mul_overflow(idx[d], t->stride[d], &step) ||
+            __builtin_add_overflow(o, step, &o))
+            o_ok = false;
     }
     bool set = fz_u8(f) & 1;
     double v = fz_double(f), got = 0;
@@ -434,7 +442,7 @@ static void op_get_set(fz *f) {
         return;
     }
     shadow *sh = shadow_of(t);
-    if (!sh || o >= sh->cap) return;
+    if (!sh || !o_ok || o < 0 || o >= sh->cap) return;
     if (set) {
         sh->v[o] = rnd(t->dtype, v);
         sh->known[o] = 1;
