@@ -621,13 +621,15 @@ k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
 
 static k3_status element_offset(const char *op, const k3_tensor *t, const int64_t *idx,
                                 int64_t *off) {
-    int64_t o = t->offset;
-    for (int d = 0; d < t->ndim; d++) {
+    /* Every index is checked before any product is formed: an empty view may carry strides
+     * whose products overflow (its extent was never needed), and an in-range index implies a
+     * non-empty view, whose extent was checked to fit its storage when it was made. */
+    for (int d = 0; d < t->ndim; d++)
         if (idx[d] < 0 || idx[d] >= t->size[d])
             return k3_error(K3_ESHAPE, "%s: index %lld out of range for dim %d of size %lld", op,
                             (long long)((uint64_t)idx[d] + 1), d + 1, (long long)t->size[d]);
-        o += idx[d] * t->stride[d];
-    }
+    int64_t o = t->offset;
+    for (int d = 0; d < t->ndim; d++) o += idx[d] * t->stride[d];
     *off = o;
     return K3_OK;
 }

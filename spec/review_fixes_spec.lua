@@ -121,4 +121,14 @@ describe("new-user regressions", function()
     assert.same({"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, k3.policy.rms_norm)
     k3.set_policy(require "k3.policy.default")
   end)
+  it("get/set on an empty view with huge strides report the index, with no overflow", function()
+    -- An empty view's strides are never needed, so they may be anything; element access must
+    -- reject the out-of-range index before it multiplies an index by a stride (found by
+    -- fuzz_tensor under UBSan; make test-asan runs this).
+    local t = k3.zeros({4})
+    local v = t:as_strided({2, 0}, {2^61, 1}, 0)
+    H.raises(function() return v:get(2, 1) end, "get: index 1 out of range for dim 2 of size 0")
+    H.raises(function() v:set(2, 1, 5) end, "set: index 1 out of range for dim 2 of size 0")
+    assert.same({0, 0, 0, 0}, t:totable())
+  end)
 end)
