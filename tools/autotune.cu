@@ -401,7 +401,8 @@ int main(int argc, char **argv) {
                                                                c.kcta, q, split_ws, counters, t.s)
                                       : k3_skinny_launch(c.threads, c.rows, c.unroll, q, t.s);
                 };
-                k3_skinny_problem p;
+                k3_skinny_problem p = {};
+                k3_skinny_knobs(&p.pdl, &p.prefetch_bytes);
                 p.x = x;
                 p.res = nullptr;
                 p.res_s0 = p.res_s1 = 0;
