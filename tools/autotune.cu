@@ -519,13 +519,17 @@ int main(int argc, char **argv) {
     char date[64];
     time_t now = time(nullptr);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    char method[512];
+    char method[640];
+    int knob_pdl;
+    int64_t knob_pref;
+    k3_skinny_knobs(&knob_pdl, &knob_pref);
     snprintf(method, sizeof method,
              "scripts/autotune: CUDA graph of >= 20 back-to-back calls, weights rotated over "
              "copies totalling >= 4x L2, median of %d replays after %d warm-up, random "
              "non-zero bf16 data, every candidate checked against cuBLAS (cublasGemmEx bf16, "
-             "fp32 compute) before timing; kept where cuBLAS/skinny >= %.2f",
-             t.reps, t.warm, min_speedup);
+             "fp32 compute) before timing; kept where cuBLAS/skinny >= %.2f; skinny launch: "
+             "PDL %s, L2 prefetch %.0f MB (K3_SKINNY_PDL, K3_SKINNY_PREFETCH_MB)",
+             t.reps, t.warm, min_speedup, knob_pdl ? "on" : "off", knob_pref / 1048576.0);
 
     /* The plan file. */
     int failures = 0;
