@@ -381,6 +381,60 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 end)
 
+-- The opt-in launch modes (K3_SKINNY_PDL, K3_SKINNY_PREFETCH_MB; read once per process, so
+-- each mode runs in its own interpreter): the same kernel and configuration must give results
+-- bit-identical to the default launch, in a chain where each projection reads the previous
+-- one's output and where a conversion kernel rewrites w just before the projection that reads
+-- it (the race PDL would cause if the kernel read anything but the L2 prefetch before its wait).
+describe("cuda.linear.skinny launch modes #gpu", function()
+  local CHAIN = [[
+    local o = {dtype = "bf16", device = "cuda"}
+    local function plan(cfg) local p = {} for m = 1, 16 do p[m] = {kernel = "skinny", config = cfg} end return p end
+    local methods = {
+      k3.method.low_latency(plan({threads = 512, rows = 8, unroll = 2, vec = 8, split_k = 16})),
+      k3.method.low_latency(plan({threads = 256, rows = 8, unroll = 4, vec = 8, split_k = 16})),
+    }
+    local w1 = k3.randn({1536, 7168}, {dtype = "bf16", device = "cuda", seed = 11})
+    local w2 = k3.randn({7168, 1536}, {dtype = "bf16", device = "cuda", seed = 12})
+    local src = k3.randn({1536, 7168}, {dtype = "f32", device = "cuda", seed = 13})
+    local w3 = k3.empty({1536, 7168}, o)
+    for _, M in ipairs({1, 5, 16}) do
+      for i, ll in ipairs(methods) do
+        w3:fill(0)
+        local x = k3.randn({M, 7168}, {dtype = "bf16", device = "cuda", seed = 20 + M})
+        local y1 = ll:apply(x, w1)
+        local y2 = ll:apply(y1, w2, nil, {residual = x})
+        w3:copy(src)
+        local y3 = ll:apply(y2, w3)
+        local e = ll:explain(y2, w3)
+        local c = y3:to("cpu"):to("f64")
+        local s, q = 0, 0
+        for _, v in ipairs(c:view({M * 1536}):totable()) do s = s + v q = q + v * v end
+        print(string.format("M=%d method=%d chosen=%s sum=%a sumsq=%a", M, i, e.chosen, s, q))
+      end
+    end
+  ]]
+
+  local function run(env)
+    local f = assert(io.popen(env .. " scripts/k3 -e '" .. CHAIN .. "' 2>&1; echo \"exit=$?\""))
+    local out = f:read("a")
+    f:close()
+    return out
+  end
+
+  it("PDL and the L2 prefetch give results bit-identical to the default launch", function()
+    if not need_gpu() or not need_kernel(SKINNY) then return end
+    local base = run("K3_SKINNY_PDL=0 K3_SKINNY_PREFETCH_MB=0")
+    assert.truthy(base:find("exit=0", 1, true), base)
+    local _, lines = base:gsub("chosen=cuda.linear.skinny", "")
+    assert.equal(6, lines, base)
+    for _, env in ipairs({"K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=0", "K3_SKINNY_PDL=0 K3_SKINNY_PREFETCH_MB=24",
+                          "K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=24", "K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=1000"}) do
+      assert.equal(base, run(env), env)
+    end
+  end)
+end)
+
 describe("cuda.linear.batch_invariant #gpu", function()
   after_each(function() k3.set_batch_invariant(false) end)
 
