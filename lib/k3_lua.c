@@ -27,6 +27,27 @@ typedef struct {
 /* Raises the thread's last k3 error as a Lua error. Callers free their temporaries first. */
 static int raise_k3(lua_State *L) { return luaL_error(L, "%s", k3_last_error()); }
 
+/* Raises the thread's last k3 error under the name of the function the user called: the core
+ * names its own entry point (k3.zeros runs k3_tensor_full, so "full: ..."; t:clone runs
+ * k3_tensor_to, so "to: ..."), and a leading "<identifier>: " is replaced by "<fname>: ".
+ * A message without such a prefix ("tensor has been freed", "CUDA error on cuda:0: ...") is
+ * raised as it is. */
+static int raise_k3_as(lua_State *L, const char *fname) {
+    const char *msg = k3_last_error();
+    const char *p = msg;
+    while (*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+           (p > msg && *p >= '0' && *p <= '9'))
+        p++;
+    if (p > msg && p[0] == ':' && p[1] == ' ') return luaL_error(L, "%s: %s", fname, p + 2);
+    return luaL_error(L, "%s", msg);
+}
+
+/* CHECK_K3 for a call the user knows by another name (see raise_k3_as). */
+#define CHECK_K3_AS(L, fname, expr)                                                        \
+    do {                                                                                   \
+        if ((expr) != K3_OK) return raise_k3_as(L, fname);                                 \
+    } while (0)
+
 #define CHECK_K3(L, expr)                                                                  \
     do {                                                                                   \
         if ((expr) != K3_OK) return raise_k3(L);                                           \
@@ -234,7 +255,7 @@ static int create_filled(lua_State *L, const char *fname, int shape_idx, int opt
         s = k3_tensor_full(&u->t, nd, shape, o.dtype, o.device, value);
     else
         s = k3_tensor_randn(&u->t, nd, shape, o.dtype, o.device, o.seed);
-    CHECK_K3(L, s);
+    CHECK_K3_AS(L, fname, s);
     return 1;
 }
 
@@ -307,7 +328,7 @@ static int l_tensor(lua_State *L) {
     int64_t pos = 0;
     nested_fill(L, 1, 0, nd, shape, vals, &pos);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_from_f64(&u->t, nd, shape, o.dtype, o.device, vals));
+    CHECK_K3_AS(L, "tensor", k3_tensor_from_f64(&u->t, nd, shape, o.dtype, o.device, vals));
     return 1;
 }
 
@@ -451,7 +472,7 @@ static int m_contiguous(lua_State *L) {
         return 1;
     }
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    CHECK_K3_AS(L, "contiguous", k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
     return 1;
 }
 
@@ -459,7 +480,7 @@ static int m_contiguous(lua_State *L) {
 static int m_clone(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    CHECK_K3_AS(L, "clone", k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
     return 1;
 }
 
@@ -504,7 +525,7 @@ static int m_copy(lua_State *L) {
 static int m_fill(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     double v = luaL_checknumber(L, 2);
-    CHECK_K3(L, k3_tensor_fill(t, v));
+    CHECK_K3_AS(L, "fill", k3_tensor_fill(t, v));
     lua_settop(L, 1);
     return 1;
 }
@@ -524,7 +545,7 @@ static int m_get(lua_State *L) {
     int64_t idx[K3_MAX_DIMS];
     check_indices(L, t, 2, lua_gettop(L) - 1, "get", idx);
     double v;
-    CHECK_K3(L, k3_tensor_get(t, idx, &v));
+    CHECK_K3_AS(L, "get", k3_tensor_get(t, idx, &v));
     lua_pushnumber(L, v);
     return 1;
 }
@@ -536,7 +557,7 @@ static int m_set(lua_State *L) {
     int64_t idx[K3_MAX_DIMS];
     double v = luaL_checknumber(L, top);
     check_indices(L, t, 2, top - 2, "set", idx);
-    CHECK_K3(L, k3_tensor_set(t, idx, v));
+    CHECK_K3_AS(L, "set", k3_tensor_set(t, idx, v));
     lua_settop(L, 1);
     return 1;
 }
@@ -558,7 +579,7 @@ static int m_totable(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     int64_t n = k3_tensor_numel(t);
     double *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof(double), 0);
-    CHECK_K3(L, k3_tensor_to_f64(t, v));
+    CHECK_K3_AS(L, "totable", k3_tensor_to_f64(t, v));
     int64_t pos = 0;
     push_nested(L, t, v, 0, &pos);
     return 1;
@@ -590,7 +611,7 @@ static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = check_tensor(L, 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_binary_scalar(&u->t, K3_MUL, a, -1.0, 0));
+    CHECK_K3_AS(L, "unm", k3_tensor_binary_scalar(&u->t, K3_MUL, a, -1.0, 0));
     return 1;
 }
 
@@ -1112,7 +1133,7 @@ static int l_compile_policy(lua_State *L) {
     policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->p = NULL;
     luaL_setmetatable(L, POLICY_MT);
-    CHECK_K3(L, k3_policy_new(&u->p));
+    CHECK_K3_AS(L, "set_policy", k3_policy_new(&u->p));
     int src = 1;
     if (lua_getfield(L, 1, "ops") == LUA_TTABLE) src = lua_gettop(L);
     else lua_pop(L, 1);
@@ -1136,7 +1157,7 @@ static int l_compile_policy(lua_State *L) {
                                   ops[k], (int)i, luaL_typename(L, -1));
             names[i - 1] = lua_tostring(L, -1); /* stays on the stack until set */
         }
-        CHECK_K3(L, k3_policy_set_candidates(u->p, ops[k], names, (int)n));
+        CHECK_K3_AS(L, "set_policy", k3_policy_set_candidates(u->p, ops[k], names, (int)n));
         lua_pop(L, (int)n + 1);
     }
     int ty = lua_getfield(L, 1, "on_layout_mismatch");
@@ -1146,7 +1167,7 @@ static int l_compile_policy(lua_State *L) {
             return luaL_error(L, "set_policy: on_layout_mismatch must be \"error\" or "
                                  "\"fallback\"; got %s",
                               ty == LUA_TSTRING ? v : luaL_typename(L, -1));
-        CHECK_K3(L, k3_policy_set_layout_fallback(u->p, strcmp(v, "fallback") == 0));
+        CHECK_K3_AS(L, "set_policy", k3_policy_set_layout_fallback(u->p, strcmp(v, "fallback") == 0));
     }
     lua_pop(L, 1);
     lua_settop(L, 2);
@@ -1298,12 +1319,12 @@ static int l_load_safetensors(lua_State *L) {
     safetensors_ud *f = lua_newuserdatauv(L, sizeof *f, 0);
     f->st = NULL;
     luaL_setmetatable(L, SAFETENSORS_MT);
-    CHECK_K3(L, k3_safetensors_load(path, &f->st));
+    CHECK_K3_AS(L, "load_safetensors", k3_safetensors_load(path, &f->st));
     int n = k3_safetensors_count(f->st);
     lua_createtable(L, 0, n);
     for (int i = 0; i < n; i++) {
         tensor_ud *u = push_tensor_slot(L);
-        CHECK_K3(L, k3_safetensors_tensor(f->st, i, &u->t));
+        CHECK_K3_AS(L, "load_safetensors", k3_safetensors_tensor(f->st, i, &u->t));
         lua_setfield(L, -2, k3_safetensors_name(f->st, i));
     }
     k3_safetensors_free(f->st);
@@ -1342,7 +1363,7 @@ static int l_save_safetensors(lua_State *L) {
         i++;
         lua_pop(L, 1);
     }
-    CHECK_K3(L, k3_safetensors_save(path, n, names, ts));
+    CHECK_K3_AS(L, "save_safetensors", k3_safetensors_save(path, n, names, ts));
     return 0;
 }
 

@@ -74,6 +74,46 @@ case("tensor nested 9 deep", function()
   return function() k3.tensor({{{{{{{{{1}}}}}}}}}) end
 end, "bad argument #1 to 'tensor' (more than 8 levels of nesting)")
 
+-- ---- errors name the function the user called, not the core entry point behind it -----------------
+-- (k3.zeros and k3.ones run the core's full, t:clone and t:contiguous its to, -t its mul, ...)
+local ABSURD = {2 ^ 30, 2 ^ 30} -- 2^60 f32 elements: 4611686018427387904 bytes, never allocatable
+case("zeros absurd allocation names zeros", function() return function() k3.zeros(ABSURD) end end,
+  "zeros: out of host memory allocating 4611686018427387904 bytes")
+case("ones absurd allocation names ones", function() return function() k3.ones(ABSURD) end end,
+  "ones: out of host memory allocating 4611686018427387904 bytes")
+case("ones overflowing element count names ones", function()
+  return function() k3.ones({2 ^ 62, 2 ^ 62}) end
+end, "ones: element count overflows at dim 2")
+case("zeros on a device that does not exist", function()
+  return function() k3.zeros({2}, {device = "cuda:1023"}) end
+end, "zeros: device cuda:1023 ")
+case("randn on a device that does not exist", function()
+  return function() k3.randn({2}, {device = "cuda:1023"}) end
+end, "randn: device cuda:1023 ")
+case("tensor on a device that does not exist", function()
+  return function() k3.tensor({1, 2}, {device = "cuda:1023"}) end
+end, "tensor: device cuda:1023 ")
+local function absurd_view_case(name, call, text)
+  case(name, function()
+    local base = mat(1, 1)
+    local big = base:expand(ABSURD)
+    return function() call(big) end, {base}
+  end, text)
+end
+absurd_view_case("clone of an absurd broadcast view", function(t) return t:clone() end,
+  "clone: out of host memory allocating 4611686018427387904 bytes")
+absurd_view_case("contiguous of an absurd broadcast view", function(t) return t:contiguous() end,
+  "contiguous: out of host memory allocating 4611686018427387904 bytes")
+absurd_view_case("negating an absurd broadcast view", function(t) return -t end,
+  "unm: out of host memory allocating 4611686018427387904 bytes")
+case("load_safetensors of a missing file", function()
+  return function() k3.load_safetensors("/nonexistent/k3-spec.safetensors") end
+end, "load_safetensors: /nonexistent/k3-spec.safetensors: cannot open: No such file or directory")
+case("save_safetensors into a missing directory", function()
+  local t = mat(2, 3)
+  return function() k3.save_safetensors("/nonexistent/k3-spec.safetensors", {w = t}) end, {t}
+end, "save_safetensors: /nonexistent/k3-spec.safetensors.tmp")
+
 -- ---- views -------------------------------------------------------------------------------------
 local function view_case(name, call, text)
   case(name, function()
@@ -424,9 +464,9 @@ local function policy_case(name, tbl, text)
   end, text)
 end
 policy_case("set_policy a string", "x", "bad argument #1 to 'set_policy' (table expected, got string)")
-policy_case("set_policy unknown kernel", {linear = {"nope"}}, "policy: unknown linear kernel 'nope' (known: ")
+policy_case("set_policy unknown kernel", {linear = {"nope"}}, "set_policy: unknown linear kernel 'nope' (known: ")
 policy_case("set_policy kernel of another op", {linear = {"cpu.attn_res.reference"}},
-  "policy: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
+  "set_policy: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
 policy_case("set_policy candidates a string", {linear = "cpu.linear.blas"},
   "set_policy: linear must be a list of kernel names; got string")
 policy_case("set_policy candidate a number", {attn_res = {1}},
@@ -441,7 +481,7 @@ do
   policy_case("set_policy 17 candidates", {linear = many}, "set_policy: linear lists 17 kernels; at most 16")
 end
 policy_case("set_policy good op then a bad one", {linear = {"cpu.linear.reference"}, rms_norm = {"nope"}},
-  "policy: unknown rms_norm kernel 'nope' (known: ")
+  "set_policy: unknown rms_norm kernel 'nope' (known: ")
 
 -- ---- low-latency plans -----------------------------------------------------------------------------------
 local function plan_case(name, plan, text)

@@ -96,7 +96,7 @@ describe("new-user regressions", function()
 
   it("save_safetensors refuses a path that is not a regular file and follows symlinks", function()
     H.raises(function() k3.save_safetensors("/dev/null", {a = k3.ones({2})}) end,
-      "safetensors_save: /dev/null exists and is not a regular file")
+      "save_safetensors: /dev/null exists and is not a regular file")
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. dir .. " && echo old > " .. dir .. "/target.st && ln -s target.st " .. dir .. "/link.st"))
@@ -113,7 +113,7 @@ describe("new-user regressions", function()
     H.raises(function() k3.set_policy({bogus = {}}) end, "set_policy: unknown key \"bogus\"")
     H.raises(function() k3.set_policy({linear = {}}) end, "set_policy: linear lists no kernels")
     local err = H.raises(function() k3.set_policy({linear = {"nope"}}) end,
-      "policy: unknown linear kernel 'nope'")
+      "set_policy: unknown linear kernel 'nope'")
     assert.is_nil(err:find("init.lua", 1, true))
     assert.equal(before, k3.inspect(k3.policy))
     k3.set_policy({linear = {"cpu.linear.reference"}})

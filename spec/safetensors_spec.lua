@@ -40,7 +40,7 @@ describe("safetensors", function()
   -- load(path) must fail with a message containing the path and `text`.
   local function load_fails(text)
     local err = H.raises(function() k3.load_safetensors(path) end, text)
-    assert.truthy(err:find("safetensors: " .. path, 1, true), err)
+    assert.truthy(err:find("load_safetensors: " .. path, 1, true), err)
     return err
   end
 
