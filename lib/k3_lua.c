@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define TENSOR_MT "k3.Tensor"
 #define METHOD_MT "k3.Method"
@@ -1376,6 +1377,18 @@ static int l_clock(lua_State *L) {
     return 1;
 }
 
+/* k3.isatty(file) -> boolean: whether a Lua file handle (io.stdout, io.stderr, one from
+ * io.open or io.popen) is a terminal, from isatty(fileno(f)). Scripts print a live progress
+ * line ("\r" and erase) only on a terminal, plain lines in a log. Raises "bad argument #1 to
+ * 'isatty' (FILE* expected, got …)" for anything else and "(file is closed)" for a closed
+ * handle. */
+static int l_isatty(lua_State *L) {
+    luaL_Stream *p = luaL_checkudata(L, 1, LUA_FILEHANDLE);
+    if (p->closef == NULL) return arg_error(L, 1, "isatty", "file is closed");
+    lua_pushboolean(L, isatty(fileno(p->f)) == 1);
+    return 1;
+}
+
 /* ---- device timing (benchmarks) -------------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b) {
@@ -1648,6 +1661,7 @@ static const luaL_Reg ops_funcs[] = {
     {"load_safetensors", l_load_safetensors},
     {"save_safetensors", l_save_safetensors},
     {"clock", l_clock},
+    {"isatty", l_isatty},
     {"method_default", l_method_default},
     {"method_low_latency", l_method_low_latency},
     {"dist_init", l_dist_init},

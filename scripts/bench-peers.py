@@ -59,13 +59,43 @@ def attn_bytes(T, nb):
     return 2 * H * (T * (4 + nb) + 3)
 
 
+def progress_mode():
+    """As k3.cli.progress_mode: K3_PROGRESS=0 off, 1 the live line, plain plain lines; unset, the
+    live line on a terminal and plain lines (at most one per PROGRESS_INTERVAL s) in a log."""
+    setting = os.environ.get("K3_PROGRESS")
+    modes = {"0": "off", "1": "tty", "plain": "plain"}
+    if setting in modes:
+        return modes[setting]
+    return "tty" if sys.stderr.isatty() else "plain"
+
+
+PROGRESS_INTERVAL = 5.0
+_progress = {"mode": None, "printed_at": None, "pending": None}
+
+
 def progress(msg):
-    sys.stderr.write("\r\x1b[K" + msg)
+    p = _progress
+    if p["mode"] is None:
+        p["mode"] = progress_mode()
+    if p["mode"] == "tty":
+        sys.stderr.write("\r\x1b[K" + msg)
+    elif p["mode"] == "plain":
+        now = time.monotonic()
+        if p["printed_at"] is None or now - p["printed_at"] >= PROGRESS_INTERVAL:
+            sys.stderr.write(msg + "\n")
+            p["printed_at"], p["pending"] = now, None
+        else:
+            p["pending"] = msg
     sys.stderr.flush()
 
 
 def progress_done():
-    sys.stderr.write("\r\x1b[K")
+    p = _progress
+    if p["mode"] == "tty":
+        sys.stderr.write("\r\x1b[K")
+    elif p["mode"] == "plain" and p["pending"]:
+        sys.stderr.write(p["pending"] + "\n")
+    p["printed_at"], p["pending"] = None, None
     sys.stderr.flush()
 
 

@@ -19,7 +19,8 @@ options:
   --quick           fewer timing samples (15 graph replays instead of 50; 5 steps instead of 10)
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
   --bw GBPS         use this copy bandwidth for the floors instead of the measured one
-  --quiet           no progress line
+  --quiet           no progress output (K3_PROGRESS=0 likewise; a live line on a terminal,
+                    a plain line every few seconds otherwise)
   -h, --help        this text]]
 
 local function die(msg)

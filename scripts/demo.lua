@@ -14,7 +14,8 @@ usage: scripts/k3 scripts/demo.lua [options]
   --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
   --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
   --seed N                  seed of the generated weights and inputs (default 1234)
-  --quiet                   no progress line
+  --quiet                   no progress output (K3_PROGRESS=0 likewise; progress is a live
+                            line on a terminal, a plain line every few seconds otherwise)
   -h, --help                this text]]
 
 local function die(msg)
@@ -85,7 +86,8 @@ local ok, res = xpcall(demo.run, function(e)
   return os.getenv("K3_DEBUG") and debug.traceback(tostring(e), 2) or tostring(e)
 end, opts)
 if not ok then
-  io.stderr:write("\r\27[K", "demo: ", res, "\n")
+  require("k3.cli").progress{quiet = opts.quiet}:clear() -- a live progress line, if any
+  io.stderr:write("demo: ", res, "\n")
   os.exit(1)
 end
 print(demo.format(res))

@@ -239,6 +239,7 @@ local HELP = {
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
   {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
   {"k3.clock()", "monotonic seconds (host)"},
+  {"k3.isatty(file)", "whether a file handle (io.stderr, ...) is a terminal"},
   {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},

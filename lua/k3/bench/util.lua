@@ -257,18 +257,22 @@ end
 
 -- ---- progress ------------------------------------------------------------------------------------
 
+-- One k3.cli reporter on stderr for the whole run: a live line on a terminal, a plain line
+-- every few seconds (and the last one at each progress_done) in a log; K3_PROGRESS overrides.
 U.quiet = false
+local reporter
 
+--- U.progress(fmt, ...): the current step (nothing when U.quiet).
 function U.progress(fmt, ...)
   if U.quiet then return end
-  io.stderr:write("\r\27[K", string.format(fmt, ...))
-  io.stderr:flush()
+  reporter = reporter or require("k3.cli").progress()
+  reporter:update(fmt, ...)
 end
 
+--- U.progress_done(): ends the progress output before other text is printed.
 function U.progress_done()
-  if U.quiet then return end
-  io.stderr:write("\r\27[K")
-  io.stderr:flush()
+  if U.quiet or not reporter then return end
+  reporter:done()
 end
 
 -- ---- numbers ---------------------------------------------------------------------------------

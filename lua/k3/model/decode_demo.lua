@@ -4,6 +4,7 @@
 -- specs call run() directly and compare its results.
 local k3 = require "k3"
 local kimi = require "k3.model.kimi_k3"
+local cli = require "k3.cli"
 
 local demo = {}
 
@@ -74,15 +75,10 @@ local function sorted_keys(t)
   return ks
 end
 
-local function progress(opts, fmt, ...)
-  if opts.quiet then return end
-  io.stderr:write("\r\27[K" .. string.format(fmt, ...))
-  io.stderr:flush()
-end
-
 -- Runs the demo. opts: config (name or table), device, dtype ("bf16"), steps, m (list),
 -- seed, weights ({name = tensor}: used instead of generating), save_weights (path),
--- quiet. Returns {config =, rows = {{m =, ms =, rel_err =, cosine =, norm_ratio =,
+-- quiet, reporter (a k3.cli.progress reporter; default one on stderr, none when quiet: a live
+-- line on a terminal, occasional plain lines in a log). Returns {config =, rows = {{m =, ms =, rel_err =, cosine =, norm_ratio =,
 -- finite =, kernels = {name = calls per step}, output = tensor}, ...},
 -- declines = {["kernel: reason"] = count}, kernels = {name = count}, weights =, stack =}.
 function demo.run(opts)
@@ -90,6 +86,7 @@ function demo.run(opts)
   opts = opts or {}
   for k, v in pairs(d) do if opts[k] == nil then opts[k] = v end end
   local cfg = type(opts.config) == "table" and opts.config or kimi.config(opts.config)
+  local reporter = opts.reporter or cli.progress{quiet = opts.quiet}
   local device, dtype = opts.device, opts.dtype or "bf16"
   local mmax = 0
   for _, m in ipairs(opts.m) do mmax = math.max(mmax, m) end
@@ -116,11 +113,11 @@ function demo.run(opts)
     source = string.format("generated, seed %d", opts.seed)
     weights = kimi.generate_weights(cfg, {seed = opts.seed, dtype = dtype, device = device,
       progress = function(n, total)
-        if n % 50 == 0 or n == total then progress(opts, "generating weights %d/%d", n, total) end
+        if n % 50 == 0 or n == total then reporter:update("generating weights %d/%d", n, total) end
       end})
   end
   if opts.save_weights then
-    progress(opts, "saving weights to %s", opts.save_weights)
+    reporter:update("saving weights to %s", opts.save_weights)
     k3.save_safetensors(opts.save_weights, weights)
   end
   local stack = kimi.build(cfg, weights, {dtype = dtype, device = device})
@@ -131,7 +128,7 @@ function demo.run(opts)
   -- The checked step's input does not depend on --steps, so runs compare across options.
   local x_last = kimi.embedding(cfg, mmax, {seed = opts.seed, step = 0, dtype = dtype,
                                             device = device})
-  progress(opts, "fp64 reference run (%d tokens, %d layers)", mmax, cfg.num_layers)
+  reporter:update("fp64 reference run (%d tokens, %d layers)", mmax, cfg.num_layers)
   local ref = stack:reference_forward(x_last)
 
   local result = {config = cfg, device = device, dtype = dtype, steps = steps,
@@ -144,7 +141,7 @@ function demo.run(opts)
   xs[steps] = x_last
   k3.stats_reset()
   for _, m in ipairs(opts.m) do
-    progress(opts, "M=%-2d warm-up (traced)", m)
+    reporter:update("M=%-2d warm-up (traced)", m)
     -- One traced step shows which kernel served each op and why others declined.
     local y0
     local trace = k3.trace(function() y0 = stack:forward(xs[1]:narrow(1, 1, m)) end)
@@ -156,7 +153,7 @@ function demo.run(opts)
     for s = 1, steps do
       if y then y:free() end
       y = stack:forward(xs[s]:narrow(1, 1, m))
-      if s % 5 == 0 or s == steps then progress(opts, "M=%-2d step %d/%d", m, s, steps) end
+      if s % 5 == 0 or s == steps then reporter:update("M=%-2d step %d/%d", m, s, steps) end
     end
     k3.synchronize()
     local ms = (wall() - t0) * 1000 / steps
@@ -170,7 +167,7 @@ function demo.run(opts)
   end
   local st = k3.stats()
   result.kernels, result.declines = st.kernels or {}, st.declines or {}
-  if not opts.quiet then io.stderr:write("\r\27[K") end
+  reporter:done()
   for s = 1, steps - 1 do xs[s]:free() end
   return result
 end

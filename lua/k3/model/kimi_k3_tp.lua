@@ -284,9 +284,9 @@ function M.run(opts)
   local seed = opts.seed or 1234
   local mmax = 0
   for _, m in ipairs(ms_list) do mmax = math.max(mmax, m) end
-  local function say(fmt, ...)
-    if rank == 0 and not opts.quiet then io.stderr:write("\r\27[K" .. string.format(fmt, ...)) end
-  end
+  -- Rank 0 reports progress: a live line on a terminal, occasional plain lines in a log.
+  local reporter = require("k3.cli").progress{quiet = rank ~= 0 or opts.quiet}
+  local function say(fmt, ...) reporter:update(fmt, ...) end
   say("generating weights (%s, seed %d)", cfg.name, seed)
   local weights = opts.weights or kimi.generate_weights(cfg, {seed = seed, dtype = opts.dtype or "bf16",
                                                               device = "cpu"})
@@ -330,7 +330,7 @@ function M.run(opts)
   end
   whole:free()
   d.barrier()
-  if rank == 0 and not opts.quiet then io.stderr:write("\r\27[K") end
+  reporter:done()
   for s = 1, steps do xs[s]:free() end
   return {config = cfg, local_config = lcfg, world_size = W, device = device, dtype = stack.dtype,
           steps = steps, rows = rows, tol = tol, stack = stack, weights = weights}
@@ -370,7 +370,7 @@ usage: scripts/k3 scripts/demo.lua --tp N [options]   (re-runs itself through sc
   --weight-sets N    distinct seeded weight sets the layers cycle through (default 2)
   --seed N           seed of weights and inputs (default 1234)
   --timeout S        bound of every wait across ranks (K3_DIST_TIMEOUT)
-  --quiet            no progress line]]
+  --quiet            no progress output (K3_PROGRESS=0 likewise)]]
 
 local function parse_m(s)
   local list = {}
@@ -434,7 +434,8 @@ function M.main(args)
   k3.dist.init(opts.timeout and {timeout = opts.timeout} or nil)
   local ok, res = xpcall(M.run, debug.traceback, opts)
   if not ok then
-    io.stderr:write("\r\27[K", string.format("demo (rank %d): %s\n", k3.dist.rank(), tostring(res)))
+    require("k3.cli").progress{quiet = opts.quiet}:clear()
+    io.stderr:write(string.format("demo (rank %d): %s\n", k3.dist.rank(), tostring(res)))
     return 1
   end
   local pass = true
