@@ -1,6 +1,7 @@
 -- The game-loop host (examples/host/host.c) driven as a subprocess: a clean run; an error in
 -- frame 3; an endless loop stopped by the instruction budget; allocations past the Lua and
--- tensor caps; two states on two threads matching a single-threaded run bit for bit.
+-- tensor caps; two states on two threads matching a single-threaded run bit for bit; the exit
+-- status (0 when every frame went as the script's expected_failures says, 3 otherwise).
 -- The host is built by `make host` (part of EMBED_TARGETS); without it every spec is pending.
 -- The checkout's absolute path (this file is <root>/spec/<name>).
 local function checkout_root()
@@ -49,6 +50,7 @@ describe("k3-host", function()
     assert.are.equal(0, code, out)
     assert.are.equal(6, field(out, "frames run"), out)
     assert.are.equal(0, field(out, "frames failed"), out)
+    assert.are.equal(0, field(out, "unexpected frame results"), out)
     assert.is_true(field(out, "peak Lua memory") > 0, out)
     assert.is_true(field(out, "peak tensor memory") > 0, out)
     assert.truthy(out:find("k3 kernel cpu.linear.[%w_]+: %d+"), out)
@@ -66,6 +68,8 @@ describe("k3-host", function()
     assert.are.equal(1, count(out, "failed %("), out)
     assert.are.equal(6, field(out, "frames run"), out)
     assert.are.equal(1, field(out, "frames failed"), out)
+    assert.are.equal(1, field(out, "frames failed as expected"), out)
+    assert.are.equal(0, field(out, "unexpected frame results"), out)
   end)
 
   it("stops an endless loop at the frame's instruction budget, even one under pcall", function()
@@ -77,6 +81,7 @@ describe("k3-host", function()
     assert.are.equal(2, count(out, "failed %("), out)
     assert.are.equal(6, field(out, "frames run"), out)
     assert.are.equal(2, field(out, "frames failed"), out)
+    assert.are.equal(2, field(out, "frames failed as expected"), out)
   end)
 
   it("fails only the frames that allocate past the Lua or tensor cap", function()
@@ -89,6 +94,7 @@ describe("k3-host", function()
     assert.are.equal(2, count(out, "failed %("), out)
     assert.are.equal(6, field(out, "frames run"), out)
     assert.are.equal(2, field(out, "frames failed"), out)
+    assert.are.equal(2, field(out, "frames failed as expected"), out)
     -- The cap bounds live memory: the peak stays within the cap plus the report's headroom.
     assert.is_true(field(out, "peak Lua memory") <= 4 * 2 ^ 20 * 9 / 8 + 256 * 1024, out)
   end)
@@ -107,6 +113,48 @@ describe("k3-host", function()
     assert.are.equal(3, #digests, out)
     assert.are.equal(digests[1], digests[2])
     assert.are.equal(digests[1], digests[3])
+  end)
+
+  it("exits 3 when frames fail that the script does not expect, on one state or on threads", function()
+    if not have_host() then return end
+    local out, code = run("--frames 3 --budget 1000 --script " .. SCRIPTS .. "clean.lua")
+    assert.are.equal(3, code, out)
+    assert.are.equal(3, field(out, "frames failed"), out)
+    assert.are.equal(0, field(out, "frames failed as expected"), out)
+    assert.are.equal(3, field(out, "unexpected frame results"), out)
+    out, code = run("--frames 2 --threads 2 --budget 1000 --script " .. SCRIPTS .. "clean.lua")
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("threads: all states match the single-threaded run bit for bit", 1, true), out)
+  end)
+
+  it("exits 3 when a frame in expected_failures succeeds or fails another way; a malformed table fails the setup", function()
+    if not have_host() then return end
+    local path = os.tmpname()
+    local function script(text)
+      local f = assert(io.open(path, "w"))
+      f:write(text)
+      f:close()
+    end
+    script('expected_failures = {[2] = "budget", [3] = "error", [4] = "memory", [9] = "error"}\n' ..
+           'local n = 0\nfunction on_frame() n = n + 1; if n >= 3 then error("on purpose") end end\n')
+    local out, code = run("--frames 4 --script " .. path)
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("\nframe 2 was expected to fail (budget) but succeeded\n", 1, true), out)
+    assert.truthy(out:find("\nframe 4 was expected to fail (memory) but failed (error)\n", 1, true), out)
+    assert.are.equal(2, field(out, "frames failed"), out)
+    assert.are.equal(1, field(out, "frames failed as expected"), out)
+    assert.are.equal(2, field(out, "unexpected frame results"), out)
+    for _, c in ipairs({
+      {'expected_failures = {[0] = "error"}', "expected_failures: keys must be frame numbers >= 1; got 0"},
+      {'expected_failures = {[1] = "oops"}', 'expected_failures[1] must be "error", "budget" or "memory"; got oops'},
+      {'expected_failures = "3"', 'expected_failures must be a table {[frame] = "error"|"budget"|"memory"}; got a string value'},
+    }) do
+      script(c[1] .. "\nfunction on_frame() end\n")
+      out, code = run("--frames 1 --script " .. path)
+      assert.are.equal(1, code, out)
+      assert.truthy(out:find("setup (reading expected_failures) failed (error): " .. c[2], 1, true), out)
+    end
+    os.remove(path)
   end)
 
   it("rejects bad options with a usage message and a non-zero exit, never a crash", function()

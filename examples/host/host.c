@@ -3,7 +3,8 @@
  * allocator, k3 loaded with luaL_requiref, and a script's on_frame(dt) called every frame
  * under an instruction budget. A bad frame is reported and the next one runs; the host never
  * aborts. --threads N runs N independent states at once and checks their results against a
- * single-threaded run, bit for bit.
+ * single-threaded run, bit for bit. The exit status says whether every frame went as the
+ * script expected: a script that fails frames on purpose lists them in `expected_failures`.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -54,7 +55,14 @@ static const char *usage_text =
     "  --threads N         run N states on N threads at once and compare them with a\n"
     "                      single-threaded run, bit for bit\n"
     "  --lua-root DIR      where lua/k3 (a checkout) or share/lua/5.4/k3 (a prefix) is;\n"
-    "                      default: found from the executable's location\n";
+    "                      default: found from the executable's location\n"
+    "A script that fails frames on purpose (a demo of the budget or the caps) declares them in\n"
+    "a global table expected_failures = {[frame] = \"error\" | \"budget\" | \"memory\"}.\n"
+    "exit status:\n"
+    "  0  every frame ran, or failed exactly as expected_failures says\n"
+    "  1  a bad option, or the setup (loading k3 or the script) failed\n"
+    "  2  --threads: a state's results differ from the single-threaded run\n"
+    "  3  a frame failed unexpectedly, or a frame in expected_failures did not fail that way\n";
 
 /* Parses a count with an optional K/M/G suffix (powers of 1024). */
 static int parse_size(const char *s, long long *out) {
@@ -91,6 +99,12 @@ static void say(const char *prefix, const char *fmt, ...) {
 typedef enum { FAIL_NONE = 0, FAIL_ERROR, FAIL_BUDGET, FAIL_MEMORY } fail_kind;
 static const char *const fail_names[] = {"ok", "error", "budget", "memory"};
 
+/* A frame the script fails on purpose, from its global expected_failures. */
+typedef struct {
+    long frame;
+    fail_kind kind;
+} expected_failure;
+
 typedef struct host_state {
     const host_opts *o;
     lua_State *L;
@@ -107,8 +121,12 @@ typedef struct host_state {
     /* this frame */
     fail_kind fail;
     long budget_now;
+    /* the script's expected_failures (malloc'd; freed by state_close) */
+    expected_failure *expected;
+    size_t nexpected;
     /* results */
-    long frames_run, frames_failed;
+    long frames_run, frames_failed, frames_failed_expected;
+    long unexpected; /* frames that failed unexpectedly or did not fail as expected */
     uint64_t digest;
     int setup_ok;
 } host_state;
@@ -367,6 +385,53 @@ static int has_on_frame(lua_State *L) {
     return 1;
 }
 
+/* Reads the script's global expected_failures = {[frame] = "error"|"budget"|"memory"} into
+ * h->expected (run protected: the globals may have metamethods). nil means none. */
+static int read_expected(lua_State *L) {
+    static const char *const kinds[] = {"error", "budget", "memory", NULL};
+    host_state *h = lua_touserdata(L, 1);
+    int ty = lua_getglobal(L, "expected_failures");
+    if (ty == LUA_TNIL) return 0;
+    if (ty != LUA_TTABLE)
+        return luaL_error(L, "expected_failures must be a table {[frame] = \"error\"|\"budget\"|"
+                             "\"memory\"}; got a %s value", luaL_typename(L, -1));
+    size_t n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        n++;
+        lua_pop(L, 1);
+    }
+    h->expected = calloc(n ? n : 1, sizeof *h->expected);
+    if (!h->expected) return luaL_error(L, "expected_failures: out of memory");
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        int isint;
+        lua_Integer f = lua_tointegerx(L, -2, &isint);
+        if (lua_type(L, -2) != LUA_TNUMBER || !isint || f < 1)
+            return luaL_error(L, "expected_failures: keys must be frame numbers >= 1; got %s",
+                              luaL_tolstring(L, -2, NULL));
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+        int kind = 0;
+        while (kinds[kind] && strcmp(kinds[kind], k) != 0) kind++;
+        if (!kinds[kind])
+            return luaL_error(L, "expected_failures[%I] must be \"error\", \"budget\" or "
+                                 "\"memory\"; got %s",
+                              f, luaL_tolstring(L, -1, NULL));
+        h->expected[h->nexpected].frame = (long)f;
+        h->expected[h->nexpected].kind = (fail_kind)(kind + 1);
+        h->nexpected++;
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+/* The failure the script expects in frame f (FAIL_NONE: none). */
+static fail_kind expected_kind(const host_state *h, long f) {
+    for (size_t i = 0; i < h->nexpected; i++)
+        if (h->expected[i].frame == f) return h->expected[i].kind;
+    return FAIL_NONE;
+}
+
 /* Opens the standard libraries, points package.path/cpath at k3's Lua files, sets the
  * `host` global and loads k3 with luaL_requiref (global `k3`). Runs protected. */
 static int setup_libs(lua_State *L) {
@@ -438,6 +503,13 @@ static int state_open(host_state *h, const host_opts *o, int id) {
             o->script);
         return 0;
     }
+    lua_pushcfunction(L, read_expected);
+    lua_pushlightuserdata(L, h);
+    if (protected_run(h, 1, o->setup_budget) != LUA_OK) {
+        report_failure(h, "setup (reading expected_failures)");
+        return 0;
+    }
+    lua_pop(L, 1);
     h->setup_ok = 1;
     return 1;
 }
@@ -458,6 +530,17 @@ static void state_frames(host_state *h) {
             h->frames_failed++;
             report_failure(h, what);
         }
+        fail_kind want = expected_kind(h, f);
+        if (want != FAIL_NONE && h->fail == want) {
+            h->frames_failed_expected++;
+        } else if (want != FAIL_NONE) {
+            h->unexpected++;
+            say(h->prefix, "frame %ld was expected to fail (%s) but %s%s%s\n", f, fail_names[want],
+                h->fail == FAIL_NONE ? "succeeded" : "failed (",
+                h->fail == FAIL_NONE ? "" : fail_names[h->fail], h->fail == FAIL_NONE ? "" : ")");
+        } else if (h->fail != FAIL_NONE) {
+            h->unexpected++;
+        }
         lua_settop(L, top);
         /* A failed frame's garbage may hold tensors and most of the cap: release it now. */
         if (rc != LUA_OK) lua_gc(L, LUA_GCCOLLECT);
@@ -469,11 +552,16 @@ static void state_close(host_state *h) {
     if (h->L) lua_close(h->L);
     h->L = NULL;
     t_current = NULL;
+    free(h->expected);
+    h->expected = NULL;
+    h->nexpected = 0;
 }
 
 static void print_summary(const host_state *h) {
     say(h->prefix, "frames run: %ld\n", h->frames_run);
     say(h->prefix, "frames failed: %ld\n", h->frames_failed);
+    say(h->prefix, "frames failed as expected: %ld\n", h->frames_failed_expected);
+    say(h->prefix, "unexpected frame results: %ld\n", h->unexpected);
     say(h->prefix, "peak Lua memory: %zu bytes\n", h->peak);
     say(h->prefix, "peak tensor memory: %zu bytes\n", h->t_peak);
     say(h->prefix, "digest: %016" PRIx64 "\n", h->digest);
@@ -513,6 +601,7 @@ static int run_threads(const host_opts *o) {
     state_close(&ref);
     if (!ok) return 1;
     print_summary(&ref);
+    int unexpected = ref.unexpected > 0;
 
     int n = o->threads;
     thread_job *jobs = calloc((size_t)n, sizeof *jobs);
@@ -546,13 +635,14 @@ static int run_threads(const host_opts *o) {
         int same = jobs[i].h.setup_ok && jobs[i].h.digest == ref.digest &&
                    jobs[i].h.frames_failed == ref.frames_failed;
         if (!same) mismatch = 1;
+        if (jobs[i].h.unexpected > 0) unexpected = 1;
         say("", "threads: state %d %s the single-threaded run (%016" PRIx64 " vs %016" PRIx64
                 ")\n", i + 1, same ? "matches" : "DIFFERS FROM", jobs[i].h.digest, ref.digest);
     }
     say("", "threads: %s\n", mismatch ? "MISMATCH" : "all states match the single-threaded run bit for bit");
     free(jobs);
     free(tids);
-    return mismatch ? 2 : 0;
+    return mismatch ? 2 : unexpected ? 3 : 0;
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
@@ -625,7 +715,7 @@ int main(int argc, char **argv) {
         if (ok) state_frames(&h);
         state_close(&h);
         if (ok) print_summary(&h);
-        rc = ok ? 0 : 1;
+        rc = !ok ? 1 : h.unexpected > 0 ? 3 : 0;
     }
     k3_stats(print_stat, NULL);
     return rc;
