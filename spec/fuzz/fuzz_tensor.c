@@ -136,20 +136,22 @@ static void op_create(fz *f) {
     int kind = fz_u8(f) % 4;
     /* What k3 must answer. */
     k3_status want = K3_OK;
-    __int128 numel = 1;
-    bool overflow = false;
+    /* The first problem in dimension order: a negative size, or an element count or a
+     * row-major stride (the product of the nonzero sizes: an empty tensor has strides too)
+     * past INT64_MAX. */
+    __int128 numel = 1, span = 1;
     if ((unsigned)dt > K3_DTYPE_F64) want = K3_EDTYPE;
     for (int i = 0; i < nd && want == K3_OK; i++) {
-        if (shape[i] < 0) want = K3_ESHAPE;
-        else if (!overflow) {
-            numel *= shape[i];
-            if (numel > INT64_MAX) overflow = true, want = K3_EOVERFLOW;
+        if (shape[i] < 0) {
+            want = K3_ESHAPE;
+            break;
         }
+        numel *= shape[i];
+        span *= shape[i] ? shape[i] : 1;
+        if (numel > INT64_MAX || span > INT64_MAX) want = K3_EOVERFLOW;
     }
-    if (want == K3_OK && overflow) want = K3_EOVERFLOW;
     if (want == K3_OK && numel * (__int128)k3_dtype_size(dt) > INT64_MAX) want = K3_EOVERFLOW;
     if (want == K3_OK && numel * (__int128)k3_dtype_size(dt) > ALLOC_LIMIT) return;
-    if (want == K3_OK && numel == 0 && span_overflows(nd, shape)) return; /* KNOWN BUG */
     if (want != K3_OK && kind == 2) kind = 1; /* from_f64 would read values[numel] */
     k3_tensor *t = NULL;
     k3_status st;
@@ -240,7 +242,7 @@ static void op_view_expand(fz *f, int which) {
     int nd = (int)(fz_u8(f) % 6);
     for (int i = 0; i < nd; i++) shape[i] = fz_sint(f, 6) == 0 ? -1 : fz_int(f, 6);
     if (fz_u8(f) == 255) nd = 9; /* too many dims */
-    if (nd <= K3_MAX_DIMS && span_overflows(nd, shape)) return; /* KNOWN BUG */
+    if (nd <= K3_MAX_DIMS && span_overflows(nd, shape)) return; /* k3 refuses these (K3_EOVERFLOW); not modelled here */
     k3_tensor *r = NULL;
     k3_status st = which == 0 ? k3_tensor_view(&r, t, nd, shape) : k3_tensor_expand(&r, t, nd, shape);
     if (!live(t)) {
@@ -291,7 +293,7 @@ static void op_as_strided(fz *f) {
         stride[i] = fz_int(f, 7);
     }
     int64_t off = fz_int(f, 9);
-    if (span_overflows(nd, shape)) return; /* KNOWN BUG */
+    if (span_overflows(nd, shape)) return; /* k3 refuses these (K3_EOVERFLOW); not modelled here */
     k3_tensor *r = NULL;
     k3_status st = k3_tensor_as_strided(&r, t, nd, shape, stride, off);
     if (!live(t)) {
