@@ -72,8 +72,9 @@ $(LIBCUDA): $(CU_OBJ) $(LIBK3)
 	$(NVCC) -shared -o $@ $(CU_OBJ) -L$(BUILD) -lk3 -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart \
 	    -Xlinker -rpath,'$$ORIGIN' -Xlinker -rpath,$(CUDA_HOME)/lib64
 
-# Debian packages k3 needs to build and test; installed when missing and run as root.
-DEB_PKGS = lua5.4 liblua5.4-dev lua-busted libopenblas-dev libcjson-dev pkg-config
+# Debian packages k3 needs to build and test (lua-dkjson: scripts/bench's JSON); installed when
+# missing and run as root.
+DEB_PKGS = lua5.4 liblua5.4-dev lua-busted lua-dkjson libopenblas-dev libcjson-dev pkg-config
 deps:
 	@scripts/deps $(DEB_PKGS)
 

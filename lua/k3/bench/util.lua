@@ -1,160 +1,60 @@
--- k3.bench.util — the plumbing of scripts/bench: a small JSON encoder/decoder, CSV writing,
--- text tables, the progress line, statistics and target verdicts. Pure Lua, no k3 calls, so
+-- k3.bench.util — the plumbing of scripts/bench: JSON (through lua-dkjson), CSV writing, text
+-- tables, the progress line, statistics and target verdicts. No k3 calls (rel_diff aside), so
 -- every path here runs the same in --dry-run and on the GPU.
 local U = {}
 
 -- ---- JSON --------------------------------------------------------------------------------------
+-- Debian's lua-dkjson (module dkjson) does the encoding and decoding; here only the key order.
 
-local function is_array(t)
-  local n = 0
-  for k in pairs(t) do
-    if math.type(k) ~= "integer" or k < 1 then return false end
-    n = n + 1
+local json = require "dkjson"
+
+-- Every key of every table in v, into `keys` (a set); `seen` guards against cycles, which
+-- dkjson then reports.
+local function collect_keys(v, keys, seen)
+  if type(v) ~= "table" or seen[v] then return end
+  seen[v] = true
+  for k, x in pairs(v) do
+    keys[k] = true
+    collect_keys(x, keys, seen)
   end
-  for i = 1, n do if t[i] == nil then return false end end
-  return true, n
 end
 
-local ESC = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f', ['\n'] = '\\n',
-             ['\r'] = '\\r', ['\t'] = '\\t'}
-
-local function encode_string(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return ESC[c] or string.format("\\u%04x", c:byte())
-  end) .. '"'
+-- A value JSON has no type for (a function, a userdata) is written as its tostring, so one
+-- stray field cannot lose a benchmark's results; a cycle raises.
+local function encode_exception(reason, value, _, message)
+  if reason == "unsupported type" then return json.quotestring(tostring(value)) end
+  error("json: " .. message, 0)
 end
 
-local function encode_number(v)
-  if v ~= v or v == math.huge or v == -math.huge then return "null" end
-  if math.type(v) == "integer" then return tostring(v) end
-  if v == math.floor(v) and math.abs(v) < 2^53 then return string.format("%.1f", v) end
-  return string.format("%.10g", v)
+--- U.json_encode(v) -> JSON text, indented, keys of every object sorted (dkjson's keyorder:
+--- every key of the document in sorted order), so result files diff cleanly between runs.
+--- Tables with keys 1..n are arrays, others objects; NaN and infinities become null, as does
+--- U.null; other values JSON cannot hold become their tostring. Raises "json: reference
+--- cycle" for a table that contains itself.
+function U.json_encode(v)
+  local keys, order = {}, {}
+  collect_keys(v, keys, {})
+  for k in pairs(keys) do order[#order + 1] = k end
+  table.sort(order, function(a, b) -- numbers (integer keys of sparse tables) before strings
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    if ta == "number" or ta == "string" then return a < b end
+    return tostring(a) < tostring(b)
+  end)
+  return json.encode(v, {indent = true, keyorder = order, exception = encode_exception})
 end
 
--- U.json_encode(v, indent): tables with keys 1..n are arrays, others objects (keys sorted,
--- so the files diff cleanly between runs). NaN and infinities become null.
-function U.json_encode(v, indent, level)
-  indent, level = indent or "  ", level or 0
-  local t = type(v)
-  if v == nil or v == U.null then return "null" end
-  if t == "boolean" then return tostring(v) end
-  if t == "number" then return encode_number(v) end
-  if t == "string" then return encode_string(v) end
-  if t ~= "table" then return encode_string(tostring(v)) end
-  local pad, pad1 = "\n" .. indent:rep(level), "\n" .. indent:rep(level + 1)
-  local arr, n = is_array(v)
-  if arr and n == 0 and next(v) == nil then return "[]" end
-  local parts = {}
-  if arr then
-    -- Arrays of scalars stay on one line.
-    local flat = true
-    for i = 1, n do if type(v[i]) == "table" then flat = false end end
-    for i = 1, n do parts[i] = U.json_encode(v[i], indent, level + 1) end
-    if flat then return "[" .. table.concat(parts, ", ") .. "]" end
-    return "[" .. pad1 .. table.concat(parts, "," .. pad1) .. pad .. "]"
-  end
-  local keys = {}
-  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
-  for i, k in ipairs(keys) do
-    local val = v[k]
-    if val == nil then val = v[tonumber(k)] end
-    parts[i] = encode_string(k) .. ": " .. U.json_encode(val, indent, level + 1)
-  end
-  return "{" .. pad1 .. table.concat(parts, "," .. pad1) .. pad .. "}"
-end
+-- A value that encodes as JSON null (dkjson's sentinel), for a missing cell in a row.
+U.null = json.null
 
--- A sentinel for JSON null inside decoded arrays (nil would end a Lua sequence).
-U.null = setmetatable({}, {__tostring = function() return "null" end})
-
--- U.json_decode(s) -> value. Raises "json: <what> at byte N" on malformed input.
+--- U.json_decode(s) -> value. JSON null decodes to nil (an object drops the key). Raises
+--- "json: <what> at line L, column C" or "json: trailing characters at byte N" on malformed
+--- input.
 function U.json_decode(s)
-  local pos = 1
-  local function fail(what) error(string.format("json: %s at byte %d", what, pos), 0) end
-  local function ws() pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local value
-  local function str()
-    pos = pos + 1
-    local out = {}
-    while true do
-      local c = s:sub(pos, pos)
-      if c == "" then fail("unterminated string") end
-      if c == '"' then pos = pos + 1 break end
-      if c == "\\" then
-        local e = s:sub(pos + 1, pos + 1)
-        local map = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n',
-                     r = '\r', t = '\t'}
-        if map[e] then
-          out[#out + 1] = map[e]
-          pos = pos + 2
-        elseif e == "u" then
-          local hex = s:sub(pos + 2, pos + 5)
-          if not hex:match("^%x%x%x%x$") then fail("bad \\u escape") end
-          out[#out + 1] = utf8.char(tonumber(hex, 16))
-          pos = pos + 6
-        else
-          fail("bad escape")
-        end
-      else
-        out[#out + 1] = c
-        pos = pos + 1
-      end
-    end
-    return table.concat(out)
-  end
-  function value()
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      pos = pos + 1
-      local obj = {}
-      ws()
-      if s:sub(pos, pos) == "}" then pos = pos + 1 return obj end
-      while true do
-        ws()
-        if s:sub(pos, pos) ~= '"' then fail("expected a string key") end
-        local k = str()
-        ws()
-        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
-        pos = pos + 1
-        local v = value()
-        if v ~= U.null then obj[k] = v end
-        ws()
-        local d = s:sub(pos, pos)
-        pos = pos + 1
-        if d == "}" then return obj end
-        if d ~= "," then pos = pos - 1 fail("expected ',' or '}'") end
-      end
-    elseif c == "[" then
-      pos = pos + 1
-      local arr = {}
-      ws()
-      if s:sub(pos, pos) == "]" then pos = pos + 1 return arr end
-      while true do
-        arr[#arr + 1] = value()
-        ws()
-        local d = s:sub(pos, pos)
-        pos = pos + 1
-        if d == "]" then return arr end
-        if d ~= "," then pos = pos - 1 fail("expected ',' or ']'") end
-      end
-    elseif c == '"' then
-      return str()
-    elseif s:sub(pos, pos + 3) == "true" then pos = pos + 4 return true
-    elseif s:sub(pos, pos + 4) == "false" then pos = pos + 5 return false
-    elseif s:sub(pos, pos + 3) == "null" then pos = pos + 4 return U.null
-    else
-      local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
-      if not num or num == "" or num == "-" then fail("unexpected character '" .. c .. "'") end
-      pos = pos + #num
-      local v = tonumber(num)
-      if not v then fail("bad number '" .. num .. "'") end
-      return v
-    end
-  end
-  local v = value()
-  ws()
-  if pos <= #s then fail("trailing characters") end
+  local v, pos, err = json.decode(s, 1, nil)
+  if err then error("json: " .. err, 0) end
+  local extra = s:find("%S", pos)
+  if extra then error(string.format("json: trailing characters at byte %d", extra), 0) end
   return v
 end
 
