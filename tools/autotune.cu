@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #define CK(call)                                                                           \
     do {                                                                                   \
         cudaError_t e_ = (call);                                                           \
@@ -334,6 +336,7 @@ int main(int argc, char **argv) {
     const int total = (int)(shapes.size() * ms.size());
     int done = 0;
     time_t t_start = time(nullptr);
+    const bool tty = isatty(2) != 0;
 
     for (const Shape &s : shapes) {
         const size_t wn = (size_t)s.N * s.K, wbytes = wn * 2;
@@ -501,11 +504,12 @@ int main(int argc, char **argv) {
             r.kept = r.have_best && r.cublas_us >= min_speedup * r.best_us;
             results.push_back(r);
             done++;
+            /* Progress: a live line on a terminal; in a log, one plain line per (shape, M). */
             fprintf(stderr,
-                    "\r[%3d/%3d %4lds] %5dx%-5d M=%-2d skinny %7.2f us  cuBLAS %7.2f us  %5.2fx%s   ",
-                    done, total, (long)(time(nullptr) - t_start), s.N, s.K, M, r.best_us,
-                    r.cublas_us, r.have_best ? r.cublas_us / r.best_us : 0.0,
-                    r.kept ? " kept" : "");
+                    "%s[%3d/%3d %4lds] %5dx%-5d M=%-2d skinny %7.2f us  cuBLAS %7.2f us  %5.2fx%s%s",
+                    tty ? "\r" : "", done, total, (long)(time(nullptr) - t_start), s.N, s.K, M,
+                    r.best_us, r.cublas_us, r.have_best ? r.cublas_us / r.best_us : 0.0,
+                    r.kept ? " kept" : "", tty ? "   " : "\n");
             fflush(stderr);
         }
         CK(cudaFree(w));
@@ -513,7 +517,7 @@ int main(int argc, char **argv) {
         CK(cudaFree(y));
         CK(cudaFree(yref));
     }
-    fprintf(stderr, "\n");
+    if (tty) fprintf(stderr, "\n");
     if (csv) fclose(csv);
 
     char date[64];
