@@ -203,6 +203,28 @@ describe("k3.nn.parallel", function()
   end)
 end)
 
+describe("the --tp demo's table", function()
+  it("times TP=1 beside the TP rows and the all-reduce alone, at world size 1 on any device", function()
+    local tp = require "k3.model.kimi_k3_tp"
+    local res = tp.run{tp = 1, config = "tiny", steps = 2, m = {1, 3}, quiet = true, device = "cpu"}
+    assert.are.equal(2, #res.rows)
+    for _, r in ipairs(res.rows) do
+      assert.is_true(r.ms > 0 and r.tp1_ms > 0, "step times")
+      assert.is_true(r.ar_alone_wall_us >= 0)
+      assert.is_nil(r.ar_alone_dev_us) -- no collective runs at world size 1
+      assert.is_true(r.pass)
+      assert.are.equal(0, r.rel_err) -- TP=1 is the same computation
+    end
+    local text = tp.format(res)
+    for _, col in ipairs({"TP1 ms", "speed-up", "AR alone µs", "(wall µs)", "AR ms/step"}) do
+      assert.truthy(text:find(col, 1, true), col)
+    end
+    assert.truthy(text:find("NCCL's own all-reduce of one [M, 256] bf16 tensor", 1, true), text)
+    for _, r in ipairs(res.rows) do r.output:free() end
+    res.stack:free()
+  end)
+end)
+
 describe("scripts/k3 --nproc (launcher)", function()
   it("starts N ranks with their environment and passes the arguments", function()
     local s = script([[print(string.format("rank %s/%s dev %s cvd %s nvls %s dir %s args %s",

@@ -319,16 +319,48 @@ function M.run(opts)
                        ar_calls = st.all_reduce.calls / steps, check_ms = st.check.ms / steps,
                        kernels = count_kernels(trace), output = y}
   end
-  -- TP = 1 on every rank at once (so no rank idles into a timeout): the same weights whole.
-  say("TP=1 run of the same weights for the comparison")
+  -- TP = 1 on every rank at once (so no rank idles into a timeout): the same weights whole,
+  -- timed like the TP rows (one warm-up step, then `steps` steps), its last step compared.
   local whole = kimi.build(cfg, weights, {device = device, dtype = stack.dtype})
   for _, r in ipairs(rows) do
-    local y1 = whole:forward(xs[steps]:narrow(1, 1, r.m))
+    say("M=%-2d TP=1 run of the same weights (timed, then compared)", r.m)
+    local y1 = whole:forward(xs[1]:narrow(1, 1, r.m))
+    k3.synchronize()
+    local t0 = wall()
+    for s = 1, steps do
+      y1:free()
+      y1 = whole:forward(xs[s]:narrow(1, 1, r.m))
+    end
+    k3.synchronize()
+    r.tp1_ms = (wall() - t0) * 1000 / steps
     r.rel_err, r.cosine, r.max_abs = compare(r.output, y1)
     r.pass = r.rel_err <= tol.rel_err and r.cosine >= tol.cosine
     y1:free()
   end
   whole:free()
+  -- The collective alone: one all-reduce of an [M, hidden] activation, as the stack issues
+  -- it, 50 times after 5 warm-ups. Device time from k3.dist.stats (events around each NCCL
+  -- call, so waiting for the slower rank is included) and wall time per call (with the
+  -- default K3_DIST_WAIT=each that includes k3's bounded host wait). The values start at
+  -- 2^-100 so 55 sums over up to 16 ranks stay finite in bf16.
+  for _, r in ipairs(rows) do
+    say("M=%-2d all-reduce of [%d, %d] alone", r.m, r.m, cfg.hidden_size)
+    local t = k3.full({r.m, cfg.hidden_size}, 2 ^ -100, {dtype = stack.dtype, device = device})
+    for _ = 1, 5 do d.all_reduce(t) end
+    k3.synchronize()
+    d.synchronize()
+    d.barrier()
+    d.stats{reset = true}
+    local n = 50
+    local t0 = wall()
+    for _ = 1, n do d.all_reduce(t) end
+    k3.synchronize()
+    d.synchronize()
+    r.ar_alone_wall_us = (wall() - t0) * 1e6 / n
+    local st = d.stats().all_reduce
+    r.ar_alone_dev_us = st.calls > 0 and st.ms * 1000 / st.calls or nil
+    t:free()
+  end
   d.barrier()
   reporter:done()
   for s = 1, steps do xs[s]:free() end
@@ -352,13 +384,22 @@ function M.format(res)
   p("  fidelity: rank 0's final hidden state of the last step vs a TP=1 run of the same weights (pass: rel err <= %g, cosine >= %g)",
     res.tol.rel_err, res.tol.cosine)
   p("")
-  p("%3s  %10s  %10s  %7s  %8s  %11s  %10s  %9s  %4s  %s", "M", "ms/step", "AR ms/step", "AR %",
-    "AR/step", "rel err", "cosine", "max |d|", "ok", "kernels (calls per step, rank 0)")
+  p("%3s  %10s  %10s  %8s  %10s  %7s  %8s  %12s  %12s  %11s  %10s  %9s  %4s  %s", "M",
+    "ms/step", "TP1 ms", "speed-up", "AR ms/step", "AR %", "AR/step", "AR alone µs", "(wall µs)",
+    "rel err", "cosine", "max |d|", "ok", "kernels (calls per step, rank 0)")
   for _, r in ipairs(res.rows) do
-    p("%3d  %10.3f  %10.3f  %6.1f%%  %8.0f  %11.3e  %10.7f  %9.3e  %4s  %s", r.m, r.ms, r.ar_ms,
-      r.ms > 0 and 100 * r.ar_ms / r.ms or 0, r.ar_calls, r.rel_err, r.cosine, r.max_abs,
-      r.pass and "yes" or "NO", r.kernels)
+    p("%3d  %10.3f  %10.3f  %7.2fx  %10.3f  %6.1f%%  %8.0f  %12s  %12.1f  %11.3e  %10.7f  %9.3e  %4s  %s",
+      r.m, r.ms, r.tp1_ms, r.ms > 0 and r.tp1_ms / r.ms or 0, r.ar_ms,
+      r.ms > 0 and 100 * r.ar_ms / r.ms or 0, r.ar_calls,
+      r.ar_alone_dev_us and string.format("%.1f", r.ar_alone_dev_us) or "-", r.ar_alone_wall_us,
+      r.rel_err, r.cosine, r.max_abs, r.pass and "yes" or "NO", r.kernels)
   end
+  p("")
+  p("TP1 ms: the whole model on each rank's device, timed the same way; speed-up = TP1 ms / ms/step.")
+  p("AR alone: NCCL's own all-reduce of one [M, %d] %s tensor (the stack's all-reduce), device time",
+    cfg.hidden_size, res.dtype)
+  p("per call from CUDA events around it ('-' at world size 1: no collective runs), and wall time")
+  p("per call including k3's bounded host wait; AR ms/step = the stack's all-reduces, device time.")
   return table.concat(out, "\n")
 end
 
