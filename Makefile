@@ -19,7 +19,8 @@ CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code
 SHELL     := /bin/bash
 OPT       ?= -O2
 CFLAGS_K3  = -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Werror -Wno-unused-parameter \
-             -fvisibility=hidden -D_GNU_SOURCE -ffp-contract=off $(SANITIZE) $(DEPS_INC)
+             -fvisibility=hidden -fno-semantic-interposition -D_GNU_SOURCE -ffp-contract=off \
+             $(SANITIZE) $(DEPS_INC)
 LDFLAGS_K3 = $(SANITIZE) $(DEPS_LIB)
 
 CORE_SRC  = $(filter-out lib/k3_lua.c,$(wildcard lib/*.c))
@@ -43,14 +44,24 @@ endif
 .PHONY: all test deps demo clean install check-deps leak-check
 all: $(TARGETS)
 
-$(BUILD)/obj/%.o: lib/%.c $(HEADERS)
+# The core's objects depend on the flags they were built with: a changed OPT, SANITIZE or
+# CFLAGS_K3 rewrites $(BUILD)/.cflags, and that rebuilds them (make alone only sees dates).
+FLAGS_FILE = $(BUILD)/.cflags
+FLAGS_TEXT = $(CC) $(CFLAGS_K3) | $(LUA_INC)
+$(FLAGS_FILE): FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(FLAGS_TEXT)' | cmp -s - $@ || echo '$(FLAGS_TEXT)' > $@
+.PHONY: FORCE
+FORCE:
+
+$(BUILD)/obj/%.o: lib/%.c $(HEADERS) $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_K3) -c $< -o $@
 
 $(LIBK3): $(CORE_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS_K3) -Wl,-soname,libk3.so -lopenblas -lcjson -ldl -lm -lpthread
+	$(CC) -shared -o $@ $^ $(LDFLAGS_K3) -Wl,-soname,libk3.so -Wl,-Bsymbolic-functions -lopenblas -lcjson -ldl -lm -lpthread
 
-$(BUILD)/obj/k3_lua.o: lib/k3_lua.c $(HEADERS)
+$(BUILD)/obj/k3_lua.o: lib/k3_lua.c $(HEADERS) $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_K3) -I$(LUA_INC) -c $< -o $@
 

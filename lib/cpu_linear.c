@@ -144,8 +144,21 @@ static k3_status run_blas(const k3_op_args *oa) {
                 widen_rows(wbuf, dbl, w, n0, nb);
                 B = (operand){wbuf, max1(K), true};
             }
+            /* One row (decode at M = 1) is a matrix-vector product: ?gemv streams op(B)
+             * once, where ?gemm would first pack it. x's elements are A.ld apart when x is
+             * column-major. y_j = sum_k op(B)[k, j] x_k: NoTrans over B stored [nb, K]
+             * (B.trans), Trans over B stored [K, nb]. */
+            const int incx = A.trans ? (int)A.ld : 1;
+            const CBLAS_TRANSPOSE bt = B.trans ? CblasNoTrans : CblasTrans;
+            const int br = B.trans ? (int)nb : (int)K, bc = B.trans ? (int)K : (int)nb;
             if (K == 0) {
                 memset(cbuf, 0, (size_t)mb * (size_t)nb * es);
+            } else if (mb == 1 && dbl) {
+                cblas_dgemv(CblasRowMajor, bt, br, bc, 1.0, B.p, (int)B.ld, A.p, incx, 0.0,
+                            cbuf, 1);
+            } else if (mb == 1) {
+                cblas_sgemv(CblasRowMajor, bt, br, bc, 1.0f, B.p, (int)B.ld, A.p, incx, 0.0f,
+                            cbuf, 1);
             } else if (dbl) {
                 cblas_dgemm(CblasRowMajor, A.trans ? CblasTrans : CblasNoTrans,
                             B.trans ? CblasTrans : CblasNoTrans, (int)mb, (int)nb, (int)K, 1.0,

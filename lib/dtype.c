@@ -167,11 +167,22 @@ void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v) {
     }
 }
 
+/* bf16 -> f32 is a 16-bit shift. Blocks of 8 with a constant trip count let -O2's
+ * straight-line (SLP) vectorizer turn each block into a few SIMD instructions: this loop
+ * widens every 16-bit weight cpu.linear.blas streams, and a call per element cost 5 ns. */
+static void bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint32_t u[8];
+        for (int j = 0; j < 8; j++) u[j] = (uint32_t)src[i + j] << 16;
+        memcpy(dst + i, u, sizeof u);
+    }
+    for (; i < n; i++) dst[i] = bits_f32((uint32_t)src[i] << 16);
+}
+
 void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n) {
     switch (dt) {
-    case K3_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = k3_bf16_to_f32(((const uint16_t *)src)[i]);
-        break;
+    case K3_DTYPE_BF16: bf16_to_f32_n(dst, (const uint16_t *)src, n); break;
     case K3_DTYPE_F16:
         for (int64_t i = 0; i < n; i++) dst[i] = k3_f16_to_f32(((const uint16_t *)src)[i]);
         break;

@@ -134,6 +134,34 @@ describe("linear", function()
     end
   end)
 
+  -- M = 1 runs cblas_?gemv, not ?gemm: every layout of x (row, column of a transposed
+  -- matrix, padded) and w (row-major, transposed, padded rows) with bias and residual.
+  it("cpu.linear.blas at M = 1 (the gemv path): every x and w layout, every dtype", function()
+    for _, dt in ipairs(DTYPES) do
+      for _, K in ipairs({1, 7, 64}) do
+        for _, N in ipairs({1, 5, 33}) do
+          local o = {dtype = dt, seed = K * 100 + N}
+          local xs = {k3.randn({1, K}, o), k3.randn({K, 1}, o):t(),
+                      k3.randn({3, K + 2}, o):narrow(2, 2, K):narrow(1, 2, 1)}
+          local ws = {k3.randn({N, K}, o), k3.randn({K, N}, o):t(), k3.randn({N, K + 3}, o):narrow(2, 1, K)}
+          local b, r = k3.randn({N}, o), k3.randn({1, N}, o)
+          for xi, x in ipairs(xs) do
+            for wi, w in ipairs(ws) do
+              local out = H.poisoned({1, N}, {dtype = dt})
+              local y = k3.linear(x, w, {bias = b, residual = r, out = out, kernel = "cpu.linear.blas"})
+              local ref = k3.linear(x:to("f64"), w:to("f64"), {bias = b:to("f64"), residual = r:to("f64"),
+                                                               kernel = "cpu.linear.reference"})
+              local tol = TOL[dt]
+              assert.is_true(k3.allclose(y:to("f64"), ref, {rtol = tol.rtol, atol = tol.atol * math.sqrt(K)}),
+                string.format("%s K=%d N=%d x layout %d w layout %d: max diff %g", dt, K, N, xi, wi,
+                              k3.max_abs_diff(y:to("f64"), ref)))
+            end
+          end
+        end
+      end
+    end
+  end)
+
   describe("errors", function()
     local x, w = k3.randn({3, 8}), k3.randn({5, 8}, {seed = 1})
 
