@@ -1,7 +1,8 @@
 /*
- * dispatch.c — policies (ordered candidate kernels per op, and what a layout mismatch
- * does), the dispatcher that walks them and records every decline, batch-invariant mode,
- * per-kernel counters and the thread-local trace hook.
+ * dispatch.c — policies (ordered candidate kernels per op, what a layout mismatch does, and
+ * the batch-invariant mode), the dispatcher that walks them and records every decline, the
+ * process default of batch-invariant mode, the counters (process-wide totals and per-context
+ * sinks) and the thread-local trace hook.
  */
 #include "k3_impl.h"
 
@@ -26,12 +27,7 @@ static int op_parse(const char *name) {
 
 /* ---- policies ------------------------------------------------------------------------ */
 
-/* Candidates are catalogue indices, so the per-call cost is an array lookup. */
-struct k3_policy {
-    int n[K3_OP_COUNT];
-    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
-    int layout_fallback;
-};
+/* struct k3_policy is in k3_impl.h (lib/method.c copies it per call). */
 
 /* Must state what lua/k3/policy/default.lua states. */
 static const char *const g_default_candidates[K3_OP_COUNT][4] = {
@@ -56,11 +52,16 @@ static const k3_policy *default_policy(void) {
     return &g_default_policy;
 }
 
+void k3_policy_init(k3_policy *p) {
+    *p = *default_policy();
+    p->batch_invariant = k3_batch_invariant();
+}
+
 k3_status k3_policy_new(k3_policy **out) {
     if (!out) return k3_error(K3_EINVAL, "policy: out is NULL");
     k3_policy *p = k3_host_alloc(sizeof *p);
     if (!p) return k3_error(K3_ENOMEM, "policy: out of memory");
-    *p = *default_policy();
+    k3_policy_init(p);
     *out = p;
     return K3_OK;
 }
@@ -142,7 +143,17 @@ int k3_policy_layout_fallback(const k3_policy *p) {
     return p->layout_fallback;
 }
 
-/* ---- batch-invariant mode ------------------------------------------------------------ */
+k3_status k3_policy_set_batch_invariant(k3_policy *p, int on) {
+    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    p->batch_invariant = on != 0;
+    return K3_OK;
+}
+
+int k3_policy_batch_invariant(const k3_policy *p) {
+    return p ? p->batch_invariant : k3_batch_invariant();
+}
+
+/* ---- batch-invariant mode: the process default ---------------------------------------- */
 
 static atomic_int g_batch_invariant = -1; /* -1: K3_BATCH_INVARIANT not read yet */
 
@@ -162,44 +173,52 @@ int k3_batch_invariant(void) {
 
 /* ---- counters -------------------------------------------------------------------------- */
 
+/* The process-wide totals (k3_stats) and the per-context sinks (k3_stats_sink, one per
+ * lua_State) count the same way: calls per catalogue index, declines per "kernel: reason". */
 #define K3_MAX_STAT_KERNELS 64
 #define K3_MAX_STAT_DECLINES 256
-static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
-static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 typedef struct decline_stat {
     char key[sizeof(((k3_decline *)0)->kernel) + sizeof(((k3_decline *)0)->reason) + 2];
     uint64_t count;
 } decline_stat;
+
+/* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most). */
+static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
+    for (int d = 0; d < rec->ndeclined; d++) {
+        char key[sizeof tab[0].key];
+        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
+        int i;
+        for (i = 0; i < *n; i++)
+            if (strcmp(tab[i].key, key) == 0) break;
+        if (i == *n) {
+            /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
+            /* The last slot is reserved for "(other declines)" once the others are taken. */
+            if (*n >= K3_MAX_STAT_DECLINES - 1) {
+                i = K3_MAX_STAT_DECLINES - 1;
+                if (*n == K3_MAX_STAT_DECLINES - 1) {
+                    snprintf(tab[i].key, sizeof tab[i].key, "(other declines)");
+                    tab[i].count = 0;
+                    (*n)++;
+                }
+            } else {
+                memcpy(tab[i].key, key, sizeof key);
+                tab[i].count = 0;
+                (*n)++;
+            }
+        }
+        tab[i].count++;
+    }
+}
+
+static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
+static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static decline_stat g_declines[K3_MAX_STAT_DECLINES];
 static int g_ndeclines;
 
 static void count_declines(const k3_dispatch *rec) {
     if (rec->ndeclined == 0) return;
     pthread_mutex_lock(&g_stats_lock);
-    for (int d = 0; d < rec->ndeclined; d++) {
-        char key[sizeof g_declines[0].key];
-        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
-        int i;
-        for (i = 0; i < g_ndeclines; i++)
-            if (strcmp(g_declines[i].key, key) == 0) break;
-        if (i == g_ndeclines) {
-            /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
-            /* The last slot is reserved for "(other declines)" once the others are taken. */
-            if (g_ndeclines >= K3_MAX_STAT_DECLINES - 1) {
-                i = K3_MAX_STAT_DECLINES - 1;
-                if (g_ndeclines == K3_MAX_STAT_DECLINES - 1) {
-                    snprintf(g_declines[i].key, sizeof g_declines[i].key, "(other declines)");
-                    g_declines[i].count = 0;
-                    g_ndeclines++;
-                }
-            } else {
-                memcpy(g_declines[i].key, key, sizeof key);
-                g_declines[i].count = 0;
-                g_ndeclines++;
-            }
-        }
-        g_declines[i].count++;
-    }
+    declines_add(g_declines, &g_ndeclines, rec);
     pthread_mutex_unlock(&g_stats_lock);
 }
 
@@ -225,6 +244,36 @@ void k3_stats_reset(void) {
     pthread_mutex_lock(&g_stats_lock);
     g_ndeclines = 0;
     pthread_mutex_unlock(&g_stats_lock);
+}
+
+struct k3_stats_sink {
+    uint64_t kernel_calls[K3_MAX_STAT_KERNELS];
+    int ndeclines;
+    decline_stat declines[K3_MAX_STAT_DECLINES];
+};
+
+size_t k3_stats_sink_size(void) { return sizeof(k3_stats_sink); }
+
+void k3_stats_sink_reset(k3_stats_sink *s) {
+    if (!s) return;
+    memset(s->kernel_calls, 0, sizeof s->kernel_calls);
+    s->ndeclines = 0;
+}
+
+void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec) {
+    if (!s || !rec) return;
+    if (rec->chosen[0]) {
+        int idx = k3_known_lookup(rec->chosen, NULL, NULL);
+        if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) s->kernel_calls[idx]++;
+    }
+    declines_add(s->declines, &s->ndeclines, rec);
+}
+
+void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud) {
+    if (!s || !fn) return;
+    for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++)
+        if (s->kernel_calls[i]) fn(ud, "kernel", k3_known_name(i), s->kernel_calls[i]);
+    for (int i = 0; i < s->ndeclines; i++) fn(ud, "decline", s->declines[i].key, s->declines[i].count);
 }
 
 /* ---- tracing --------------------------------------------------------------------------- */
@@ -291,7 +340,10 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         for (int i = 0; i < ext->ndeclined; i++)
             add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
 
-    if (a->op == K3_OP_LINEAR) a->u.linear.batch_invariant = k3_batch_invariant() != 0;
+    /* The caller's policy carries its mode (a lua_State's own); no policy: the process
+     * default. */
+    if (a->op == K3_OP_LINEAR)
+        a->u.linear.batch_invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
 
     const k3_kernel *chosen = NULL;
     char dn[32];

@@ -272,10 +272,39 @@ K3_API k3_status k3_silu_mul_validate(const k3_silu_mul_args *a);
  * the kernel's device type. */
 K3_API k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t);
 
+/* A compiled policy (k3.h): candidates are catalogue indices, so the per-call cost is an
+ * array lookup. batch_invariant is the policy's batch-invariant mode (k3.h,
+ * k3_policy_set_batch_invariant); a lua_State's policy carries that state's mode. Defined
+ * here because lib/method.c makes a per-call copy with the caller's mode. */
+struct k3_policy {
+    int n[K3_OP_COUNT];
+    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
+    int layout_fallback;
+    int batch_invariant;
+};
+
+/* Fills caller-owned memory with what k3_policy_new gives (the built-in default, the process
+ * default batch-invariant mode); nothing to free. The binding keeps a state's policy in Lua
+ * memory this way. */
+K3_API void k3_policy_init(k3_policy *p);
+
 /* Policy inspection (the binding builds k3.policy from these). */
 K3_API int k3_policy_count(const k3_policy *p, const char *op);        /* -1: unknown op */
 K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
 K3_API int k3_policy_layout_fallback(const k3_policy *p);
+
+/* Counters of one context (the binding keeps one per lua_State, so k3.stats() counts only
+ * that state's calls): calls per kernel and declines per "kernel: reason", exactly as
+ * k3_stats counts them process-wide, for each dispatch record given to k3_stats_sink_count.
+ * The memory is the caller's (k3_stats_sink_size() bytes; after k3_stats_sink_reset it is
+ * empty); nothing is allocated. Not locked: a sink belongs to one thread at a time. */
+typedef struct k3_stats_sink k3_stats_sink;
+K3_API size_t k3_stats_sink_size(void);
+K3_API void k3_stats_sink_reset(k3_stats_sink *s);
+/* Counts rec's chosen kernel (when it has one) and each of its declines. */
+K3_API void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec);
+/* Calls fn like k3_stats: "kernel" entries in catalogue order, then "decline" entries. */
+K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud);
 
 /* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
  * on this thread (ops and methods; not explain_only). Returns the previous hook through

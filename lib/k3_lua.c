@@ -20,6 +20,8 @@
 #define POLICY_MT "k3.Policy"
 #define REG_POLICY "k3.policy.compiled"
 #define REG_TRACE "k3.trace"
+#define REG_STATS "k3.stats.sink"
+#define STATS_MT "k3.StatsSink"
 
 typedef struct {
     k3_tensor *t; /* NULL once freed */
@@ -729,21 +731,34 @@ K3_API int luaopen_k3(lua_State *L) {
 
 /* ==== ops, dispatch, policy and methods ================================================================= */
 
-/* The compiled policy of this Lua state (NULL until k3.set_policy: the built-in default). */
+/* The compiled policy of this Lua state: made when the module is opened (the built-in
+ * default candidates, and the process default of batch-invariant mode), replaced by
+ * k3.set_policy, its batch-invariant mode set by k3.set_batch_invariant. Every op of the
+ * state dispatches with it, so neither setting reaches another lua_State. */
 typedef struct {
-    k3_policy *p;
+    k3_policy *p;      /* &storage once initialised */
+    k3_policy storage; /* in Lua's memory: opening k3 makes no host allocation, so a host may
+                        * still call k3_set_allocator before its first tensor */
 } policy_ud;
 
-static const k3_policy *state_policy(lua_State *L) {
+static k3_policy *state_policy(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, REG_POLICY);
     policy_ud *u = luaL_testudata(L, -1, POLICY_MT);
     lua_pop(L, 1);
     return u ? u->p : NULL;
 }
 
+/* This state's counters (k3.stats): every dispatch an op or method of the state ran is
+ * counted here as well as in the process-wide totals (k3_stats). */
+static k3_stats_sink *state_stats(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_STATS);
+    k3_stats_sink *s = luaL_testudata(L, -1, STATS_MT);
+    lua_pop(L, 1);
+    return s;
+}
+
 static int policy_gc(lua_State *L) {
     policy_ud *u = luaL_checkudata(L, 1, POLICY_MT);
-    k3_policy_free(u->p);
     u->p = NULL;
     return 0;
 }
@@ -828,13 +843,15 @@ static tensor_ud *result_slot(lua_State *L, int out_idx, int explain) {
     return push_tensor_slot(L);
 }
 
-/* Finishes an op: raise on error, push the explain record, or record the trace. */
+/* Finishes an op: raise on error, push the explain record, or count the call in this
+ * state's counters and record the trace. */
 static int op_finish(lua_State *L, k3_status s, call_ctx *c, int explain) {
     if (s != K3_OK) return raise_k3(L);
     if (explain) {
         push_dispatch(L, &c->rec);
         return 1;
     }
+    k3_stats_sink_count(state_stats(L), &c->rec);
     trace_record(L, c);
     return 1;
 }
@@ -1077,14 +1094,18 @@ static int l_known_kernel(lua_State *L) {
     return 1;
 }
 
-/* k3.set_batch_invariant(on): see DESIGN.md; also K3_BATCH_INVARIANT=1. */
+/* k3.set_batch_invariant(on): batch-invariant mode of this Lua state (DESIGN.md): linear's
+ * low-latency plans decline and linear runs its fixed-order kernel, so a row's result does
+ * not depend on M. Other lua_States in the process keep their own mode. A state starts with
+ * the process default (K3_BATCH_INVARIANT=1, or a C host's k3_set_batch_invariant). */
 static int l_set_batch_invariant(lua_State *L) {
     luaL_checkany(L, 1);
-    k3_set_batch_invariant(lua_toboolean(L, 1));
+    CHECK_K3(L, k3_policy_set_batch_invariant(state_policy(L), lua_toboolean(L, 1)));
     return 0;
 }
+/* k3.batch_invariant() -> boolean: this Lua state's batch-invariant mode. */
 static int l_batch_invariant(lua_State *L) {
-    lua_pushboolean(L, k3_batch_invariant());
+    lua_pushboolean(L, k3_policy_batch_invariant(state_policy(L)));
     return 1;
 }
 
@@ -1096,19 +1117,22 @@ static void stats_cb(void *ud, const char *kind, const char *name, uint64_t coun
     lua_pop(L, 1);
 }
 
-/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}} */
+/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}}: the
+ * calls this Lua state's ops and methods made since the module was opened or the state's
+ * last k3.stats_reset(); other lua_States and C callers are not counted here (C's k3_stats
+ * has the process-wide totals). */
 static int l_stats(lua_State *L) {
     lua_createtable(L, 0, 2);
     lua_newtable(L);
     lua_setfield(L, -2, "kernels");
     lua_newtable(L);
     lua_setfield(L, -2, "declines");
-    k3_stats(stats_cb, L);
+    k3_stats_sink_read(state_stats(L), stats_cb, L);
     return 1;
 }
+/* k3.stats_reset(): clears this Lua state's counters only. */
 static int l_stats_reset(lua_State *L) {
-    (void)L;
-    k3_stats_reset();
+    k3_stats_sink_reset(state_stats(L));
     return 0;
 }
 
@@ -1134,7 +1158,11 @@ static int l_compile_policy(lua_State *L) {
     policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->p = NULL;
     luaL_setmetatable(L, POLICY_MT);
-    CHECK_K3_AS(L, "set_policy", k3_policy_new(&u->p));
+    k3_policy_init(&u->storage);
+    u->p = &u->storage;
+    /* A new policy keeps the state's batch-invariant mode (k3.set_batch_invariant). */
+    CHECK_K3_AS(L, "set_policy", k3_policy_set_batch_invariant(
+                                     u->p, k3_policy_batch_invariant(state_policy(L))));
     int src = 1;
     if (lua_getfield(L, 1, "ops") == LUA_TTABLE) src = lua_gettop(L);
     else lua_pop(L, 1);
@@ -1686,6 +1714,26 @@ static void register_ops(lua_State *L) {
     if (luaL_newmetatable(L, POLICY_MT)) {
         lua_pushcfunction(L, policy_gc);
         lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    /* This state's policy and counters, made once: luaopen_k3_core may run again in the same
+     * state (busted insulation), which must not reset them. */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, REG_POLICY) == LUA_TNIL) {
+        policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
+        u->p = NULL;
+        luaL_setmetatable(L, POLICY_MT);
+        k3_policy_init(&u->storage);
+        u->p = &u->storage;
+        lua_setfield(L, LUA_REGISTRYINDEX, REG_POLICY);
+    }
+    lua_pop(L, 1);
+    luaL_newmetatable(L, STATS_MT); /* plain memory: nothing to free */
+    lua_pop(L, 1);
+    if (lua_getfield(L, LUA_REGISTRYINDEX, REG_STATS) == LUA_TNIL) {
+        k3_stats_sink *sink = lua_newuserdatauv(L, k3_stats_sink_size(), 0);
+        k3_stats_sink_reset(sink);
+        luaL_setmetatable(L, STATS_MT);
+        lua_setfield(L, LUA_REGISTRYINDEX, REG_STATS);
     }
     lua_pop(L, 1);
     if (luaL_newmetatable(L, METHOD_MT)) {
