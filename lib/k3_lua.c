@@ -1027,7 +1027,9 @@ static int l_explain(lua_State *L) {
 }
 
 /* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
- * runs. Errors inside fn propagate after tracing is switched off. */
+ * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
+ * raises, the enclosing trace (if any) is restored and still gets the records of the
+ * dispatches that ran before the error, then the error propagates unchanged. */
 static int l_trace(lua_State *L) {
     luaL_checktype(L, 1, LUA_TFUNCTION);
     lua_settop(L, 1);
@@ -1036,17 +1038,19 @@ static int l_trace(lua_State *L) {
     lua_pushvalue(L, 3);
     lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
     lua_pushvalue(L, 1);
-    int st = lua_pcall(L, 0, 0, 0);
+    int st = lua_pcall(L, 0, 0, 0); /* on error, 4: the error object */
     lua_pushvalue(L, 2);
     lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
-    if (st != LUA_OK) return lua_error(L);
-    if (lua_istable(L, 2)) { /* an enclosing trace sees the inner dispatches too */
-        lua_Integer n = luaL_len(L, 3), m = luaL_len(L, 2);
+    /* The dispatches ran whether or not fn finished: the enclosing trace gets them either way
+     * (a pcall around an inner trace must not hide them). Raw access: plain tables. */
+    if (lua_istable(L, 2)) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, 3), m = (lua_Integer)lua_rawlen(L, 2);
         for (lua_Integer i = 1; i <= n; i++) {
-            lua_geti(L, 3, i);
+            lua_rawgeti(L, 3, i);
             lua_rawseti(L, 2, m + i);
         }
     }
+    if (st != LUA_OK) return lua_error(L);
     lua_settop(L, 3);
     return 1;
 }

@@ -116,6 +116,37 @@ describe("dispatch", function()
     end
   end)
 
+  it("an enclosing trace keeps the dispatches of an inner trace that raised", function()
+    local inner_err
+    local r = k3.trace(function()
+      k3.silu_mul(k3.ones({1, 2}))
+      local ok, err = pcall(k3.trace, function()
+        k3.silu_mul(k3.ones({1, 2}))
+        k3.rms_norm(k3.ones({1, 2}), k3.ones({2}), 1e-5)
+        error("inner failed", 0)
+      end)
+      assert.is_false(ok)
+      inner_err = err
+      k3.linear(x, w)
+    end)
+    assert.equal("inner failed", inner_err)
+    assert.equal(4, #r)
+    local ops = {}
+    for i, rec in ipairs(r) do ops[i] = rec.op end
+    assert.same({"silu_mul", "silu_mul", "rms_norm", "linear"}, ops)
+    -- the trace state is restored: nothing traces after the outer trace returned
+    local after = k3.trace(function() end)
+    assert.same({}, after)
+  end)
+
+  it("the reviewer's one-liner counts the dispatch that ran before the inner error", function()
+    local r = k3.trace(function()
+      pcall(k3.trace, function() k3.silu_mul(k3.ones({1, 2})); error("x") end)
+    end)
+    assert.equal(1, #r)
+    assert.equal("cpu.silu_mul.reference", r[1].kernel)
+  end)
+
   it("kernel = runs exactly that kernel and skips dispatch", function()
     local t = k3.trace(function() k3.linear(x, w, {kernel = "cpu.linear.reference"}) end)
     assert.equal("cpu.linear.reference", t[1].kernel)
