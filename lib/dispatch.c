@@ -310,20 +310,6 @@ static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason
     snprintf(d->reason, sizeof d->reason, "%s", reason);
 }
 
-/* Why a known kernel is not registered, for direct calls. */
-static void absent_detail(char *buf, size_t n, const char *name, k3_device_type dev) {
-    buf[0] = '\0';
-    if (k3_kernel_disabled(name)) {
-        snprintf(buf, n, " (disabled by K3_DISABLE_KERNELS)");
-        return;
-    }
-    if (dev == K3_DEVICE_CUDA) {
-        const char *why = NULL;
-        if (!k3_backend_available("cuda", &why))
-            snprintf(buf, n, " (CUDA backend unavailable: %s)", why ? why : "unknown");
-    }
-}
-
 static void finish_record(const k3_call *call, const k3_dispatch *rec) {
     if (call && call->record) *call->record = *rec;
 }
@@ -358,10 +344,9 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
                             call->kernel, k3_op_name(kop), opn);
         chosen = k3_known_kernel_at(idx);
         if (!chosen) {
-            char detail[400];
-            absent_detail(detail, sizeof detail, call->kernel, kdev);
-            return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is not registered in this build%s",
-                            opn, call->kernel, detail);
+            char why[400];
+            k3_known_absent_reason(idx, why, sizeof why);
+            return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is %s", opn, call->kernel, why);
         }
         if (kdev != dev.type)
             return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
@@ -372,20 +357,24 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         struct {
             const k3_kernel *k;
             const char *name;
+            int idx; /* catalogue index, for the not-registered reason */
         } list[K3_MAX_CANDIDATES + 1];
         int n = 0;
         if (a->op == K3_OP_LINEAR && a->u.linear.batch_invariant) {
             const char *bname = dev.type == K3_DEVICE_CPU ? "cpu.linear.batch_invariant"
                                                           : "cuda.linear.batch_invariant";
             list[n].k = k3_kernel_find(bname);
+            list[n].idx = k3_known_lookup(bname, NULL, NULL);
             list[n++].name = bname;
         } else {
             if (ext && ext->pre) {
                 list[n].k = ext->pre;
+                list[n].idx = -1;
                 list[n++].name = ext->pre->name;
             }
             for (int i = 0; i < pol->n[a->op]; i++) {
                 list[n].k = k3_known_kernel_at(pol->cand[a->op][i]);
+                list[n].idx = pol->cand[a->op][i];
                 list[n++].name = k3_known_name(pol->cand[a->op][i]);
             }
         }
@@ -393,7 +382,9 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
             const k3_kernel *k = list[i].k;
             const char *name = list[i].name;
             if (!k) {
-                add_decline(&rec, name, "not registered in this build");
+                char why[256];
+                k3_known_absent_reason(list[i].idx, why, sizeof why);
+                add_decline(&rec, name, why);
                 continue;
             }
             if (k->device != dev.type) {

@@ -248,6 +248,15 @@ const k3_backend *k3_cuda_backend(const char **reason);
 K3_API const k3_kernel *k3_kernel_find(const char *name);
 /* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries. */
 bool k3_kernel_disabled(const char *name);
+/* Why the known kernel at catalogue index i is not registered, into buf (never empty):
+ * "not registered in this build (disabled by K3_DISABLE_KERNELS)", "not registered: CUDA
+ * backend unavailable (<k3.backends().cuda.reason>)" when the backend exists but did not open
+ * (no driver, no device, ABI mismatch), or "not registered in this build" (not compiled in:
+ * no libk3_cuda.so beside libk3.so, or a backend built without that kernel). */
+void k3_known_absent_reason(int i, char *buf, size_t n);
+/* True when the CUDA backend is missing from this build: no K3_CUDA_BACKEND was given and
+ * no libk3_cuda.so lies beside libk3.so (lib/backend.c). */
+bool k3_cuda_backend_absent(void);
 /* The catalogue of known kernel names (registered or not): index of `name` (-1 unknown)
  * with its op and device type; the name and registered kernel (or NULL) at an index. */
 int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device);

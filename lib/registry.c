@@ -43,6 +43,10 @@ static const k3_kernel *g_registered[K3_MAX_KNOWN];
 static int g_nregistered;
 static const k3_kernel *g_slot[K3_MAX_KNOWN];
 
+/* g_disabled[i]: known name i is listed in K3_DISABLE_KERNELS (read once, at set-up, so a
+ * decline reason costs no environment parse per call). */
+static bool g_disabled[K3_MAX_KNOWN];
+
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* True when `name` is listed in K3_DISABLE_KERNELS (comma-separated, spaces ignored). */
@@ -98,6 +102,7 @@ static void init_registry(void) {
     const k3_backend *b = k3_cuda_backend(NULL);
     if (b)
         for (int i = 0; i < b->nkernels; i++) add(b->kernels[i]);
+    for (int i = 0; i < g_nknown; i++) g_disabled[i] = k3_kernel_disabled(g_known[i].name);
 }
 
 static void ensure(void) { pthread_once(&g_once, init_registry); }
@@ -144,6 +149,21 @@ const char *k3_known_name(int i) {
 const k3_kernel *k3_known_kernel_at(int i) {
     ensure();
     return i >= 0 && i < g_nknown ? g_slot[i] : NULL;
+}
+
+void k3_known_absent_reason(int i, char *buf, size_t n) {
+    const char *name = k3_known_name(i);
+    if (name && g_disabled[i]) {
+        snprintf(buf, n, "not registered in this build (disabled by K3_DISABLE_KERNELS)");
+        return;
+    }
+    const char *why = NULL;
+    if (name && g_known[i].device == K3_DEVICE_CUDA && !k3_cuda_backend(&why) &&
+        !k3_cuda_backend_absent()) {
+        snprintf(buf, n, "not registered: CUDA backend unavailable (%s)", why ? why : "unknown");
+        return;
+    }
+    snprintf(buf, n, "not registered in this build");
 }
 
 int k3_backend_available(const char *backend, const char **reason) {

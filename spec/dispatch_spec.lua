@@ -66,10 +66,30 @@ describe("K3_DISABLE_KERNELS", function()
       print(err)
     ]])
     assert.truthy(out:find("false\ttrue\n", 1, true), out)
-    assert.truthy(out:find("cpu.linear.reference\tcpu.linear.blas\tnot registered in this build\n", 1, true), out)
+    assert.truthy(out:find("cpu.linear.reference\tcpu.linear.blas\tnot registered in this build (disabled by K3_DISABLE_KERNELS)\n", 1, true), out)
     assert.truthy(out:find("\ncpu.linear.reference\n", 1, true), out)
     assert.truthy(out:find("linear: kernel 'cpu.linear.blas' is not registered in this build (disabled by K3_DISABLE_KERNELS)", 1, true), out)
     assert.truthy(out:find("exit=0", 1, true), out)
+  end)
+
+  it("a kernel not compiled in says 'not registered in this build' (no libk3_cuda.so beside libk3.so)", function()
+    local build = os.getenv("K3_BUILD_DIR") or "build"
+    local p = io.popen("mktemp -d /tmp/k3-nocuda-XXXXXX")
+    local dir = p:read("l")
+    p:close()
+    local cmd = string.format("mkdir -p %s/lua/k3 && cp %s/libk3.so %s/libk3lua.so %s/ && " ..
+      "ln -s ../../libk3lua.so %s/lua/k3/core.so && LUA_CPATH='%s/lua/?.so' %s -e '%s' 2>&1; " ..
+      "echo \"exit=$?\"; rm -rf %s", dir, build, build, dir, dir, dir, os.getenv("K3_LUA") or "lua5.4",
+      [[local k3 = require "k3"
+        print(k3.backends().cuda.reason)
+        print(k3.explain("linear", k3.ones({1, 2}), k3.ones({1, 2})).declined[1].reason)
+        print(select(2, pcall(k3.linear, k3.ones({1, 2}), k3.ones({1, 2}), {kernel = "cuda.linear.cublas"})))]],
+      dir)
+    p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:find("libk3_cuda.so not found at " .. dir .. "/libk3_cuda.so\nnot registered in this build\n" ..
+      "linear: kernel 'cuda.linear.cublas' is not registered in this build\nexit=0", 1, true), out)
   end)
 
   it("with every candidate gone, the error lists each decline", function()
@@ -78,7 +98,7 @@ describe("K3_DISABLE_KERNELS", function()
       print(err)
     ]])
     assert.truthy(out:find("rms_norm: no registered kernel accepts the call (", 1, true), out)
-    assert.truthy(out:find("cpu.rms_norm.reference: not registered in this build)", 1, true), out)
+    assert.truthy(out:find("cpu.rms_norm.reference: not registered in this build (disabled by K3_DISABLE_KERNELS))", 1, true), out)
   end)
 end)
 
@@ -90,7 +110,7 @@ describe("dispatch", function()
     local e = k3.explain("linear", x, w)
     assert.equal("cpu.linear.blas", e.chosen)
     if not k3.backends().cuda.available then
-      assert.same({{kernel = "cuda.linear.cublas", reason = "not registered in this build"}}, e.declined)
+      assert.same({{kernel = "cuda.linear.cublas", reason = H.cuda_absent_reason()}}, e.declined)
     end
     assert.same({}, k3.stats().kernels)
   end)
@@ -161,10 +181,26 @@ describe("dispatch", function()
     local s = k3.stats()
     assert.equal(2, s.kernels["cpu.linear.blas"])
     if not k3.backends().cuda.available then
-      assert.equal(2, s.declines["cuda.linear.cublas: not registered in this build"])
+      assert.equal(2, s.declines["cuda.linear.cublas: " .. H.cuda_absent_reason()])
     end
     k3.stats_reset()
     assert.same({}, k3.stats().kernels)
+  end)
+
+  it("a CUDA kernel's decline says the backend is unavailable, and why, when it was built", function()
+    local c = k3.backends().cuda
+    if c.available then return end
+    local e = k3.explain("silu_mul", x)
+    assert.same({{kernel = "cuda.silu_mul.generic", reason = H.cuda_absent_reason()}}, e.declined)
+    if not c.reason:find("^libk3_cuda%.so not found") then
+      assert.equal("not registered: CUDA backend unavailable (" .. c.reason .. ")", e.declined[1].reason)
+      H.raises(function() k3.silu_mul(x, {kernel = "cuda.silu_mul.generic"}) end,
+        "silu_mul: kernel 'cuda.silu_mul.generic' is not registered: CUDA backend unavailable (" .. c.reason .. ")")
+    end
+    -- a backend that is not there at all (K3_CUDA_BACKEND names a missing file) says so too
+    local out = subprocess("K3_CUDA_BACKEND=/nonexistent/libk3_cuda.so",
+      [[print(k3.explain("silu_mul", k3.ones({1, 2})).declined[1].reason)]])
+    assert.truthy(out:find("not registered: CUDA backend unavailable (libk3_cuda.so not found at /nonexistent/libk3_cuda.so)\nexit=0", 1, true), out)
   end)
 
   it("a GPU kernel forced on CPU tensors is a device error", function()
@@ -197,7 +233,8 @@ describe("policy", function()
     local x, w = k3.randn({2, 4}), k3.randn({3, 4})
     local text = k3.backends().cuda.available
       and "linear: no registered kernel accepts the call (cuda.linear.cublas: tensors are on cpu"
-      or "linear: no registered kernel accepts the call (cuda.linear.cublas: not registered in this build; cuda.linear.skinny: not registered in this build)"
+      or ("linear: no registered kernel accepts the call (cuda.linear.cublas: " .. H.cuda_absent_reason() ..
+          "; cuda.linear.skinny: " .. H.cuda_absent_reason() .. ")")
     H.raises(function() k3.linear(x, w) end, text)
   end)
 
