@@ -57,15 +57,15 @@ local function format_number(fmt, v)
   return string.format(fmt, v)
 end
 
--- tostring(t): a header (shape, dtype, device; strides and offset when not contiguous) and a
--- summarised preview of the values (large tensors show EDGE items at each end of every dim).
+-- tostring(t): a header (shape, dtype, device; the strides when t is not contiguous, the
+-- storage offset when it is not 0) and a summarised preview of the values (large tensors show
+-- EDGE items at each end of every dim).
 local function tensor_tostring(t)
   local ok, size = pcall(t.size, t)
   if not ok then return "k3.Tensor (freed)" end
   local head = string.format("k3.Tensor %s %s %s", dims_string(size), t:dtype(), t:device())
-  if not t:is_contiguous() or t:offset() ~= 0 then
-    head = head .. string.format(" strides %s offset %d", dims_string(t:stride()), t:offset())
-  end
+  if not t:is_contiguous() then head = head .. " strides " .. dims_string(t:stride()) end
+  if t:offset() ~= 0 then head = head .. string.format(" offset %d", t:offset()) end
   local nd, numel = #size, t:numel()
   if numel == 0 then return head .. "\n[]" end
   local summarize = numel > SUMMARY_THRESHOLD
