@@ -6,11 +6,13 @@
  */
 #include "k3_impl.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const g_op_names[K3_OP_COUNT] = {"linear", "attn_res", "rms_norm",
                                                      "silu_mul"};
@@ -29,9 +31,10 @@ static int op_parse(const char *name) {
 
 /* struct k3_policy is in k3_impl.h (lib/method.c copies it per call). */
 
-/* Must state what lua/k3/policy/default.lua states. */
+/* Must state what lua/k3/policy/default.lua states. cpu.linear.reference ends the linear
+ * list so that K3_DISABLE_KERNELS=cpu.linear.blas leaves a CPU kernel that serves linear. */
 static const char *const g_default_candidates[K3_OP_COUNT][4] = {
-    {"cuda.linear.cublas", "cpu.linear.blas", NULL},
+    {"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference", NULL},
     {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
     {"cuda.rms_norm.generic", "cpu.rms_norm.reference", NULL},
     {"cuda.silu_mul.generic", "cpu.silu_mul.reference", NULL},
@@ -156,16 +159,41 @@ int k3_policy_batch_invariant(const k3_policy *p) {
 /* ---- batch-invariant mode: the process default ---------------------------------------- */
 
 static atomic_int g_batch_invariant = -1; /* -1: K3_BATCH_INVARIANT not read yet */
+static pthread_once_t g_bi_env_once = PTHREAD_ONCE_INIT;
+static int g_bi_env;
+
+/* K3_BATCH_INVARIANT as a boolean: 1/true/yes/on and 0/false/no/off (any case, surrounding
+ * whitespace ignored; empty is unset). Anything else leaves the mode off and is reported once
+ * (k3_config_warn), so "=2" or "=enabled" is not silently ignored. */
+static void read_bi_env(void) {
+    const char *env = getenv("K3_BATCH_INVARIANT");
+    if (!env) return;
+    while (isspace((unsigned char)*env)) env++;
+    size_t len = strlen(env);
+    while (len > 0 && isspace((unsigned char)env[len - 1])) len--;
+    if (len == 0) return;
+    static const char *const on[] = {"1", "true", "yes", "on"};
+    static const char *const off[] = {"0", "false", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strlen(on[i]) == len && strncasecmp(env, on[i], len) == 0) {
+            g_bi_env = 1;
+            return;
+        }
+        if (strlen(off[i]) == len && strncasecmp(env, off[i], len) == 0) return;
+    }
+    k3_config_warn("K3_BATCH_INVARIANT: unrecognised value '%.*s' (expected 0, 1, true, false, "
+                   "yes, no, on or off); batch-invariant mode stays off",
+                   (int)(len > 100 ? 100 : len), env);
+}
 
 void k3_set_batch_invariant(int on) { atomic_store(&g_batch_invariant, on ? 1 : 0); }
 
 int k3_batch_invariant(void) {
     int v = atomic_load(&g_batch_invariant);
     if (v < 0) {
-        const char *env = getenv("K3_BATCH_INVARIANT");
-        int want = env && strcmp(env, "1") == 0;
+        pthread_once(&g_bi_env_once, read_bi_env);
         int expected = -1;
-        atomic_compare_exchange_strong(&g_batch_invariant, &expected, want);
+        atomic_compare_exchange_strong(&g_batch_invariant, &expected, g_bi_env);
         v = atomic_load(&g_batch_invariant);
     }
     return v;

@@ -202,7 +202,10 @@ K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 /* ---- kernels, policy and dispatch -------------------------------------------------------- */
 
 /* Registered kernels ("cpu.linear.blas", "cuda.attn_res.packed", …), in registration order.
- * A kernel named in K3_DISABLE_KERNELS (comma-separated) is never registered. */
+ * A kernel named in K3_DISABLE_KERNELS (comma-separated; whitespace around a name is ignored)
+ * is never registered. The variable is read once, when the registry is set up; a name that is
+ * no known kernel disables nothing and is reported once through the log hook (K3_LOG_WARN;
+ * the Lua module writes it to stderr when no hook is set). */
 K3_API int k3_kernel_count(void);
 K3_API const char *k3_kernel_name(int i);            /* NULL when i is out of range */
 K3_API int k3_has_kernel(const char *name);          /* 1 when registered now */

@@ -246,7 +246,8 @@ const k3_backend *k3_cuda_backend(const char **reason);
 
 /* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
 K3_API const k3_kernel *k3_kernel_find(const char *name);
-/* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries. */
+/* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries
+ * (whitespace around an entry is ignored). */
 bool k3_kernel_disabled(const char *name);
 /* Why the known kernel at catalogue index i is not registered, into buf (never empty):
  * "not registered in this build (disabled by K3_DISABLE_KERNELS)", "not registered: CUDA
@@ -314,6 +315,16 @@ K3_API void k3_stats_sink_reset(k3_stats_sink *s);
 K3_API void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec);
 /* Calls fn like k3_stats: "kernel" entries in catalogue order, then "decline" entries. */
 K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud);
+
+/* Configuration warnings (K3_DISABLE_KERNELS naming an unknown kernel, K3_BATCH_INVARIANT
+ * with a value that is not a boolean): each is sent once to the log hook (K3_LOG_WARN) and
+ * kept. k3_config_warnings_take returns the kept lines ("...\n" each) the first time it is
+ * called in the process, NULL afterwards or when there are none; the binding writes them to
+ * stderr when no log hook is set, so a Lua user sees a typo once instead of nothing.
+ * k3_log_hook_set tells whether a host installed a log hook. */
+void k3_config_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+K3_API const char *k3_config_warnings_take(void);
+K3_API int k3_log_hook_set(void);
 
 /* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
  * on this thread (ops and methods; not explain_only). Returns the previous hook through

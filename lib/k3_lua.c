@@ -10,6 +10,7 @@
 #include <lualib.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -688,9 +689,28 @@ static int core_is_tensor(lua_State *L) {
     return 1;
 }
 
+/* Configuration typos (an unknown name in K3_DISABLE_KERNELS, a K3_BATCH_INVARIANT that is
+ * not a boolean) were sent to the log hook when the core read them; with no hook installed
+ * they would vanish, so the first state to open the module writes them to stderr, once per
+ * process. Loading never fails over them. */
+static void report_config_warnings(void) {
+    (void)k3_kernel_count();    /* sets up the registry: reads K3_DISABLE_KERNELS */
+    (void)k3_batch_invariant(); /* reads K3_BATCH_INVARIANT */
+    const char *w = k3_config_warnings_take();
+    if (!w || k3_log_hook_set()) return;
+    while (*w) {
+        const char *nl = strchr(w, '\n');
+        size_t len = nl ? (size_t)(nl - w) : strlen(w);
+        fprintf(stderr, "k3: warning: %.*s\n", (int)len, w);
+        w += len + (nl ? 1 : 0);
+    }
+    fflush(stderr);
+}
+
 /* luaopen_k3_core: the C half of the module (require "k3.core"); lua/k3/init.lua builds the
  * public `k3` table on it. Safe to call again in the same state (busted insulation). */
 K3_API int luaopen_k3_core(lua_State *L) {
+    report_config_warnings();
     if (luaL_newmetatable(L, TENSOR_MT)) {
         luaL_setfuncs(L, tensor_meta, 0);
         luaL_newlib(L, tensor_methods);

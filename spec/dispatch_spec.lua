@@ -14,6 +14,15 @@ local function subprocess(env, chunk)
   return text
 end
 
+-- A plain copy of a table read through pairs (k3.policy is a view: assert.same compares raw
+-- contents, which a view does not have).
+local function plain(v)
+  if type(v) ~= "table" then return v end
+  local r = {}
+  for k, x in pairs(v) do r[k] = plain(x) end
+  return r
+end
+
 local CPU_KERNELS = {"cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant",
                      "cpu.attn_res.reference", "cpu.rms_norm.reference", "cpu.silu_mul.reference"}
 
@@ -70,6 +79,27 @@ describe("K3_DISABLE_KERNELS", function()
     assert.truthy(out:find("\ncpu.linear.reference\n", 1, true), out)
     assert.truthy(out:find("linear: kernel 'cpu.linear.blas' is not registered in this build (disabled by K3_DISABLE_KERNELS)", 1, true), out)
     assert.truthy(out:find("exit=0", 1, true), out)
+  end)
+
+  it("trims whitespace around names; an unknown name is reported once on stderr, not fatal", function()
+    local out = subprocess("K3_DISABLE_KERNELS=\"  cpu.linear.blas ,cpu.linear.blass,\tcuda.linear.cublass, \"", [[
+      print(k3.has_kernel("cpu.linear.blas"), k3.explain("linear", k3.ones({1, 2}), k3.ones({1, 2})).chosen)
+      package.loaded.k3 = nil; package.loaded["k3.core"] = nil
+      require "k3"
+      print("reloaded")
+    ]])
+    local known = "(known kernels: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, " ..
+      "cpu.attn_res.reference, cpu.rms_norm.reference, cpu.silu_mul.reference, cuda.linear.cublas, "
+    assert.truthy(out:find("k3: warning: K3_DISABLE_KERNELS: unknown kernel 'cpu.linear.blass' ignored " ..
+      known, 1, true), out)
+    assert.truthy(out:find("k3: warning: K3_DISABLE_KERNELS: unknown kernel 'cuda.linear.cublass' ignored " ..
+      known, 1, true), out)
+    local _, warnings = out:gsub("k3: warning:", "")
+    assert.equal(2, warnings, out)
+    assert.truthy(out:find("false\tcpu.linear.reference\nreloaded\nexit=0", 1, true), out)
+    -- known names, CUDA ones included on a CPU-only machine, are not reported
+    out = subprocess("K3_DISABLE_KERNELS=cuda.linear.skinny,cpu.linear.blas", [[print("ok")]])
+    assert.equal("ok\nexit=0\n", out)
   end)
 
   it("a kernel not compiled in says 'not registered in this build' (no libk3_cuda.so beside libk3.so)", function()
@@ -221,6 +251,21 @@ describe("policy", function()
     assert.same({"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
   end)
 
+  it("every default list ends in a CPU kernel; linear falls back to cpu.linear.reference", function()
+    for _, op in ipairs({"linear", "attn_res", "rms_norm", "silu_mul"}) do
+      local list = k3.policy[op]
+      assert.equal("cpu.", list[#list]:sub(1, 4), op)
+    end
+    assert.same({"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference"}, plain(k3.policy.linear))
+    local out = subprocess("K3_DISABLE_KERNELS=cpu.linear.blas", [[
+      local x, w = k3.randn({2, 3}), k3.randn({4, 3}, {seed = 1})
+      local e = k3.explain("linear", x, w)
+      print(e.chosen, e.declined[#e.declined].reason)
+      print(k3.max_abs_diff(k3.linear(x, w), k3.linear(x, w, {kernel = "cpu.linear.reference"})))
+    ]])
+    assert.truthy(out:find("cpu.linear.reference\tnot registered in this build (disabled by K3_DISABLE_KERNELS)\n0.0\nexit=0", 1, true), out)
+  end)
+
   it("set_policy reorders candidates", function()
     k3.set_policy{linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback"}
     local x, w = k3.randn({2, 4}), k3.randn({3, 4})
@@ -268,6 +313,18 @@ describe("batch-invariant mode", function()
       local y = k3.linear(x:narrow(1, 1, M), w)
       for i = 1, M do assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone[i])) end
     end
+  end)
+
+  it("K3_BATCH_INVARIANT accepts 0/1/true/false/yes/no/on/off; anything else is reported once", function()
+    for value, on in pairs({["1"] = true, ["yes"] = true, ["ON"] = true, [" true "] = true,
+                            ["0"] = false, ["no"] = false, ["Off"] = false, ["false"] = false, [""] = false}) do
+      local out = subprocess("K3_BATCH_INVARIANT=\"" .. value .. "\"", [[print(k3.batch_invariant())]])
+      assert.equal(tostring(on) .. "\nexit=0\n", out, "K3_BATCH_INVARIANT=" .. value)
+    end
+    local out = subprocess("K3_BATCH_INVARIANT=enabled", [[
+      print(k3.batch_invariant(), k3.explain("linear", k3.randn({2, 3}), k3.randn({4, 3})).chosen)]])
+    assert.equal("k3: warning: K3_BATCH_INVARIANT: unrecognised value 'enabled' (expected 0, 1, true, " ..
+      "false, yes, no, on or off); batch-invariant mode stays off\nfalse\tcpu.linear.blas\nexit=0\n", out)
   end)
 
   it("is read from K3_BATCH_INVARIANT=1", function()
