@@ -1228,6 +1228,28 @@ static int l_compile_policy(lua_State *L) {
     return 0;
 }
 
+/* core.policy_table() -> {linear = {...}, attn_res = {...}, rms_norm = {...},
+ * silu_mul = {...}, on_layout_mismatch = "error"|"fallback"}: a plain copy of the policy
+ * this state dispatches with, read back from the compiled policy (init.lua shows it as the
+ * read-only k3.policy). */
+static int l_policy_table(lua_State *L) {
+    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
+    const k3_policy *p = state_policy(L);
+    lua_createtable(L, 0, 5);
+    for (int k = 0; k < 4; k++) {
+        int n = k3_policy_count(p, ops[k]);
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_pushstring(L, k3_policy_candidate(p, ops[k], i));
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, ops[k]);
+    }
+    lua_pushstring(L, k3_policy_layout_fallback(p) ? "fallback" : "error");
+    lua_setfield(L, -2, "on_layout_mismatch");
+    return 1;
+}
+
 /* ---- linear methods ---------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1709,6 +1731,7 @@ static const luaL_Reg ops_funcs[] = {
     {"empty_cache", l_empty_cache},
     {"cuda_arch", l_cuda_arch},
     {"compile_policy", l_compile_policy},
+    {"policy_table", l_policy_table},
     {"cuda_time", l_cuda_time},
     {"load_safetensors", l_load_safetensors},
     {"save_safetensors", l_save_safetensors},

@@ -246,7 +246,7 @@ describe("policy", function()
 
   it("the default policy is lua/k3/policy/default.lua", function()
     local file = dofile("lua/k3/policy/default.lua")
-    assert.same(file, k3.policy)
+    assert.same(file, plain(k3.policy))
     assert.equal("error", k3.policy.on_layout_mismatch)
     assert.same({"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
   end)
@@ -264,6 +264,53 @@ describe("policy", function()
       print(k3.max_abs_diff(k3.linear(x, w), k3.linear(x, w, {kernel = "cpu.linear.reference"})))
     ]])
     assert.truthy(out:find("cpu.linear.reference\tnot registered in this build (disabled by K3_DISABLE_KERNELS)\n0.0\nexit=0", 1, true), out)
+  end)
+
+  it("k3.policy is a read-only view: writes raise and point to k3.set_policy; dispatch is unchanged", function()
+    local x, w = k3.randn({2, 4}), k3.randn({3, 4})
+    local hint = "k3.policy is a read-only view of the active policy; change the policy with k3.set_policy(tbl)"
+    local err = H.raises(function() k3.policy.linear = {"cpu.linear.reference"} end,
+      "cannot assign k3.policy.linear: " .. hint)
+    assert.truthy(err:find("dispatch_spec.lua:%d+: "), err) -- at the caller's line
+    H.raises(function() k3.policy.on_layout_mismatch = "fallback" end,
+      "cannot assign k3.policy.on_layout_mismatch: " .. hint)
+    H.raises(function() k3.policy.linear[1] = "cpu.linear.reference" end,
+      "cannot assign k3.policy.linear[1]: " .. hint)
+    H.raises(function() table.insert(k3.policy.rms_norm, 1, "cpu.rms_norm.reference") end,
+      "cannot assign k3.policy.rms_norm[3]: " .. hint)
+    H.raises(function() k3.policy.bogus = 1 end, "cannot assign k3.policy.bogus: " .. hint)
+    H.raises(function() k3.policy = {linear = {"cpu.linear.reference"}} end, "cannot assign k3.policy: " .. hint)
+    H.raises(function() setmetatable(k3.policy, nil) end, "cannot change a protected metatable")
+    assert.same(dofile("lua/k3/policy/default.lua"), plain(k3.policy))
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w).chosen)
+  end)
+
+  it("k3.policy reads like a table: index, #, pairs, ipairs and k3.inspect", function()
+    k3.set_policy{linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback"}
+    assert.equal("fallback", k3.policy.on_layout_mismatch)
+    assert.equal(2, #k3.policy.linear)
+    assert.equal("cpu.linear.blas", k3.policy.linear[2])
+    local seen = {}
+    for i, name in ipairs(k3.policy.linear) do seen[i] = name end
+    assert.same({"cpu.linear.reference", "cpu.linear.blas"}, seen)
+    local keys = {}
+    for k in pairs(k3.policy) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.same({"attn_res", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
+    assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
+      'linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback", ' ..
+      'rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, ' ..
+      'silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"}}', k3.inspect(k3.policy))
+  end)
+
+  it("a saved k3.policy keeps showing its policy and restores it through set_policy", function()
+    local saved = k3.policy
+    k3.set_policy{linear = {"cpu.linear.reference"}}
+    assert.same({"cpu.linear.reference"}, plain(k3.policy.linear))
+    assert.same({"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference"}, plain(saved.linear))
+    k3.set_policy(saved)
+    assert.same(plain(saved), plain(k3.policy))
+    assert.equal("cpu.linear.blas", k3.explain("linear", k3.randn({2, 4}), k3.randn({3, 4})).chosen)
   end)
 
   it("set_policy reorders candidates", function()
@@ -288,7 +335,7 @@ describe("policy", function()
       "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant")
     H.raises(function() k3.set_policy{rms_norm = {"cpu.silu_mul.reference"}} end,
       "set_policy: kernel 'cpu.silu_mul.reference' is for op silu_mul, not rms_norm")
-    assert.same(default, k3.policy)
+    assert.same(plain(default), plain(k3.policy))
     assert.equal("cpu.linear.blas", k3.explain("linear", k3.randn({1, 2}), k3.randn({1, 2})).chosen)
   end)
 

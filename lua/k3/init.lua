@@ -6,8 +6,8 @@ local core = require "k3.core"
 
 local k3 = {}
 for name, fn in pairs(core) do
-  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "method_default"
-     and name ~= "method_low_latency" then
+  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "policy_table"
+     and name ~= "method_default" and name ~= "method_low_latency" then
     k3[name] = fn
   end
 end
@@ -130,10 +130,73 @@ local function policy_error(fmt, ...)
   error(string.format("set_policy: " .. fmt, ...), 3)
 end
 
+local READ_ONLY = "k3.policy is a read-only view of the active policy; change the policy " ..
+                  "with k3.set_policy(tbl)"
+
+local function key_path(path, key)
+  if type(key) == "string" and key:match("^[%a_][%w_]*$") then return path .. "." .. key end
+  return string.format("%s[%s]", path, type(key) == "string" and string.format("%q", key)
+                                       or tostring(key))
+end
+
+-- A read-only view of the plain table `data`: reads, #, pairs and ipairs see data (nested
+-- tables as views of their own); any write, at any depth, raises an error that names what was
+-- written and points to k3.set_policy. Writing would otherwise look accepted while dispatch,
+-- which runs on the compiled policy, ignored it.
+local function read_only_view(data, path)
+  local children = {}
+  for k, v in pairs(data) do
+    if type(v) == "table" then children[k] = read_only_view(v, key_path(path, k)) end
+  end
+  local function get(k)
+    local c = children[k]
+    if c ~= nil then return c end
+    return data[k]
+  end
+  return setmetatable({}, {
+    __index = function(_, k) return get(k) end,
+    __newindex = function(_, k)
+      error(string.format("cannot assign %s: %s", key_path(path, k), READ_ONLY), 2)
+    end,
+    __len = function() return #data end,
+    __pairs = function()
+      return function(_, k)
+        local nk = next(data, k)
+        if nk == nil then return nil end
+        return nk, get(nk)
+      end, nil, nil
+    end,
+    __metatable = "k3.policy (read-only)",
+  })
+end
+
+-- The view of the policy this state dispatches with, read back from the compiled policy
+-- (k3.core.policy_table) whenever it changes.
+local policy_view
+local function refresh_policy_view()
+  policy_view = read_only_view(core.policy_table(), "k3.policy")
+end
+
+--- k3.policy: a read-only view of the policy this Lua state dispatches with (per op the
+--- ordered candidate kernels, and on_layout_mismatch). Reads, #, pairs, ipairs and
+--- k3.inspect work; assigning to it or to anything in it raises an error pointing to
+--- k3.set_policy. A reference kept across k3.set_policy still shows the policy it was read
+--- from, so `local saved = k3.policy ... k3.set_policy(saved)` restores it.
+setmetatable(k3, {
+  __index = function(_, key)
+    if key == "policy" then return policy_view end
+  end,
+  __newindex = function(t, key, value)
+    if key == "policy" then error("cannot assign k3.policy: " .. READ_ONLY, 2) end
+    rawset(t, key, value)
+  end,
+})
+
 --- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op a non-empty
 --- ordered list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this
---- state's dispatch tables. Ops it leaves out keep the default's candidates; k3.policy becomes
---- the policy now in effect (a copy). Unknown keys or kernel names, holes in a list and empty
+--- state's dispatch tables; tbl may be a plain table or a k3.policy view. Ops it leaves out
+--- keep the default's candidates; the state's batch-invariant mode is kept. k3.policy then
+--- shows the policy now in effect. Unknown keys or kernel names, holes in a list and empty
 --- lists raise and change nothing.
 function k3.set_policy(tbl)
   if type(tbl) ~= "table" then
@@ -167,12 +230,12 @@ function k3.set_policy(tbl)
   if not ok then
     error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2)
   end
-  k3.policy = effective
+  refresh_policy_view()
 end
 
 local ok_default, default_policy = pcall(require, "k3.policy.default")
 default_policy_table = ok_default and default_policy or nil
-k3.policy = ok_default and deep_copy(default_policy) or {}
+refresh_policy_view()
 
 -- ---- linear methods and plans -----------------------------------------------------------------
 
