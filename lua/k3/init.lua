@@ -273,8 +273,10 @@ k3.dist = require "k3.dist"
 
 -- ---- help -----------------------------------------------------------------------------------------
 
+-- One line per name; spec/help_spec.lua checks that every function and value the module
+-- exports (k3.*, k3.method.*, k3.dist.*) and every tensor method and operator is listed here.
 local HELP = {
-  {"k3.empty/zeros/ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
+  {"k3.empty(shape, opts) k3.zeros(shape, opts) k3.ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
   {"k3.full(shape, value, opts)", "tensor filled with value"},
   {"k3.randn(shape, opts)", "standard normal values; opts.seed (same values on every device)"},
   {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
@@ -282,9 +284,11 @@ local HELP = {
   {"t:dtype() t:device() t:is_contiguous()", "metadata"},
   {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
   {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
+  {"t:as_strided(shape, stride, offset)", "any view of the storage (checked against its bounds)"},
   {"t:contiguous() t:clone() t:to(device_or_dtype)", "copies"},
   {"t:copy(src) t:fill(v) t:get(i...) t:set(i..., v) t:totable()", "element access"},
-  {"t:free()", "release the storage now; later use raises 'tensor has been freed'"},
+  {"t:free()  local t <close> = ...", "release the storage now / the handle at scope end"},
+  {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values"},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
   {"k3.linear(x, w, {bias, residual, out, kernel})", "y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual)"},
@@ -292,20 +296,27 @@ local HELP = {
   {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
   {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
   {"k3.explain(op, ...)", "which kernel would run and why the others declined"},
-  {"k3.trace(fn)", "every dispatch made while fn runs"},
+  {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error)"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
-  {"k3.method.default() k3.method.low_latency(plan)", "linear methods; m:apply(x, w, bias)"},
+  {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
+  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
-  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch)"},
-  {"k3.set_batch_invariant(on)", "rows independent of M, bit for bit"},
-  {"k3.stats() k3.stats_reset()", "calls per kernel and declines per reason"},
+  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch); k3.policy is read-only"},
+  {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
+  {"k3.stats() k3.stats_reset()", "this state's calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
   {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
+  {"k3.dist.init(opts) k3.dist.initialized() k3.dist.destroy{abort}", "join / leave the process group (scripts/k3 --nproc N)"},
+  {"k3.dist.rank() k3.dist.world_size() k3.dist.device()", "this rank, the world size, this rank's device"},
+  {"k3.dist.all_reduce(t, op) k3.dist.all_gather(t, dim)", "collectives (NCCL; no-ops at world size 1)"},
+  {"k3.dist.barrier() k3.dist.synchronize() k3.dist.stats{reset}", "wait for the ranks / the last collective; device time"},
+  {"k3.dist.simulate(W, fn, opts)", "run W ranks as coroutines in this process (CPU checks)"},
   {"k3.clock()", "monotonic seconds (host)"},
   {"k3.isatty(file)", "whether a file handle (io.stderr, ...) is a terminal"},
   {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
+  {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 
 --- k3.help() prints the API with one line each.
