@@ -16,6 +16,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static k3_backend g_backend;
 static const k3_backend *g_loaded;
 static char g_reason[8400];
+/* No K3_CUDA_BACKEND and no libk3_cuda.so beside libk3.so: a build without the backend. */
+static bool g_absent;
 /* The handle stays open for the life of the process: kernels and device memory hold
  * pointers into it. */
 static void *g_handle;
@@ -56,12 +58,14 @@ static void load_backend(void) {
         if (!self_dir(dir, sizeof dir)) {
             snprintf(g_reason, sizeof g_reason,
                      "libk3_cuda.so not found: cannot locate libk3.so (set K3_CUDA_BACKEND)");
+            g_absent = true;
             return;
         }
         snprintf(path, sizeof path, "%s/libk3_cuda.so", dir);
     }
     if (access(path, F_OK) != 0) {
         snprintf(g_reason, sizeof g_reason, "libk3_cuda.so not found at %s", path);
+        g_absent = !(env && *env);
         return;
     }
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -114,4 +118,9 @@ K3_API const k3_backend *k3_cuda_backend(const char **reason) {
     pthread_once(&g_once, load_backend);
     if (reason) *reason = g_loaded ? NULL : g_reason;
     return g_loaded;
+}
+
+bool k3_cuda_backend_absent(void) {
+    pthread_once(&g_once, load_backend);
+    return g_absent;
 }

@@ -1,15 +1,18 @@
 /*
- * dispatch.c — policies (ordered candidate kernels per op, and what a layout mismatch
- * does), the dispatcher that walks them and records every decline, batch-invariant mode,
- * per-kernel counters and the thread-local trace hook.
+ * dispatch.c — policies (ordered candidate kernels per op, what a layout mismatch does, and
+ * the batch-invariant mode), the dispatcher that walks them and records every decline, the
+ * process default of batch-invariant mode, the counters (process-wide totals and per-context
+ * sinks) and the thread-local trace hook.
  */
 #include "k3_impl.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const g_op_names[K3_OP_COUNT] = {"linear", "attn_res", "rms_norm",
                                                      "silu_mul"};
@@ -26,16 +29,12 @@ static int op_parse(const char *name) {
 
 /* ---- policies ------------------------------------------------------------------------ */
 
-/* Candidates are catalogue indices, so the per-call cost is an array lookup. */
-struct k3_policy {
-    int n[K3_OP_COUNT];
-    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
-    int layout_fallback;
-};
+/* struct k3_policy is in k3_impl.h (lib/method.c copies it per call). */
 
-/* Must state what lua/k3/policy/default.lua states. */
+/* Must state what lua/k3/policy/default.lua states. cpu.linear.reference ends the linear
+ * list so that K3_DISABLE_KERNELS=cpu.linear.blas leaves a CPU kernel that serves linear. */
 static const char *const g_default_candidates[K3_OP_COUNT][4] = {
-    {"cuda.linear.cublas", "cpu.linear.blas", NULL},
+    {"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference", NULL},
     {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
     {"cuda.rms_norm.generic", "cpu.rms_norm.reference", NULL},
     {"cuda.silu_mul.generic", "cpu.silu_mul.reference", NULL},
@@ -56,11 +55,16 @@ static const k3_policy *default_policy(void) {
     return &g_default_policy;
 }
 
+void k3_policy_init(k3_policy *p) {
+    *p = *default_policy();
+    p->batch_invariant = k3_batch_invariant();
+}
+
 k3_status k3_policy_new(k3_policy **out) {
     if (!out) return k3_error(K3_EINVAL, "policy: out is NULL");
     k3_policy *p = k3_host_alloc(sizeof *p);
     if (!p) return k3_error(K3_ENOMEM, "policy: out of memory");
-    *p = *default_policy();
+    k3_policy_init(p);
     *out = p;
     return K3_OK;
 }
@@ -142,19 +146,54 @@ int k3_policy_layout_fallback(const k3_policy *p) {
     return p->layout_fallback;
 }
 
-/* ---- batch-invariant mode ------------------------------------------------------------ */
+k3_status k3_policy_set_batch_invariant(k3_policy *p, int on) {
+    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    p->batch_invariant = on != 0;
+    return K3_OK;
+}
+
+int k3_policy_batch_invariant(const k3_policy *p) {
+    return p ? p->batch_invariant : k3_batch_invariant();
+}
+
+/* ---- batch-invariant mode: the process default ---------------------------------------- */
 
 static atomic_int g_batch_invariant = -1; /* -1: K3_BATCH_INVARIANT not read yet */
+static pthread_once_t g_bi_env_once = PTHREAD_ONCE_INIT;
+static int g_bi_env;
+
+/* K3_BATCH_INVARIANT as a boolean: 1/true/yes/on and 0/false/no/off (any case, surrounding
+ * whitespace ignored; empty is unset). Anything else leaves the mode off and is reported once
+ * (k3_config_warn), so "=2" or "=enabled" is not silently ignored. */
+static void read_bi_env(void) {
+    const char *env = getenv("K3_BATCH_INVARIANT");
+    if (!env) return;
+    while (isspace((unsigned char)*env)) env++;
+    size_t len = strlen(env);
+    while (len > 0 && isspace((unsigned char)env[len - 1])) len--;
+    if (len == 0) return;
+    static const char *const on[] = {"1", "true", "yes", "on"};
+    static const char *const off[] = {"0", "false", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strlen(on[i]) == len && strncasecmp(env, on[i], len) == 0) {
+            g_bi_env = 1;
+            return;
+        }
+        if (strlen(off[i]) == len && strncasecmp(env, off[i], len) == 0) return;
+    }
+    k3_config_warn("K3_BATCH_INVARIANT: unrecognised value '%.*s' (expected 0, 1, true, false, "
+                   "yes, no, on or off); batch-invariant mode stays off",
+                   (int)(len > 100 ? 100 : len), env);
+}
 
 void k3_set_batch_invariant(int on) { atomic_store(&g_batch_invariant, on ? 1 : 0); }
 
 int k3_batch_invariant(void) {
     int v = atomic_load(&g_batch_invariant);
     if (v < 0) {
-        const char *env = getenv("K3_BATCH_INVARIANT");
-        int want = env && strcmp(env, "1") == 0;
+        pthread_once(&g_bi_env_once, read_bi_env);
         int expected = -1;
-        atomic_compare_exchange_strong(&g_batch_invariant, &expected, want);
+        atomic_compare_exchange_strong(&g_batch_invariant, &expected, g_bi_env);
         v = atomic_load(&g_batch_invariant);
     }
     return v;
@@ -162,44 +201,52 @@ int k3_batch_invariant(void) {
 
 /* ---- counters -------------------------------------------------------------------------- */
 
+/* The process-wide totals (k3_stats) and the per-context sinks (k3_stats_sink, one per
+ * lua_State) count the same way: calls per catalogue index, declines per "kernel: reason". */
 #define K3_MAX_STAT_KERNELS 64
 #define K3_MAX_STAT_DECLINES 256
-static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
-static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 typedef struct decline_stat {
     char key[sizeof(((k3_decline *)0)->kernel) + sizeof(((k3_decline *)0)->reason) + 2];
     uint64_t count;
 } decline_stat;
+
+/* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most). */
+static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
+    for (int d = 0; d < rec->ndeclined; d++) {
+        char key[sizeof tab[0].key];
+        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
+        int i;
+        for (i = 0; i < *n; i++)
+            if (strcmp(tab[i].key, key) == 0) break;
+        if (i == *n) {
+            /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
+            /* The last slot is reserved for "(other declines)" once the others are taken. */
+            if (*n >= K3_MAX_STAT_DECLINES - 1) {
+                i = K3_MAX_STAT_DECLINES - 1;
+                if (*n == K3_MAX_STAT_DECLINES - 1) {
+                    snprintf(tab[i].key, sizeof tab[i].key, "(other declines)");
+                    tab[i].count = 0;
+                    (*n)++;
+                }
+            } else {
+                memcpy(tab[i].key, key, sizeof key);
+                tab[i].count = 0;
+                (*n)++;
+            }
+        }
+        tab[i].count++;
+    }
+}
+
+static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
+static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static decline_stat g_declines[K3_MAX_STAT_DECLINES];
 static int g_ndeclines;
 
 static void count_declines(const k3_dispatch *rec) {
     if (rec->ndeclined == 0) return;
     pthread_mutex_lock(&g_stats_lock);
-    for (int d = 0; d < rec->ndeclined; d++) {
-        char key[sizeof g_declines[0].key];
-        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
-        int i;
-        for (i = 0; i < g_ndeclines; i++)
-            if (strcmp(g_declines[i].key, key) == 0) break;
-        if (i == g_ndeclines) {
-            /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
-            /* The last slot is reserved for "(other declines)" once the others are taken. */
-            if (g_ndeclines >= K3_MAX_STAT_DECLINES - 1) {
-                i = K3_MAX_STAT_DECLINES - 1;
-                if (g_ndeclines == K3_MAX_STAT_DECLINES - 1) {
-                    snprintf(g_declines[i].key, sizeof g_declines[i].key, "(other declines)");
-                    g_declines[i].count = 0;
-                    g_ndeclines++;
-                }
-            } else {
-                memcpy(g_declines[i].key, key, sizeof key);
-                g_declines[i].count = 0;
-                g_ndeclines++;
-            }
-        }
-        g_declines[i].count++;
-    }
+    declines_add(g_declines, &g_ndeclines, rec);
     pthread_mutex_unlock(&g_stats_lock);
 }
 
@@ -225,6 +272,36 @@ void k3_stats_reset(void) {
     pthread_mutex_lock(&g_stats_lock);
     g_ndeclines = 0;
     pthread_mutex_unlock(&g_stats_lock);
+}
+
+struct k3_stats_sink {
+    uint64_t kernel_calls[K3_MAX_STAT_KERNELS];
+    int ndeclines;
+    decline_stat declines[K3_MAX_STAT_DECLINES];
+};
+
+size_t k3_stats_sink_size(void) { return sizeof(k3_stats_sink); }
+
+void k3_stats_sink_reset(k3_stats_sink *s) {
+    if (!s) return;
+    memset(s->kernel_calls, 0, sizeof s->kernel_calls);
+    s->ndeclines = 0;
+}
+
+void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec) {
+    if (!s || !rec) return;
+    if (rec->chosen[0]) {
+        int idx = k3_known_lookup(rec->chosen, NULL, NULL);
+        if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) s->kernel_calls[idx]++;
+    }
+    declines_add(s->declines, &s->ndeclines, rec);
+}
+
+void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud) {
+    if (!s || !fn) return;
+    for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++)
+        if (s->kernel_calls[i]) fn(ud, "kernel", k3_known_name(i), s->kernel_calls[i]);
+    for (int i = 0; i < s->ndeclines; i++) fn(ud, "decline", s->declines[i].key, s->declines[i].count);
 }
 
 /* ---- tracing --------------------------------------------------------------------------- */
@@ -261,20 +338,6 @@ static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason
     snprintf(d->reason, sizeof d->reason, "%s", reason);
 }
 
-/* Why a known kernel is not registered, for direct calls. */
-static void absent_detail(char *buf, size_t n, const char *name, k3_device_type dev) {
-    buf[0] = '\0';
-    if (k3_kernel_disabled(name)) {
-        snprintf(buf, n, " (disabled by K3_DISABLE_KERNELS)");
-        return;
-    }
-    if (dev == K3_DEVICE_CUDA) {
-        const char *why = NULL;
-        if (!k3_backend_available("cuda", &why))
-            snprintf(buf, n, " (CUDA backend unavailable: %s)", why ? why : "unknown");
-    }
-}
-
 static void finish_record(const k3_call *call, const k3_dispatch *rec) {
     if (call && call->record) *call->record = *rec;
 }
@@ -291,7 +354,10 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         for (int i = 0; i < ext->ndeclined; i++)
             add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
 
-    if (a->op == K3_OP_LINEAR) a->u.linear.batch_invariant = k3_batch_invariant() != 0;
+    /* The caller's policy carries its mode (a lua_State's own); no policy: the process
+     * default. */
+    if (a->op == K3_OP_LINEAR)
+        a->u.linear.batch_invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
 
     const k3_kernel *chosen = NULL;
     char dn[32];
@@ -306,10 +372,9 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
                             call->kernel, k3_op_name(kop), opn);
         chosen = k3_known_kernel_at(idx);
         if (!chosen) {
-            char detail[400];
-            absent_detail(detail, sizeof detail, call->kernel, kdev);
-            return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is not registered in this build%s",
-                            opn, call->kernel, detail);
+            char why[400];
+            k3_known_absent_reason(idx, why, sizeof why);
+            return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is %s", opn, call->kernel, why);
         }
         if (kdev != dev.type)
             return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
@@ -320,20 +385,24 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         struct {
             const k3_kernel *k;
             const char *name;
+            int idx; /* catalogue index, for the not-registered reason */
         } list[K3_MAX_CANDIDATES + 1];
         int n = 0;
         if (a->op == K3_OP_LINEAR && a->u.linear.batch_invariant) {
             const char *bname = dev.type == K3_DEVICE_CPU ? "cpu.linear.batch_invariant"
                                                           : "cuda.linear.batch_invariant";
             list[n].k = k3_kernel_find(bname);
+            list[n].idx = k3_known_lookup(bname, NULL, NULL);
             list[n++].name = bname;
         } else {
             if (ext && ext->pre) {
                 list[n].k = ext->pre;
+                list[n].idx = -1;
                 list[n++].name = ext->pre->name;
             }
             for (int i = 0; i < pol->n[a->op]; i++) {
                 list[n].k = k3_known_kernel_at(pol->cand[a->op][i]);
+                list[n].idx = pol->cand[a->op][i];
                 list[n++].name = k3_known_name(pol->cand[a->op][i]);
             }
         }
@@ -341,7 +410,9 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
             const k3_kernel *k = list[i].k;
             const char *name = list[i].name;
             if (!k) {
-                add_decline(&rec, name, "not registered in this build");
+                char why[256];
+                k3_known_absent_reason(list[i].idx, why, sizeof why);
+                add_decline(&rec, name, why);
                 continue;
             }
             if (k->device != dev.type) {

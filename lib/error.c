@@ -1,6 +1,7 @@
 /*
- * error.c — status codes, the thread-local message of the last failure, the log hook and
- * the pluggable host allocator. The core never prints, aborts or exits: it reports here.
+ * error.c — status codes, the thread-local message of the last failure, the log hook, the
+ * configuration warnings and the pluggable host allocator. The core never prints, aborts or
+ * exits: it reports here.
  */
 #include "k3_impl.h"
 
@@ -70,6 +71,48 @@ void k3_log(k3_log_level level, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     fn(ud, level, buf);
+}
+
+int k3_log_hook_set(void) {
+    pthread_mutex_lock(&log_lock);
+    int set = log_fn != NULL;
+    pthread_mutex_unlock(&log_lock);
+    return set;
+}
+
+/* ---- configuration warnings ---------------------------------------------------------------- */
+
+/* Kept so the binding can show them on stderr when no hook is set: they are written once, at
+ * registry set-up and at the first read of K3_BATCH_INVARIANT, often before any host could
+ * install a hook. */
+static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
+static char config_text[4096];
+static size_t config_len;
+static int config_taken;
+
+void k3_config_warn(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    k3_log(K3_LOG_WARN, "%s", msg);
+    pthread_mutex_lock(&config_lock);
+    /* Once taken, the text is someone's to read: later warnings only go to the hook. */
+    if (!config_taken) {
+        size_t room = sizeof config_text - config_len;
+        int w = snprintf(config_text + config_len, room, "%s\n", msg);
+        if (w > 0) config_len += (size_t)w < room ? (size_t)w : room - 1;
+    }
+    pthread_mutex_unlock(&config_lock);
+}
+
+const char *k3_config_warnings_take(void) {
+    pthread_mutex_lock(&config_lock);
+    const char *r = !config_taken && config_len ? config_text : NULL;
+    if (r) config_taken = 1;
+    pthread_mutex_unlock(&config_lock);
+    return r;
 }
 
 /* ---- host allocator ------------------------------------------------------------------------ */

@@ -202,7 +202,10 @@ K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 /* ---- kernels, policy and dispatch -------------------------------------------------------- */
 
 /* Registered kernels ("cpu.linear.blas", "cuda.attn_res.packed", …), in registration order.
- * A kernel named in K3_DISABLE_KERNELS (comma-separated) is never registered. */
+ * A kernel named in K3_DISABLE_KERNELS (comma-separated; whitespace around a name is ignored)
+ * is never registered. The variable is read once, when the registry is set up; a name that is
+ * no known kernel disables nothing and is reported once through the log hook (K3_LOG_WARN;
+ * the Lua module writes it to stderr when no hook is set). */
 K3_API int k3_kernel_count(void);
 K3_API const char *k3_kernel_name(int i);            /* NULL when i is out of range */
 K3_API int k3_has_kernel(const char *name);          /* 1 when registered now */
@@ -216,8 +219,12 @@ K3_API k3_status k3_cuda_arch(int device, char *buf, size_t n);
 /* Releases cached device memory back to the driver (no-op without CUDA). */
 K3_API k3_status k3_empty_cache(void);
 
-/* A compiled policy: per op, the ordered candidate kernels, and what a layout mismatch
- * does. k3_policy_new gives the built-in default (see lua/k3/policy/default.lua). */
+/* A compiled policy: per op, the ordered candidate kernels, what a layout mismatch does,
+ * and the batch-invariant mode of the calls made with it. k3_policy_new gives the built-in
+ * default (see lua/k3/policy/default.lua) with batch-invariant mode set to the process
+ * default (k3_batch_invariant()) at that moment; *out is owned by the caller
+ * (k3_policy_free). Each lua_State owns one policy: its k3.set_policy and
+ * k3.set_batch_invariant change that policy only. */
 typedef struct k3_policy k3_policy;
 K3_API k3_status k3_policy_new(k3_policy **out);
 K3_API void k3_policy_free(k3_policy *p);
@@ -229,6 +236,12 @@ K3_API k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const ch
                                           int n);
 /* 0: "error" (the default: a kernel's layout error is raised), 1: "fallback". */
 K3_API k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback);
+/* Batch-invariant mode of the calls made with p (k3_call.policy = p, or a method applied with
+ * such a call): low-latency plans decline and linear runs its fixed-order reduction, so a
+ * row's result does not depend on M. K3_EINVAL when p is NULL. */
+K3_API k3_status k3_policy_set_batch_invariant(k3_policy *p, int on);
+/* p's batch-invariant mode (1 or 0); p NULL: the process default, k3_batch_invariant(). */
+K3_API int k3_policy_batch_invariant(const k3_policy *p);
 /* Kernel names k3 knows, registered or not ("cuda.linear.skinny" on a CPU-only build). */
 K3_API int k3_known_kernel(const char *name);
 
@@ -247,14 +260,20 @@ typedef struct k3_dispatch {
 
 /* Per-call options of every op; a NULL k3_call means all defaults. */
 typedef struct k3_call {
-    const k3_policy *policy; /* NULL: the built-in default policy */
+    const k3_policy *policy; /* NULL: the built-in default policy with the process default
+                              * batch-invariant mode (k3_batch_invariant()) */
     const char *kernel;      /* non-NULL: run exactly this kernel, skip dispatch */
     int explain_only;        /* decide only; nothing runs and nothing is written */
     k3_dispatch *record;     /* when non-NULL, filled with the decision */
 } k3_call;
 
-/* Batch-invariant mode (also K3_BATCH_INVARIANT=1 at load): low-latency plans decline and
- * linear runs its fixed-order reduction, so a row's result does not depend on M. */
+/* The process default of batch-invariant mode (see k3_policy_set_batch_invariant): the mode
+ * of calls made without a policy (call NULL or call->policy NULL), and the initial mode of
+ * every policy made afterwards by k3_policy_new, hence of every lua_State opened afterwards.
+ * It does not change existing policies or open lua_States: each state has its own mode
+ * (k3.set_batch_invariant). Initially K3_BATCH_INVARIANT, read once: 1/true/yes/on or
+ * 0/false/no/off (any case); any other value leaves it off and is reported once through the
+ * log hook. Thread-safe. */
 K3_API void k3_set_batch_invariant(int on);
 K3_API int k3_batch_invariant(void);
 
@@ -309,16 +328,20 @@ K3_API k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *pla
                                        const k3_policy *policy);
 K3_API void k3_method_free(k3_method *m);
 /* Like k3_linear through the method; call->record gets the method's decision (a decline of
- * the low-latency path is recorded with its reason, then the default's decision). */
+ * the low-latency path is recorded with its reason, then the default's decision). The
+ * candidates come from the method's policy copy; the batch-invariant mode from the call's
+ * policy at call time (k3_policy_batch_invariant(call->policy)). */
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 
-/* Calls each kernel served and declines each (kernel, reason) caused, since load or the last
- * reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
- * (name = "kernel: reason", count). Thread-safe. */
+/* Process-wide totals: calls each kernel served and declines each (kernel, reason) caused, by
+ * every caller in the process (C calls and every lua_State), since load or the last
+ * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
+ * (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
+ * k3.stats_reset() see and clear only that state's own counters, never these totals. */
 typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
 K3_API void k3_stats(k3_stats_fn fn, void *ud);
 K3_API void k3_stats_reset(void);
@@ -427,8 +450,10 @@ K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
  * first: a checkout's lua/, or PREFIX/share/lua/5.4 after `make install`), and pushes the `k3`
  * table. When init.lua is not found it raises a Lua error: call luaL_requiref inside a
  * protected call (lua_pcall of a small C function, as examples/host/host.c does), since an
- * error outside one ends in Lua's panic handler. Each lua_State gets its own tensors and
- * policy; states on different threads may use k3 at the same time. */
+ * error outside one ends in Lua's panic handler. Each lua_State gets its own tensors, policy
+ * (k3.policy, k3.set_policy), batch-invariant mode (k3.set_batch_invariant; it starts as the
+ * process default, k3_batch_invariant()) and counters (k3.stats, k3.stats_reset; the process
+ * totals stay with k3_stats); states on different threads may use k3 at the same time. */
 struct lua_State;
 K3_API int luaopen_k3(struct lua_State *L);
 /* The C half alone (what `require "k3.core"` loads); init.lua builds `k3` on it. */

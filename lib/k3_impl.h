@@ -246,8 +246,18 @@ const k3_backend *k3_cuda_backend(const char **reason);
 
 /* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
 K3_API const k3_kernel *k3_kernel_find(const char *name);
-/* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries. */
+/* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries
+ * (whitespace around an entry is ignored). */
 bool k3_kernel_disabled(const char *name);
+/* Why the known kernel at catalogue index i is not registered, into buf (never empty):
+ * "not registered in this build (disabled by K3_DISABLE_KERNELS)", "not registered: CUDA
+ * backend unavailable (<k3.backends().cuda.reason>)" when the backend exists but did not open
+ * (no driver, no device, ABI mismatch), or "not registered in this build" (not compiled in:
+ * no libk3_cuda.so beside libk3.so, or a backend built without that kernel). */
+void k3_known_absent_reason(int i, char *buf, size_t n);
+/* True when the CUDA backend is missing from this build: no K3_CUDA_BACKEND was given and
+ * no libk3_cuda.so lies beside libk3.so (lib/backend.c). */
+bool k3_cuda_backend_absent(void);
 /* The catalogue of known kernel names (registered or not): index of `name` (-1 unknown)
  * with its op and device type; the name and registered kernel (or NULL) at an index. */
 int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device);
@@ -272,10 +282,49 @@ K3_API k3_status k3_silu_mul_validate(const k3_silu_mul_args *a);
  * the kernel's device type. */
 K3_API k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t);
 
+/* A compiled policy (k3.h): candidates are catalogue indices, so the per-call cost is an
+ * array lookup. batch_invariant is the policy's batch-invariant mode (k3.h,
+ * k3_policy_set_batch_invariant); a lua_State's policy carries that state's mode. Defined
+ * here because lib/method.c makes a per-call copy with the caller's mode. */
+struct k3_policy {
+    int n[K3_OP_COUNT];
+    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
+    int layout_fallback;
+    int batch_invariant;
+};
+
+/* Fills caller-owned memory with what k3_policy_new gives (the built-in default, the process
+ * default batch-invariant mode); nothing to free. The binding keeps a state's policy in Lua
+ * memory this way. */
+K3_API void k3_policy_init(k3_policy *p);
+
 /* Policy inspection (the binding builds k3.policy from these). */
 K3_API int k3_policy_count(const k3_policy *p, const char *op);        /* -1: unknown op */
 K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
 K3_API int k3_policy_layout_fallback(const k3_policy *p);
+
+/* Counters of one context (the binding keeps one per lua_State, so k3.stats() counts only
+ * that state's calls): calls per kernel and declines per "kernel: reason", exactly as
+ * k3_stats counts them process-wide, for each dispatch record given to k3_stats_sink_count.
+ * The memory is the caller's (k3_stats_sink_size() bytes; after k3_stats_sink_reset it is
+ * empty); nothing is allocated. Not locked: a sink belongs to one thread at a time. */
+typedef struct k3_stats_sink k3_stats_sink;
+K3_API size_t k3_stats_sink_size(void);
+K3_API void k3_stats_sink_reset(k3_stats_sink *s);
+/* Counts rec's chosen kernel (when it has one) and each of its declines. */
+K3_API void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec);
+/* Calls fn like k3_stats: "kernel" entries in catalogue order, then "decline" entries. */
+K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud);
+
+/* Configuration warnings (K3_DISABLE_KERNELS naming an unknown kernel, K3_BATCH_INVARIANT
+ * with a value that is not a boolean): each is sent once to the log hook (K3_LOG_WARN) and
+ * kept. k3_config_warnings_take returns the kept lines ("...\n" each) the first time it is
+ * called in the process, NULL afterwards or when there are none; the binding writes them to
+ * stderr when no log hook is set, so a Lua user sees a typo once instead of nothing.
+ * k3_log_hook_set tells whether a host installed a log hook. */
+void k3_config_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+K3_API const char *k3_config_warnings_take(void);
+K3_API int k3_log_hook_set(void);
 
 /* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
  * on this thread (ops and methods; not explain_only). Returns the previous hook through

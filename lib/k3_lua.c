@@ -10,6 +10,7 @@
 #include <lualib.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,6 +21,8 @@
 #define POLICY_MT "k3.Policy"
 #define REG_POLICY "k3.policy.compiled"
 #define REG_TRACE "k3.trace"
+#define REG_STATS "k3.stats.sink"
+#define STATS_MT "k3.StatsSink"
 
 typedef struct {
     k3_tensor *t; /* NULL once freed */
@@ -686,9 +689,28 @@ static int core_is_tensor(lua_State *L) {
     return 1;
 }
 
+/* Configuration typos (an unknown name in K3_DISABLE_KERNELS, a K3_BATCH_INVARIANT that is
+ * not a boolean) were sent to the log hook when the core read them; with no hook installed
+ * they would vanish, so the first state to open the module writes them to stderr, once per
+ * process. Loading never fails over them. */
+static void report_config_warnings(void) {
+    (void)k3_kernel_count();    /* sets up the registry: reads K3_DISABLE_KERNELS */
+    (void)k3_batch_invariant(); /* reads K3_BATCH_INVARIANT */
+    const char *w = k3_config_warnings_take();
+    if (!w || k3_log_hook_set()) return;
+    while (*w) {
+        const char *nl = strchr(w, '\n');
+        size_t len = nl ? (size_t)(nl - w) : strlen(w);
+        fprintf(stderr, "k3: warning: %.*s\n", (int)len, w);
+        w += len + (nl ? 1 : 0);
+    }
+    fflush(stderr);
+}
+
 /* luaopen_k3_core: the C half of the module (require "k3.core"); lua/k3/init.lua builds the
  * public `k3` table on it. Safe to call again in the same state (busted insulation). */
 K3_API int luaopen_k3_core(lua_State *L) {
+    report_config_warnings();
     if (luaL_newmetatable(L, TENSOR_MT)) {
         luaL_setfuncs(L, tensor_meta, 0);
         luaL_newlib(L, tensor_methods);
@@ -729,21 +751,34 @@ K3_API int luaopen_k3(lua_State *L) {
 
 /* ==== ops, dispatch, policy and methods ================================================================= */
 
-/* The compiled policy of this Lua state (NULL until k3.set_policy: the built-in default). */
+/* The compiled policy of this Lua state: made when the module is opened (the built-in
+ * default candidates, and the process default of batch-invariant mode), replaced by
+ * k3.set_policy, its batch-invariant mode set by k3.set_batch_invariant. Every op of the
+ * state dispatches with it, so neither setting reaches another lua_State. */
 typedef struct {
-    k3_policy *p;
+    k3_policy *p;      /* &storage once initialised */
+    k3_policy storage; /* in Lua's memory: opening k3 makes no host allocation, so a host may
+                        * still call k3_set_allocator before its first tensor */
 } policy_ud;
 
-static const k3_policy *state_policy(lua_State *L) {
+static k3_policy *state_policy(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, REG_POLICY);
     policy_ud *u = luaL_testudata(L, -1, POLICY_MT);
     lua_pop(L, 1);
     return u ? u->p : NULL;
 }
 
+/* This state's counters (k3.stats): every dispatch an op or method of the state ran is
+ * counted here as well as in the process-wide totals (k3_stats). */
+static k3_stats_sink *state_stats(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_STATS);
+    k3_stats_sink *s = luaL_testudata(L, -1, STATS_MT);
+    lua_pop(L, 1);
+    return s;
+}
+
 static int policy_gc(lua_State *L) {
     policy_ud *u = luaL_checkudata(L, 1, POLICY_MT);
-    k3_policy_free(u->p);
     u->p = NULL;
     return 0;
 }
@@ -828,13 +863,15 @@ static tensor_ud *result_slot(lua_State *L, int out_idx, int explain) {
     return push_tensor_slot(L);
 }
 
-/* Finishes an op: raise on error, push the explain record, or record the trace. */
+/* Finishes an op: raise on error, push the explain record, or count the call in this
+ * state's counters and record the trace. */
 static int op_finish(lua_State *L, k3_status s, call_ctx *c, int explain) {
     if (s != K3_OK) return raise_k3(L);
     if (explain) {
         push_dispatch(L, &c->rec);
         return 1;
     }
+    k3_stats_sink_count(state_stats(L), &c->rec);
     trace_record(L, c);
     return 1;
 }
@@ -1010,7 +1047,9 @@ static int l_explain(lua_State *L) {
 }
 
 /* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
- * runs. Errors inside fn propagate after tracing is switched off. */
+ * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
+ * raises, the enclosing trace (if any) is restored and still gets the records of the
+ * dispatches that ran before the error, then the error propagates unchanged. */
 static int l_trace(lua_State *L) {
     luaL_checktype(L, 1, LUA_TFUNCTION);
     lua_settop(L, 1);
@@ -1019,17 +1058,19 @@ static int l_trace(lua_State *L) {
     lua_pushvalue(L, 3);
     lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
     lua_pushvalue(L, 1);
-    int st = lua_pcall(L, 0, 0, 0);
+    int st = lua_pcall(L, 0, 0, 0); /* on error, 4: the error object */
     lua_pushvalue(L, 2);
     lua_setfield(L, LUA_REGISTRYINDEX, REG_TRACE);
-    if (st != LUA_OK) return lua_error(L);
-    if (lua_istable(L, 2)) { /* an enclosing trace sees the inner dispatches too */
-        lua_Integer n = luaL_len(L, 3), m = luaL_len(L, 2);
+    /* The dispatches ran whether or not fn finished: the enclosing trace gets them either way
+     * (a pcall around an inner trace must not hide them). Raw access: plain tables. */
+    if (lua_istable(L, 2)) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, 3), m = (lua_Integer)lua_rawlen(L, 2);
         for (lua_Integer i = 1; i <= n; i++) {
-            lua_geti(L, 3, i);
+            lua_rawgeti(L, 3, i);
             lua_rawseti(L, 2, m + i);
         }
     }
+    if (st != LUA_OK) return lua_error(L);
     lua_settop(L, 3);
     return 1;
 }
@@ -1077,14 +1118,18 @@ static int l_known_kernel(lua_State *L) {
     return 1;
 }
 
-/* k3.set_batch_invariant(on): see DESIGN.md; also K3_BATCH_INVARIANT=1. */
+/* k3.set_batch_invariant(on): batch-invariant mode of this Lua state (DESIGN.md): linear's
+ * low-latency plans decline and linear runs its fixed-order kernel, so a row's result does
+ * not depend on M. Other lua_States in the process keep their own mode. A state starts with
+ * the process default (K3_BATCH_INVARIANT=1, or a C host's k3_set_batch_invariant). */
 static int l_set_batch_invariant(lua_State *L) {
     luaL_checkany(L, 1);
-    k3_set_batch_invariant(lua_toboolean(L, 1));
+    CHECK_K3(L, k3_policy_set_batch_invariant(state_policy(L), lua_toboolean(L, 1)));
     return 0;
 }
+/* k3.batch_invariant() -> boolean: this Lua state's batch-invariant mode. */
 static int l_batch_invariant(lua_State *L) {
-    lua_pushboolean(L, k3_batch_invariant());
+    lua_pushboolean(L, k3_policy_batch_invariant(state_policy(L)));
     return 1;
 }
 
@@ -1096,19 +1141,22 @@ static void stats_cb(void *ud, const char *kind, const char *name, uint64_t coun
     lua_pop(L, 1);
 }
 
-/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}} */
+/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}}: the
+ * calls this Lua state's ops and methods made since the module was opened or the state's
+ * last k3.stats_reset(); other lua_States and C callers are not counted here (C's k3_stats
+ * has the process-wide totals). */
 static int l_stats(lua_State *L) {
     lua_createtable(L, 0, 2);
     lua_newtable(L);
     lua_setfield(L, -2, "kernels");
     lua_newtable(L);
     lua_setfield(L, -2, "declines");
-    k3_stats(stats_cb, L);
+    k3_stats_sink_read(state_stats(L), stats_cb, L);
     return 1;
 }
+/* k3.stats_reset(): clears this Lua state's counters only. */
 static int l_stats_reset(lua_State *L) {
-    (void)L;
-    k3_stats_reset();
+    k3_stats_sink_reset(state_stats(L));
     return 0;
 }
 
@@ -1134,7 +1182,11 @@ static int l_compile_policy(lua_State *L) {
     policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->p = NULL;
     luaL_setmetatable(L, POLICY_MT);
-    CHECK_K3_AS(L, "set_policy", k3_policy_new(&u->p));
+    k3_policy_init(&u->storage);
+    u->p = &u->storage;
+    /* A new policy keeps the state's batch-invariant mode (k3.set_batch_invariant). */
+    CHECK_K3_AS(L, "set_policy", k3_policy_set_batch_invariant(
+                                     u->p, k3_policy_batch_invariant(state_policy(L))));
     int src = 1;
     if (lua_getfield(L, 1, "ops") == LUA_TTABLE) src = lua_gettop(L);
     else lua_pop(L, 1);
@@ -1174,6 +1226,28 @@ static int l_compile_policy(lua_State *L) {
     lua_settop(L, 2);
     lua_setfield(L, LUA_REGISTRYINDEX, REG_POLICY);
     return 0;
+}
+
+/* core.policy_table() -> {linear = {...}, attn_res = {...}, rms_norm = {...},
+ * silu_mul = {...}, on_layout_mismatch = "error"|"fallback"}: a plain copy of the policy
+ * this state dispatches with, read back from the compiled policy (init.lua shows it as the
+ * read-only k3.policy). */
+static int l_policy_table(lua_State *L) {
+    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
+    const k3_policy *p = state_policy(L);
+    lua_createtable(L, 0, 5);
+    for (int k = 0; k < 4; k++) {
+        int n = k3_policy_count(p, ops[k]);
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_pushstring(L, k3_policy_candidate(p, ops[k], i));
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, ops[k]);
+    }
+    lua_pushstring(L, k3_policy_layout_fallback(p) ? "fallback" : "error");
+    lua_setfield(L, -2, "on_layout_mismatch");
+    return 1;
 }
 
 /* ---- linear methods ---------------------------------------------------------------------------------- */
@@ -1657,6 +1731,7 @@ static const luaL_Reg ops_funcs[] = {
     {"empty_cache", l_empty_cache},
     {"cuda_arch", l_cuda_arch},
     {"compile_policy", l_compile_policy},
+    {"policy_table", l_policy_table},
     {"cuda_time", l_cuda_time},
     {"load_safetensors", l_load_safetensors},
     {"save_safetensors", l_save_safetensors},
@@ -1686,6 +1761,26 @@ static void register_ops(lua_State *L) {
     if (luaL_newmetatable(L, POLICY_MT)) {
         lua_pushcfunction(L, policy_gc);
         lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    /* This state's policy and counters, made once: luaopen_k3_core may run again in the same
+     * state (busted insulation), which must not reset them. */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, REG_POLICY) == LUA_TNIL) {
+        policy_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
+        u->p = NULL;
+        luaL_setmetatable(L, POLICY_MT);
+        k3_policy_init(&u->storage);
+        u->p = &u->storage;
+        lua_setfield(L, LUA_REGISTRYINDEX, REG_POLICY);
+    }
+    lua_pop(L, 1);
+    luaL_newmetatable(L, STATS_MT); /* plain memory: nothing to free */
+    lua_pop(L, 1);
+    if (lua_getfield(L, LUA_REGISTRYINDEX, REG_STATS) == LUA_TNIL) {
+        k3_stats_sink *sink = lua_newuserdatauv(L, k3_stats_sink_size(), 0);
+        k3_stats_sink_reset(sink);
+        luaL_setmetatable(L, STATS_MT);
+        lua_setfield(L, LUA_REGISTRYINDEX, REG_STATS);
     }
     lua_pop(L, 1);
     if (luaL_newmetatable(L, METHOD_MT)) {

@@ -118,10 +118,11 @@ void k3_method_free(k3_method *m) {
 /* The low-latency runtime check, in DESIGN.md's order. Returns true when the fast path
  * applies (then *slot is the plan entry); otherwise writes the decline reason. */
 static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w,
-                      const k3_tensor *bias, const plan_slot **slot, char *why, size_t n) {
+                      const k3_tensor *bias, int batch_invariant, const plan_slot **slot,
+                      char *why, size_t n) {
     char a[160], b[160];
     if (bias) return snprintf(why, n, "bias is present"), false;
-    if (k3_batch_invariant()) return snprintf(why, n, "batch-invariant mode is on"), false;
+    if (batch_invariant) return snprintf(why, n, "batch-invariant mode is on"), false;
     if (x->ndim != 2) return snprintf(why, n, "x is not 2-D (%d-D)", x->ndim), false;
     if (w->ndim != 2) return snprintf(why, n, "w is not 2-D (%d-D)", w->ndim), false;
     if (x->dtype != K3_DTYPE_BF16)
@@ -167,9 +168,17 @@ static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w
 static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                            const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
                            k3_tensor *out, const k3_call *call, const k3_dispatch_ext *ext) {
-    /* The method's own policy copy wins; without one, the caller's (or the built-in). */
+    /* The method's own policy copy supplies the candidates; without one, the caller's (or
+     * the built-in). Batch-invariant mode is the caller's, at call time: it belongs to the
+     * caller's policy (a lua_State's), not to the copy made when the method was built. */
+    int bi = k3_policy_batch_invariant(call ? call->policy : NULL);
     k3_call c = call ? *call : (k3_call){0};
-    if (m->policy) c.policy = m->policy;
+    k3_policy local;
+    if (m->policy) {
+        local = *m->policy;
+        local.batch_invariant = bi;
+        c.policy = &local;
+    }
     if (!m->low_latency || c.kernel)
         return k3_linear_ext(y, x, w, bias, residual, out, &c, NULL, ext);
 
@@ -181,7 +190,7 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
     const plan_slot *slot = NULL;
     k3_decline d;
     memset(&d, 0, sizeof d);
-    if (fast_path(m, x, w, bias, &slot, d.reason, sizeof d.reason)) {
+    if (fast_path(m, x, w, bias, bi, &slot, d.reason, sizeof d.reason)) {
         /* The skinny kernel is tried first; should its supports() decline, dispatch goes on
          * to the policy's linear candidates. */
         k3_dispatch_ext fast = {k3_kernel_find(slot->kernel), NULL, 0};

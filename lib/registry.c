@@ -6,6 +6,7 @@
  */
 #include "k3_impl.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,24 +44,36 @@ static const k3_kernel *g_registered[K3_MAX_KNOWN];
 static int g_nregistered;
 static const k3_kernel *g_slot[K3_MAX_KNOWN];
 
+/* g_disabled[i]: known name i is listed in K3_DISABLE_KERNELS (read once, at set-up, so a
+ * decline reason costs no environment parse per call). */
+static bool g_disabled[K3_MAX_KNOWN];
+
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-/* True when `name` is listed in K3_DISABLE_KERNELS (comma-separated, spaces ignored). */
-bool k3_kernel_disabled(const char *name) {
+/* Calls fn(start, len, ud) for each entry of K3_DISABLE_KERNELS: comma-separated, with the
+ * whitespace around each entry trimmed (" cpu.linear.blas" names cpu.linear.blas); empty
+ * entries are skipped. Stops early when fn returns true, and returns that. */
+static bool each_disabled_entry(bool (*fn)(const char *s, size_t len, void *ud), void *ud) {
     const char *env = getenv("K3_DISABLE_KERNELS");
     if (!env) return false;
-    size_t len = strlen(name);
     const char *p = env;
     while (*p) {
-        while (*p == ',' || *p == ' ' || *p == '\t') p++;
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
         const char *start = p;
         while (*p && *p != ',') p++;
         const char *end = p;
-        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
-        if ((size_t)(end - start) == len && memcmp(start, name, len) == 0) return true;
+        while (end > start && isspace((unsigned char)end[-1])) end--;
+        if (end > start && fn(start, (size_t)(end - start), ud)) return true;
     }
     return false;
 }
+
+static bool entry_is(const char *s, size_t len, void *name) {
+    return strlen(name) == len && memcmp(s, name, len) == 0;
+}
+
+/* True when `name` is listed in K3_DISABLE_KERNELS. */
+bool k3_kernel_disabled(const char *name) { return each_disabled_entry(entry_is, (void *)name); }
 
 static int known_index(const char *name) {
     for (int i = 0; i < g_nknown; i++)
@@ -88,6 +101,28 @@ static void add(const k3_kernel *k) {
     g_registered[g_nregistered++] = k;
 }
 
+/* A K3_DISABLE_KERNELS entry that names no known kernel disables nothing: say so once, so a
+ * typo ("cpu.linear.blass") does not leave a kernel running that the user meant to switch
+ * off. Known names include every build's kernels, so a CPU-only build does not warn about
+ * disabled CUDA kernels. */
+static bool warn_unknown(const char *s, size_t len, void *ud) {
+    (void)ud;
+    for (int i = 0; i < g_nknown; i++)
+        if (strlen(g_known[i].name) == len && memcmp(g_known[i].name, s, len) == 0) return false;
+    char known[1024];
+    size_t used = 0;
+    known[0] = '\0';
+    for (int i = 0; i < g_nknown; i++) {
+        int w = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "",
+                         g_known[i].name);
+        if (w < 0 || (size_t)w >= sizeof known - used) break;
+        used += (size_t)w;
+    }
+    k3_config_warn("K3_DISABLE_KERNELS: unknown kernel '%.*s' ignored (known kernels: %s)",
+                   (int)(len > 200 ? 200 : len), s, known);
+    return false;
+}
+
 static void init_registry(void) {
     add(&k3_cpu_linear_blas);
     add(&k3_cpu_linear_reference);
@@ -98,6 +133,8 @@ static void init_registry(void) {
     const k3_backend *b = k3_cuda_backend(NULL);
     if (b)
         for (int i = 0; i < b->nkernels; i++) add(b->kernels[i]);
+    each_disabled_entry(warn_unknown, NULL);
+    for (int i = 0; i < g_nknown; i++) g_disabled[i] = k3_kernel_disabled(g_known[i].name);
 }
 
 static void ensure(void) { pthread_once(&g_once, init_registry); }
@@ -144,6 +181,21 @@ const char *k3_known_name(int i) {
 const k3_kernel *k3_known_kernel_at(int i) {
     ensure();
     return i >= 0 && i < g_nknown ? g_slot[i] : NULL;
+}
+
+void k3_known_absent_reason(int i, char *buf, size_t n) {
+    const char *name = k3_known_name(i);
+    if (name && g_disabled[i]) {
+        snprintf(buf, n, "not registered in this build (disabled by K3_DISABLE_KERNELS)");
+        return;
+    }
+    const char *why = NULL;
+    if (name && g_known[i].device == K3_DEVICE_CUDA && !k3_cuda_backend(&why) &&
+        !k3_cuda_backend_absent()) {
+        snprintf(buf, n, "not registered: CUDA backend unavailable (%s)", why ? why : "unknown");
+        return;
+    }
+    snprintf(buf, n, "not registered in this build");
 }
 
 int k3_backend_available(const char *backend, const char **reason) {

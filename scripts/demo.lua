@@ -71,6 +71,18 @@ if opts.config and not kimi.configs[opts.config] then
   die(string.format("--config: unknown config '%s' (known: %s)", opts.config, table.concat(names, ", ")))
 end
 
+-- The device is checked with the other options, before any weight is generated: k3's own
+-- parser (through kimi.canonical_device) names what it accepts, and a CUDA device that is not
+-- available says why.
+if opts.device then
+  local dok, err = pcall(kimi.canonical_device, opts.device)
+  if not dok then
+    local msg = tostring(err):gsub("^[^\n]-:%d+: ", "")
+    msg = msg:match("^bad argument #%d+ to '[^']*' %((.*)%)$") or msg:gsub("^empty: ", "")
+    die("--device: " .. msg)
+  end
+end
+
 if opts.weights_path then
   local lok, w = pcall(k3.load_safetensors, opts.weights_path)
   if not lok then

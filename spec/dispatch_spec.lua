@@ -14,6 +14,15 @@ local function subprocess(env, chunk)
   return text
 end
 
+-- A plain copy of a table read through pairs (k3.policy is a view: assert.same compares raw
+-- contents, which a view does not have).
+local function plain(v)
+  if type(v) ~= "table" then return v end
+  local r = {}
+  for k, x in pairs(v) do r[k] = plain(x) end
+  return r
+end
+
 local CPU_KERNELS = {"cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant",
                      "cpu.attn_res.reference", "cpu.rms_norm.reference", "cpu.silu_mul.reference"}
 
@@ -66,10 +75,51 @@ describe("K3_DISABLE_KERNELS", function()
       print(err)
     ]])
     assert.truthy(out:find("false\ttrue\n", 1, true), out)
-    assert.truthy(out:find("cpu.linear.reference\tcpu.linear.blas\tnot registered in this build\n", 1, true), out)
+    assert.truthy(out:find("cpu.linear.reference\tcpu.linear.blas\tnot registered in this build (disabled by K3_DISABLE_KERNELS)\n", 1, true), out)
     assert.truthy(out:find("\ncpu.linear.reference\n", 1, true), out)
     assert.truthy(out:find("linear: kernel 'cpu.linear.blas' is not registered in this build (disabled by K3_DISABLE_KERNELS)", 1, true), out)
     assert.truthy(out:find("exit=0", 1, true), out)
+  end)
+
+  it("trims whitespace around names; an unknown name is reported once on stderr, not fatal", function()
+    local out = subprocess("K3_DISABLE_KERNELS=\"  cpu.linear.blas ,cpu.linear.blass,\tcuda.linear.cublass, \"", [[
+      print(k3.has_kernel("cpu.linear.blas"), k3.explain("linear", k3.ones({1, 2}), k3.ones({1, 2})).chosen)
+      package.loaded.k3 = nil; package.loaded["k3.core"] = nil
+      require "k3"
+      print("reloaded")
+    ]])
+    local known = "(known kernels: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, " ..
+      "cpu.attn_res.reference, cpu.rms_norm.reference, cpu.silu_mul.reference, cuda.linear.cublas, "
+    assert.truthy(out:find("k3: warning: K3_DISABLE_KERNELS: unknown kernel 'cpu.linear.blass' ignored " ..
+      known, 1, true), out)
+    assert.truthy(out:find("k3: warning: K3_DISABLE_KERNELS: unknown kernel 'cuda.linear.cublass' ignored " ..
+      known, 1, true), out)
+    local _, warnings = out:gsub("k3: warning:", "")
+    assert.equal(2, warnings, out)
+    assert.truthy(out:find("false\tcpu.linear.reference\nreloaded\nexit=0", 1, true), out)
+    -- known names, CUDA ones included on a CPU-only machine, are not reported
+    out = subprocess("K3_DISABLE_KERNELS=cuda.linear.skinny,cpu.linear.blas", [[print("ok")]])
+    assert.equal("ok\nexit=0\n", out)
+  end)
+
+  it("a kernel not compiled in says 'not registered in this build' (no libk3_cuda.so beside libk3.so)", function()
+    local build = os.getenv("K3_BUILD_DIR") or "build"
+    local p = io.popen("mktemp -d /tmp/k3-nocuda-XXXXXX")
+    local dir = p:read("l")
+    p:close()
+    local cmd = string.format("mkdir -p %s/lua/k3 && cp %s/libk3.so %s/libk3lua.so %s/ && " ..
+      "ln -s ../../libk3lua.so %s/lua/k3/core.so && LUA_CPATH='%s/lua/?.so' %s -e '%s' 2>&1; " ..
+      "echo \"exit=$?\"; rm -rf %s", dir, build, build, dir, dir, dir, os.getenv("K3_LUA") or "lua5.4",
+      [[local k3 = require "k3"
+        print(k3.backends().cuda.reason)
+        print(k3.explain("linear", k3.ones({1, 2}), k3.ones({1, 2})).declined[1].reason)
+        print(select(2, pcall(k3.linear, k3.ones({1, 2}), k3.ones({1, 2}), {kernel = "cuda.linear.cublas"})))]],
+      dir)
+    p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:find("libk3_cuda.so not found at " .. dir .. "/libk3_cuda.so\nnot registered in this build\n" ..
+      "linear: kernel 'cuda.linear.cublas' is not registered in this build\nexit=0", 1, true), out)
   end)
 
   it("with every candidate gone, the error lists each decline", function()
@@ -78,7 +128,7 @@ describe("K3_DISABLE_KERNELS", function()
       print(err)
     ]])
     assert.truthy(out:find("rms_norm: no registered kernel accepts the call (", 1, true), out)
-    assert.truthy(out:find("cpu.rms_norm.reference: not registered in this build)", 1, true), out)
+    assert.truthy(out:find("cpu.rms_norm.reference: not registered in this build (disabled by K3_DISABLE_KERNELS))", 1, true), out)
   end)
 end)
 
@@ -90,7 +140,7 @@ describe("dispatch", function()
     local e = k3.explain("linear", x, w)
     assert.equal("cpu.linear.blas", e.chosen)
     if not k3.backends().cuda.available then
-      assert.same({{kernel = "cuda.linear.cublas", reason = "not registered in this build"}}, e.declined)
+      assert.same({{kernel = "cuda.linear.cublas", reason = H.cuda_absent_reason()}}, e.declined)
     end
     assert.same({}, k3.stats().kernels)
   end)
@@ -116,6 +166,37 @@ describe("dispatch", function()
     end
   end)
 
+  it("an enclosing trace keeps the dispatches of an inner trace that raised", function()
+    local inner_err
+    local r = k3.trace(function()
+      k3.silu_mul(k3.ones({1, 2}))
+      local ok, err = pcall(k3.trace, function()
+        k3.silu_mul(k3.ones({1, 2}))
+        k3.rms_norm(k3.ones({1, 2}), k3.ones({2}), 1e-5)
+        error("inner failed", 0)
+      end)
+      assert.is_false(ok)
+      inner_err = err
+      k3.linear(x, w)
+    end)
+    assert.equal("inner failed", inner_err)
+    assert.equal(4, #r)
+    local ops = {}
+    for i, rec in ipairs(r) do ops[i] = rec.op end
+    assert.same({"silu_mul", "silu_mul", "rms_norm", "linear"}, ops)
+    -- the trace state is restored: nothing traces after the outer trace returned
+    local after = k3.trace(function() end)
+    assert.same({}, after)
+  end)
+
+  it("the reviewer's one-liner counts the dispatch that ran before the inner error", function()
+    local r = k3.trace(function()
+      pcall(k3.trace, function() k3.silu_mul(k3.ones({1, 2})); error("x") end)
+    end)
+    assert.equal(1, #r)
+    assert.equal("cpu.silu_mul.reference", r[1].kernel)
+  end)
+
   it("kernel = runs exactly that kernel and skips dispatch", function()
     local t = k3.trace(function() k3.linear(x, w, {kernel = "cpu.linear.reference"}) end)
     assert.equal("cpu.linear.reference", t[1].kernel)
@@ -130,10 +211,26 @@ describe("dispatch", function()
     local s = k3.stats()
     assert.equal(2, s.kernels["cpu.linear.blas"])
     if not k3.backends().cuda.available then
-      assert.equal(2, s.declines["cuda.linear.cublas: not registered in this build"])
+      assert.equal(2, s.declines["cuda.linear.cublas: " .. H.cuda_absent_reason()])
     end
     k3.stats_reset()
     assert.same({}, k3.stats().kernels)
+  end)
+
+  it("a CUDA kernel's decline says the backend is unavailable, and why, when it was built", function()
+    local c = k3.backends().cuda
+    if c.available then return end
+    local e = k3.explain("silu_mul", x)
+    assert.same({{kernel = "cuda.silu_mul.generic", reason = H.cuda_absent_reason()}}, e.declined)
+    if not c.reason:find("^libk3_cuda%.so not found") then
+      assert.equal("not registered: CUDA backend unavailable (" .. c.reason .. ")", e.declined[1].reason)
+      H.raises(function() k3.silu_mul(x, {kernel = "cuda.silu_mul.generic"}) end,
+        "silu_mul: kernel 'cuda.silu_mul.generic' is not registered: CUDA backend unavailable (" .. c.reason .. ")")
+    end
+    -- a backend that is not there at all (K3_CUDA_BACKEND names a missing file) says so too
+    local out = subprocess("K3_CUDA_BACKEND=/nonexistent/libk3_cuda.so",
+      [[print(k3.explain("silu_mul", k3.ones({1, 2})).declined[1].reason)]])
+    assert.truthy(out:find("not registered: CUDA backend unavailable (libk3_cuda.so not found at /nonexistent/libk3_cuda.so)\nexit=0", 1, true), out)
   end)
 
   it("a GPU kernel forced on CPU tensors is a device error", function()
@@ -149,9 +246,71 @@ describe("policy", function()
 
   it("the default policy is lua/k3/policy/default.lua", function()
     local file = dofile("lua/k3/policy/default.lua")
-    assert.same(file, k3.policy)
+    assert.same(file, plain(k3.policy))
     assert.equal("error", k3.policy.on_layout_mismatch)
     assert.same({"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
+  end)
+
+  it("every default list ends in a CPU kernel; linear falls back to cpu.linear.reference", function()
+    for _, op in ipairs({"linear", "attn_res", "rms_norm", "silu_mul"}) do
+      local list = k3.policy[op]
+      assert.equal("cpu.", list[#list]:sub(1, 4), op)
+    end
+    assert.same({"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference"}, plain(k3.policy.linear))
+    local out = subprocess("K3_DISABLE_KERNELS=cpu.linear.blas", [[
+      local x, w = k3.randn({2, 3}), k3.randn({4, 3}, {seed = 1})
+      local e = k3.explain("linear", x, w)
+      print(e.chosen, e.declined[#e.declined].reason)
+      print(k3.max_abs_diff(k3.linear(x, w), k3.linear(x, w, {kernel = "cpu.linear.reference"})))
+    ]])
+    assert.truthy(out:find("cpu.linear.reference\tnot registered in this build (disabled by K3_DISABLE_KERNELS)\n0.0\nexit=0", 1, true), out)
+  end)
+
+  it("k3.policy is a read-only view: writes raise and point to k3.set_policy; dispatch is unchanged", function()
+    local x, w = k3.randn({2, 4}), k3.randn({3, 4})
+    local hint = "k3.policy is a read-only view of the active policy; change the policy with k3.set_policy(tbl)"
+    local err = H.raises(function() k3.policy.linear = {"cpu.linear.reference"} end,
+      "cannot assign k3.policy.linear: " .. hint)
+    assert.truthy(err:find("dispatch_spec.lua:%d+: "), err) -- at the caller's line
+    H.raises(function() k3.policy.on_layout_mismatch = "fallback" end,
+      "cannot assign k3.policy.on_layout_mismatch: " .. hint)
+    H.raises(function() k3.policy.linear[1] = "cpu.linear.reference" end,
+      "cannot assign k3.policy.linear[1]: " .. hint)
+    H.raises(function() table.insert(k3.policy.rms_norm, 1, "cpu.rms_norm.reference") end,
+      "cannot assign k3.policy.rms_norm[3]: " .. hint)
+    H.raises(function() k3.policy.bogus = 1 end, "cannot assign k3.policy.bogus: " .. hint)
+    H.raises(function() k3.policy = {linear = {"cpu.linear.reference"}} end, "cannot assign k3.policy: " .. hint)
+    H.raises(function() setmetatable(k3.policy, nil) end, "cannot change a protected metatable")
+    assert.same(dofile("lua/k3/policy/default.lua"), plain(k3.policy))
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w).chosen)
+  end)
+
+  it("k3.policy reads like a table: index, #, pairs, ipairs and k3.inspect", function()
+    k3.set_policy{linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback"}
+    assert.equal("fallback", k3.policy.on_layout_mismatch)
+    assert.equal(2, #k3.policy.linear)
+    assert.equal("cpu.linear.blas", k3.policy.linear[2])
+    local seen = {}
+    for i, name in ipairs(k3.policy.linear) do seen[i] = name end
+    assert.same({"cpu.linear.reference", "cpu.linear.blas"}, seen)
+    local keys = {}
+    for k in pairs(k3.policy) do keys[#keys + 1] = k end
+    table.sort(keys)
+    assert.same({"attn_res", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
+    assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
+      'linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback", ' ..
+      'rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, ' ..
+      'silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"}}', k3.inspect(k3.policy))
+  end)
+
+  it("a saved k3.policy keeps showing its policy and restores it through set_policy", function()
+    local saved = k3.policy
+    k3.set_policy{linear = {"cpu.linear.reference"}}
+    assert.same({"cpu.linear.reference"}, plain(k3.policy.linear))
+    assert.same({"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference"}, plain(saved.linear))
+    k3.set_policy(saved)
+    assert.same(plain(saved), plain(k3.policy))
+    assert.equal("cpu.linear.blas", k3.explain("linear", k3.randn({2, 4}), k3.randn({3, 4})).chosen)
   end)
 
   it("set_policy reorders candidates", function()
@@ -166,7 +325,8 @@ describe("policy", function()
     local x, w = k3.randn({2, 4}), k3.randn({3, 4})
     local text = k3.backends().cuda.available
       and "linear: no registered kernel accepts the call (cuda.linear.cublas: tensors are on cpu"
-      or "linear: no registered kernel accepts the call (cuda.linear.cublas: not registered in this build; cuda.linear.skinny: not registered in this build)"
+      or ("linear: no registered kernel accepts the call (cuda.linear.cublas: " .. H.cuda_absent_reason() ..
+          "; cuda.linear.skinny: " .. H.cuda_absent_reason() .. ")")
     H.raises(function() k3.linear(x, w) end, text)
   end)
 
@@ -175,7 +335,7 @@ describe("policy", function()
       "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant")
     H.raises(function() k3.set_policy{rms_norm = {"cpu.silu_mul.reference"}} end,
       "set_policy: kernel 'cpu.silu_mul.reference' is for op silu_mul, not rms_norm")
-    assert.same(default, k3.policy)
+    assert.same(plain(default), plain(k3.policy))
     assert.equal("cpu.linear.blas", k3.explain("linear", k3.randn({1, 2}), k3.randn({1, 2})).chosen)
   end)
 
@@ -200,6 +360,18 @@ describe("batch-invariant mode", function()
       local y = k3.linear(x:narrow(1, 1, M), w)
       for i = 1, M do assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone[i])) end
     end
+  end)
+
+  it("K3_BATCH_INVARIANT accepts 0/1/true/false/yes/no/on/off; anything else is reported once", function()
+    for value, on in pairs({["1"] = true, ["yes"] = true, ["ON"] = true, [" true "] = true,
+                            ["0"] = false, ["no"] = false, ["Off"] = false, ["false"] = false, [""] = false}) do
+      local out = subprocess("K3_BATCH_INVARIANT=\"" .. value .. "\"", [[print(k3.batch_invariant())]])
+      assert.equal(tostring(on) .. "\nexit=0\n", out, "K3_BATCH_INVARIANT=" .. value)
+    end
+    local out = subprocess("K3_BATCH_INVARIANT=enabled", [[
+      print(k3.batch_invariant(), k3.explain("linear", k3.randn({2, 3}), k3.randn({4, 3})).chosen)]])
+    assert.equal("k3: warning: K3_BATCH_INVARIANT: unrecognised value 'enabled' (expected 0, 1, true, " ..
+      "false, yes, no, on or off); batch-invariant mode stays off\nfalse\tcpu.linear.blas\nexit=0\n", out)
   end)
 
   it("is read from K3_BATCH_INVARIANT=1", function()

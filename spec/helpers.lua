@@ -20,6 +20,19 @@ function H.require_gpu()
   return true
 end
 
+--- H.cuda_absent_reason() -> the decline reason dispatch gives a CUDA kernel where the CUDA
+--- backend is not available (nil where it is): "not registered: CUDA backend unavailable
+--- (<k3.backends().cuda.reason>)" when the backend was built but cannot run here, "not
+--- registered in this build" when there is no libk3_cuda.so (a build without nvcc).
+function H.cuda_absent_reason()
+  local c = k3.backends().cuda
+  if c.available then return nil end
+  if c.reason:find("^libk3_cuda%.so not found") and not os.getenv("K3_CUDA_BACKEND") then
+    return "not registered in this build"
+  end
+  return ("not registered: CUDA backend unavailable (" .. c.reason .. ")"):sub(1, 255)
+end
+
 --- H.poisoned(shape, opts) -> a tensor filled with NaN, so unwritten outputs show.
 function H.poisoned(shape, opts)
   return k3.full(shape, 0 / 0, opts)

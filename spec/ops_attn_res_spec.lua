@@ -168,8 +168,8 @@ describe("attn_res", function()
     local e = k3.explain("attn_res", a)
     assert.equal("cpu.attn_res.reference", e.chosen)
     if not k3.backends().cuda.available then
-      assert.same({{kernel = "cuda.attn_res.packed", reason = "not registered in this build"},
-                   {kernel = "cuda.attn_res.generic", reason = "not registered in this build"}}, e.declined)
+      assert.same({{kernel = "cuda.attn_res.packed", reason = H.cuda_absent_reason()},
+                   {kernel = "cuda.attn_res.generic", reason = H.cuda_absent_reason()}}, e.declined)
     end
   end)
 

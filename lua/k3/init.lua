@@ -6,8 +6,8 @@ local core = require "k3.core"
 
 local k3 = {}
 for name, fn in pairs(core) do
-  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "method_default"
-     and name ~= "method_low_latency" then
+  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "policy_table"
+     and name ~= "method_default" and name ~= "method_low_latency" then
     k3[name] = fn
   end
 end
@@ -57,15 +57,15 @@ local function format_number(fmt, v)
   return string.format(fmt, v)
 end
 
--- tostring(t): a header (shape, dtype, device; strides and offset when not contiguous) and a
--- summarised preview of the values (large tensors show EDGE items at each end of every dim).
+-- tostring(t): a header (shape, dtype, device; the strides when t is not contiguous, the
+-- storage offset when it is not 0) and a summarised preview of the values (large tensors show
+-- EDGE items at each end of every dim).
 local function tensor_tostring(t)
   local ok, size = pcall(t.size, t)
   if not ok then return "k3.Tensor (freed)" end
   local head = string.format("k3.Tensor %s %s %s", dims_string(size), t:dtype(), t:device())
-  if not t:is_contiguous() or t:offset() ~= 0 then
-    head = head .. string.format(" strides %s offset %d", dims_string(t:stride()), t:offset())
-  end
+  if not t:is_contiguous() then head = head .. " strides " .. dims_string(t:stride()) end
+  if t:offset() ~= 0 then head = head .. string.format(" offset %d", t:offset()) end
   local nd, numel = #size, t:numel()
   if numel == 0 then return head .. "\n[]" end
   local summarize = numel > SUMMARY_THRESHOLD
@@ -130,10 +130,73 @@ local function policy_error(fmt, ...)
   error(string.format("set_policy: " .. fmt, ...), 3)
 end
 
+local READ_ONLY = "k3.policy is a read-only view of the active policy; change the policy " ..
+                  "with k3.set_policy(tbl)"
+
+local function key_path(path, key)
+  if type(key) == "string" and key:match("^[%a_][%w_]*$") then return path .. "." .. key end
+  return string.format("%s[%s]", path, type(key) == "string" and string.format("%q", key)
+                                       or tostring(key))
+end
+
+-- A read-only view of the plain table `data`: reads, #, pairs and ipairs see data (nested
+-- tables as views of their own); any write, at any depth, raises an error that names what was
+-- written and points to k3.set_policy. Writing would otherwise look accepted while dispatch,
+-- which runs on the compiled policy, ignored it.
+local function read_only_view(data, path)
+  local children = {}
+  for k, v in pairs(data) do
+    if type(v) == "table" then children[k] = read_only_view(v, key_path(path, k)) end
+  end
+  local function get(k)
+    local c = children[k]
+    if c ~= nil then return c end
+    return data[k]
+  end
+  return setmetatable({}, {
+    __index = function(_, k) return get(k) end,
+    __newindex = function(_, k)
+      error(string.format("cannot assign %s: %s", key_path(path, k), READ_ONLY), 2)
+    end,
+    __len = function() return #data end,
+    __pairs = function()
+      return function(_, k)
+        local nk = next(data, k)
+        if nk == nil then return nil end
+        return nk, get(nk)
+      end, nil, nil
+    end,
+    __metatable = "k3.policy (read-only)",
+  })
+end
+
+-- The view of the policy this state dispatches with, read back from the compiled policy
+-- (k3.core.policy_table) whenever it changes.
+local policy_view
+local function refresh_policy_view()
+  policy_view = read_only_view(core.policy_table(), "k3.policy")
+end
+
+--- k3.policy: a read-only view of the policy this Lua state dispatches with (per op the
+--- ordered candidate kernels, and on_layout_mismatch). Reads, #, pairs, ipairs and
+--- k3.inspect work; assigning to it or to anything in it raises an error pointing to
+--- k3.set_policy. A reference kept across k3.set_policy still shows the policy it was read
+--- from, so `local saved = k3.policy ... k3.set_policy(saved)` restores it.
+setmetatable(k3, {
+  __index = function(_, key)
+    if key == "policy" then return policy_view end
+  end,
+  __newindex = function(t, key, value)
+    if key == "policy" then error("cannot assign k3.policy: " .. READ_ONLY, 2) end
+    rawset(t, key, value)
+  end,
+})
+
 --- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op a non-empty
 --- ordered list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this
---- state's dispatch tables. Ops it leaves out keep the default's candidates; k3.policy becomes
---- the policy now in effect (a copy). Unknown keys or kernel names, holes in a list and empty
+--- state's dispatch tables; tbl may be a plain table or a k3.policy view. Ops it leaves out
+--- keep the default's candidates; the state's batch-invariant mode is kept. k3.policy then
+--- shows the policy now in effect. Unknown keys or kernel names, holes in a list and empty
 --- lists raise and change nothing.
 function k3.set_policy(tbl)
   if type(tbl) ~= "table" then
@@ -167,12 +230,12 @@ function k3.set_policy(tbl)
   if not ok then
     error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2)
   end
-  k3.policy = effective
+  refresh_policy_view()
 end
 
 local ok_default, default_policy = pcall(require, "k3.policy.default")
 default_policy_table = ok_default and default_policy or nil
-k3.policy = ok_default and deep_copy(default_policy) or {}
+refresh_policy_view()
 
 -- ---- linear methods and plans -----------------------------------------------------------------
 
@@ -210,8 +273,10 @@ k3.dist = require "k3.dist"
 
 -- ---- help -----------------------------------------------------------------------------------------
 
+-- One line per name; spec/help_spec.lua checks that every function and value the module
+-- exports (k3.*, k3.method.*, k3.dist.*) and every tensor method and operator is listed here.
 local HELP = {
-  {"k3.empty/zeros/ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
+  {"k3.empty(shape, opts) k3.zeros(shape, opts) k3.ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
   {"k3.full(shape, value, opts)", "tensor filled with value"},
   {"k3.randn(shape, opts)", "standard normal values; opts.seed (same values on every device)"},
   {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
@@ -219,9 +284,11 @@ local HELP = {
   {"t:dtype() t:device() t:is_contiguous()", "metadata"},
   {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
   {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
+  {"t:as_strided(shape, stride, offset)", "any view of the storage (checked against its bounds)"},
   {"t:contiguous() t:clone() t:to(device_or_dtype)", "copies"},
   {"t:copy(src) t:fill(v) t:get(i...) t:set(i..., v) t:totable()", "element access"},
-  {"t:free()", "release the storage now; later use raises 'tensor has been freed'"},
+  {"t:free()  local t <close> = ...", "release the storage now / the handle at scope end"},
+  {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values"},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
   {"k3.linear(x, w, {bias, residual, out, kernel})", "y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual)"},
@@ -229,20 +296,27 @@ local HELP = {
   {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
   {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
   {"k3.explain(op, ...)", "which kernel would run and why the others declined"},
-  {"k3.trace(fn)", "every dispatch made while fn runs"},
+  {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error)"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
-  {"k3.method.default() k3.method.low_latency(plan)", "linear methods; m:apply(x, w, bias)"},
+  {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
+  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
-  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch)"},
-  {"k3.set_batch_invariant(on)", "rows independent of M, bit for bit"},
-  {"k3.stats() k3.stats_reset()", "calls per kernel and declines per reason"},
+  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch); k3.policy is read-only"},
+  {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
+  {"k3.stats() k3.stats_reset()", "this state's calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
   {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
+  {"k3.dist.init(opts) k3.dist.initialized() k3.dist.destroy{abort}", "join / leave the process group (scripts/k3 --nproc N)"},
+  {"k3.dist.rank() k3.dist.world_size() k3.dist.device()", "this rank, the world size, this rank's device"},
+  {"k3.dist.all_reduce(t, op) k3.dist.all_gather(t, dim)", "collectives (NCCL; no-ops at world size 1)"},
+  {"k3.dist.barrier() k3.dist.synchronize() k3.dist.stats{reset}", "wait for the ranks / the last collective; device time"},
+  {"k3.dist.simulate(W, fn, opts)", "run W ranks as coroutines in this process (CPU checks)"},
   {"k3.clock()", "monotonic seconds (host)"},
   {"k3.isatty(file)", "whether a file handle (io.stderr, ...) is a terminal"},
   {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
+  {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 
 --- k3.help() prints the API with one line each.

@@ -151,7 +151,10 @@ static void setup_call(fz *f, k3_call *c, k3_dispatch *rec, k3_policy **pol) {
         }
         c->policy = *pol;
     }
-    k3_set_batch_invariant(fz_u8(f) % 5 == 0);
+    /* Calls without a policy take the process default; a policy carries its own mode. */
+    int bi = fz_u8(f) % 5 == 0;
+    k3_set_batch_invariant(bi);
+    if (*pol) k3_policy_set_batch_invariant(*pol, bi);
 }
 
 static double tol(k3_dtype dt) {
