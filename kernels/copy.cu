@@ -6,6 +6,7 @@
 #include "common.cuh"
 
 #include <new>
+#include <type_traits>
 
 namespace {
 
@@ -45,18 +46,46 @@ template <class A> __device__ __forceinline__ A apply(int op, A x, A y) {
     return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
 }
 
-/* mode 0: a op b; 1: a op s; 2: s op a. Arithmetic in f32 (f64 for f64), rounded once. */
+/* lib/tensor.c's apply_op_odd: x op y rounded to odd at double precision (the exact
+ * result, or whichever double around it has an odd significand), so that one more rounding
+ * to f32, f16 or bf16 is the exact result rounded once. The double result's error is exact
+ * (TwoSum for + and -, fma for *). */
+__device__ __forceinline__ double apply_odd(int op, double x, double y) {
+    double r, e;
+    if (op == K3_MUL) {
+        r = __dmul_rn(x, y);
+        e = fma(x, y, -r);
+    } else {
+        double yy = op == K3_SUB ? -y : y;
+        r = __dadd_rn(x, yy);
+        double yv = __dsub_rn(r, x), xv = __dsub_rn(r, yv);
+        e = __dadd_rn(__dsub_rn(x, xv), __dsub_rn(yy, yv));
+    }
+    if (e == 0 || !isfinite(r)) return r;
+    if (__double_as_longlong(r) & 1) return r;
+    return nextafter(r, e > 0 ? (double)INFINITY : -(double)INFINITY);
+}
+
+/* mode 0: a op b, in f32 (f64 for f64) as lib/tensor.c argues is exact; 1: a op s; 2: s op a,
+ * in f64 (rounded to odd below f64), as the CPU does; each rounded once to the dtype. */
 template <class T>
 __global__ void binary_kernel(T *__restrict__ out, const T *__restrict__ a, const T *__restrict__ b,
-                              typename k3c_acc<T>::type s, int op, int mode, k3c_walk w, int64_t n) {
+                              double s, int op, int mode, k3c_walk w, int64_t n) {
     typedef typename k3c_acc<T>::type A;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[3];
         k3c_walk_offsets<3>(w, i, off);
-        A x = k3c_load_acc<T>(a[off[1]]);
-        A y = mode == 0 ? k3c_load_acc<T>(b[off[2]]) : s;
-        out[off[0]] = k3c_store_acc<T>(mode == 2 ? apply<A>(op, y, x) : apply<A>(op, x, y));
+        if (mode == 0) {
+            A x = k3c_load_acc<T>(a[off[1]]);
+            A y = k3c_load_acc<T>(b[off[2]]);
+            out[off[0]] = k3c_store_acc<T>(apply<A>(op, x, y));
+        } else {
+            double x = k3c_to_f64(a[off[1]]);
+            double l = mode == 2 ? s : x, r = mode == 2 ? x : s;
+            double v = std::is_same<T, double>::value ? apply<double>(op, l, r) : apply_odd(op, l, r);
+            out[off[0]] = k3c_conv<T>::from_f64(v);
+        }
     }
 }
 
@@ -284,11 +313,9 @@ k3_status k3c_backend_binary(k3_tensor *out, k3_binop op, const k3_tensor *a, co
     int mode = b ? 0 : scalar_first ? 2 : 1;
     unsigned blocks = k3c_blocks_for(n, kThreads);
     K3C_DISPATCH_DTYPE(a->dtype, T, {
-        typedef typename k3c_acc<T>::type A;
-        /* (float)s as the CPU path does: round the scalar to f32 once. */
-        A sv = (A)s;
+        /* The scalar stays a double: rounding it first would round twice (DESIGN.md). */
         binary_kernel<T><<<blocks, kThreads, 0, ctx->stream>>>(
-            typed<T>(out), typed<T>(a), b ? typed<T>(b) : typed<T>(a), sv, (int)op, mode, w, n);
+            typed<T>(out), typed<T>(a), b ? typed<T>(b) : typed<T>(a), s, (int)op, mode, w, n);
         K3_CHECK_LAUNCH(binary_kernel);
     });
     return K3_OK;

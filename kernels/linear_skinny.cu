@@ -108,8 +108,8 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                    K3_EDEVICE;
     const int64_t M = x->size[0], K = x->size[1], N = w->size[0];
     if (w->size[1] != K)
-        return snprintf(why, n, "K mismatch: x dim 2 (%lld), w dim 2 (%lld)", (long long)K,
-                        (long long)w->size[1]),
+        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)", 1 + l->base,
+                        (long long)K, 1 + l->base, (long long)w->size[1]),
                K3_ESHAPE;
     if (K == 0) return snprintf(why, n, "K = 0 (nothing to stream)"), K3_ESHAPE;
     if (M < 1 || M > K3_SKINNY_MAX_M)

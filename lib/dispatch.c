@@ -61,7 +61,7 @@ void k3_policy_init(k3_policy *p) {
 }
 
 k3_status k3_policy_new(k3_policy **out) {
-    if (!out) return k3_error(K3_EINVAL, "policy: out is NULL");
+    if (!out) return k3_error(K3_EINVAL, "policy_new: out is NULL");
     k3_policy *p = k3_host_alloc(sizeof *p);
     if (!p) return k3_error(K3_ENOMEM, "policy: out of memory");
     k3_policy_init(p);
@@ -89,18 +89,21 @@ static void known_for_op(char *buf, size_t n, k3_op op) {
 
 k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
                                    int n) {
-    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    if (!p) return k3_error(K3_EINVAL, "policy_set_candidates: p is NULL");
+    if (!op) return k3_error(K3_EINVAL, "policy_set_candidates: op is NULL");
     int o = op_parse(op);
     if (o < 0)
         return k3_error(K3_EINVAL,
                         "policy: unknown op '%s' (expected linear, attn_res, rms_norm or silu_mul)",
-                        op ? op : "(null)");
+                        op);
     if (n < 0 || n > K3_MAX_CANDIDATES)
         return k3_error(K3_EINVAL, "policy: %s has %d candidates; expected 0..%d", op, n,
                         K3_MAX_CANDIDATES);
-    if (n > 0 && !names) return k3_error(K3_EINVAL, "policy: names is NULL");
+    if (n > 0 && !names) return k3_error(K3_EINVAL, "policy_set_candidates: names is NULL");
     int idx[K3_MAX_CANDIDATES];
     for (int i = 0; i < n; i++) {
+        if (!names[i])
+            return k3_error(K3_EINVAL, "policy_set_candidates: names[%d] is NULL", i);
         k3_op kop;
         int k = k3_known_lookup(names[i], &kop, NULL);
         if (k < 0 || kop != (k3_op)o) {
@@ -112,7 +115,7 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
                                 "kernels: %s)",
                                 names[i], k3_op_name(kop), op, op, known);
             return k3_error(K3_EINVAL, "policy: unknown %s kernel '%s' (known: %s)", op,
-                            names[i] ? names[i] : "(null)", known);
+                            names[i], known);
         }
         idx[i] = k;
     }
@@ -122,8 +125,13 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
 }
 
 k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback) {
-    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
-    p->layout_fallback = fallback != 0;
+    if (!p) return k3_error(K3_EINVAL, "policy_set_layout_fallback: p is NULL");
+    if (fallback != 0 && fallback != 1)
+        return k3_error(K3_EINVAL,
+                        "policy_set_layout_fallback: fallback must be 0 (error) or 1 (fallback); "
+                        "got %d",
+                        fallback);
+    p->layout_fallback = fallback;
     return K3_OK;
 }
 

@@ -20,18 +20,20 @@ const char *k3_dtype_name(k3_dtype d) {
 
 size_t k3_dtype_size(k3_dtype d) { return (unsigned)d < 4 ? dtype_sizes[d] : 0; }
 
-k3_status k3_dtype_parse(const char *text, k3_dtype *out) {
+k3_status k3_dtype_parse(const char *name, k3_dtype *out) {
+    if (!name) return k3_error(K3_EINVAL, "dtype_parse: name is NULL");
+    if (!out) return k3_error(K3_EINVAL, "dtype_parse: out is NULL");
     for (int i = 0; i < 4; i++)
-        if (text && strcmp(text, dtype_names[i]) == 0) {
+        if (strcmp(name, dtype_names[i]) == 0) {
             *out = (k3_dtype)i;
             return K3_OK;
         }
-    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)",
-                    text ? text : "(null)");
+    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)", name);
 }
 
 k3_status k3_device_parse(const char *text, k3_device *out) {
-    if (!text) return k3_error(K3_EINVAL, "device is NULL");
+    if (!text) return k3_error(K3_EINVAL, "device_parse: text is NULL");
+    if (!out) return k3_error(K3_EINVAL, "device_parse: out is NULL");
     if (strcmp(text, "cpu") == 0) {
         *out = (k3_device){K3_DEVICE_CPU, 0};
         return K3_OK;
@@ -52,10 +54,15 @@ k3_status k3_device_parse(const char *text, k3_device *out) {
 }
 
 const char *k3_device_name(k3_device d, char *buf, size_t n) {
-    if (d.type == K3_DEVICE_CPU)
+    if (!buf || n == 0) return "";
+    if ((int)d.type == K3_DEVICE_CPU && d.index == 0)
         snprintf(buf, n, "cpu");
-    else
+    else if ((int)d.type == K3_DEVICE_CPU)
+        snprintf(buf, n, "cpu:%d", d.index);
+    else if ((int)d.type == K3_DEVICE_CUDA)
         snprintf(buf, n, "cuda:%d", d.index);
+    else
+        snprintf(buf, n, "device type %d", (int)d.type);
     return buf;
 }
 
@@ -114,13 +121,16 @@ float k3_f16_to_f32(uint16_t x) {
 }
 
 /* Rounds x to f32 with round-to-odd: truncate toward zero, then set the last bit when
- * inexact. A later round-to-nearest-even to fewer than 22 mantissa bits is then exact. */
+ * inexact. A later round-to-nearest-even to fewer than 22 mantissa bits is then exact.
+ * Branch-free on the bits (elementwise ops store through here): a result rounded away from
+ * zero (an overflow to infinity included) steps one toward zero, since neighbouring floats
+ * of one sign differ by one in their bit patterns. */
 static float f64_to_f32_odd(double x) {
-    if (isnan(x) || isinf(x)) return (float)x;
+    if (isnan(x)) return (float)x;
     float f = (float)x;
-    if ((double)f == x) return f;
-    if (isinf(f) || fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f);
-    uint32_t u = f32_bits(f) | 1u;
+    uint32_t u = f32_bits(f);
+    u -= (uint32_t)(fabs((double)f) > fabs(x));
+    u |= (uint32_t)((double)f != x);
     return bits_f32(u);
 }
 

@@ -1,7 +1,17 @@
 /*
  * k3.h — the whole public C contract of k3: tensors, ops, kernel queries, errors,
  * allocator and log hooks. Opaque handles; every call that can fail returns a k3_status
- * and leaves a message for k3_last_error(). The C API is 0-based (dims, indices, blocks).
+ * and leaves a message for k3_last_error(). The C API is 0-based (dims, indices, blocks),
+ * and so are its messages: "narrow: start 3 and length 1 out of range for dim 1 of size 3"
+ * speaks of the caller's own start 3 and dim 1, and "linear: x dim 1 (7000) must match w dim
+ * 1 (7168)" of K, dim 1 of x [M, K]. (The Lua module counts from 1, in its arguments and in
+ * its messages: there the same checks say "dim 2".)
+ *
+ * NULL: every pointer a function reads or writes must be non-NULL unless its comment says
+ * otherwise; a NULL one is K3_EINVAL with "<function>: <argument> is NULL" (the function
+ * without its k3_ / k3_tensor_ prefix: "narrow: out is NULL", "dtype_parse: name is NULL").
+ * An array may be NULL where it holds no elements: shape with ndim 0, the values of an empty
+ * tensor, to_f64's out for an empty tensor. k3_*_free(NULL) is a no-op.
  */
 #ifndef K3_H
 #define K3_H
@@ -88,12 +98,18 @@ K3_API void k3_set_log(k3_log_fn fn, void *ud);
 
 /* ---- devices and dtypes -------------------------------------------------------------- */
 
-/* Parses "cpu", "cuda", "cuda:N" into *out. K3_EINVAL with the text otherwise. */
+/* Parses "cpu", "cuda", "cuda:N" (N in 0..1023) into *out. Errors: K3_EDEVICE naming the
+ * text when it is none of these; K3_EINVAL when text or out is NULL ("device_parse: text is
+ * NULL", "device_parse: out is NULL"). */
 K3_API k3_status k3_device_parse(const char *text, k3_device *out);
-/* Writes "cpu" or "cuda:N" into buf (at least 16 bytes). Returns buf. */
+/* Writes "cpu" or "cuda:N" into buf (n bytes, at least 16 to hold any device) and returns
+ * buf. A value that is no device is written as it is ("cpu:3", "device type 5"). buf NULL or
+ * n 0: nothing is written and "" is returned. */
 K3_API const char *k3_device_name(k3_device d, char *buf, size_t n);
-/* Parses "bf16", "f16", "f32", "f64" (also "float32" etc. are rejected: names are fixed). */
-K3_API k3_status k3_dtype_parse(const char *text, k3_dtype *out);
+/* Parses "bf16", "f16", "f32", "f64" into *out (also "float32" etc. are rejected: names are
+ * fixed). Errors: K3_EDTYPE "unknown dtype '<name>' (...)"; K3_EINVAL when name or out is
+ * NULL ("dtype_parse: name is NULL"). */
+K3_API k3_status k3_dtype_parse(const char *name, k3_dtype *out);
 K3_API const char *k3_dtype_name(k3_dtype d);
 /* Element size in bytes (2, 2, 4, 8). */
 K3_API size_t k3_dtype_size(k3_dtype d);
@@ -109,20 +125,29 @@ K3_API uint16_t k3_f64_to_f16(double x);
 
 /* ---- tensors ------------------------------------------------------------------------- */
 
-/* New tensor with uninitialised contents, contiguous row-major. ndim in 0..K3_MAX_DIMS
- * (0 = scalar), each shape[i] >= 0. Errors: K3_ESHAPE (ndim or a size out of range),
- * K3_EOVERFLOW (numel or bytes overflow), K3_ENOMEM, K3_EDEVICE. *out owns one reference. */
+/* New tensor with uninitialised contents, contiguous row-major, on `device` with `dtype`.
+ * ndim in 0..K3_MAX_DIMS (0 = scalar: shape may then be NULL), each shape[i] >= 0; device
+ * is {K3_DEVICE_CPU, 0} or {K3_DEVICE_CUDA, ordinal >= 0}. Errors: K3_EINVAL (out NULL,
+ * shape NULL with ndim > 0, a device that is no device: "empty: invalid device type 5 ...",
+ * "empty: invalid device index 3 for cpu (must be 0)"), K3_EDTYPE (dtype not a k3_dtype),
+ * K3_ESHAPE (ndim or a size out of range), K3_EOVERFLOW (numel or bytes overflow),
+ * K3_ENOMEM, K3_EDEVICE (the CUDA device is not available or does not exist). *out owns one
+ * reference; it is untouched on error. */
 K3_API k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape,
                                  k3_dtype dtype, k3_device device);
-/* Like k3_tensor_empty, then every element set to value (rounded to dtype). */
+/* Like k3_tensor_empty (same arguments and errors, named "full:"), then every element set to
+ * value (rounded once to dtype). */
 K3_API k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape,
                                 k3_dtype dtype, k3_device device, double value);
 /* Standard normal values from a counter-based generator (Philox-4x32-10 + Box-Muller) on
  * the host: element i (row-major) depends only on (seed, i), so a seed gives the same
- * values on every device and for every dtype before rounding. */
+ * values on every device and for every dtype before rounding. Arguments and errors as
+ * k3_tensor_empty (named "randn:"). */
 K3_API k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape,
                                  k3_dtype dtype, k3_device device, uint64_t seed);
-/* New tensor from `numel` row-major doubles, rounded once to dtype. */
+/* New tensor from `numel` row-major doubles, rounded once to dtype. Arguments and errors as
+ * k3_tensor_empty (named "from_f64:"); values may be NULL only when numel is 0
+ * ("from_f64: values is NULL" otherwise). */
 K3_API k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape,
                                     k3_dtype dtype, k3_device device, const double *values);
 
@@ -150,52 +175,100 @@ K3_API int k3_tensor_is_contiguous(const k3_tensor *t);
  * for CUDA tensors. NULL for a freed tensor. */
 K3_API void *k3_tensor_data(const k3_tensor *t);
 
-/* Views: each returns a new handle sharing t's storage (one more reference). */
-/* Dim d, elements [start, start+length). K3_ESHAPE when out of range. */
+/* Views: each returns in *out a new handle sharing t's storage (one more reference; the
+ * caller frees it). out and t must be non-NULL (K3_EINVAL "<view>: out is NULL" / "t is
+ * NULL"); a freed t is K3_EFREED. Dims are 0-based; a dim out of range is K3_ESHAPE
+ * ("narrow: dim must be in 0..1 for a 2-dim tensor; got 2"). */
+/* Dim d, elements [start, start+length). K3_ESHAPE when out of range, with the caller's own
+ * values: "narrow: start 3 and length 1 out of range for dim 1 of size 3". */
 K3_API k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
                                   int64_t length);
-/* Removes dim d, taking index i. */
+/* Removes dim d, taking index i (0-based; K3_ESHAPE "select: index 2 out of range for dim 0
+ * of size 2"). */
 K3_API k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i);
+/* Dims d1 and d2 swapped. */
 K3_API k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2);
 /* Same elements, new shape; t must be contiguous (K3_ELAYOUT otherwise). One size may be
- * -1 (inferred). */
+ * -1 (inferred). shape may be NULL only when ndim is 0. */
 K3_API k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                                 const int64_t *shape);
-/* Broadcast size-1 dims (and new leading dims) to shape with stride 0. */
+/* Broadcast size-1 dims (and new leading dims) to shape with stride 0. shape may be NULL
+ * only when ndim is 0. */
 K3_API k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,
                                   const int64_t *shape);
-/* An arbitrary view: shape, strides and offset are checked against the storage bounds. */
+/* An arbitrary view: shape, strides and offset are checked against the storage bounds.
+ * shape and stride may be NULL only when ndim is 0. Its elements may overlap (a stride 0,
+ * or strides smaller than the span of the other dims): reading is fine; see "In-place
+ * writes" for writing. */
 K3_API k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
                                       const int64_t *shape, const int64_t *stride,
                                       int64_t offset);
 
-/* New tensor, contiguous, on `device` with `dtype`, holding t's values. */
+/* New tensor in *out (the caller frees it), contiguous, on `device` with `dtype`, holding
+ * t's values. Errors as k3_tensor_empty (named "to:"), K3_EFREED for a freed t. */
 K3_API k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device,
                               k3_dtype dtype);
-/* Copies src into dst elementwise (same shape; any strides, dtypes and devices).
- * dst must not overlap src unless they are the same view. */
+
+/* In-place writes through views. Views can make several elements of a tensor share memory
+ * (expand's stride 0, an as_strided view with shape [2, 2] and strides [1, 1]). One rule,
+ * whatever makes them share it:
+ *  - a write of distinct values into a destination whose elements overlap is refused with
+ *    K3_ELAYOUT, before anything is written: k3_tensor_copy's dst ("copy: destination is
+ *    written but its elements overlap (shape [2, 2], strides [1, 1])", or for a broadcast
+ *    dim "copy: destination dim 0 has stride 0 (a broadcast view); it cannot be written"),
+ *    and every op's out, and attn_res's updated prefix and written block ("linear: out is
+ *    written but its elements overlap (shape [2, 4], strides [0, 1])");
+ *  - k3_tensor_fill (one value) and k3_tensor_set (one element) are well defined through
+ *    any view and write through overlapping ones: every element sharing the memory then
+ *    reads the value written;
+ *  - copying a view onto itself (same storage, offset, shape, strides and dtype) changes
+ *    nothing and is allowed.
+ * The overlap test sorts the dims of size > 1 by stride and asks each stride to exceed the
+ * span of the smaller ones. It costs O(ndim^2) and is exact for every view made by narrow,
+ * select, transpose, view and expand; it is conservative for as_strided views whose dims
+ * interleave without sharing an element (shape [3, 2], strides [2, 3] touches 0, 3, 2, 5,
+ * 4, 7: disjoint, but refused as a destination). */
+
+/* Copies src into dst elementwise (same shape; any strides, dtypes and devices), each value
+ * rounded once to dst's dtype. src may overlap dst (it is then read through a temporary).
+ * Errors: K3_EINVAL (dst or src NULL), K3_EFREED, K3_ESHAPE (shapes differ), K3_ELAYOUT (dst's
+ * elements overlap: "In-place writes" above), K3_EDEVICE, K3_ENOMEM. */
 K3_API k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src);
+/* Sets every element of t to value (rounded once to t's dtype), through any view, also an
+ * overlapping one ("In-place writes"). Errors: K3_EINVAL (t NULL), K3_EFREED, K3_EDEVICE. */
 K3_API k3_status k3_tensor_fill(k3_tensor *t, double value);
-/* Element at 0-based index idx[0..ndim-1] as double (synchronises for device tensors). */
+/* *out = the element at 0-based index idx[0..ndim-1] as double (synchronises for device
+ * tensors). idx may be NULL for a 0-dim t. Errors: K3_EINVAL (t, idx or out NULL),
+ * K3_EFREED, K3_ESHAPE ("get: index 2 out of range for dim 0 of size 2"). */
 K3_API k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out);
+/* Sets the element at 0-based index idx[0..ndim-1] to value (rounded once), through any view
+ * ("In-place writes"). idx may be NULL for a 0-dim t. Errors as k3_tensor_get. */
 K3_API k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value);
-/* All elements, row-major, as doubles into out[numel]. */
+/* All elements, row-major, as doubles into out[numel] (out may be NULL when numel is 0).
+ * Errors: K3_EINVAL (t or out NULL), K3_EFREED, K3_ENOMEM. */
 K3_API k3_status k3_tensor_to_f64(const k3_tensor *t, double *out);
 
-/* Elementwise ops into a new tensor of a's shape, dtype and device. */
+/* Elementwise ops into a new tensor of a's shape, dtype and device (*out; the caller frees
+ * it). Each element is computed from the exact operands (a double scalar is not rounded to
+ * the dtype first) and rounded once to the dtype (DESIGN.md). */
 typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL } k3_binop;
-/* out = a (op) b; shapes must match exactly, dtypes and devices too. */
+/* out = a (op) b; shapes must match exactly, dtypes and devices too. Errors: K3_EINVAL
+ * (out, a or b NULL: "binary: b is NULL"; op not a k3_binop), K3_EFREED, K3_ESHAPE,
+ * K3_EDTYPE, K3_EDEVICE, K3_ENOMEM. */
 K3_API k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a,
                                   const k3_tensor *b);
-/* out = a (op) s, or s (op) a when scalar_first. */
+/* out = a (op) s, or s (op) a when scalar_first. Errors as k3_tensor_binary (named
+ * "binary_scalar:" for NULL arguments). */
 K3_API k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a,
                                          double s, int scalar_first);
-/* max |a - b| over elements (NaN if any element is NaN); same shape. */
+/* *out = max |a - b| over elements (NaN if any element is NaN); same shape. Errors: K3_EINVAL
+ * (a, b or out NULL: "max_abs_diff: out is NULL"), K3_EFREED, K3_ESHAPE, K3_ENOMEM; the same
+ * for k3_allclose and k3_cosine under their names. */
 K3_API k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out);
-/* 1 when |a-b| <= atol + rtol*|b| everywhere (NaN never close). */
+/* *out = 1 when |a-b| <= atol + rtol*|b| everywhere (NaN never close), else 0. */
 K3_API k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol,
                              int *out);
-/* <a,b> / (|a| |b|), computed in f64; 1 when both are all-zero, NaN when one is. */
+/* *out = <a,b> / (|a| |b|), computed in f64; 1 when both are all-zero, NaN when one is. */
 K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 
 
@@ -226,15 +299,22 @@ K3_API k3_status k3_empty_cache(void);
  * (k3_policy_free). Each lua_State owns one policy: its k3.set_policy and
  * k3.set_batch_invariant change that policy only. */
 typedef struct k3_policy k3_policy;
+/* *out = a new policy holding the built-in default; free with k3_policy_free. Errors:
+ * K3_EINVAL ("policy_new: out is NULL"), K3_ENOMEM. */
 K3_API k3_status k3_policy_new(k3_policy **out);
+/* NULL is a no-op. */
 K3_API void k3_policy_free(k3_policy *p);
-/* Sets the candidates of op ("linear", "attn_res", "rms_norm", "silu_mul"). Every name must
- * be a kernel k3 knows for that op (registered or not in this build): K3_EINVAL names the
- * first unknown one. At most K3_MAX_CANDIDATES. */
+/* Sets the candidates of op ("linear", "attn_res", "rms_norm", "silu_mul") to names[0..n-1].
+ * Every name must be a kernel k3 knows for that op (registered or not in this build):
+ * K3_EINVAL names the first unknown one. At most K3_MAX_CANDIDATES. K3_EINVAL also for p or
+ * op NULL, names NULL with n > 0, or a NULL names[i] ("policy_set_candidates: names[1] is
+ * NULL"). */
 #define K3_MAX_CANDIDATES 16
 K3_API k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
                                           int n);
-/* 0: "error" (the default: a kernel's layout error is raised), 1: "fallback". */
+/* fallback 0: "error" (the default: a kernel's layout error is raised), 1: "fallback" (it
+ * becomes a decline and dispatch goes on). Any other value, or p NULL, is K3_EINVAL
+ * ("policy_set_layout_fallback: fallback must be 0 (error) or 1 (fallback); got 7"). */
 K3_API k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback);
 /* Batch-invariant mode of the calls made with p (k3_call.policy = p, or a method applied with
  * such a call): low-latency plans decline and linear runs its fixed-order reduction, so a
@@ -280,9 +360,12 @@ K3_API int k3_batch_invariant(void);
 /* ---- ops (DESIGN.md "Ops and their exact semantics") -------------------------------------- */
 /* Each op validates its arguments (errors name op, argument, expected and actual), then
  * dispatches. Results go to `out` when given (it must have the result's shape, dtype and
- * device, and must not overlap an input), else to a new tensor. *y (may be NULL when out is
- * given) receives a new handle on the result. With call->explain_only nothing is computed
- * and *y is untouched. */
+ * device, must not overlap an input, and its own elements must not overlap: "In-place
+ * writes"), else to a new tensor, whose allocation errors name the op ("rms_norm: out of
+ * host memory allocating 17592186044416 bytes"). *y (may be NULL when out is given)
+ * receives a new handle on the result. With call->explain_only nothing is computed and *y
+ * is untouched. A required tensor that is NULL is K3_EINVAL ("linear: x is required"), as
+ * are y and out both NULL outside explain_only. */
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); fp32 accumulate, rounded once.
  * x, w, bias, residual share dtype and device. */
@@ -290,7 +373,11 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
 
-/* The AttnRes read (DESIGN.md). 0-based write_block, -1 for none. */
+/* The AttnRes read (DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
+ * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
+ * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
+ * has S = 0 slots; got 0". A non-finite or negative eps or output_eps is K3_EINVAL naming
+ * it ("attn_res: output_eps must be a finite number >= 0; got nan"). a NULL: K3_EINVAL. */
 typedef struct k3_attn_res_args {
     k3_tensor *prefix;                /* [T,H]; updated in place when delta is given */
     const k3_tensor *delta;           /* [T,H] or NULL */
@@ -322,15 +409,22 @@ typedef struct k3_plan_entry {
     const char *kernel; /* "skinny" or a full kernel name */
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
 } k3_plan_entry;
-/* policy may be NULL (built-in default); the method keeps a copy of what it needs. */
+/* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
+ * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method.default: out is
+ * NULL"), K3_ENOMEM. */
 K3_API k3_status k3_method_default(k3_method **out, const k3_policy *policy);
+/* plan[0..n-1] (plan may be NULL when n is 0; an entry's kernel NULL means "skinny"); each M
+ * in 1..16 at most once. Errors: K3_EINVAL (out NULL, plan NULL with n > 0, a bad entry, named
+ * by its M), K3_ENOMEM. */
 K3_API k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int n,
                                        const k3_policy *policy);
+/* NULL is a no-op. */
 K3_API void k3_method_free(k3_method *m);
 /* Like k3_linear through the method; call->record gets the method's decision (a decline of
  * the low-latency path is recorded with its reason, then the default's decision). The
  * candidates come from the method's policy copy; the batch-invariant mode from the call's
- * policy at call time (k3_policy_batch_invariant(call->policy)). */
+ * policy at call time (k3_policy_batch_invariant(call->policy)). m NULL is K3_EINVAL
+ * ("method: method is NULL"); the tensors are checked as k3_linear checks them. */
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
@@ -343,7 +437,7 @@ K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_ten
  * (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
  * k3.stats_reset() see and clear only that state's own counters, never these totals. */
 typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
-K3_API void k3_stats(k3_stats_fn fn, void *ud);
+K3_API void k3_stats(k3_stats_fn fn, void *ud); /* fn NULL: nothing is called */
 K3_API void k3_stats_reset(void);
 
 /* Waits for all queued device work on this thread's streams. */
@@ -361,6 +455,7 @@ K3_API k3_status k3_synchronize(void);
 typedef struct k3_safetensors k3_safetensors;
 
 /* Loads `path`. *out (owned by the caller, free with k3_safetensors_free) is NULL on error.
+ * path or out NULL: K3_EINVAL ("safetensors_load: path is NULL").
  * Errors: K3_EIO (cannot open/read, or the file shrank while reading), K3_EFORMAT (any
  * malformed field; the message names the file, the tensor and the problem, e.g.
  * `safetensors: w.st: tensor "a": data_offsets [0, 64] out of range: the data section
@@ -371,7 +466,7 @@ K3_API int k3_safetensors_count(const k3_safetensors *st);
 /* Name of tensor i (0-based), owned by st; NULL when i is out of range. */
 K3_API const char *k3_safetensors_name(const k3_safetensors *st, int i);
 /* *out = a new handle (one more storage reference, the caller frees it) on tensor i.
- * K3_EINVAL when i is out of range. The tensor outlives st. */
+ * K3_EINVAL when i is out of range or st or out is NULL. The tensor outlives st. */
 K3_API k3_status k3_safetensors_tensor(const k3_safetensors *st, int i, k3_tensor **out);
 /* Frees the file handle and its references; tensors handed out stay valid. NULL: no-op. */
 K3_API void k3_safetensors_free(k3_safetensors *st);
@@ -379,7 +474,9 @@ K3_API void k3_safetensors_free(k3_safetensors *st);
  * through k3_tensor_to) as contiguous little-endian data, sorted by name, with
  * {"__metadata__": {"format": "pt"}}. The file is written beside `path` and renamed into
  * place, so a failure leaves no partial file. Names must be non-empty, unique and not
- * "__metadata__" (K3_EINVAL); a freed tensor is K3_EFREED; write failures K3_EIO. */
+ * "__metadata__" (K3_EINVAL); path NULL, names or tensors NULL with n > 0, or a NULL
+ * names[i] or tensors[i] is K3_EINVAL ("safetensors_save: tensors[2] ("w") is NULL"); a
+ * freed tensor is K3_EFREED; write failures K3_EIO. */
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 

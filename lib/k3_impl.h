@@ -95,6 +95,71 @@ K3_API k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t);
 K3_API const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v);
 /* True when a and b share storage and their extents intersect. */
 K3_API bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b);
+/* True when two elements of t may share memory: the one test behind every in-place write
+ * of distinct values (copy's destination, an op's out, attn_res's updated prefix and block).
+ * With the dims of size > 1 sorted by stride, each stride must exceed the span of the
+ * smaller ones; a stride 0 (a broadcast view) fails it. Exact for every view made by
+ * narrow, select, transpose, view, expand and for dense or padded as_strided views;
+ * conservative (it says "overlap") for views whose dims interleave without sharing an
+ * element, e.g. shape [3, 2] with strides [2, 3]. */
+K3_API bool k3_tensor_self_overlaps(const k3_tensor *t);
+/* Formats a double for a message: "nan" (whatever its sign), "inf", "-inf", else %g.
+ * Returns buf. */
+K3_API const char *k3_fmt_double(char *buf, size_t n, double v);
+/* v + base as the caller counts it: base 0 for the C API, 1 for the Lua binding. Computed
+ * in unsigned arithmetic so that a 0-based INT64_MAX (a Lua index of math.mininteger after
+ * the binding's - 1) prints back as the caller's own value. */
+static inline long long k3_based(int64_t v, int base) {
+    return (long long)((uint64_t)v + (uint64_t)(int64_t)base);
+}
+
+/* ---- message numbering: the C API and the Lua binding ----------------------------------- */
+/* The C API counts dims, indices and blocks from 0, and so do its messages. The Lua binding
+ * counts from 1 and calls these variants with base 1: the same check, in the same order,
+ * then reports its arguments in the caller's own numbering ("narrow: start 1 and length 5
+ * out of range for dim 2 of size 3" in Lua, "... start 0 ... dim 1 ..." in C). Each public
+ * function is its variant with base 0. `op` (k3_tensor_new) names the caller in messages. */
+K3_API k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                               k3_device device, const char *op, int base);
+K3_API k3_status k3_tensor_full_base(k3_tensor **out, int ndim, const int64_t *shape,
+                                     k3_dtype dtype, k3_device device, double value, int base);
+K3_API k3_status k3_tensor_randn_base(k3_tensor **out, int ndim, const int64_t *shape,
+                                      k3_dtype dtype, k3_device device, uint64_t seed, int base);
+K3_API k3_status k3_tensor_from_f64_base(k3_tensor **out, int ndim, const int64_t *shape,
+                                         k3_dtype dtype, k3_device device,
+                                         const double *values, int base);
+K3_API k3_status k3_tensor_narrow_base(k3_tensor **out, const k3_tensor *t, int d,
+                                       int64_t start, int64_t length, int base);
+K3_API k3_status k3_tensor_select_base(k3_tensor **out, const k3_tensor *t, int d, int64_t i,
+                                       int base);
+K3_API k3_status k3_tensor_transpose_base(k3_tensor **out, const k3_tensor *t, int d1, int d2,
+                                          int base);
+K3_API k3_status k3_tensor_view_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                                     const int64_t *shape, int base);
+K3_API k3_status k3_tensor_expand_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                                       const int64_t *shape, int base);
+K3_API k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                                           const int64_t *shape, const int64_t *stride,
+                                           int64_t offset, int base);
+K3_API k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base);
+K3_API k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out,
+                                    int base);
+K3_API k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base);
+/* The ops with their messages in the caller's numbering: the dims they name ("linear: x dim
+ * 1 (7000) must match w dim 1 (7168)" in C, "... dim 2 ..." in Lua) and attn_res's
+ * write_block, which base 1 words as Lua does ("write_block must be in 1..S (blocks dim 2)",
+ * "must be nil") and base 0 as C does ("-1 (no write) or in 0..S-1"). The linear one is
+ * k3_linear_ext (below), whose last argument is the base. */
+K3_API k3_status k3_attn_res_base(k3_tensor **y, const k3_attn_res_args *a, k3_tensor *out,
+                                  const k3_call *call, int base);
+K3_API k3_status k3_rms_norm_base(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                  double eps, k3_tensor *out, const k3_call *call, int base);
+K3_API k3_status k3_silu_mul_base(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
+                                  const k3_call *call, int base);
+K3_API k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                                      const k3_tensor *w, const k3_tensor *bias,
+                                      const k3_tensor *residual, k3_tensor *out,
+                                      const k3_call *call, int base);
 /* Loads element at flat storage index (element units) of dtype as double / float. */
 K3_API double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
 K3_API float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
@@ -131,12 +196,15 @@ typedef struct k3_linear_args {
     k3_tensor *out;
     const k3_skinny_config *config; /* only cuda.linear.skinny reads it; may be NULL */
     bool batch_invariant;           /* reduce each row in one fixed order, independent of M */
+    int base;                       /* dims in messages count from it ("message numbering") */
 } k3_linear_args;
 
-/* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H]. */
+/* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
+ * of dims and write_block in messages (0: C, 1: the Lua binding; see k3_attn_res_base). */
 typedef struct k3_attn_res_kargs {
     k3_attn_res_args p;
     k3_tensor *out;
+    int base;
 } k3_attn_res_kargs;
 
 /* y = round(x * rsqrt(mean(x^2) + eps) * w) over the last dim; x, out [M,H], w [H]. */
@@ -144,12 +212,14 @@ typedef struct k3_rms_norm_args {
     const k3_tensor *x, *w;
     double eps;
     k3_tensor *out;
+    int base; /* dims in messages count from it ("message numbering") */
 } k3_rms_norm_args;
 
 /* x [M,2I] -> out [M,I] = silu(x[:, :I]) * x[:, I:]. */
 typedef struct k3_silu_mul_args {
     const k3_tensor *x;
     k3_tensor *out;
+    int base; /* dims in messages count from it ("message numbering") */
 } k3_silu_mul_args;
 
 typedef struct k3_op_args {
@@ -343,11 +413,12 @@ typedef struct k3_dispatch_ext {
 } k3_dispatch_ext;
 K3_API k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
                                 const k3_dispatch_ext *ext);
-/* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
+/* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c) and the numbering
+ * of its messages (base: 0 for C, 1 for the Lua binding). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                                const k3_call *call, const k3_skinny_config *config,
-                               const k3_dispatch_ext *ext);
+                               const k3_dispatch_ext *ext, int base);
 
 /* ---- core functions the CUDA backend calls (helper B) ----------------------------------- */
 /* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these

@@ -2,6 +2,9 @@
  * k3_lua.c — the Lua 5.4 binding, and the only file of k3 that includes lua.h. Tensors are
  * full userdata ("k3.Tensor") holding one k3_tensor handle; methods, linear methods and the
  * compiled policy likewise. Every C call's temporaries are freed before a Lua error is raised.
+ * Dims and indices are 1-based here and 0-based in the C API: the binding converts them and
+ * calls the core's *_base variants with base 1, so the core's own checks report them as the
+ * Lua caller counts (k3_impl.h, "message numbering").
  */
 #include "k3_impl.h"
 
@@ -254,11 +257,11 @@ static int create_filled(lua_State *L, const char *fname, int shape_idx, int opt
     tensor_ud *u = push_tensor_slot(L);
     k3_status s;
     if (kind == 0)
-        s = k3_tensor_empty(&u->t, nd, shape, o.dtype, o.device);
+        s = k3_tensor_new(&u->t, nd, shape, o.dtype, o.device, "empty", 1);
     else if (kind == 1)
-        s = k3_tensor_full(&u->t, nd, shape, o.dtype, o.device, value);
+        s = k3_tensor_full_base(&u->t, nd, shape, o.dtype, o.device, value, 1);
     else
-        s = k3_tensor_randn(&u->t, nd, shape, o.dtype, o.device, o.seed);
+        s = k3_tensor_randn_base(&u->t, nd, shape, o.dtype, o.device, o.seed, 1);
     CHECK_K3_AS(L, fname, s);
     return 1;
 }
@@ -332,7 +335,8 @@ static int l_tensor(lua_State *L) {
     int64_t pos = 0;
     nested_fill(L, 1, 0, nd, shape, vals, &pos);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3_AS(L, "tensor", k3_tensor_from_f64(&u->t, nd, shape, o.dtype, o.device, vals));
+    CHECK_K3_AS(L, "tensor",
+                k3_tensor_from_f64_base(&u->t, nd, shape, o.dtype, o.device, vals, 1));
     return 1;
 }
 
@@ -400,7 +404,8 @@ static int m_narrow(lua_State *L) {
     int d = check_dim_arg(L, 2, t, "narrow");
     lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_narrow(&u->t, t, d, (int64_t)((uint64_t)start - 1), (int64_t)len));
+    CHECK_K3(L, k3_tensor_narrow_base(&u->t, t, d, (int64_t)((uint64_t)start - 1),
+                                      (int64_t)len, 1));
     return 1;
 }
 
@@ -410,7 +415,7 @@ static int m_select(lua_State *L) {
     int d = check_dim_arg(L, 2, t, "select");
     lua_Integer i = luaL_checkinteger(L, 3);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_select(&u->t, t, d, (int64_t)((uint64_t)i - 1)));
+    CHECK_K3(L, k3_tensor_select_base(&u->t, t, d, (int64_t)((uint64_t)i - 1), 1));
     return 1;
 }
 
@@ -419,7 +424,7 @@ static int m_transpose(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     int d1 = check_dim_arg(L, 2, t, "transpose"), d2 = check_dim_arg(L, 3, t, "transpose");
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_transpose(&u->t, t, d1, d2));
+    CHECK_K3(L, k3_tensor_transpose_base(&u->t, t, d1, d2, 1));
     return 1;
 }
 
@@ -440,7 +445,7 @@ static int m_view(lua_State *L) {
     int64_t shape[K3_MAX_DIMS];
     int nd = check_shape(L, 2, shape, "view", 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_view(&u->t, t, nd, shape));
+    CHECK_K3(L, k3_tensor_view_base(&u->t, t, nd, shape, 1));
     return 1;
 }
 
@@ -450,7 +455,7 @@ static int m_expand(lua_State *L) {
     int64_t shape[K3_MAX_DIMS];
     int nd = check_shape(L, 2, shape, "expand", 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_expand(&u->t, t, nd, shape));
+    CHECK_K3(L, k3_tensor_expand_base(&u->t, t, nd, shape, 1));
     return 1;
 }
 
@@ -464,7 +469,7 @@ static int m_as_strided(lua_State *L) {
         return luaL_error(L, "as_strided: shape has %d dims but stride has %d", nd, ns);
     lua_Integer off = luaL_optinteger(L, 4, (lua_Integer)t->offset);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_as_strided(&u->t, t, nd, shape, stride, (int64_t)off));
+    CHECK_K3(L, k3_tensor_as_strided_base(&u->t, t, nd, shape, stride, (int64_t)off, 1));
     return 1;
 }
 
@@ -520,7 +525,7 @@ static int m_to(lua_State *L) {
 static int m_copy(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     k3_tensor *src = check_tensor(L, 2);
-    CHECK_K3(L, k3_tensor_copy(t, src));
+    CHECK_K3(L, k3_tensor_copy_base(t, src, 1));
     lua_settop(L, 1);
     return 1;
 }
@@ -549,7 +554,7 @@ static int m_get(lua_State *L) {
     int64_t idx[K3_MAX_DIMS];
     check_indices(L, t, 2, lua_gettop(L) - 1, "get", idx);
     double v;
-    CHECK_K3_AS(L, "get", k3_tensor_get(t, idx, &v));
+    CHECK_K3_AS(L, "get", k3_tensor_get_base(t, idx, &v, 1));
     lua_pushnumber(L, v);
     return 1;
 }
@@ -561,7 +566,7 @@ static int m_set(lua_State *L) {
     int64_t idx[K3_MAX_DIMS];
     double v = luaL_checknumber(L, top);
     check_indices(L, t, 2, top - 2, "set", idx);
-    CHECK_K3_AS(L, "set", k3_tensor_set(t, idx, v));
+    CHECK_K3_AS(L, "set", k3_tensor_set_base(t, idx, v, 1));
     lua_settop(L, 1);
     return 1;
 }
@@ -909,7 +914,7 @@ static int linear_impl(lua_State *L, int base, int explain) {
     call_ctx c;
     call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
-    k3_status s = k3_linear(u ? &u->t : NULL, x, w, bias, res, out, &c.call);
+    k3_status s = k3_linear_ext(u ? &u->t : NULL, x, w, bias, res, out, &c.call, NULL, NULL, 1);
     return op_finish(L, s, &c, explain);
 }
 static int l_linear(lua_State *L) { return linear_impl(L, 1, 0); }
@@ -942,7 +947,7 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
     call_ctx c;
     call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
-    k3_status s = k3_rms_norm(u ? &u->t : NULL, x, w, eps, out, &c.call);
+    k3_status s = k3_rms_norm_base(u ? &u->t : NULL, x, w, eps, out, &c.call, 1);
     return op_finish(L, s, &c, explain);
 }
 static int l_rms_norm(lua_State *L) { return rms_norm_impl(L, 1, 0); }
@@ -963,7 +968,7 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
     call_ctx c;
     call_init(L, &c, opt_kernel(L, opts, opts, fname), explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
-    k3_status s = k3_silu_mul(u ? &u->t : NULL, x, out, &c.call);
+    k3_status s = k3_silu_mul_base(u ? &u->t : NULL, x, out, &c.call, 1);
     return op_finish(L, s, &c, explain);
 }
 static int l_silu_mul(lua_State *L) { return silu_mul_impl(L, 1, 0); }
@@ -1028,7 +1033,7 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     call_ctx c;
     call_init(L, &c, opt_kernel(L, base, base, fname), explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
-    k3_status s = k3_attn_res(u ? &u->t : NULL, &a, out, &c.call);
+    k3_status s = k3_attn_res_base(u ? &u->t : NULL, &a, out, &c.call, 1);
     return op_finish(L, s, &c, explain);
 }
 static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
@@ -1362,7 +1367,7 @@ static int method_call(lua_State *L, int explain) {
     call_ctx c;
     call_init(L, &c, NULL, explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
-    k3_status s = k3_method_apply(m, u ? &u->t : NULL, x, w, bias, res, out, &c.call);
+    k3_status s = k3_method_apply_base(m, u ? &u->t : NULL, x, w, bias, res, out, &c.call, 1);
     return op_finish(L, s, &c, explain);
 }
 static int method_apply(lua_State *L) { return method_call(L, 0); }
@@ -1425,6 +1430,8 @@ static int l_save_safetensors(lua_State *L) {
                               lua_tostring(L, -2), luaL_typename(L, -1));
         check_tensor(L, lua_gettop(L));
         n++;
+        if (lua_tostring(L, -2)[0] == '\0')
+            return luaL_error(L, "save_safetensors: %s: tensor %d has an empty name", path, n);
         lua_pop(L, 1);
     }
     /* Arrays as userdata: collected even if an error is raised. */

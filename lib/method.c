@@ -119,7 +119,7 @@ void k3_method_free(k3_method *m) {
  * applies (then *slot is the plan entry); otherwise writes the decline reason. */
 static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w,
                       const k3_tensor *bias, int batch_invariant, const plan_slot **slot,
-                      char *why, size_t n) {
+                      char *why, size_t n, int base) {
     char a[160], b[160];
     if (bias) return snprintf(why, n, "bias is present"), false;
     if (batch_invariant) return snprintf(why, n, "batch-invariant mode is on"), false;
@@ -152,8 +152,8 @@ static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w
         return snprintf(why, n, "x is on %s, not a CUDA device", k3_device_name(dx, a, sizeof a)),
                false;
     if (x->size[1] != w->size[1])
-        return snprintf(why, n, "K mismatch: x dim 2 (%lld), w dim 2 (%lld)",
-                        (long long)x->size[1], (long long)w->size[1]),
+        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)", 1 + base,
+                        (long long)x->size[1], 1 + base, (long long)w->size[1]),
                false;
     int64_t M = x->size[0];
     if (M < 1 || M > K3_PLAN_MAX_M || !m->plan[M].present)
@@ -164,10 +164,12 @@ static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w
     return true;
 }
 
-/* Applies m with `ext` (declines made before it) appended to its decision. */
+/* Applies m with `ext` (declines made before it) appended to its decision; base numbers the
+ * dims in messages (k3_impl.h). */
 static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                            const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
-                           k3_tensor *out, const k3_call *call, const k3_dispatch_ext *ext) {
+                           k3_tensor *out, const k3_call *call, const k3_dispatch_ext *ext,
+                           int base) {
     /* The method's own policy copy supplies the candidates; without one, the caller's (or
      * the built-in). Batch-invariant mode is the caller's, at call time: it belongs to the
      * caller's policy (a lua_State's), not to the copy made when the method was built. */
@@ -180,33 +182,40 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
         c.policy = &local;
     }
     if (!m->low_latency || c.kernel)
-        return k3_linear_ext(y, x, w, bias, residual, out, &c, NULL, ext);
+        return k3_linear_ext(y, x, w, bias, residual, out, &c, NULL, ext, base);
 
     /* NULL or freed tensors: the owned default's validation reports them. */
     if (!x || !w || k3_tensor_check(x, "x") != K3_OK || k3_tensor_check(w, "w") != K3_OK ||
         (bias && k3_tensor_check(bias, "bias") != K3_OK))
-        return apply_ext(m->fallback, y, x, w, bias, residual, out, call, ext);
+        return apply_ext(m->fallback, y, x, w, bias, residual, out, call, ext, base);
 
     const plan_slot *slot = NULL;
     k3_decline d;
     memset(&d, 0, sizeof d);
-    if (fast_path(m, x, w, bias, bi, &slot, d.reason, sizeof d.reason)) {
+    if (fast_path(m, x, w, bias, bi, &slot, d.reason, sizeof d.reason, base)) {
         /* The skinny kernel is tried first; should its supports() decline, dispatch goes on
          * to the policy's linear candidates. */
         k3_dispatch_ext fast = {k3_kernel_find(slot->kernel), NULL, 0};
-        return k3_linear_ext(y, x, w, bias, residual, out, &c, &slot->config, &fast);
+        return k3_linear_ext(y, x, w, bias, residual, out, &c, &slot->config, &fast, base);
     }
     int64_t M = x->ndim == 2 ? x->size[0] : 0;
     snprintf(d.kernel, sizeof d.kernel, "%s",
              M >= 1 && M <= K3_PLAN_MAX_M && m->plan[M].present ? m->plan[M].kernel
                                                                   : "cuda.linear.skinny");
     k3_dispatch_ext declined = {NULL, &d, 1};
-    return apply_ext(m->fallback, y, x, w, bias, residual, out, call, &declined);
+    return apply_ext(m->fallback, y, x, w, bias, residual, out, call, &declined, base);
+}
+
+k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                               const k3_tensor *w, const k3_tensor *bias,
+                               const k3_tensor *residual, k3_tensor *out, const k3_call *call,
+                               int base) {
+    if (!m) return k3_error(K3_EINVAL, "method: method is NULL");
+    return apply_ext(m, y, x, w, bias, residual, out, call, NULL, base);
 }
 
 k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                           const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
                           k3_tensor *out, const k3_call *call) {
-    if (!m) return k3_error(K3_EINVAL, "method: method is NULL");
-    return apply_ext(m, y, x, w, bias, residual, out, call, NULL);
+    return k3_method_apply_base(m, y, x, w, bias, residual, out, call, 0);
 }

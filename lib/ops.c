@@ -70,34 +70,11 @@ static k3_status unit_last(const char *op, const char *what, const k3_tensor *t)
                     op, what, strd(b, t));
 }
 
-/* A sufficient test that no two elements of a written view share memory: with dims of size
- * > 1 sorted by stride, each stride exceeds the span of the smaller ones. */
-static bool self_disjoint(const k3_tensor *t) {
-    int64_t st[K3_MAX_DIMS], sz[K3_MAX_DIMS];
-    int n = 0;
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->size[d] == 0) return true;
-        if (t->size[d] > 1) {
-            st[n] = t->stride[d];
-            sz[n++] = t->size[d];
-        }
-    }
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
-            int64_t a = st[j], b = sz[j];
-            st[j] = st[j - 1], sz[j] = sz[j - 1];
-            st[j - 1] = a, sz[j - 1] = b;
-        }
-    int64_t span = 0; /* largest offset reachable with the smaller dims */
-    for (int i = 0; i < n; i++) {
-        if (st[i] <= span) return false;
-        span += (sz[i] - 1) * st[i];
-    }
-    return true;
-}
-
+/* A tensor the op writes distinct values into: no two of its elements may share memory
+ * (k3_tensor_self_overlaps; the rule every in-place writer follows, k3.h "In-place
+ * writes"). */
 static k3_status written(const char *op, const char *what, const k3_tensor *t) {
-    if (self_disjoint(t)) return K3_OK;
+    if (!k3_tensor_self_overlaps(t)) return K3_OK;
     char b[DIMS_LEN], c[DIMS_LEN];
     return k3_error(K3_ELAYOUT,
                     "%s: %s is written but its elements overlap (shape %s, strides %s)", op,
@@ -135,7 +112,9 @@ static k3_status check_out(const char *op, const k3_tensor *out, int nd, const i
 
 static k3_status finite_eps(const char *op, const char *what, double eps) {
     if (isfinite(eps) && eps >= 0) return K3_OK;
-    return k3_error(K3_EINVAL, "%s: %s must be a finite number >= 0; got %g", op, what, eps);
+    char b[32];
+    return k3_error(K3_EINVAL, "%s: %s must be a finite number >= 0; got %s", op, what,
+                    k3_fmt_double(b, sizeof b, eps));
 }
 
 /* ---- linear ---------------------------------------------------------------------------- */
@@ -150,16 +129,16 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     K3_TRY(need_ndim(op, "x", x, 2, "[M, K]"));
     K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
     if (x->size[1] != w->size[1])
-        return k3_error(K3_ESHAPE, "linear: x dim 2 (%lld) must match w dim 2 (%lld)",
-                        (long long)x->size[1], (long long)w->size[1]);
+        return k3_error(K3_ESHAPE, "linear: x dim %d (%lld) must match w dim %d (%lld)",
+                        1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1]);
     K3_TRY(same_dtype(op, "w", w, "x", x));
     K3_TRY(same_device(op, "w", w, "x", x));
     int64_t M = x->size[0], N = w->size[0];
     if (a->bias) {
         char b[DIMS_LEN];
         if (a->bias->ndim != 1 || a->bias->size[0] != N)
-            return k3_error(K3_ESHAPE, "linear: bias must be [N] = [%lld] (w dim 1); got %s",
-                            (long long)N, shp(b, a->bias));
+            return k3_error(K3_ESHAPE, "linear: bias must be [N] = [%lld] (w dim %d); got %s",
+                            (long long)N, 0 + a->base, shp(b, a->bias));
         K3_TRY(same_dtype(op, "bias", a->bias, "x", x));
         K3_TRY(same_device(op, "bias", a->bias, "x", x));
     }
@@ -193,20 +172,22 @@ k3_status k3_linear_validate(const k3_linear_args *a) {
 
 /* ---- attn_res ---------------------------------------------------------------------------- */
 
-static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor *prefix) {
+static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor *prefix,
+                          int base) {
     const char *op = "attn_res";
     K3_TRY(need(op, what, wt));
     int64_t H = prefix->size[1];
     if (wt->ndim != 1 || wt->size[0] != H) {
         char b[DIMS_LEN];
-        return k3_error(K3_ESHAPE, "attn_res: %s must be [H] = [%lld] (prefix dim 2); got %s",
-                        what, (long long)H, shp(b, wt));
+        return k3_error(K3_ESHAPE, "attn_res: %s must be [H] = [%lld] (prefix dim %d); got %s",
+                        what, (long long)H, 1 + base, shp(b, wt));
     }
     K3_TRY(same_device(op, what, wt, "prefix", prefix));
     return unit_last(op, what, wt);
 }
 
-static k3_status attn_res_inputs(const k3_attn_res_args *p) {
+/* base: how the caller counts dims and write_block in messages (k3_attn_res_base). */
+static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
     const char *op = "attn_res";
     K3_TRY(need(op, "prefix", p->prefix));
     K3_TRY(need_opt(op, "delta", p->delta));
@@ -216,30 +197,43 @@ static k3_status attn_res_inputs(const k3_attn_res_args *p) {
     K3_TRY(need_ndim(op, "blocks", blocks, 3, "[T, S, H]"));
     int64_t T = prefix->size[0], H = prefix->size[1], S = blocks->size[1];
     if (blocks->size[0] != T)
-        return k3_error(K3_ESHAPE, "attn_res: blocks dim 1 (%lld) must match prefix dim 1 (%lld)",
-                        (long long)blocks->size[0], (long long)T);
+        return k3_error(K3_ESHAPE, "attn_res: blocks dim %d (%lld) must match prefix dim %d (%lld)",
+                        0 + base, (long long)blocks->size[0], 0 + base, (long long)T);
     if (blocks->size[2] != H)
-        return k3_error(K3_ESHAPE, "attn_res: blocks dim 3 (%lld) must match prefix dim 2 (%lld)",
-                        (long long)blocks->size[2], (long long)H);
+        return k3_error(K3_ESHAPE, "attn_res: blocks dim %d (%lld) must match prefix dim %d (%lld)",
+                        2 + base, (long long)blocks->size[2], 1 + base, (long long)H);
     if (delta && (delta->ndim != 2 || delta->size[0] != T || delta->size[1] != H)) {
         char b[DIMS_LEN], c[DIMS_LEN];
         return k3_error(K3_ESHAPE, "attn_res: delta must be [T, H] = %s (prefix); got %s",
                         shp(c, prefix), shp(b, delta));
     }
-    K3_TRY(weight_h("norm_weight", p->norm_weight, prefix));
-    K3_TRY(weight_h("qk_weight", p->qk_weight, prefix));
-    if (p->output_norm_weight) K3_TRY(weight_h("output_norm_weight", p->output_norm_weight, prefix));
+    K3_TRY(weight_h("norm_weight", p->norm_weight, prefix, base));
+    K3_TRY(weight_h("qk_weight", p->qk_weight, prefix, base));
+    if (p->output_norm_weight)
+        K3_TRY(weight_h("output_norm_weight", p->output_norm_weight, prefix, base));
     if (p->num_blocks < 0 || p->num_blocks > S)
-        return k3_error(K3_ESHAPE, "attn_res: num_blocks must be in 0..%lld (blocks dim 2); got %lld",
-                        (long long)S, (long long)p->num_blocks);
-    /* Messages count blocks from 1, as Lua does (the C value is 0-based, -1 for none). */
+        return k3_error(K3_ESHAPE, "attn_res: num_blocks must be in 0..%lld (blocks dim %d); got %lld",
+                        (long long)S, 1 + base, (long long)p->num_blocks);
+    /* The value is 0-based with -1 for none; messages say it as the caller does: C's -1 and
+     * 0..S-1, or (base 1, the Lua binding) nil and 1..S. */
     if (p->write_block < -1 || p->write_block >= S) {
-        if (S == 0)
+        if (base == 1 && S == 0)
             return k3_error(K3_ESHAPE,
                             "attn_res: write_block must be nil: blocks dim 2 is 0; got %lld",
-                            (long long)((uint64_t)p->write_block + 1));
-        return k3_error(K3_ESHAPE, "attn_res: write_block must be in 1..%lld (blocks dim 2); got %lld",
-                        (long long)S, (long long)((uint64_t)p->write_block + 1));
+                            k3_based(p->write_block, 1));
+        if (base == 1)
+            return k3_error(K3_ESHAPE,
+                            "attn_res: write_block must be in 1..%lld (blocks dim 2); got %lld",
+                            (long long)S, k3_based(p->write_block, 1));
+        if (S == 0)
+            return k3_error(K3_ESHAPE,
+                            "attn_res: write_block must be -1 (no write): blocks has S = 0 "
+                            "slots; got %lld",
+                            (long long)p->write_block);
+        return k3_error(K3_ESHAPE,
+                        "attn_res: write_block must be -1 (no write) or in 0..%lld (blocks has "
+                        "S = %lld slots); got %lld",
+                        (long long)S - 1, (long long)S, (long long)p->write_block);
     }
     if (delta) K3_TRY(same_dtype(op, "delta", delta, "prefix", prefix));
     K3_TRY(same_dtype(op, "blocks", blocks, "prefix", prefix));
@@ -291,7 +285,7 @@ static k3_status attn_res_out(const k3_attn_res_kargs *a) {
 
 k3_status k3_attn_res_validate(const k3_attn_res_kargs *a) {
     if (!a) return k3_error(K3_EINVAL, "attn_res: args is NULL");
-    K3_TRY(attn_res_inputs(&a->p));
+    K3_TRY(attn_res_inputs(&a->p, a->base));
     return attn_res_out(a);
 }
 
@@ -305,8 +299,8 @@ static k3_status rms_norm_inputs(const k3_rms_norm_args *a) {
     int64_t H = a->x->size[1];
     if (a->w->ndim != 1 || a->w->size[0] != H) {
         char b[DIMS_LEN];
-        return k3_error(K3_ESHAPE, "rms_norm: w must be [H] = [%lld] (x dim 2); got %s",
-                        (long long)H, shp(b, a->w));
+        return k3_error(K3_ESHAPE, "rms_norm: w must be [H] = [%lld] (x dim %d); got %s",
+                        (long long)H, 1 + a->base, shp(b, a->w));
     }
     K3_TRY(same_device(op, "w", a->w, "x", a->x));
     K3_TRY(unit_last(op, "x", a->x));
@@ -333,8 +327,8 @@ static k3_status silu_mul_inputs(const k3_silu_mul_args *a) {
     K3_TRY(need(op, "x", a->x));
     K3_TRY(need_ndim(op, "x", a->x, 2, "[M, 2I]"));
     if (a->x->size[1] % 2 != 0)
-        return k3_error(K3_ESHAPE, "silu_mul: x dim 2 (%lld) must be even ([M, 2I])",
-                        (long long)a->x->size[1]);
+        return k3_error(K3_ESHAPE, "silu_mul: x dim %d (%lld) must be even ([M, 2I])",
+                        1 + a->base, (long long)a->x->size[1]);
     return unit_last(op, "x", a->x);
 }
 
@@ -393,7 +387,9 @@ static k3_status finish(const char *op, k3_op_args *a, k3_tensor **slot, k3_tens
     }
     k3_tensor *fresh = NULL, *handle = NULL;
     if (!*slot) {
-        K3_TRY(k3_tensor_empty(&fresh, nd, shape, dt, dev));
+        /* The result is the op's own allocation: its errors name the op ("rms_norm: out of
+         * host memory allocating ..."). */
+        K3_TRY(k3_tensor_new(&fresh, nd, shape, dt, dev, op, 0));
         *slot = fresh;
     } else if (y) {
         k3_status s = k3_tensor_alias(&handle, *slot);
@@ -420,12 +416,12 @@ static k3_status need_result(const char *op, k3_tensor **y, const k3_tensor *out
 k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                         const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                         const k3_call *call, const k3_skinny_config *config,
-                        const k3_dispatch_ext *ext) {
+                        const k3_dispatch_ext *ext, int base) {
     K3_TRY(need_result("linear", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_LINEAR;
-    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false};
+    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, base};
     K3_TRY(linear_inputs(&a.u.linear));
     if (out) K3_TRY(linear_out(&a.u.linear));
     int64_t shape[2] = {x->size[0], w->size[0]};
@@ -436,11 +432,11 @@ k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
 k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                     const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                     const k3_call *call) {
-    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL);
+    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL, 0);
 }
 
-k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
-                      const k3_call *call) {
+k3_status k3_attn_res_base(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
+                           const k3_call *call, int base) {
     if (!p) return k3_error(K3_EINVAL, "attn_res: args is NULL");
     K3_TRY(need_result("attn_res", y, out, call));
     k3_op_args a;
@@ -448,34 +444,50 @@ k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
     a.op = K3_OP_ATTN_RES;
     a.u.attn_res.p = *p;
     a.u.attn_res.out = out;
-    K3_TRY(attn_res_inputs(&a.u.attn_res.p));
+    a.u.attn_res.base = base;
+    K3_TRY(attn_res_inputs(&a.u.attn_res.p, base));
     if (out) K3_TRY(attn_res_out(&a.u.attn_res));
     return finish("attn_res", &a, &a.u.attn_res.out, y, 2, p->prefix->size, p->prefix->dtype,
                   k3_tensor_device(p->prefix), call, NULL);
 }
 
-k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
-                      k3_tensor *out, const k3_call *call) {
+k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
+                      const k3_call *call) {
+    return k3_attn_res_base(y, p, out, call, 0);
+}
+
+k3_status k3_rms_norm_base(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
+                           k3_tensor *out, const k3_call *call, int base) {
     K3_TRY(need_result("rms_norm", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_RMS_NORM;
-    a.u.rms_norm = (k3_rms_norm_args){x, w, eps, out};
+    a.u.rms_norm = (k3_rms_norm_args){x, w, eps, out, base};
     K3_TRY(rms_norm_inputs(&a.u.rms_norm));
     if (out) K3_TRY(rms_norm_out(&a.u.rms_norm));
     return finish("rms_norm", &a, &a.u.rms_norm.out, y, 2, x->size, x->dtype,
                   k3_tensor_device(x), call, NULL);
 }
 
-k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
+k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
+                      k3_tensor *out, const k3_call *call) {
+    return k3_rms_norm_base(y, x, w, eps, out, call, 0);
+}
+
+k3_status k3_silu_mul_base(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
+                           const k3_call *call, int base) {
     K3_TRY(need_result("silu_mul", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_SILU_MUL;
-    a.u.silu_mul = (k3_silu_mul_args){x, out};
+    a.u.silu_mul = (k3_silu_mul_args){x, out, base};
     K3_TRY(silu_mul_inputs(&a.u.silu_mul));
     if (out) K3_TRY(silu_mul_out(&a.u.silu_mul));
     int64_t shape[2] = {x->size[0], x->size[1] / 2};
     return finish("silu_mul", &a, &a.u.silu_mul.out, y, 2, shape, x->dtype, k3_tensor_device(x),
                   call, NULL);
+}
+
+k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
+    return k3_silu_mul_base(y, x, out, call, 0);
 }

@@ -536,11 +536,15 @@ k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                               const k3_tensor *const *tensors) {
     if (!path) return k3_error(K3_EINVAL, "safetensors_save: path is NULL");
     if (n < 0) return k3_error(K3_EINVAL, "safetensors_save: n is %d (must be >= 0)", n);
-    if (n > 0 && (!names || !tensors))
-        return k3_error(K3_EINVAL, "safetensors_save: names or tensors is NULL");
+    if (n > 0 && !names) return k3_error(K3_EINVAL, "safetensors_save: names is NULL");
+    if (n > 0 && !tensors) return k3_error(K3_EINVAL, "safetensors_save: tensors is NULL");
     for (int i = 0; i < n; i++) {
-        if (!names[i] || !names[i][0])
-            return k3_error(K3_EINVAL, "safetensors_save: %s: tensor %d has an empty name", path, i + 1);
+        if (!names[i]) return k3_error(K3_EINVAL, "safetensors_save: names[%d] is NULL", i);
+        if (!names[i][0])
+            return k3_error(K3_EINVAL, "safetensors_save: %s: names[%d] is empty", path, i);
+        if (!tensors[i])
+            return k3_error(K3_EINVAL, "safetensors_save: tensors[%d] (\"%s\") is NULL", i,
+                            names[i]);
         if (strcmp(names[i], "__metadata__") == 0)
             return k3_error(K3_EINVAL, "safetensors_save: %s: \"__metadata__\" is reserved, not a tensor name",
                             path);

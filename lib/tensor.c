@@ -23,6 +23,42 @@ const char *k3_fmt_dims(char *buf, size_t n, int ndim, const int64_t *v) {
     return buf;
 }
 
+const char *k3_fmt_double(char *buf, size_t n, double v) {
+    /* printf's "%g" writes a NaN's sign bit ("-nan" for 0/0 on x86): a NaN is just "nan". */
+    if (isnan(v)) snprintf(buf, n, "nan");
+    else if (isinf(v)) snprintf(buf, n, v > 0 ? "inf" : "-inf");
+    else snprintf(buf, n, "%g", v);
+    return buf;
+}
+
+/* "<op>: <what> is NULL": the one message for a NULL pointer argument. */
+static k3_status null_arg(const char *op, const char *what) {
+    return k3_error(K3_EINVAL, "%s: %s is NULL", op, what);
+}
+
+/* A tensor argument: non-NULL (named in the message) and not freed. */
+static k3_status need_tensor(const char *op, const char *what, const k3_tensor *t) {
+    if (!t) return null_arg(op, what);
+    return k3_tensor_check(t, what);
+}
+
+/* A device value from the caller: a known type, index 0 for the CPU and a non-negative
+ * ordinal for CUDA (whether that GPU exists is checked where memory is allocated). */
+static k3_status check_device(const char *op, k3_device d) {
+    if ((int)d.type != K3_DEVICE_CPU && (int)d.type != K3_DEVICE_CUDA)
+        return k3_error(K3_EINVAL,
+                        "%s: invalid device type %d (expected K3_DEVICE_CPU = 0 or "
+                        "K3_DEVICE_CUDA = 1)",
+                        op, (int)d.type);
+    if ((int)d.type == K3_DEVICE_CPU && d.index != 0)
+        return k3_error(K3_EINVAL, "%s: invalid device index %d for cpu (must be 0)", op,
+                        d.index);
+    if (d.index < 0)
+        return k3_error(K3_EINVAL, "%s: invalid device index %d for cuda (must be >= 0)", op,
+                        d.index);
+    return K3_OK;
+}
+
 k3_status k3_tensor_check(const k3_tensor *t, const char *what) {
     if (!t) return k3_error(K3_EINVAL, "%s: tensor is NULL", what ? what : "tensor");
     if (__atomic_load_n(&t->storage->released, __ATOMIC_ACQUIRE))
@@ -81,6 +117,30 @@ bool k3_tensor_overlaps(const k3_tensor *a, const k3_tensor *b) {
     int64_t ea = k3_tensor_extent(a), eb = k3_tensor_extent(b);
     if (ea == 0 || eb == 0) return false;
     return a->offset < b->offset + eb && b->offset < a->offset + ea;
+}
+
+bool k3_tensor_self_overlaps(const k3_tensor *t) {
+    int64_t st[K3_MAX_DIMS], sz[K3_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->size[d] == 0) return false; /* no elements at all */
+        if (t->size[d] > 1) {
+            st[n] = t->stride[d];
+            sz[n++] = t->size[d];
+        }
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+            int64_t a = st[j], b = sz[j];
+            st[j] = st[j - 1], sz[j] = sz[j - 1];
+            st[j - 1] = a, sz[j - 1] = b;
+        }
+    int64_t span = 0; /* the largest offset the smaller dims reach */
+    for (int i = 0; i < n; i++) {
+        if (st[i] <= span) return true;
+        span += (sz[i] - 1) * st[i];
+    }
+    return false;
 }
 
 static bool same_view(const k3_tensor *a, const k3_tensor *b) {
@@ -185,35 +245,40 @@ k3_status k3_tensor_alias(k3_tensor **out, const k3_tensor *t) {
     return K3_OK;
 }
 
-/* Validates a shape; *numel gets the element count. */
-static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+/* Validates a shape (dims numbered from base in messages); *numel gets the element count.
+ * shape may be NULL only when ndim is 0. */
+static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel,
+                             int base) {
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op,
                         K3_MAX_DIMS, ndim);
+    if (ndim > 0 && !shape) return null_arg(op, "shape");
     int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0; got %lld", op, i + 1,
-                            (long long)shape[i]);
+            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0; got %lld", op,
+                            i + base, (long long)shape[i]);
         if (!k3_mul_ok(n, shape[i], &n))
             return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d (size %lld)",
-                            op, i + 1, (long long)shape[i]);
+                            op, i + base, (long long)shape[i]);
         /* The row-major strides multiply the nonzero sizes; an empty tensor must not make
          * them overflow either. */
         if (!k3_mul_ok(span, shape[i] ? shape[i] : 1, &span))
             return k3_error(K3_EOVERFLOW, "%s: stride computation overflows at dim %d (size %lld)", op,
-                            i + 1, (long long)shape[i]);
+                            i + base, (long long)shape[i]);
     }
     *numel = n;
     return K3_OK;
 }
 
-static k3_status tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                            k3_device device, const char *op) {
+k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                        k3_device device, const char *op, int base) {
+    if (!out) return null_arg(op, "out");
     if ((unsigned)dtype > K3_DTYPE_F64)
         return k3_error(K3_EDTYPE, "%s: invalid dtype %d", op, (int)dtype);
     int64_t numel, nbytes;
-    K3_TRY(check_shape(op, ndim, shape, &numel));
+    K3_TRY(check_shape(op, ndim, shape, &numel, base));
+    K3_TRY(check_device(op, device));
     if (!k3_mul_ok(numel, (int64_t)k3_dtype_size(dtype), &nbytes))
         return k3_error(K3_EOVERFLOW, "%s: byte size of %lld %s elements overflows", op,
                         (long long)numel, k3_dtype_name(dtype));
@@ -239,7 +304,7 @@ static k3_status tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_
 
 k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                           k3_device device) {
-    return tensor_new(out, ndim, shape, dtype, device, "empty");
+    return k3_tensor_new(out, ndim, shape, dtype, device, "empty", 0);
 }
 
 /* ---- strided row walking (CPU) -------------------------------------------------------------- */
@@ -313,23 +378,36 @@ static k3_status check_same_shape(const char *op, const char *an, const k3_tenso
                     k3_fmt_dims(sa, sizeof sa, a->ndim, a->size));
 }
 
-k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
-    K3_TRY(k3_tensor_check(dst, "copy"));
-    K3_TRY(k3_tensor_check(src, "copy"));
+k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base) {
+    K3_TRY(need_tensor("copy", "dst", dst));
+    K3_TRY(need_tensor("copy", "src", src));
     K3_TRY(check_same_shape("copy", "destination", dst, "source", src));
+    /* A view copied onto itself writes each element's own value: nothing changes, whatever
+     * its strides. */
     if (k3_tensor_numel(dst) == 0 || same_view(dst, src)) return K3_OK;
+    /* Distinct values written to elements that share memory: which one survives would
+     * depend on the walk order, so the write is refused (k3.h, "In-place writes"). A
+     * broadcast dim keeps its own, more precise message. */
     for (int i = 0; i < dst->ndim; i++)
         if (dst->stride[i] == 0 && dst->size[i] > 1)
             return k3_error(K3_ELAYOUT,
                             "copy: destination dim %d has stride 0 (a broadcast view); "
                             "it cannot be written",
-                            i + 1);
+                            i + base);
+    if (k3_tensor_self_overlaps(dst)) {
+        char b1[160], b2[160];
+        return k3_error(K3_ELAYOUT,
+                        "copy: destination is written but its elements overlap (shape %s, "
+                        "strides %s)",
+                        k3_fmt_dims(b1, sizeof b1, dst->ndim, dst->size),
+                        k3_fmt_dims(b2, sizeof b2, dst->ndim, dst->stride));
+    }
     if (k3_tensor_overlaps(dst, src)) {
         /* Partially overlapping views: go through a temporary so no element is read after
          * it has been overwritten. */
         k3_tensor *tmp;
         K3_TRY(k3_tensor_to(&tmp, src, src->storage->device, src->dtype));
-        k3_status s = k3_tensor_copy(dst, tmp);
+        k3_status s = k3_tensor_copy_base(dst, tmp, base);
         k3_tensor_free(tmp);
         return s;
     }
@@ -342,10 +420,15 @@ k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
     return b->copy(dst, src);
 }
 
+k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
+    return k3_tensor_copy_base(dst, src, 0);
+}
+
 k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
-    K3_TRY(k3_tensor_check(t, "to"));
+    if (!out) return null_arg("to", "out");
+    K3_TRY(need_tensor("to", "t", t));
     k3_tensor *r;
-    K3_TRY(tensor_new(&r, t->ndim, t->size, dtype, device, "to"));
+    K3_TRY(k3_tensor_new(&r, t->ndim, t->size, dtype, device, "to", 0));
     k3_status s = k3_tensor_copy(r, t);
     if (s != K3_OK) {
         k3_tensor_free(r);
@@ -370,7 +453,7 @@ static void fill_row(void *c_, const int64_t *off, int64_t n) {
 }
 
 k3_status k3_tensor_fill(k3_tensor *t, double value) {
-    K3_TRY(k3_tensor_check(t, "fill"));
+    K3_TRY(need_tensor("fill", "t", t));
     if (k3_tensor_numel(t) == 0) return K3_OK;
     if (t->storage->device.type == K3_DEVICE_CUDA) {
         const k3_backend *b = cuda_for(t->storage->device, "fill");
@@ -383,10 +466,11 @@ k3_status k3_tensor_fill(k3_tensor *t, double value) {
     return K3_OK;
 }
 
-k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                         k3_device device, double value) {
+k3_status k3_tensor_full_base(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                              k3_device device, double value, int base) {
+    if (!out) return null_arg("full", "out");
     k3_tensor *t;
-    K3_TRY(tensor_new(&t, ndim, shape, dtype, device, "full"));
+    K3_TRY(k3_tensor_new(&t, ndim, shape, dtype, device, "full", base));
     k3_status s = k3_tensor_fill(t, value);
     if (s != K3_OK) {
         k3_tensor_free(t);
@@ -396,22 +480,50 @@ k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dty
     return K3_OK;
 }
 
-/* Builds a CPU tensor with gen(i) for each row-major i, then moves it to device. */
+k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                         k3_device device, double value) {
+    return k3_tensor_full_base(out, ndim, shape, dtype, device, value, 0);
+}
+
+/* Makes the result on its device, fills a CPU tensor with gen(i) for each row-major i and
+ * copies it there. `ud_name` (non-NULL) names ud, which must then be non-NULL unless the
+ * tensor is empty. Every argument error is reported under op's name before anything is
+ * generated. */
 static k3_status tensor_generate(k3_tensor **out, int ndim, const int64_t *shape,
                                  k3_dtype dtype, k3_device device, const char *op,
-                                 double (*gen)(const void *ud, int64_t i), const void *ud) {
-    k3_tensor *h;
-    K3_TRY(tensor_new(&h, ndim, shape, dtype, (k3_device){K3_DEVICE_CPU, 0}, op));
-    int64_t n = k3_tensor_numel(h);
-    void *p = h->storage->data;
-    for (int64_t i = 0; i < n; i++) k3_store_f64(p, dtype, i, gen(ud, i));
+                                 double (*gen)(const void *ud, int64_t i), const void *ud,
+                                 const char *ud_name, int base) {
+    if (!out) return null_arg(op, "out");
+    /* k3_tensor_new's order (out, dtype, shape, device), with the values after the shape. */
+    if ((unsigned)dtype > K3_DTYPE_F64)
+        return k3_error(K3_EDTYPE, "%s: invalid dtype %d", op, (int)dtype);
+    int64_t numel;
+    K3_TRY(check_shape(op, ndim, shape, &numel, base));
+    if (ud_name && !ud && numel > 0) return null_arg(op, ud_name);
+    k3_tensor *r, *h;
+    K3_TRY(k3_tensor_new(&r, ndim, shape, dtype, device, op, base));
     if (device.type == K3_DEVICE_CPU) {
-        *out = h;
-        return K3_OK;
+        h = r;
+    } else {
+        k3_status s = k3_tensor_new(&h, ndim, shape, dtype, (k3_device){K3_DEVICE_CPU, 0}, op,
+                                    base);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return s;
+        }
     }
-    k3_status s = k3_tensor_to(out, h, device, dtype);
-    k3_tensor_free(h);
-    return s;
+    void *p = h->storage->data;
+    for (int64_t i = 0; i < numel; i++) k3_store_f64(p, dtype, i, gen(ud, i));
+    if (h != r) {
+        k3_status s = k3_tensor_copy(r, h);
+        k3_tensor_free(h);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return s;
+        }
+    }
+    *out = r;
+    return K3_OK;
 }
 
 static double gen_randn(const void *ud, int64_t i) {
@@ -419,35 +531,54 @@ static double gen_randn(const void *ud, int64_t i) {
 }
 static double gen_values(const void *ud, int64_t i) { return ((const double *)ud)[i]; }
 
+k3_status k3_tensor_randn_base(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                               k3_device device, uint64_t seed, int base) {
+    return tensor_generate(out, ndim, shape, dtype, device, "randn", gen_randn, &seed, NULL,
+                           base);
+}
+
 k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                           k3_device device, uint64_t seed) {
-    return tensor_generate(out, ndim, shape, dtype, device, "randn", gen_randn, &seed);
+    return k3_tensor_randn_base(out, ndim, shape, dtype, device, seed, 0);
+}
+
+k3_status k3_tensor_from_f64_base(k3_tensor **out, int ndim, const int64_t *shape,
+                                  k3_dtype dtype, k3_device device, const double *values,
+                                  int base) {
+    return tensor_generate(out, ndim, shape, dtype, device, "from_f64", gen_values, values,
+                           "values", base);
 }
 
 k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                              k3_device device, const double *values) {
-    return tensor_generate(out, ndim, shape, dtype, device, "tensor", gen_values, values);
+    return k3_tensor_from_f64_base(out, ndim, shape, dtype, device, values, 0);
 }
 
 /* ---- views ------------------------------------------------------------------------------------ */
 
-static k3_status check_dim(const char *op, const k3_tensor *t, int d, const char *arg) {
-    if (d < 0 || d >= t->ndim)
-        return k3_error(K3_ESHAPE, "%s: %s must be in 1..%d for a %d-dim tensor; got %lld", op,
-                        arg, t->ndim, t->ndim, (long long)d + 1);
-    return K3_OK;
+/* A dim argument d of t, numbered from base in the message. */
+static k3_status check_dim(const char *op, const k3_tensor *t, int d, const char *arg,
+                           int base) {
+    if (d >= 0 && d < t->ndim) return K3_OK;
+    if (t->ndim == 0)
+        return k3_error(K3_ESHAPE, "%s: %s %lld is out of range: the tensor has 0 dims", op,
+                        arg, (long long)d + base);
+    return k3_error(K3_ESHAPE, "%s: %s must be in %d..%d for a %d-dim tensor; got %lld", op, arg,
+                    base, t->ndim - 1 + base, t->ndim, (long long)d + base);
 }
 
-k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
-                           int64_t length) {
-    K3_TRY(k3_tensor_check(t, "narrow"));
-    K3_TRY(check_dim("narrow", t, d, "dim"));
+k3_status k3_tensor_narrow_base(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
+                                int64_t length, int base) {
+    if (!out) return null_arg("narrow", "out");
+    K3_TRY(need_tensor("narrow", "t", t));
+    K3_TRY(check_dim("narrow", t, d, "dim", base));
     int64_t end;
     if (start < 0 || length < 0 || !k3_add_ok(start, length, &end) || end > t->size[d])
         return k3_error(K3_ESHAPE,
                         "narrow: start %lld and length %lld out of range for dim %d of size "
                         "%lld",
-                        (long long)((uint64_t)start + 1), (long long)length, d + 1, (long long)t->size[d]);
+                        k3_based(start, base), (long long)length, d + base,
+                        (long long)t->size[d]);
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->size[d] = length;
@@ -456,12 +587,19 @@ k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t s
     return K3_OK;
 }
 
-k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i) {
-    K3_TRY(k3_tensor_check(t, "select"));
-    K3_TRY(check_dim("select", t, d, "dim"));
+k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
+                           int64_t length) {
+    return k3_tensor_narrow_base(out, t, d, start, length, 0);
+}
+
+k3_status k3_tensor_select_base(k3_tensor **out, const k3_tensor *t, int d, int64_t i,
+                                int base) {
+    if (!out) return null_arg("select", "out");
+    K3_TRY(need_tensor("select", "t", t));
+    K3_TRY(check_dim("select", t, d, "dim", base));
     if (i < 0 || i >= t->size[d])
         return k3_error(K3_ESHAPE, "select: index %lld out of range for dim %d of size %lld",
-                        (long long)((uint64_t)i + 1), d + 1, (long long)t->size[d]);
+                        k3_based(i, base), d + base, (long long)t->size[d]);
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     if (k3_tensor_numel(t) > 0) r->offset += i * t->stride[d]; /* empty views' strides are unchecked */
@@ -474,10 +612,16 @@ k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i
     return K3_OK;
 }
 
-k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2) {
-    K3_TRY(k3_tensor_check(t, "transpose"));
-    K3_TRY(check_dim("transpose", t, d1, "dim1"));
-    K3_TRY(check_dim("transpose", t, d2, "dim2"));
+k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i) {
+    return k3_tensor_select_base(out, t, d, i, 0);
+}
+
+k3_status k3_tensor_transpose_base(k3_tensor **out, const k3_tensor *t, int d1, int d2,
+                                   int base) {
+    if (!out) return null_arg("transpose", "out");
+    K3_TRY(need_tensor("transpose", "t", t));
+    K3_TRY(check_dim("transpose", t, d1, "d1", base));
+    K3_TRY(check_dim("transpose", t, d2, "d2", base));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->size[d1] = t->size[d2];
@@ -488,11 +632,18 @@ k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d
     return K3_OK;
 }
 
-k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
-    K3_TRY(k3_tensor_check(t, "view"));
+k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2) {
+    return k3_tensor_transpose_base(out, t, d1, d2, 0);
+}
+
+k3_status k3_tensor_view_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                              const int64_t *shape, int base) {
+    if (!out) return null_arg("view", "out");
+    K3_TRY(need_tensor("view", "t", t));
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "view: a tensor has 0 to %d dimensions; got %d", K3_MAX_DIMS,
                         ndim);
+    if (ndim > 0 && !shape) return null_arg("view", "shape");
     char b1[160], b2[160];
     if (!k3_tensor_is_contiguous(t))
         return k3_error(K3_ELAYOUT,
@@ -507,19 +658,19 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const in
         if (shape[i] == -1) {
             if (infer >= 0)
                 return k3_error(K3_ESHAPE, "view: only one size may be -1 (dims %d and %d)",
-                                infer + 1, i + 1);
+                                infer + base, i + base);
             infer = i;
         } else if (shape[i] < 0) {
             return k3_error(K3_ESHAPE, "view: size of dim %d must be >= 0 or -1; got %lld",
-                            i + 1, (long long)shape[i]);
+                            i + base, (long long)shape[i]);
         } else if (!k3_mul_ok(known, shape[i], &known)) {
-            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + 1);
+            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + base);
         }
     }
     if (infer >= 0) {
         if (known == 0 || numel % known != 0)
             return k3_error(K3_ESHAPE, "view: cannot infer dim %d: %lld elements over %lld",
-                            infer + 1, (long long)numel, (long long)known);
+                            infer + base, (long long)numel, (long long)known);
         sh[infer] = numel / known;
         known = numel;
     }
@@ -528,7 +679,7 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const in
                         k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
                         (long long)numel);
     int64_t checked;
-    K3_TRY(check_shape("view", ndim, sh, &checked));
+    K3_TRY(check_shape("view", ndim, sh, &checked, base));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;
@@ -542,8 +693,15 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const in
     return K3_OK;
 }
 
-k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
-    K3_TRY(k3_tensor_check(t, "expand"));
+k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    return k3_tensor_view_base(out, t, ndim, shape, 0);
+}
+
+k3_status k3_tensor_expand_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                                const int64_t *shape, int base) {
+    if (!out) return null_arg("expand", "out");
+    K3_TRY(need_tensor("expand", "t", t));
+    if (ndim > 0 && !shape) return null_arg("expand", "shape");
     char b1[160], b2[160];
     if (ndim < t->ndim || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "expand: shape %s has fewer dims than the tensor (%d) or "
@@ -557,7 +715,7 @@ k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const 
         if (j < 0) {
             if (want < 0)
                 return k3_error(K3_ESHAPE, "expand: size of new dim %d must be >= 0; got %lld",
-                                i + 1, (long long)want);
+                                i + base, (long long)want);
             sh[i] = want;
             st[i] = 0;
         } else if (want == -1 || want == t->size[j]) {
@@ -570,12 +728,12 @@ k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const 
             return k3_error(K3_ESHAPE,
                             "expand: dim %d of size %lld cannot expand to %lld (tensor shape "
                             "%s, target %s)",
-                            j + 1, (long long)t->size[j], (long long)want,
+                            j + base, (long long)t->size[j], (long long)want,
                             k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
                             k3_fmt_dims(b2, sizeof b2, ndim, shape));
         }
         if (!k3_mul_ok(numel, sh[i], &numel))
-            return k3_error(K3_EOVERFLOW, "expand: element count overflows at dim %d", i + 1);
+            return k3_error(K3_EOVERFLOW, "expand: element count overflows at dim %d", i + base);
     }
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
@@ -586,11 +744,18 @@ k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const 
     return K3_OK;
 }
 
-k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
-                               const int64_t *shape, const int64_t *stride, int64_t offset) {
-    K3_TRY(k3_tensor_check(t, "as_strided"));
+k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    return k3_tensor_expand_base(out, t, ndim, shape, 0);
+}
+
+k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, int ndim,
+                                    const int64_t *shape, const int64_t *stride, int64_t offset,
+                                    int base) {
+    if (!out) return null_arg("as_strided", "out");
+    K3_TRY(need_tensor("as_strided", "t", t));
     int64_t numel;
-    K3_TRY(check_shape("as_strided", ndim, shape, &numel));
+    K3_TRY(check_shape("as_strided", ndim, shape, &numel, base));
+    if (ndim > 0 && !stride) return null_arg("as_strided", "stride");
     if (offset < 0)
         return k3_error(K3_ESHAPE, "as_strided: offset must be >= 0; got %lld", (long long)offset);
     int64_t last = offset, cap = (int64_t)(t->storage->nbytes / k3_dtype_size(t->dtype));
@@ -598,10 +763,10 @@ k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
         int64_t step;
         if (stride[i] < 0)
             return k3_error(K3_ELAYOUT, "as_strided: stride of dim %d must be >= 0; got %lld",
-                            i + 1, (long long)stride[i]);
+                            i + base, (long long)stride[i]);
         if (numel == 0) continue;
         if (!k3_mul_ok(shape[i] - 1, stride[i], &step) || !k3_add_ok(last, step, &last))
-            return k3_error(K3_EOVERFLOW, "as_strided: extent overflows at dim %d", i + 1);
+            return k3_error(K3_EOVERFLOW, "as_strided: extent overflows at dim %d", i + base);
     }
     if (numel > 0 && last >= cap)
         return k3_error(K3_ESHAPE,
@@ -610,24 +775,32 @@ k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;
-    memcpy(r->size, shape, sizeof(int64_t) * (size_t)ndim);
-    memcpy(r->stride, stride, sizeof(int64_t) * (size_t)ndim);
+    if (ndim > 0) {
+        memcpy(r->size, shape, sizeof(int64_t) * (size_t)ndim);
+        memcpy(r->stride, stride, sizeof(int64_t) * (size_t)ndim);
+    }
     r->offset = offset;
     *out = r;
     return K3_OK;
 }
 
+k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
+                               const int64_t *shape, const int64_t *stride, int64_t offset) {
+    return k3_tensor_as_strided_base(out, t, ndim, shape, stride, offset, 0);
+}
+
 /* ---- element access ----------------------------------------------------------------------------- */
 
 static k3_status element_offset(const char *op, const k3_tensor *t, const int64_t *idx,
-                                int64_t *off) {
+                                int64_t *off, int base) {
+    if (t->ndim > 0 && !idx) return null_arg(op, "idx");
     /* Every index is checked before any product is formed: an empty view may carry strides
      * whose products overflow (its extent was never needed), and an in-range index implies a
      * non-empty view, whose extent was checked to fit its storage when it was made. */
     for (int d = 0; d < t->ndim; d++)
         if (idx[d] < 0 || idx[d] >= t->size[d])
             return k3_error(K3_ESHAPE, "%s: index %lld out of range for dim %d of size %lld", op,
-                            (long long)((uint64_t)idx[d] + 1), d + 1, (long long)t->size[d]);
+                            k3_based(idx[d], base), d + base, (long long)t->size[d]);
     int64_t o = t->offset;
     for (int d = 0; d < t->ndim; d++) o += idx[d] * t->stride[d];
     *off = o;
@@ -642,10 +815,11 @@ static k3_status element_view(k3_tensor **out, const k3_tensor *t, int64_t off) 
     return K3_OK;
 }
 
-k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
-    K3_TRY(k3_tensor_check(t, "get"));
+k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out, int base) {
+    K3_TRY(need_tensor("get", "t", t));
     int64_t off;
-    K3_TRY(element_offset("get", t, idx, &off));
+    K3_TRY(element_offset("get", t, idx, &off, base));
+    if (!out) return null_arg("get", "out");
     if (t->storage->device.type == K3_DEVICE_CPU) {
         *out = k3_load_f64(t->storage->data, t->dtype, off);
         return K3_OK;
@@ -660,10 +834,14 @@ k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
     return K3_OK;
 }
 
-k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
-    K3_TRY(k3_tensor_check(t, "set"));
+k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
+    return k3_tensor_get_base(t, idx, out, 0);
+}
+
+k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base) {
+    K3_TRY(need_tensor("set", "t", t));
     int64_t off;
-    K3_TRY(element_offset("set", t, idx, &off));
+    K3_TRY(element_offset("set", t, idx, &off, base));
     if (t->storage->device.type == K3_DEVICE_CPU) {
         k3_store_f64(t->storage->data, t->dtype, off, value);
         return K3_OK;
@@ -675,11 +853,16 @@ k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
     return s;
 }
 
+k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
+    return k3_tensor_set_base(t, idx, value, 0);
+}
+
 /* Row-major f64 copy of any tensor (any device) into out[numel]. */
 k3_status k3_tensor_to_f64(const k3_tensor *t, double *out) {
-    K3_TRY(k3_tensor_check(t, "to_f64"));
+    K3_TRY(need_tensor("to_f64", "t", t));
     int64_t n = k3_tensor_numel(t);
     if (n == 0) return K3_OK;
+    if (!out) return null_arg("to_f64", "out");
     k3_tensor *h;
     K3_TRY(k3_tensor_to(&h, t, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64));
     memcpy(out, h->storage->data, (size_t)n * sizeof(double));
@@ -706,32 +889,81 @@ static inline float apply_opf(k3_binop op, float x, float y) {
     return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
 }
 
+/* x op y rounded to odd at double precision: the exact result if a double holds it, else
+ * whichever of the two doubles around it has an odd significand. Rounding that once more to
+ * f32, f16 or bf16 (at most 24 bits, well under 53 - 2) gives the exact result rounded once
+ * to nearest even, which rounding the nearest double could not (it may land on a tie of the
+ * narrower format). The error of the double result is exact: TwoSum for + and -, an fma
+ * for *. Below 2^-969 the product's error is not exact, but such results round to zero in
+ * every narrower dtype whichever double is kept. kernels/copy.cu does the same on the GPU. */
+static double apply_op_odd(k3_binop op, double x, double y) {
+    double r, e;
+    if (op == K3_MUL) {
+        r = x * y;
+        e = fma(x, y, -r);
+    } else {
+        double yy = op == K3_SUB ? -y : y;
+        r = x + yy;
+        double yv = r - x, xv = r - yv;
+        e = (x - xv) + (yy - yv);
+    }
+    /* Neighbouring doubles of one sign differ by one in their bit patterns (sign-magnitude),
+     * so when r is even and inexact, the other double around the exact result, one step
+     * toward e, has the odd significand. It is finite: the largest double is odd, so it is
+     * never stepped from; and an inexact r is never 0 (a sum that rounds to 0 is exact, and
+     * a product that underflows to 0 gives e = 0 too). Branch-free: half the elements take
+     * the step, at random. */
+    uint64_t u;
+    memcpy(&u, &r, sizeof u);
+    uint64_t step = (uint64_t)(e != 0 && isfinite(r)) & ~u & 1;
+    uint64_t away = (uint64_t)((e > 0) == (r > 0)); /* 1: away from zero, 0: toward it */
+    u += step * (away * 2 - 1);
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
 static void bin_row(void *c_, const int64_t *off, int64_t n) {
     bin_ctx *c = c_;
     for (int64_t i = 0; i < n; i++) {
         int64_t ia = off[1] + i * c->as, ib = off[2] + i * c->bs, io = off[0] + i;
-        if (c->dt == K3_DTYPE_F64) {
+        if (c->mode != 0) {
+            /* A scalar is a double: computed in double (f64) or rounded to odd (narrower
+             * dtypes), then rounded once to the dtype (DESIGN.md). Rounding the scalar to
+             * f32 first would round twice. */
             double x = k3_load_f64(c->a, c->dt, ia);
-            double y = c->mode == 0 ? k3_load_f64(c->b, c->dt, ib) : c->s;
-            k3_store_f64(c->o, c->dt, io, c->mode == 2 ? apply_op(c->op, y, x) : apply_op(c->op, x, y));
+            double l = c->mode == 2 ? c->s : x, r = c->mode == 2 ? x : c->s;
+            k3_store_f64(c->o, c->dt, io,
+                         c->dt == K3_DTYPE_F64 ? apply_op(c->op, l, r)
+                                               : apply_op_odd(c->op, l, r));
+        } else if (c->dt == K3_DTYPE_F64) {
+            double x = k3_load_f64(c->a, c->dt, ia);
+            double y = k3_load_f64(c->b, c->dt, ib);
+            k3_store_f64(c->o, c->dt, io, apply_op(c->op, x, y));
         } else {
-            /* fp32 arithmetic, rounded once to the dtype (DESIGN.md). */
+            /* Two operands of at most p = 11 bits (bf16, f16) or 24 (f32): their sum,
+             * difference or product rounded to f32 (24 >= 2p + 2 bits) and then to the
+             * dtype equals the exact result rounded once (Figueroa, "When is double
+             * rounding innocuous?", 1995), so fp32 arithmetic is exact here. */
             float x = k3_load_f32(c->a, c->dt, ia);
-            float y = c->mode == 0 ? k3_load_f32(c->b, c->dt, ib) : (float)c->s;
-            k3_store_f32(c->o, c->dt, io,
-                         c->mode == 2 ? apply_opf(c->op, y, x) : apply_opf(c->op, x, y));
+            float y = k3_load_f32(c->b, c->dt, ib);
+            k3_store_f32(c->o, c->dt, io, apply_opf(c->op, x, y));
         }
     }
 }
 
-static k3_status binary_impl(k3_tensor **out, k3_binop op, const k3_tensor *a,
-                             const k3_tensor *b, double s, int scalar_first) {
+/* fname: the public function ("binary", "binary_scalar") for NULL arguments; the op's own
+ * name ("add", ...) for everything about the values. */
+static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
+                             const k3_tensor *a, const k3_tensor *b, double s,
+                             int scalar_first) {
     static const char *const names[] = {"add", "sub", "mul"};
-    if ((unsigned)op > K3_MUL) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
+    if (!out) return null_arg(fname, "out");
+    if ((unsigned)op > K3_MUL)
+        return k3_error(K3_EINVAL, "%s: invalid op %d", fname, (int)op);
     const char *name = names[op];
-    K3_TRY(k3_tensor_check(a, name));
+    K3_TRY(need_tensor(fname, "a", a));
     if (b) {
-        K3_TRY(k3_tensor_check(b, name));
+        K3_TRY(k3_tensor_check(b, "b"));
         K3_TRY(check_same_shape(name, "left operand", a, "right operand", b));
         if (a->dtype != b->dtype)
             return k3_error(K3_EDTYPE, "%s: dtypes differ (%s and %s); convert with to()", name,
@@ -744,7 +976,7 @@ static k3_status binary_impl(k3_tensor **out, k3_binop op, const k3_tensor *a,
         }
     }
     k3_tensor *r;
-    K3_TRY(tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
+    K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name, 0));
     k3_status st = K3_OK;
     if (k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
@@ -770,22 +1002,23 @@ static k3_status binary_impl(k3_tensor **out, k3_binop op, const k3_tensor *a,
 }
 
 k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a, const k3_tensor *b) {
-    if (!b) return k3_error(K3_EINVAL, "binary: right operand is NULL");
-    return binary_impl(out, op, a, b, 0, 0);
+    if (out && a && !b) return null_arg("binary", "b");
+    return binary_impl("binary", out, op, a, b, 0, 0);
 }
 
 k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a, double s,
                                   int scalar_first) {
-    return binary_impl(out, op, a, NULL, s, scalar_first);
+    return binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first);
 }
 
 /* ---- comparisons (f64, on the host) ------------------------------------------------------------------ */
 
 /* Loads a and b as f64 arrays on the host; caller frees with k3_host_free(p, n * 8). */
 static k3_status load_pair(const char *op, const k3_tensor *a, const k3_tensor *b, double **pa,
-                           double **pb, int64_t *n) {
-    K3_TRY(k3_tensor_check(a, op));
-    K3_TRY(k3_tensor_check(b, op));
+                           double **pb, int64_t *n, const void *out) {
+    K3_TRY(need_tensor(op, "a", a));
+    K3_TRY(need_tensor(op, "b", b));
+    if (!out) return null_arg(op, "out");
     K3_TRY(check_same_shape(op, "a", a, "b", b));
     *n = k3_tensor_numel(a);
     size_t bytes = (size_t)(*n ? *n : 1) * sizeof(double);
@@ -810,7 +1043,7 @@ static void free_pair(double *a, double *b, int64_t n) {
 k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out) {
     double *x, *y;
     int64_t n;
-    K3_TRY(load_pair("max_abs_diff", a, b, &x, &y, &n));
+    K3_TRY(load_pair("max_abs_diff", a, b, &x, &y, &n, out));
     double m = 0;
     for (int64_t i = 0; i < n; i++) {
         double d = fabs(x[i] - y[i]);
@@ -830,7 +1063,7 @@ k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out) {
 k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol, int *out) {
     double *x, *y;
     int64_t n;
-    K3_TRY(load_pair("allclose", a, b, &x, &y, &n));
+    K3_TRY(load_pair("allclose", a, b, &x, &y, &n, out));
     int ok = 1;
     for (int64_t i = 0; i < n && ok; i++) {
         if (x[i] == y[i]) continue; /* equal infinities */
@@ -844,7 +1077,7 @@ k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, doubl
 k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
     double *x, *y;
     int64_t n;
-    K3_TRY(load_pair("cosine", a, b, &x, &y, &n));
+    K3_TRY(load_pair("cosine", a, b, &x, &y, &n, out));
     /* Scaled by the largest magnitudes so huge values (1e200) do not overflow the sums. */
     double mx = 0, my = 0;
     for (int64_t i = 0; i < n; i++) {

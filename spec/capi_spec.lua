@@ -1,6 +1,8 @@
 -- Packaging and the C API: `make install` into a temporary prefix, pkg-config flags, a C
 -- program (examples/capi/attn_res.c) built only with those flags that runs an AttnRes read
--- through k3_attn_res, compared bit for bit with the same read made from Lua; and the
+-- through k3_attn_res, compared bit for bit with the same read made from Lua; the C API's
+-- edges (spec/capi/checks.c: NULL arguments, 0-based messages, invalid values, op output
+-- names, writes through overlapping views, single rounding), line by line; and the
 -- installed Lua module loading from the prefix alone.
 local k3 = require "k3"
 
@@ -56,6 +58,134 @@ local function lua_attn_res(T, S, H, nb, wb, seed)
                           output_norm_weight = k3.full({H}, 1.5, {dtype = "bf16"})}
   return {out = flat(out), prefix = flat(prefix), blocks = flat(blocks)}
 end
+
+-- spec/capi/checks.c: the C API at its edges, one line "name<TAB>STATUS<TAB>message" per case
+-- (a value as a hex float where the case returns one). Each group below is one review item.
+local checks = {
+  null = {
+    {"empty out", "K3_EINVAL", "empty: out is NULL"},
+    {"empty shape", "K3_EINVAL", "empty: shape is NULL"},
+    {"full out", "K3_EINVAL", "full: out is NULL"},
+    {"full shape", "K3_EINVAL", "full: shape is NULL"},
+    {"randn out", "K3_EINVAL", "randn: out is NULL"},
+    {"randn shape", "K3_EINVAL", "randn: shape is NULL"},
+    {"from_f64 out", "K3_EINVAL", "from_f64: out is NULL"},
+    {"from_f64 values", "K3_EINVAL", "from_f64: values is NULL"},
+    {"narrow out", "K3_EINVAL", "narrow: out is NULL"},
+    {"narrow t", "K3_EINVAL", "narrow: t is NULL"},
+    {"select out", "K3_EINVAL", "select: out is NULL"},
+    {"transpose out", "K3_EINVAL", "transpose: out is NULL"},
+    {"view out", "K3_EINVAL", "view: out is NULL"},
+    {"view shape", "K3_EINVAL", "view: shape is NULL"},
+    {"expand out", "K3_EINVAL", "expand: out is NULL"},
+    {"expand shape", "K3_EINVAL", "expand: shape is NULL"},
+    {"as_strided out", "K3_EINVAL", "as_strided: out is NULL"},
+    {"as_strided shape", "K3_EINVAL", "as_strided: shape is NULL"},
+    {"as_strided stride", "K3_EINVAL", "as_strided: stride is NULL"},
+    {"to out", "K3_EINVAL", "to: out is NULL"},
+    {"to t", "K3_EINVAL", "to: t is NULL"},
+    {"copy dst", "K3_EINVAL", "copy: dst is NULL"},
+    {"copy src", "K3_EINVAL", "copy: src is NULL"},
+    {"fill t", "K3_EINVAL", "fill: t is NULL"},
+    {"get t", "K3_EINVAL", "get: t is NULL"},
+    {"get idx", "K3_EINVAL", "get: idx is NULL"},
+    {"get out", "K3_EINVAL", "get: out is NULL"},
+    {"set idx", "K3_EINVAL", "set: idx is NULL"},
+    {"to_f64 out", "K3_EINVAL", "to_f64: out is NULL"},
+    {"binary out", "K3_EINVAL", "binary: out is NULL"},
+    {"binary a", "K3_EINVAL", "binary: a is NULL"},
+    {"binary b", "K3_EINVAL", "binary: b is NULL"},
+    {"binary_scalar out", "K3_EINVAL", "binary_scalar: out is NULL"},
+    {"binary_scalar a", "K3_EINVAL", "binary_scalar: a is NULL"},
+    {"max_abs_diff out", "K3_EINVAL", "max_abs_diff: out is NULL"},
+    {"max_abs_diff b", "K3_EINVAL", "max_abs_diff: b is NULL"},
+    {"allclose out", "K3_EINVAL", "allclose: out is NULL"},
+    {"cosine a", "K3_EINVAL", "cosine: a is NULL"},
+    {"device_parse out", "K3_EINVAL", "device_parse: out is NULL"},
+    {"device_parse text", "K3_EINVAL", "device_parse: text is NULL"},
+    {"dtype_parse name", "K3_EINVAL", "dtype_parse: name is NULL"},
+    {"dtype_parse out", "K3_EINVAL", "dtype_parse: out is NULL"},
+    {"policy_new out", "K3_EINVAL", "policy_new: out is NULL"},
+    {"policy_set_candidates op", "K3_EINVAL", "policy_set_candidates: op is NULL"},
+    {"policy_set_candidates names[1]", "K3_EINVAL", "policy_set_candidates: names[1] is NULL"},
+    {"safetensors_save names[0]", "K3_EINVAL", "safetensors_save: names[0] is NULL"},
+    {"safetensors_save tensors[0]", "K3_EINVAL", "safetensors_save: tensors[0] (\"w\") is NULL"},
+    {"method_default out", "K3_EINVAL", "method.default: out is NULL"},
+    {"linear x", "K3_EINVAL", "linear: x is required"},
+    {"empty 0-dim shape NULL", "K3_OK", ""},
+    {"get 0-dim idx NULL", "K3_OK", ""},
+    {"from_f64 empty values NULL", "K3_OK", ""},
+    {"to_f64 empty out NULL", "K3_OK", ""},
+    {"free NULL", "K3_OK", ""},
+  },
+  zero_based = {
+    {"narrow dim", "K3_ESHAPE", "narrow: dim must be in 0..1 for a 2-dim tensor; got 2"},
+    {"narrow start", "K3_ESHAPE", "narrow: start 3 and length 1 out of range for dim 1 of size 3"},
+    {"narrow length", "K3_ESHAPE", "narrow: start 1 and length 5 out of range for dim 1 of size 3"},
+    {"select index", "K3_ESHAPE", "select: index 2 out of range for dim 0 of size 2"},
+    {"select mininteger", "K3_ESHAPE", "select: index -9223372036854775808 out of range for dim 1 of size 3"},
+    {"transpose d2", "K3_ESHAPE", "transpose: d2 must be in 0..1 for a 2-dim tensor; got 2"},
+    {"get index", "K3_ESHAPE", "get: index 2 out of range for dim 0 of size 2"},
+    {"set index", "K3_ESHAPE", "set: index 3 out of range for dim 1 of size 3"},
+    {"view two -1", "K3_ESHAPE", "view: only one size may be -1 (dims 0 and 1)"},
+    {"view infer", "K3_ESHAPE", "view: cannot infer dim 0: 6 elements over 4"},
+    {"expand", "K3_ESHAPE", "expand: dim 0 of size 2 cannot expand to 3 (tensor shape [2, 3], target [3, 3])"},
+    {"as_strided negative stride", "K3_ELAYOUT", "as_strided: stride of dim 1 must be >= 0; got -1"},
+    {"empty size", "K3_ESHAPE", "empty: size of dim 1 must be >= 0; got -1"},
+    {"empty overflow", "K3_EOVERFLOW", "empty: element count overflows at dim 1 (size 4611686018427387904)"},
+    {"linear K mismatch", "K3_ESHAPE", "linear: x dim 1 (3) must match w dim 1 (4)"},
+    {"linear bias", "K3_ESHAPE", "linear: bias must be [N] = [2] (w dim 0); got [4]"},
+    {"rms_norm w", "K3_ESHAPE", "rms_norm: w must be [H] = [3] (x dim 1); got [4]"},
+    {"silu_mul odd", "K3_ESHAPE", "silu_mul: x dim 1 (3) must be even ([M, 2I])"},
+    {"narrow 0-dim", "K3_ESHAPE", "narrow: dim 0 is out of range: the tensor has 0 dims"},
+    {"attn_res write_block 3", "K3_ESHAPE", "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has S = 3 slots); got 3"},
+    {"attn_res num_blocks 4", "K3_ESHAPE", "attn_res: num_blocks must be in 0..3 (blocks dim 1); got 4"},
+    {"attn_res qk_weight", "K3_ESHAPE", "attn_res: qk_weight must be [H] = [4] (prefix dim 1); got [2, 3]"},
+    {"attn_res write_block -2", "K3_ESHAPE", "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has S = 3 slots); got -2"},
+    {"attn_res write_block S=0", "K3_ESHAPE", "attn_res: write_block must be -1 (no write): blocks has S = 0 slots; got 0"},
+  },
+  invalid = {
+    {"empty cpu index 3", "K3_EINVAL", "empty: invalid device index 3 for cpu (must be 0)"},
+    {"empty device type 5", "K3_EINVAL", "empty: invalid device type 5 (expected K3_DEVICE_CPU = 0 or K3_DEVICE_CUDA = 1)"},
+    {"full cuda index -1", "K3_EINVAL", "full: invalid device index -1 for cuda (must be >= 0)"},
+    {"randn device type 5", "K3_EINVAL", "randn: invalid device type 5 (expected K3_DEVICE_CPU = 0 or K3_DEVICE_CUDA = 1)"},
+    {"to cpu index 1", "K3_EINVAL", "to: invalid device index 1 for cpu (must be 0)"},
+    {"layout_fallback 7", "K3_EINVAL", "policy_set_layout_fallback: fallback must be 0 (error) or 1 (fallback); got 7"},
+    {"layout_fallback 1", "K3_OK", ""},
+    {"device_name type 5", "K3_OK", "device type 5"},
+    {"device_name NULL buf", "K3_OK", "[]"},
+    {"attn_res output_eps nan", "K3_EINVAL", "attn_res: output_eps must be a finite number >= 0; got nan"},
+    {"attn_res output_eps -nan", "K3_EINVAL", "attn_res: output_eps must be a finite number >= 0; got nan"},
+    {"attn_res eps -inf", "K3_EINVAL", "attn_res: eps must be a finite number >= 0; got -inf"},
+    {"rms_norm eps nan", "K3_EINVAL", "rms_norm: eps must be a finite number >= 0; got nan"},
+  },
+  op_out_names = {
+    {"attn_res out of memory", "K3_ENOMEM", "attn_res: out of host memory allocating 1125899906842624 bytes"},
+    {"rms_norm out of memory", "K3_ENOMEM", "rms_norm: out of host memory allocating 1125899906842624 bytes"},
+    {"silu_mul out of memory", "K3_ENOMEM", "silu_mul: out of host memory allocating 562949953421312 bytes"},
+    {"linear out of memory", "K3_ENOMEM", "linear: out of host memory allocating 281474976710656 bytes"},
+  },
+  overlap = {
+    {"copy into stride 0", "K3_ELAYOUT", "copy: destination dim 0 has stride 0 (a broadcast view); it cannot be written"},
+    {"copy into as_strided overlap", "K3_ELAYOUT", "copy: destination is written but its elements overlap (shape [2, 2], strides [1, 1])"},
+    {"copy view onto itself", "K3_OK", ""},
+    {"fill through overlap", "K3_OK", ""},
+    {"get after fill", "K3_OK", "0x1.cp+2"},
+    {"set through overlap", "K3_OK", ""},
+    {"get after set", "K3_OK", "0x1.2p+3"},
+    {"rms_norm out overlap", "K3_ELAYOUT", "rms_norm: out is written but its elements overlap (shape [2, 2], strides [1, 1])"},
+  },
+  round_once = {
+    {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
+    {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
+    {"mul scalar f16", "K3_OK", "0x1.004p+0"},
+    {"add scalar first f16", "K3_OK", "0x1.004p+0"},
+    {"mul scalar f32", "K3_OK", "0x1.000002p+0"},
+    {"add scalar first f32", "K3_OK", "0x1.000002p+0"},
+    {"mul scalar f64", "K3_OK", "0x1.0000000000001p+0"},
+    {"add scalar first f64", "K3_OK", "0x1.0000000000001p+0"},
+  },
+}
 
 describe("install and the C API", function()
   local prefix, pc_env
@@ -122,6 +252,51 @@ describe("install and the C API", function()
                              case[3] .. "]", 1, true), out)
     end
   end)
+
+  -- spec/capi/checks.c, built once with pkg-config flags only and run once; its lines by name.
+  local checks_run
+  local function run_checks()
+    if checks_run then return checks_run end
+    local exe = prefix .. "/capi_checks"
+    local out, code = sh(string.format(
+      "%scc -std=c11 -Wall -Werror %q -o %q $(%spkg-config --cflags --libs k3) -lm " ..
+      "-Wl,-rpath,$(%spkg-config --variable=libdir k3)",
+      pc_env, root .. "/spec/capi/checks.c", exe, pc_env, pc_env))
+    assert.are.equal(0, code, out)
+    out, code = sh(exe)
+    local lines = {}
+    for name, status, msg in out:gmatch("([^\t\n]+)\t([^\t\n]+)\t([^\n]*)\n") do
+      assert(not lines[name], "spec/capi/checks.c prints case " .. name .. " twice")
+      lines[name] = {status, msg}
+    end
+    checks_run = {out = out, code = code, lines = lines}
+    return checks_run
+  end
+
+  local function expect(group)
+    if not ready() then return end
+    local r = run_checks()
+    for _, case in ipairs(checks[group]) do
+      local got = r.lines[case[1]]
+      if not got then
+        error(string.format("case %q did not run (exit %d); output:\n%s", case[1], r.code, r.out))
+      end
+      assert.are.same({case[2], case[3]}, got, case[1])
+    end
+    assert.are.equal(0, r.code, r.out)
+    assert.truthy(r.out:find("\ndone\n$"), r.out)
+  end
+
+  it("C API: a NULL argument is K3_EINVAL naming the function and the argument, never a crash",
+     function() expect("null") end)
+  it("C API: messages count dims, indices and write_block from 0, in C terms (ops too)",
+     function() expect("zero_based") end)
+  it("C API: invalid devices, flags and non-finite eps are errors that say so",
+     function() expect("invalid") end)
+  it("C API: an op's output allocation failure names the op", function() expect("op_out_names") end)
+  it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",
+     function() expect("overlap") end)
+  it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
 
   it("builds the game-loop host against the installed k3 with pkg-config k3-lua", function()
     if not ready() then return end

@@ -133,6 +133,148 @@ describe("new-user regressions", function()
   end)
 end)
 
+-- The C API review: the C side is spec/capi/checks.c (spec/capi_spec.lua); these are the same
+-- rules seen from Lua, whose messages stay 1-based.
+describe("C API review, from Lua", function()
+  it("messages stay 1-based in Lua while the C core counts from 0", function()
+    local t = k3.zeros({2, 3})
+    H.raises(function() t:narrow(2, 3, 2) end, "narrow: start 3 and length 2 out of range for dim 2 of size 3")
+    H.raises(function() t:select(1, 3) end, "select: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:get(1, 4) end, "get: index 4 out of range for dim 2 of size 3")
+    H.raises(function() t:set(3, 1, 0) end, "set: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:view({-1, -1}) end, "view: only one size may be -1 (dims 1 and 2)")
+    H.raises(function() t:expand({3, 3}) end, "expand: dim 1 of size 2 cannot expand to 3")
+    H.raises(function() t:as_strided({2, 3}, {3, -1}) end, "as_strided: stride of dim 2 must be >= 0; got -1")
+    H.raises(function() k3.zeros({2 ^ 31, 2 ^ 31, 4}) end, "zeros: element count overflows at dim 3")
+    H.raises(function() k3.zeros({1, 3}):expand({2, 3}):copy(t) end,
+      "copy: destination dim 1 has stride 0 (a broadcast view); it cannot be written")
+    local w = k3.ones({4})
+    local args = {prefix = k3.ones({1, 4}), blocks = k3.ones({1, 3, 4}), num_blocks = 0,
+                  norm_weight = w, qk_weight = w}
+    args.write_block = 4
+    H.raises(function() k3.attn_res(args) end, "attn_res: write_block must be in 1..3 (blocks dim 2); got 4")
+    args.blocks, args.write_block = k3.ones({1, 0, 4}), 1
+    H.raises(function() k3.attn_res(args) end, "attn_res: write_block must be nil: blocks dim 2 is 0; got 1")
+  end)
+
+  it("a copy into a destination whose elements overlap is refused, whatever makes them overlap", function()
+    local base = k3.tensor({1, 2, 3, 4})
+    local ov = base:as_strided({2, 2}, {1, 1}, 0) -- elements at offsets 0, 1, 1, 2
+    H.raises(function() ov:copy(k3.tensor({{5, 6}, {7, 8}})) end,
+      "copy: destination is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    assert.same({1, 2, 3, 4}, base:totable()) -- nothing was written
+    -- The same rule as the ops' out.
+    H.raises(function() k3.rms_norm(k3.ones({2, 2}), k3.ones({2}), 1e-5, {out = ov}) end,
+      "rms_norm: out is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    H.raises(function() k3.silu_mul(k3.ones({2, 4}), {out = ov}) end,
+      "silu_mul: out is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    -- The test is conservative for interleaved views: offsets 0, 3, 2, 5, 4, 7 share nothing,
+    -- but the dims interleave, so the view is refused as a destination (k3.h documents it).
+    local il = k3.zeros({8}):as_strided({3, 2}, {2, 3}, 0)
+    H.raises(function() il:copy(k3.ones({3, 2})) end,
+      "copy: destination is written but its elements overlap (shape [3, 2], strides [2, 3])")
+    -- Disjoint strided destinations are still written.
+    local pad = k3.zeros({2, 5})
+    pad:as_strided({2, 2}, {5, 2}, 1):copy(k3.tensor({{1, 2}, {3, 4}}))
+    assert.same({{0, 1, 0, 2, 0}, {0, 3, 0, 4, 0}}, pad:totable())
+  end)
+
+  it("fill and set write through overlapping views; a view copied onto itself is a no-op", function()
+    local base = k3.tensor({1, 2, 3, 4})
+    local ov = base:as_strided({2, 2}, {1, 1}, 0)
+    ov:fill(7)
+    assert.same({7, 7, 7, 4}, base:totable())
+    ov:set(2, 1, 9) -- offset 1, shared with ov[1][2]
+    assert.equal(9, ov:get(1, 2))
+    assert.same({7, 9, 7, 4}, base:totable())
+    ov:copy(ov)
+    assert.same({7, 9, 7, 4}, base:totable())
+    local b = k3.zeros({1, 3}):expand({2, 3})
+    b:fill(2)
+    assert.same({{2, 2, 2}, {2, 2, 2}}, b:totable())
+  end)
+
+  it("an op's output allocation failure names the op", function()
+    -- 2^46 rows: more bytes than any address space, so the allocation fails on any machine.
+    local rows = 2 ^ 46
+    local x = k3.zeros({1, 4}):expand({rows, 4})
+    H.raises(function() k3.rms_norm(x, k3.ones({4}), 1e-5) end,
+      "rms_norm: out of host memory allocating " .. math.tointeger(rows * 16) .. " bytes")
+    H.raises(function() k3.silu_mul(x) end,
+      "silu_mul: out of host memory allocating " .. math.tointeger(rows * 8) .. " bytes")
+    H.raises(function() k3.linear(x, k3.ones({1, 4})) end,
+      "linear: out of host memory allocating " .. math.tointeger(rows * 4) .. " bytes")
+    H.raises(function() k3.method.default():apply(x, k3.ones({1, 4})) end,
+      "linear: out of host memory allocating ")
+    local w = k3.ones({4})
+    H.raises(function()
+      k3.attn_res{prefix = x, blocks = k3.zeros({1, 1, 4}):expand({rows, 1, 4}), num_blocks = 1,
+                  norm_weight = w, qk_weight = w}
+    end, "attn_res: out of host memory allocating " .. math.tointeger(rows * 16) .. " bytes")
+  end)
+
+  it("a NaN in a message prints as nan, whatever its sign bit", function()
+    local w = k3.ones({4})
+    local args = {prefix = k3.ones({1, 4}), blocks = k3.ones({1, 1, 4}), num_blocks = 1,
+                  norm_weight = w, qk_weight = w}
+    args.output_eps = 0 / 0
+    local err = H.raises(function() k3.attn_res(args) end,
+      "attn_res: output_eps must be a finite number >= 0; got nan")
+    assert.is_nil(err:find("-nan", 1, true))
+    args.output_eps, args.eps = nil, -(0 / 0)
+    H.raises(function() k3.attn_res(args) end, "attn_res: eps must be a finite number >= 0; got nan")
+    H.raises(function() k3.rms_norm(k3.ones({1, 4}), w, -math.huge) end,
+      "rms_norm: eps must be a finite number >= 0; got -inf")
+  end)
+
+  it("scalar arithmetic rounds each element once, for every dtype and operand order", function()
+    -- The review's case: 1 * (1 + 2^-8 + 2^-40) lies just above bf16's tie 1 + 2^-8, so it
+    -- rounds up; the scalar rounded to f32 first (1 + 2^-8) would tie to even, 1.
+    assert.equal(1 + 2 ^ -7, (k3.full({1}, 1, {dtype = "bf16"}) * (1 + 2 ^ -8 + 2 ^ -40)):get(1))
+    -- Each dtype: operands whose exact result a double holds (so rounding that double once,
+    -- as k3.full does, is the oracle), straddling the dtype's ties by 2^-40 and less.
+    local ulp = {bf16 = 2 ^ -7, f16 = 2 ^ -10, f32 = 2 ^ -23, f64 = 2 ^ -52}
+    for dt, u in pairs(ulp) do
+      local tiny = dt == "f64" and 0 or 2 ^ -40
+      local xs = {1, -1.5, 3, 0.75, 2 ^ 10 + 2 ^ 3, -(2 ^ -3)}
+      local ss = {1 + u / 2 + tiny, 1 + u / 2 - tiny, 1 + 3 * u / 2 + tiny, -(1 + u / 2 + tiny),
+                  u / 2 + tiny, u / 2 - tiny, -(u / 2) - tiny, 3 * u / 2 + tiny, 0.1, 1 / 3}
+      local x = k3.tensor(xs, {dtype = dt})
+      local xv = x:to("f64"):totable()
+      -- A strided view too: every element of x, read with stride 2.
+      local strided = k3.zeros({#xs, 2}, {dtype = dt}):select(2, 1)
+      strided:copy(x)
+      for _, s in ipairs(ss) do
+        for _, case in ipairs{
+          {"x*s", function(t) return t * s end, function(a) return a * s end},
+          {"s*x", function(t) return s * t end, function(a) return s * a end},
+          {"x+s", function(t) return t + s end, function(a) return a + s end},
+          {"s+x", function(t) return s + t end, function(a) return s + a end},
+          {"x-s", function(t) return t - s end, function(a) return a - s end},
+          {"s-x", function(t) return s - t end, function(a) return s - a end},
+        } do
+          local want = {}
+          for i, a in ipairs(xv) do
+            local exact = case[3](a)
+            -- 0.1 and 1/3 have 53 bits: their products need more, so skip those oracles.
+            if (s == 0.1 or s == 1 / 3) and case[1]:find("*", 1, true) then exact = nil end
+            want[i] = exact and k3.full({1}, exact, {dtype = dt}):get(1)
+          end
+          for _, t in ipairs{x, strided} do
+            local got = case[2](t):totable()
+            for i = 1, #xs do
+              if want[i] and got[i] ~= want[i] then
+                error(string.format("%s %s with x = %a, s = %a: got %a, want %a", dt, case[1],
+                                    xv[i], s, got[i], want[i]))
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+end)
+
 -- Progress output (k3.cli.progress, used by scripts/demo.lua, the --tp demo and scripts/bench):
 -- a live "\r\27[K" line only on a terminal; in a log, plain lines and no escape sequences.
 describe("progress output", function()

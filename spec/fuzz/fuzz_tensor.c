@@ -326,8 +326,28 @@ static void op_copy(fz *f) {
     if (live(dst) && live(src) && (!readable(dst) || !readable(src))) return;
     bool same = dst->ndim == src->ndim;
     for (int i = 0; same && i < dst->ndim; i++) same = dst->size[i] == src->size[i];
+    /* k3.h "In-place writes": a destination whose elements may share memory is refused
+     * (dims of size > 1 sorted by stride, each stride above the span of the smaller ones). */
     bool bcast = false;
-    for (int i = 0; i < dst->ndim; i++) bcast |= dst->stride[i] == 0 && dst->size[i] > 1;
+    {
+        int64_t st[K3_MAX_DIMS], sz[K3_MAX_DIMS];
+        int m = 0;
+        bool empty = false;
+        for (int i = 0; i < dst->ndim; i++) {
+            empty |= dst->size[i] == 0;
+            if (dst->size[i] > 1) st[m] = dst->stride[i], sz[m++] = dst->size[i];
+        }
+        for (int i = 1; i < m; i++)
+            for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+                int64_t a = st[j], b = sz[j];
+                st[j] = st[j - 1], sz[j] = sz[j - 1], st[j - 1] = a, sz[j - 1] = b;
+            }
+        __int128 span = 0;
+        for (int i = 0; i < m && !empty && !bcast; i++) {
+            bcast = st[i] <= span;
+            span += (__int128)(sz[i] - 1) * st[i];
+        }
+    }
     static int64_t doff[READ_LIMIT], soff[READ_LIMIT];
     static double vals[READ_LIMIT];
     static unsigned char vknown[READ_LIMIT];
@@ -491,11 +511,32 @@ static void op_binary(fz *f) {
         }
         if (a->dtype == K3_DTYPE_F64) {
             res = op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
-        } else {
+        } else if (mode == 0) {
+            /* Two operands of the dtype: f32 arithmetic is the exact result rounded once. */
             float fx = (float)x, fy = (float)y;
             float fr = op == K3_ADD ? fx + fy : op == K3_SUB ? fx - fy : fx * fy;
             unsigned char buf[8];
             k3_store_f32(buf, a->dtype, 0, fr);
+            res = k3_load_f64(buf, a->dtype, 0);
+        } else {
+            /* A double scalar: the exact result is hi + lo (TwoSum, or an fma for *), rounded
+             * once to the dtype, which rounding hi to odd and then storing gives (DESIGN.md). */
+            double yy = op == K3_SUB ? -y : y, hi, lo;
+            if (op == K3_MUL) {
+                hi = x * y;
+                lo = fma(x, y, -hi);
+            } else {
+                hi = x + yy;
+                double bv = hi - x;
+                lo = (x - (hi - bv)) + (yy - bv);
+            }
+            if (lo != 0 && isfinite(hi)) {
+                uint64_t u;
+                memcpy(&u, &hi, 8);
+                if (!(u & 1)) hi = nextafter(hi, lo > 0 ? INFINITY : -INFINITY);
+            }
+            unsigned char buf[8];
+            k3_store_f64(buf, a->dtype, 0, hi);
             res = k3_load_f64(buf, a->dtype, 0);
         }
         sr->v[e] = res;

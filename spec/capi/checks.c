@@ -1,0 +1,276 @@
+/*
+ * checks.c — the C API's contract at its edges, from C with no Lua: NULL arguments, 0-based
+ * messages, invalid devices and flags, writes through overlapping views, op output names and
+ * single rounding. Each case prints "name<TAB>STATUS<TAB>message" (message "" on K3_OK, or a
+ * value); spec/capi_spec.lua builds this with pkg-config flags only and compares every line.
+ * A crash (a NULL dereferenced) ends the run early, which the spec reports.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <k3.h>
+
+static void report(const char *name, k3_status s) {
+    printf("%s\t%s\t%s\n", name, k3_status_name(s), s == K3_OK ? "" : k3_last_error());
+    fflush(stdout); /* lines before a crash still reach the spec */
+}
+
+/* A value as exact hex float text, for cases that return one. Call it after the call that
+ * sets v (not with the call as an argument: argument order is unspecified). */
+static void report_value(const char *name, k3_status s, double v) {
+    if (s != K3_OK) {
+        report(name, s);
+        return;
+    }
+    printf("%s\tK3_OK\t%a\n", name, v);
+    fflush(stdout);
+}
+
+#define CASE(name, expr) report(name, (expr))
+
+int main(void) {
+    const k3_device cpu = {K3_DEVICE_CPU, 0};
+    const k3_dtype f32 = K3_DTYPE_F32;
+    int64_t s23[2] = {2, 3}, s4[1] = {4}, s14[2] = {1, 4}, idx[2] = {0, 0};
+    k3_tensor *a = NULL, *v = NULL, *w = NULL, *x = NULL, *big = NULL;
+    double d = 0;
+    if (k3_tensor_full(&a, 2, s23, f32, cpu, 1) != K3_OK) return 1;
+    if (k3_tensor_full(&w, 1, s4, f32, cpu, 1) != K3_OK) return 1;
+
+    /* ---- 1. NULL pointers: K3_EINVAL "<function>: <argument> is NULL" ---- */
+    CASE("empty out", k3_tensor_empty(NULL, 2, s23, f32, cpu));
+    CASE("empty shape", k3_tensor_empty(&v, 2, NULL, f32, cpu));
+    CASE("full out", k3_tensor_full(NULL, 2, s23, f32, cpu, 0));
+    CASE("full shape", k3_tensor_full(&v, 1, NULL, f32, cpu, 0));
+    CASE("randn out", k3_tensor_randn(NULL, 2, s23, f32, cpu, 1));
+    CASE("randn shape", k3_tensor_randn(&v, 2, NULL, f32, cpu, 1));
+    CASE("from_f64 out", k3_tensor_from_f64(NULL, 1, s4, f32, cpu, (double[4]){0}));
+    CASE("from_f64 values", k3_tensor_from_f64(&v, 2, s23, f32, cpu, NULL));
+    CASE("narrow out", k3_tensor_narrow(NULL, a, 0, 0, 1));
+    CASE("narrow t", k3_tensor_narrow(&v, NULL, 0, 0, 1));
+    CASE("select out", k3_tensor_select(NULL, a, 0, 0));
+    CASE("transpose out", k3_tensor_transpose(NULL, a, 0, 1));
+    CASE("view out", k3_tensor_view(NULL, a, 1, (int64_t[1]){6}));
+    CASE("view shape", k3_tensor_view(&v, a, 1, NULL));
+    CASE("expand out", k3_tensor_expand(NULL, a, 2, s23));
+    CASE("expand shape", k3_tensor_expand(&v, a, 2, NULL));
+    CASE("as_strided out", k3_tensor_as_strided(NULL, a, 1, s4, (int64_t[1]){1}, 0));
+    CASE("as_strided shape", k3_tensor_as_strided(&v, a, 1, NULL, (int64_t[1]){1}, 0));
+    CASE("as_strided stride", k3_tensor_as_strided(&v, a, 1, s4, NULL, 0));
+    CASE("to out", k3_tensor_to(NULL, a, cpu, f32));
+    CASE("to t", k3_tensor_to(&v, NULL, cpu, f32));
+    CASE("copy dst", k3_tensor_copy(NULL, a));
+    CASE("copy src", k3_tensor_copy(a, NULL));
+    CASE("fill t", k3_tensor_fill(NULL, 1));
+    CASE("get t", k3_tensor_get(NULL, idx, &d));
+    CASE("get idx", k3_tensor_get(a, NULL, &d));
+    CASE("get out", k3_tensor_get(a, idx, NULL));
+    CASE("set idx", k3_tensor_set(a, NULL, 1));
+    CASE("to_f64 out", k3_tensor_to_f64(a, NULL));
+    CASE("binary out", k3_tensor_binary(NULL, K3_ADD, a, a));
+    CASE("binary a", k3_tensor_binary(&v, K3_ADD, NULL, a));
+    CASE("binary b", k3_tensor_binary(&v, K3_ADD, a, NULL));
+    CASE("binary_scalar out", k3_tensor_binary_scalar(NULL, K3_MUL, a, 2, 0));
+    CASE("binary_scalar a", k3_tensor_binary_scalar(&v, K3_MUL, NULL, 2, 0));
+    CASE("max_abs_diff out", k3_max_abs_diff(a, a, NULL));
+    CASE("max_abs_diff b", k3_max_abs_diff(a, NULL, &d));
+    CASE("allclose out", k3_allclose(a, a, 0, 0, NULL));
+    CASE("cosine a", k3_cosine(NULL, a, &d));
+    CASE("device_parse out", k3_device_parse("cuda:2", NULL));
+    CASE("device_parse text", k3_device_parse(NULL, &(k3_device){0}));
+    CASE("dtype_parse name", k3_dtype_parse(NULL, &(k3_dtype){0}));
+    CASE("dtype_parse out", k3_dtype_parse("bf16", NULL));
+    CASE("policy_new out", k3_policy_new(NULL));
+    k3_policy *pol = NULL;
+    if (k3_policy_new(&pol) != K3_OK) return 1;
+    CASE("policy_set_candidates op", k3_policy_set_candidates(pol, NULL, NULL, 0));
+    CASE("policy_set_candidates names[1]",
+         k3_policy_set_candidates(pol, "linear", (const char *[]){"cpu.linear.blas", NULL}, 2));
+    CASE("safetensors_save names[0]",
+         k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){NULL},
+                             (const k3_tensor *[]){a}));
+    CASE("safetensors_save tensors[0]",
+         k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){"w"},
+                             (const k3_tensor *[]){NULL}));
+    CASE("method_default out", k3_method_default(NULL, NULL));
+    CASE("linear x", k3_linear(&v, NULL, a, NULL, NULL, NULL, NULL));
+    /* Where nothing would be read or written, NULL is fine. */
+    CASE("empty 0-dim shape NULL", k3_tensor_empty(&v, 0, NULL, f32, cpu));
+    CASE("get 0-dim idx NULL", k3_tensor_get(v, NULL, &d));
+    k3_tensor_free(v);
+    v = NULL;
+    CASE("from_f64 empty values NULL", k3_tensor_from_f64(&v, 1, (int64_t[1]){0}, f32, cpu, NULL));
+    CASE("to_f64 empty out NULL", k3_tensor_to_f64(v, NULL));
+    k3_tensor_free(v);
+    v = NULL;
+    k3_tensor_free(NULL);
+    k3_tensor_release(NULL);
+    k3_policy_free(NULL);
+    k3_method_free(NULL);
+    k3_safetensors_free(NULL);
+    printf("free NULL\tK3_OK\t\n");
+
+    /* ---- 2. messages count from 0, as the caller does ---- */
+    CASE("narrow dim", k3_tensor_narrow(&v, a, 2, 0, 1));
+    CASE("narrow start", k3_tensor_narrow(&v, a, 1, 3, 1));
+    CASE("narrow length", k3_tensor_narrow(&v, a, 1, 1, 5));
+    CASE("select index", k3_tensor_select(&v, a, 0, 2));
+    CASE("select mininteger", k3_tensor_select(&v, a, 1, INT64_MIN));
+    CASE("transpose d2", k3_tensor_transpose(&v, a, 0, 2));
+    CASE("get index", k3_tensor_get(a, (int64_t[2]){2, 0}, &d));
+    CASE("set index", k3_tensor_set(a, (int64_t[2]){1, 3}, 0));
+    CASE("view two -1", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, -1}));
+    CASE("view infer", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, 4}));
+    CASE("expand", k3_tensor_expand(&v, a, 2, (int64_t[2]){3, 3}));
+    CASE("as_strided negative stride", k3_tensor_as_strided(&v, a, 2, s23, (int64_t[2]){3, -1}, 0));
+    CASE("empty size", k3_tensor_empty(&v, 2, (int64_t[2]){2, -1}, f32, cpu));
+    CASE("empty overflow", k3_tensor_empty(&v, 2, (int64_t[2]){1LL << 62, 1LL << 62}, f32, cpu));
+    k3_tensor *w14 = NULL;
+    if (k3_tensor_full(&w14, 2, s14, f32, cpu, 1) != K3_OK) return 1;
+    CASE("linear K mismatch", k3_linear(&v, a, w14, NULL, NULL, NULL, NULL));
+    k3_tensor_free(w14);
+    CASE("linear bias", k3_linear(&v, a, a, w, NULL, NULL, NULL));
+    CASE("rms_norm w", k3_rms_norm(&v, a, w, 1e-5, NULL, NULL));
+    CASE("silu_mul odd", k3_silu_mul(&v, a, NULL, NULL));
+    if (k3_tensor_empty(&x, 0, NULL, f32, cpu) != K3_OK) return 1;
+    CASE("narrow 0-dim", k3_tensor_narrow(&v, x, 0, 0, 1));
+    k3_tensor_free(x);
+    x = NULL;
+    {
+        int64_t th[2] = {1, 4}, tsh[3] = {1, 3, 4}, t0h[3] = {1, 0, 4};
+        k3_tensor *prefix = NULL, *blocks = NULL, *blocks0 = NULL, *out = NULL;
+        if (k3_tensor_full(&prefix, 2, th, f32, cpu, 1) != K3_OK ||
+            k3_tensor_full(&blocks, 3, tsh, f32, cpu, 1) != K3_OK ||
+            k3_tensor_full(&blocks0, 3, t0h, f32, cpu, 1) != K3_OK)
+            return 1;
+        k3_attn_res_args ar = {.prefix = prefix, .blocks = blocks, .num_blocks = 3,
+                               .write_block = 3, .norm_weight = w, .qk_weight = w,
+                               .eps = 1e-5, .output_eps = 1e-5};
+        CASE("attn_res write_block 3", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.num_blocks = 4;
+        CASE("attn_res num_blocks 4", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.num_blocks = 3;
+        ar.qk_weight = a;
+        CASE("attn_res qk_weight", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.qk_weight = w;
+        ar.write_block = -2;
+        CASE("attn_res write_block -2", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.write_block = 0;
+        ar.num_blocks = 0;
+        ar.blocks = blocks0;
+        CASE("attn_res write_block S=0", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.write_block = -1;
+        ar.output_eps = NAN;
+        CASE("attn_res output_eps nan", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.output_eps = -NAN;
+        CASE("attn_res output_eps -nan", k3_attn_res(&out, &ar, NULL, NULL));
+        ar.output_eps = 1e-5;
+        ar.eps = -INFINITY;
+        CASE("attn_res eps -inf", k3_attn_res(&out, &ar, NULL, NULL));
+        /* ---- 5. an op's output allocation is named after the op (2^46 rows: more bytes
+         * than any address space holds, so the allocation fails whatever the overcommit) */
+        ar.eps = 1e-5;
+        ar.blocks = blocks;
+        ar.num_blocks = 1;
+        k3_tensor *hp = NULL, *hb = NULL;
+        if (k3_tensor_expand(&hp, prefix, 2, (int64_t[2]){1LL << 46, 4}) != K3_OK ||
+            k3_tensor_expand(&hb, blocks, 3, (int64_t[3]){1LL << 46, 3, 4}) != K3_OK)
+            return 1;
+        ar.prefix = hp;
+        ar.blocks = hb;
+        CASE("attn_res out of memory", k3_attn_res(&out, &ar, NULL, NULL));
+        k3_tensor_free(hp);
+        k3_tensor_free(hb);
+        k3_tensor_free(prefix);
+        k3_tensor_free(blocks);
+        k3_tensor_free(blocks0);
+        k3_tensor_free(out);
+    }
+    if (k3_tensor_full(&x, 2, s14, f32, cpu, 1) != K3_OK ||
+        k3_tensor_expand(&big, x, 2, (int64_t[2]){1LL << 46, 4}) != K3_OK)
+        return 1;
+    CASE("rms_norm out of memory", k3_rms_norm(&v, big, w, 1e-5, NULL, NULL));
+    CASE("silu_mul out of memory", k3_silu_mul(&v, big, NULL, NULL));
+    CASE("linear out of memory", k3_linear(&v, big, x, NULL, NULL, NULL, NULL));
+    CASE("rms_norm eps nan", k3_rms_norm(&v, x, w, NAN, NULL, NULL));
+
+    /* ---- 3. writes through overlapping views ---- */
+    {
+        k3_tensor *b2 = NULL, *ov = NULL, *src = NULL, *z24 = NULL;
+        if (k3_tensor_expand(&b2, x, 2, (int64_t[2]){2, 4}) != K3_OK ||
+            k3_tensor_full(&z24, 2, (int64_t[2]){2, 4}, f32, cpu, 0) != K3_OK ||
+            k3_tensor_from_f64(&src, 2, (int64_t[2]){2, 2}, f32, cpu,
+                               (double[4]){1, 2, 3, 4}) != K3_OK ||
+            k3_tensor_as_strided(&ov, a, 2, (int64_t[2]){2, 2}, (int64_t[2]){1, 1}, 0) != K3_OK)
+            return 1;
+        CASE("copy into stride 0", k3_tensor_copy(b2, z24));
+        CASE("copy into as_strided overlap", k3_tensor_copy(ov, src));
+        CASE("copy view onto itself", k3_tensor_copy(ov, ov));
+        CASE("fill through overlap", k3_tensor_fill(ov, 7));
+        k3_status st = k3_tensor_get(a, (int64_t[2]){0, 2}, &d);
+        report_value("get after fill", st, d);
+        CASE("set through overlap", k3_tensor_set(ov, (int64_t[2]){1, 0}, 9));
+        st = k3_tensor_get(ov, (int64_t[2]){0, 1}, &d);
+        report_value("get after set", st, d);
+        k3_tensor *w2 = NULL;
+        if (k3_tensor_full(&w2, 1, (int64_t[1]){2}, f32, cpu, 1) != K3_OK) return 1;
+        CASE("rms_norm out overlap", k3_rms_norm(NULL, src, w2, 1e-5, ov, NULL));
+        k3_tensor_free(w2);
+        k3_tensor_free(b2);
+        k3_tensor_free(z24);
+        k3_tensor_free(ov);
+        k3_tensor_free(src);
+    }
+
+    /* ---- 4. invalid values ---- */
+    CASE("empty cpu index 3", k3_tensor_empty(&v, 1, s4, f32, (k3_device){K3_DEVICE_CPU, 3}));
+    CASE("empty device type 5", k3_tensor_empty(&v, 1, s4, f32, (k3_device){(k3_device_type)5, 0}));
+    CASE("full cuda index -1", k3_tensor_full(&v, 1, s4, f32, (k3_device){K3_DEVICE_CUDA, -1}, 0));
+    CASE("randn device type 5", k3_tensor_randn(&v, 1, s4, f32, (k3_device){(k3_device_type)5, 0}, 1));
+    CASE("to cpu index 1", k3_tensor_to(&v, a, (k3_device){K3_DEVICE_CPU, 1}, f32));
+    CASE("layout_fallback 7", k3_policy_set_layout_fallback(pol, 7));
+    CASE("layout_fallback 1", k3_policy_set_layout_fallback(pol, 1));
+    {
+        char buf[32];
+        printf("device_name type 5\tK3_OK\t%s\n",
+               k3_device_name((k3_device){(k3_device_type)5, 0}, buf, sizeof buf));
+        printf("device_name NULL buf\tK3_OK\t[%s]\n", k3_device_name(cpu, NULL, 16));
+    }
+
+    /* ---- 6. scalar arithmetic rounds once ---- */
+    {
+        k3_tensor *one = NULL, *r = NULL;
+        int64_t s1[1] = {1};
+        const k3_dtype dts[4] = {K3_DTYPE_BF16, K3_DTYPE_F16, K3_DTYPE_F32, K3_DTYPE_F64};
+        /* 1 * (1 + 2^-8 + 2^-40) in bf16: exactly above the tie 1 + 2^-8, so 1 + 2^-7; the
+         * scalar rounded to f32 first (1 + 2^-8) would tie to even, 1. Likewise one ulp
+         * above each narrower format's tie. */
+        const double sc[4] = {1 + 0x1p-8 + 0x1p-40, 1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-24 + 0x1p-50,
+                              1 + 0x1p-52};
+        for (int i = 0; i < 4; i++) {
+            char name[64];
+            if (k3_tensor_full(&one, 1, s1, dts[i], cpu, 1) != K3_OK) return 1;
+            snprintf(name, sizeof name, "mul scalar %s", k3_dtype_name(dts[i]));
+            k3_status s = k3_tensor_binary_scalar(&r, K3_MUL, one, sc[i], 0);
+            if (s == K3_OK) s = k3_tensor_get(r, (int64_t[1]){0}, &d);
+            report_value(name, s, d);
+            k3_tensor_free(r);
+            snprintf(name, sizeof name, "add scalar first %s", k3_dtype_name(dts[i]));
+            s = k3_tensor_binary_scalar(&r, K3_ADD, one, sc[i] - 1, 1);
+            if (s == K3_OK) s = k3_tensor_get(r, (int64_t[1]){0}, &d);
+            report_value(name, s, d);
+            k3_tensor_free(r);
+            k3_tensor_free(one);
+            r = one = NULL;
+        }
+    }
+    k3_policy_free(pol);
+    k3_tensor_free(a);
+    k3_tensor_free(w);
+    k3_tensor_free(x);
+    k3_tensor_free(big);
+    printf("done\n");
+    return 0;
+}
