@@ -396,6 +396,13 @@ static void op_to(fz *f) {
         FZ_CHECK(st == K3_EFREED);
         return;
     }
+    /* An empty view may have a shape whose row-major strides overflow (a view keeps its own
+     * strides); a new tensor of that shape is refused, as k3_tensor_empty refuses it. */
+    if (span_overflows(t->ndim, t->size)) {
+        FZ_CHECK(st == K3_EOVERFLOW);
+        FZ_CHECK_ERROR(st);
+        return;
+    }
     FZ_CHECK(st == K3_OK);
     FZ_CHECK(k3_tensor_is_contiguous(r) && r->offset == 0 && k3_tensor_numel(r) == k3_tensor_numel(t));
     shadow *ss = shadow_of(t), *sr = shadow_new(r);
