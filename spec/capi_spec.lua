@@ -4,28 +4,12 @@
 -- edges (spec/capi/checks.c: NULL arguments, 0-based messages, invalid values, op output
 -- names, writes through overlapping views, single rounding), line by line; and the
 -- installed Lua module loading from the prefix alone.
+local H = require "spec.helpers"
 local k3 = require "k3"
 
--- The checkout's absolute path (this file is <root>/spec/<name>).
-local function checkout_root()
-  local src = debug.getinfo(1, "S").source:sub(2)
-  local dir = src:match("^(.*)/spec/[^/]*$") or "."
-  if dir:sub(1, 1) ~= "/" then
-    local p = io.popen("pwd")
-    local cwd = p:read("l")
-    p:close()
-    dir = dir == "." and cwd or cwd .. "/" .. dir
-  end
-  return dir
-end
-local root = checkout_root()
+local root = H.root()
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local _, how, code = p:close()
-  return out, how == "exit" and code or 128 + code
-end
+local sh = H.sh
 
 local function have(tool)
   local _, code = sh("command -v " .. tool)

@@ -4,6 +4,29 @@ local k3 = require "k3"
 local H = {}
 
 --- H.cuda() -> true when a CUDA device is available, else false and the one-line reason.
+--- H.root() -> the checkout's absolute path (this file is <root>/spec/helpers.lua), so specs
+--- that build or run programs work from any working directory.
+function H.root()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  local dir = src:match("^(.*)/spec/[^/]*$") or "."
+  if dir:sub(1, 1) ~= "/" then
+    local p = io.popen("pwd")
+    local cwd = p:read("l")
+    p:close()
+    dir = dir == "." and cwd or cwd .. "/" .. dir
+  end
+  return dir
+end
+
+--- H.sh(cmd) -> output, status: runs cmd with stderr merged into stdout; status is the exit
+--- code, or 128 + the signal number when a signal ended it (as a shell reports it).
+function H.sh(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("a")
+  local _, how, code = p:close()
+  return out, how == "exit" and code or 128 + code
+end
+
 function H.cuda()
   local c = k3.backends().cuda
   return c.available, c.reason

@@ -3,19 +3,8 @@
 -- tensor caps; two states on two threads matching a single-threaded run bit for bit; the exit
 -- status (0 when every frame went as the script's expected_failures says, 3 otherwise).
 -- The host is built by `make host` (part of EMBED_TARGETS); without it every spec is pending.
--- The checkout's absolute path (this file is <root>/spec/<name>).
-local function checkout_root()
-  local src = debug.getinfo(1, "S").source:sub(2)
-  local dir = src:match("^(.*)/spec/[^/]*$") or "."
-  if dir:sub(1, 1) ~= "/" then
-    local p = io.popen("pwd")
-    local cwd = p:read("l")
-    p:close()
-    dir = dir == "." and cwd or cwd .. "/" .. dir
-  end
-  return dir
-end
-local root = checkout_root()
+local H = require "spec.helpers"
+local root = H.root()
 local HOST = root .. "/build/examples/host/k3-host"
 local SCRIPTS = root .. "/examples/host/scripts/"
 

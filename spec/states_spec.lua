@@ -2,29 +2,13 @@
 -- libk3lua): batch-invariant mode, the policy and k3.stats() belong to each state, so one
 -- state's k3.set_batch_invariant, k3.set_policy or k3.stats_reset never reaches the other;
 -- C's k3_stats keeps the process-wide totals and k3_batch_invariant the process default.
+local H = require "spec.helpers"
 
--- The checkout's absolute path (this file is <root>/spec/<name>).
-local function checkout_root()
-  local src = debug.getinfo(1, "S").source:sub(2)
-  local dir = src:match("^(.*)/spec/[^/]*$") or "."
-  if dir:sub(1, 1) ~= "/" then
-    local p = io.popen("pwd")
-    local cwd = p:read("l")
-    p:close()
-    dir = dir == "." and cwd or cwd .. "/" .. dir
-  end
-  return dir
-end
-local root = checkout_root()
+local root = H.root()
 -- scripts/test-asan points K3_BUILD_DIR at the sanitizer build; link against the same one.
 local build = os.getenv("K3_BUILD_DIR") or (root .. "/build")
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1"))
-  local out = p:read("a")
-  local _, how, code = p:close()
-  return out, how == "exit" and code or 128 + code
-end
+local sh = H.sh
 
 local exe
 local function program()
