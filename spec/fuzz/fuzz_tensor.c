@@ -501,6 +501,11 @@ static void op_binary(fz *f) {
         FZ_CHECK_ERROR(st);
         return;
     }
+    if (span_overflows(a->ndim, a->size)) { /* the result is a new tensor: see op_to */
+        FZ_CHECK(st == K3_EOVERFLOW);
+        FZ_CHECK_ERROR(st);
+        return;
+    }
     FZ_CHECK(st == K3_OK);
     shadow *sa = shadow_of(a), *sb = shadow_of(b), *sr = shadow_new(r);
     static int64_t ao[READ_LIMIT], bo[READ_LIMIT];
