@@ -442,6 +442,18 @@ describe("bench JSON (lua-dkjson)", function()
     local c = {}
     c.self = c
     H.raises(function() U.json_encode(c) end, "json: reference cycle")
+    -- Keys JSON cannot hold are an error of ours, not a crash inside dkjson.
+    H.raises(function() U.json_encode({[true] = 1}) end,
+      "json: object keys must be strings or numbers; got a boolean key")
+    -- Floats survive a write and a read exactly (dkjson alone writes %.14g); integers stay
+    -- integers and integral floats stay floats.
+    local doc = {t = 1030.0123456789012, e = 2 ^ 53, tenth = 0.1, i = 3, f = 2.0, big = 1e300}
+    local back = U.json_decode(U.json_encode(doc))
+    for k, x in pairs(doc) do
+      assert.equal(x, back[k], k)
+      assert.equal(math.type(x), math.type(back[k]), k)
+    end
+    assert.truthy(U.json_encode({x = 0.1}):find('"x":0.1', 1, true))
   end)
 
   it("scripts/bench --dry-run writes the same sorted JSON twice and reads a --peers file", function()

@@ -8,15 +8,41 @@ local U = {}
 
 local json = require "dkjson"
 
--- Every key of every table in v, into `keys` (a set); `seen` guards against cycles, which
--- dkjson then reports.
-local function collect_keys(v, keys, seen)
-  if type(v) ~= "table" or seen[v] then return end
-  seen[v] = true
-  for k, x in pairs(v) do
-    keys[k] = true
-    collect_keys(x, keys, seen)
+-- The shortest of %.15g, %.16g, %.17g that reads back as the same double (dkjson writes
+-- numbers with tostring, i.e. %.14g, which loses digits); integral values keep a ".0" so
+-- they read back as floats.
+local function float_text(x)
+  local s
+  for _, fmt in ipairs({"%.15g", "%.16g", "%.17g"}) do
+    s = string.format(fmt, x)
+    if tonumber(s) == x then break end
   end
+  if not s:find("[.eEn]") then s = s .. ".0" end
+  return s
+end
+
+-- A copy of v that dkjson can write exactly: finite non-integer-typed numbers become tables
+-- whose __tojson gives float_text; every key is checked to be a string or a number (JSON
+-- has nothing else, and dkjson fails inside on others); `keys` collects every key for the
+-- key order. A table that contains itself raises.
+local function prepare(v, keys, path)
+  if math.type(v) == "float" and v == v and v ~= math.huge and v ~= -math.huge then
+    return setmetatable({}, {__tojson = function() return float_text(v) end})
+  end
+  if type(v) ~= "table" or v == json.null then return v end
+  if path[v] then error("json: reference cycle", 0) end
+  path[v] = true
+  local out = {}
+  for k, x in pairs(v) do
+    local tk = type(k)
+    if tk ~= "string" and tk ~= "number" then
+      error("json: object keys must be strings or numbers; got a " .. tk .. " key", 0)
+    end
+    keys[k] = true
+    out[k] = prepare(x, keys, path)
+  end
+  path[v] = nil
+  return out
 end
 
 -- A value JSON has no type for (a function, a userdata) is written as its tostring, so one
@@ -28,12 +54,14 @@ end
 
 --- U.json_encode(v) -> JSON text, indented, keys of every object sorted (dkjson's keyorder:
 --- every key of the document in sorted order), so result files diff cleanly between runs.
---- Tables with keys 1..n are arrays, others objects; NaN and infinities become null, as does
---- U.null; other values JSON cannot hold become their tostring. Raises "json: reference
---- cycle" for a table that contains itself.
+--- Tables with keys 1..n are arrays, others objects; floats are written exactly (the
+--- shortest text that reads back as the same double); NaN and infinities become null, as
+--- does U.null; other values JSON cannot hold become their tostring. Raises "json: reference
+--- cycle" for a table that contains itself and "json: object keys must be strings or
+--- numbers" for other keys.
 function U.json_encode(v)
   local keys, order = {}, {}
-  collect_keys(v, keys, {})
+  v = prepare(v, keys, {})
   for k in pairs(keys) do order[#order + 1] = k end
   table.sort(order, function(a, b) -- numbers (integer keys of sparse tables) before strings
     local ta, tb = type(a), type(b)
