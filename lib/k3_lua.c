@@ -1054,7 +1054,12 @@ static int l_explain(lua_State *L) {
 /* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
  * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
  * raises, the enclosing trace (if any) is restored and still gets the records of the
- * dispatches that ran before the error, then the error propagates unchanged. */
+ * dispatches that ran before the error, then the error propagates unchanged. fn runs under
+ * lua_pcall and cannot yield: a coroutine that yields inside k3.trace (a rank of
+ * k3.dist.simulate waiting in a collective, say) raises "attempt to yield across a C-call
+ * boundary". That is deliberate: the trace being recorded is one per lua_State, so letting
+ * another coroutine run in the middle would file its dispatches under this trace. Trace
+ * around the whole k3.dist.simulate call instead, or inside a rank between collectives. */
 static int l_trace(lua_State *L) {
     luaL_checktype(L, 1, LUA_TFUNCTION);
     lua_settop(L, 1);
