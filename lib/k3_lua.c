@@ -871,6 +871,17 @@ static tensor_ud *result_slot(lua_State *L, int out_idx, int explain) {
 /* Finishes an op: raise on error, push the explain record, or count the call in this
  * state's counters and record the trace. */
 static int op_finish(lua_State *L, k3_status s, call_ctx *c, int explain) {
+    /* explain answers for the dispatch itself: when no candidate accepts, or a fast kernel's
+     * layout error would be raised (policy "error"), the record is the decision: no chosen
+     * kernel, every decline, and the error the call would raise. Invalid arguments (nothing
+     * was dispatched) still raise. */
+    if (explain && c->rec.op[0] && !c->rec.chosen[0] &&
+        (s == K3_ENOKERNEL || (s == K3_ELAYOUT && c->rec.ndeclined > 0))) {
+        push_dispatch(L, &c->rec);
+        lua_pushstring(L, k3_last_error());
+        lua_setfield(L, -2, "error");
+        return 1;
+    }
     if (s != K3_OK) return raise_k3(L);
     if (explain) {
         push_dispatch(L, &c->rec);
@@ -1038,8 +1049,11 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
 }
 static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
 
-/* k3.explain(op, ...) -> {chosen =, declined = {{kernel =, reason =}, ...}}: the decision the
- * op would make for these arguments; nothing runs. */
+/* k3.explain(op, ...) -> {op =, chosen =, declined = {{kernel =, reason =}, ...}}: the
+ * decision the op would make for these arguments; nothing runs. When the call would fail in
+ * dispatch (no candidate accepts, or a kernel's layout error under on_layout_mismatch =
+ * "error"), chosen is nil and error holds the message the call would raise; invalid
+ * arguments raise as the op itself does. */
 static int l_explain(lua_State *L) {
     static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul", NULL};
     int op = luaL_checkoption(L, 1, NULL, ops);

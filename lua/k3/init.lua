@@ -295,7 +295,7 @@ local HELP = {
   {"k3.rms_norm(x, w, eps)", "RMSNorm over the last dim"},
   {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
   {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
-  {"k3.explain(op, ...)", "which kernel would run and why the others declined"},
+  {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
