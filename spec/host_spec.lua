@@ -89,6 +89,29 @@ describe("k3-host", function()
     assert.is_true(field(out, "peak Lua memory") <= 4 * 2 ^ 20 * 9 / 8 + 256 * 1024, out)
   end)
 
+  it("keeps alloc_past_cap.lua's contract under every cap option: no Lua cap, a large one, no tensor cap, no budget", function()
+    if not have_host() then return end
+    local S = " --frames 5 --script " .. SCRIPTS .. "alloc_past_cap.lua"
+    for _, c in ipairs({
+      -- No Lua cap: frame 2 asks string.rep for more than Lua allows, a plain Lua error (and
+      -- never hoards until the budget, or with no budget either, the machine runs out).
+      {"--mem-cap 0", "frame 2 failed %(error%): [^\n]*alloc_past_cap.lua:%d+: resulting string too large\nstack traceback:\n"},
+      {"--mem-cap 0 --budget 0", "frame 2 failed %(error%): [^\n]*alloc_past_cap.lua:%d+: resulting string too large\n"},
+      -- A cap the hoard reaches well within the default instruction budget.
+      {"--mem-cap 256M", "frame 2 failed %(memory%): [^\n]*Lua memory cap of 268435456 bytes exceeded %(%d+ bytes live%)\n"},
+      {"--mem-cap 4M --budget 0", "frame 2 failed %(memory%): [^\n]*Lua memory cap of 4194304 bytes exceeded %(%d+ bytes live%)\n"},
+      {"--mem-cap 4M --tensor-cap 0", "frame 4 failed %(error%): [^\n]*empty: out of host memory allocating %d+ bytes\n"},
+    }) do
+      local out, code = run(c[1] .. S)
+      assert.are.equal(0, code, c[1] .. "\n" .. out)
+      assert.truthy(out:find(c[2]), c[1] .. "\n" .. out)
+      assert.are.equal(2, field(out, "frames failed"), out)
+      assert.are.equal(2, field(out, "frames failed as expected"), out)
+      assert.are.equal(0, field(out, "unexpected frame results"), out)
+      assert.falsy(out:find("memory cap of 0 bytes", 1, true), out)
+    end
+  end)
+
   it("runs two states on two threads at once, matching a single-threaded run bit for bit", function()
     if not have_host() then return end
     local out, code = run("--frames 5 --threads 2 --script " .. SCRIPTS .. "clean.lua")
