@@ -476,7 +476,9 @@ K3_API void k3_safetensors_free(k3_safetensors *st);
  * place, so a failure leaves no partial file. Names must be non-empty, unique and not
  * "__metadata__" (K3_EINVAL); path NULL, names or tensors NULL with n > 0, or a NULL
  * names[i] or tensors[i] is K3_EINVAL ("safetensors_save: tensors[2] ("w") is NULL"); a
- * freed tensor is K3_EFREED; write failures K3_EIO. */
+ * freed tensor is K3_EFREED; write failures K3_EIO, naming `path` as passed (never the
+ * temporary file alone): "safetensors_save: /no/dir/x.st: cannot open for writing: No such
+ * file or directory". */
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 

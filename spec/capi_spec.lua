@@ -159,6 +159,11 @@ local checks = {
     {"get after set", "K3_OK", "0x1.2p+3"},
     {"rms_norm out overlap", "K3_ELAYOUT", "rms_norm: out is written but its elements overlap (shape [2, 2], strides [1, 1])"},
   },
+  -- Messages name the function as C calls it (no k3_ prefix, no Lua-style dotted name), the
+  -- argument at fault and, for a file, the path the caller passed.
+  c_names = {
+    {"safetensors_save unwritable", "K3_EIO", "safetensors_save: /nonexistent/x.st: cannot open for writing: No such file or directory"},
+  },
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
     {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
@@ -281,6 +286,8 @@ describe("install and the C API", function()
   it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",
      function() expect("overlap") end)
   it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
+  it("C API: messages use the C function's name and name the argument or the caller's path",
+     function() expect("c_names") end)
 
   it("builds the game-loop host against the installed k3 with pkg-config k3-lua", function()
     if not ready() then return end

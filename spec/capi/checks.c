@@ -94,6 +94,9 @@ int main(void) {
     CASE("safetensors_save tensors[0]",
          k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){"w"},
                              (const k3_tensor *[]){NULL}));
+    CASE("safetensors_save unwritable",
+         k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){"w"},
+                             (const k3_tensor *[]){a}));
     CASE("method_default out", k3_method_default(NULL, NULL));
     CASE("linear x", k3_linear(&v, NULL, a, NULL, NULL, NULL, NULL));
     /* Where nothing would be read or written, NULL is fine. */
