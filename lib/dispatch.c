@@ -155,7 +155,7 @@ int k3_policy_layout_fallback(const k3_policy *p) {
 }
 
 k3_status k3_policy_set_batch_invariant(k3_policy *p, int on) {
-    if (!p) return k3_error(K3_EINVAL, "policy: policy is NULL");
+    if (!p) return k3_error(K3_EINVAL, "policy_set_batch_invariant: p is NULL");
     p->batch_invariant = on != 0;
     return K3_OK;
 }

@@ -407,9 +407,15 @@ static k3_status collective_prologue(const char *what, const k3_tensor *t, const
 
 K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op) {
     const k3_backend *be;
-    if (!t) return k3_error(K3_EINVAL, "k3.dist.all_reduce: tensor is NULL");
+    /* Only a C caller can pass these (the binding checks the tensor and the op's name), so
+     * they are named as C calls them; the checks below are shared with Lua and keep the
+     * "k3.dist.<name>" its users know. */
+    if (!t) return k3_error(K3_EINVAL, "dist_all_reduce: t is NULL");
     if (op != K3_DIST_SUM && op != K3_DIST_MAX && op != K3_DIST_MIN)
-        return k3_error(K3_EINVAL, "k3.dist.all_reduce: unknown op %d", (int)op);
+        return k3_error(K3_EINVAL,
+                        "dist_all_reduce: op must be K3_DIST_SUM (0), K3_DIST_MAX (1) or "
+                        "K3_DIST_MIN (2); got %d",
+                        (int)op);
     K3_TRY(collective_prologue("all_reduce", t, "tensor", &be));
     if (!be) return K3_OK;
     if (g_dist.check_shapes)
@@ -419,7 +425,8 @@ K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op) {
 
 K3_API k3_status k3_dist_all_gather(k3_tensor **out, const k3_tensor *t) {
     const k3_backend *be;
-    if (!out || !t) return k3_error(K3_EINVAL, "k3.dist.all_gather: NULL argument");
+    if (!out) return k3_error(K3_EINVAL, "dist_all_gather: out is NULL");
+    if (!t) return k3_error(K3_EINVAL, "dist_all_gather: t is NULL");
     *out = NULL;
     K3_TRY(collective_prologue("all_gather", t, "tensor", &be));
     int64_t shape[K3_MAX_DIMS];
@@ -486,7 +493,7 @@ K3_API k3_status k3_dist_destroy(int abort) {
 }
 
 K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset) {
-    if (!out) return k3_error(K3_EINVAL, "k3.dist.stats: out is NULL");
+    if (!out) return k3_error(K3_EINVAL, "dist_get_stats: out is NULL");
     memset(out, 0, sizeof *out);
     if (!g_dist.initialized || g_dist.world == 1) return K3_OK;
     const k3_backend *be = dist_backend("stats");

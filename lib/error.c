@@ -134,7 +134,7 @@ static long live_allocations; /* __atomic; guards allocator swaps */
 k3_status k3_set_allocator(k3_alloc_fn fn, void *ud) {
     if (__atomic_load_n(&live_allocations, __ATOMIC_ACQUIRE) != 0)
         return k3_error(K3_EINVAL,
-                        "k3_set_allocator: %ld host allocations are live; set the allocator "
+                        "set_allocator: %ld host allocations are live; set the allocator "
                         "before creating tensors",
                         __atomic_load_n(&live_allocations, __ATOMIC_ACQUIRE));
     alloc_ud = fn ? ud : NULL;

@@ -87,7 +87,8 @@ K3_API const char *k3_status_name(k3_status s);
 
 /* Host allocator: malloc/realloc/free semantics on `ud`. realloc(ud, p, old, 0) frees.
  * Set before any tensor exists; NULL restores the C library allocator. Returns K3_EINVAL
- * when live host allocations exist (they would be freed by the wrong allocator). */
+ * when live host allocations exist (they would be freed by the wrong allocator): "set_allocator:
+ * 3 host allocations are live; set the allocator before creating tensors". */
 typedef void *(*k3_alloc_fn)(void *ud, void *ptr, size_t old_size, size_t new_size);
 K3_API k3_status k3_set_allocator(k3_alloc_fn fn, void *ud);
 
@@ -318,7 +319,8 @@ K3_API k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const ch
 K3_API k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback);
 /* Batch-invariant mode of the calls made with p (k3_call.policy = p, or a method applied with
  * such a call): low-latency plans decline and linear runs its fixed-order reduction, so a
- * row's result does not depend on M. K3_EINVAL when p is NULL. */
+ * row's result does not depend on M. K3_EINVAL when p is NULL ("policy_set_batch_invariant:
+ * p is NULL"). */
 K3_API k3_status k3_policy_set_batch_invariant(k3_policy *p, int on);
 /* p's batch-invariant mode (1 or 0); p NULL: the process default, k3_batch_invariant(). */
 K3_API int k3_policy_batch_invariant(const k3_policy *p);
@@ -410,12 +412,14 @@ typedef struct k3_plan_entry {
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
- * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method.default: out is
+ * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is
  * NULL"), K3_ENOMEM. */
 K3_API k3_status k3_method_default(k3_method **out, const k3_policy *policy);
 /* plan[0..n-1] (plan may be NULL when n is 0; an entry's kernel NULL means "skinny"); each M
- * in 1..16 at most once. Errors: K3_EINVAL (out NULL, plan NULL with n > 0, a bad entry, named
- * by its M), K3_ENOMEM. */
+ * in 1..16 at most once. Errors: K3_EINVAL (out NULL, n < 0 ("method_low_latency: n must be
+ * >= 0; got -1"), plan NULL with n > 0 ("method_low_latency: plan is NULL but n is 2"), a bad
+ * entry, named by its M: "method.low_latency: plan M must be in 1..16; got 17", the name Lua
+ * users know), K3_ENOMEM. */
 K3_API k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int n,
                                        const k3_policy *policy);
 /* NULL is a no-op. */
@@ -424,7 +428,7 @@ K3_API void k3_method_free(k3_method *m);
  * the low-latency path is recorded with its reason, then the default's decision). The
  * candidates come from the method's policy copy; the batch-invariant mode from the call's
  * policy at call time (k3_policy_batch_invariant(call->policy)). m NULL is K3_EINVAL
- * ("method: method is NULL"); the tensors are checked as k3_linear checks them. */
+ * ("method_apply: m is NULL"); the tensors are checked as k3_linear checks them. */
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
@@ -476,7 +480,9 @@ K3_API void k3_safetensors_free(k3_safetensors *st);
  * place, so a failure leaves no partial file. Names must be non-empty, unique and not
  * "__metadata__" (K3_EINVAL); path NULL, names or tensors NULL with n > 0, or a NULL
  * names[i] or tensors[i] is K3_EINVAL ("safetensors_save: tensors[2] ("w") is NULL"); a
- * freed tensor is K3_EFREED; write failures K3_EIO. */
+ * freed tensor is K3_EFREED; write failures K3_EIO, naming `path` as passed (never the
+ * temporary file alone): "safetensors_save: /no/dir/x.st: cannot open for writing: No such
+ * file or directory". */
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 
@@ -517,10 +523,13 @@ K3_API int k3_dist_rank(void);       /* 0 before init */
 K3_API int k3_dist_world_size(void); /* 1 before init */
 K3_API int k3_dist_device(void);     /* this rank's CUDA device index */
 /* t <- op over ranks of t, in place. t must be contiguous (K3_ELAYOUT names the strides) and,
- * above world size 1, on this rank's CUDA device (K3_EDEVICE). */
+ * above world size 1, on this rank's CUDA device (K3_EDEVICE). t NULL or op not a k3_dist_op
+ * is K3_EINVAL ("dist_all_reduce: t is NULL"). The messages of the checks shared with Lua
+ * name the call as Lua users know it ("k3.dist.all_reduce: call k3.dist.init() first"). */
 K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op);
 /* *out = a new contiguous tensor [world * d1, d2, ...]: every rank's t stacked along dim 0 in
- * rank order (a 0-dim t gives [world]). Same checks as all_reduce. The caller owns *out. */
+ * rank order (a 0-dim t gives [world]). Same checks as all_reduce; out or t NULL is K3_EINVAL
+ * ("dist_all_gather: out is NULL"). The caller owns *out. */
 K3_API k3_status k3_dist_all_gather(k3_tensor **out, const k3_tensor *t);
 /* Returns when every rank has called it (bounded like every wait). */
 K3_API k3_status k3_dist_barrier(void);
@@ -531,7 +540,8 @@ K3_API k3_status k3_dist_synchronize(void);
 K3_API k3_status k3_dist_destroy(int abort);
 /* Device time of the collectives since init or the last reset, from CUDA events around each
  * NCCL call (it includes waiting for the slowest rank). Index 0 all_reduce, 1 all_gather,
- * 2 the shape checks. */
+ * 2 the shape checks. reset: zero them after reading. out NULL is K3_EINVAL
+ * ("dist_get_stats: out is NULL"). */
 typedef struct k3_dist_stats {
     uint64_t calls[3];
     double ms[3];

@@ -46,7 +46,7 @@ static k3_status policy_copy(k3_policy **out, const k3_policy *src) {
 }
 
 k3_status k3_method_default(k3_method **out, const k3_policy *policy) {
-    if (!out) return k3_error(K3_EINVAL, "method.default: out is NULL");
+    if (!out) return k3_error(K3_EINVAL, "method_default: out is NULL");
     *out = NULL;
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.default: out of memory");
@@ -61,10 +61,13 @@ k3_status k3_method_default(k3_method **out, const k3_policy *policy) {
 
 k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int n,
                                 const k3_policy *policy) {
-    if (!out) return k3_error(K3_EINVAL, "method.low_latency: out is NULL");
+    /* out, plan and n come only from C callers (the binding builds them), so these use the
+     * C name; the entries' checks keep "method.low_latency", the name Lua users know. */
+    if (!out) return k3_error(K3_EINVAL, "method_low_latency: out is NULL");
     *out = NULL;
-    if (n < 0 || (n > 0 && !plan))
-        return k3_error(K3_EINVAL, "method.low_latency: plan is NULL or n (%d) < 0", n);
+    if (n < 0) return k3_error(K3_EINVAL, "method_low_latency: n must be >= 0; got %d", n);
+    if (n > 0 && !plan)
+        return k3_error(K3_EINVAL, "method_low_latency: plan is NULL but n is %d", n);
     plan_slot slots[K3_PLAN_MAX_M + 1];
     memset(slots, 0, sizeof slots);
     for (int i = 0; i < n; i++) {
@@ -210,7 +213,7 @@ k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tenso
                                const k3_tensor *w, const k3_tensor *bias,
                                const k3_tensor *residual, k3_tensor *out, const k3_call *call,
                                int base) {
-    if (!m) return k3_error(K3_EINVAL, "method: method is NULL");
+    if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
     return apply_ext(m, y, x, w, bias, residual, out, call, NULL, base);
 }
 

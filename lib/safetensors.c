@@ -461,16 +461,17 @@ static int st_cmp_index_name(const void *a, const void *b, void *names) {
     return strcmp(nm[*(const int *)a], nm[*(const int *)b]);
 }
 
-/* Writes n bytes, retrying short writes. */
+/* Writes n bytes, retrying short writes. path is the caller's, for the message. */
 static k3_status st_write(FILE *f, const char *path, const void *p, size_t n) {
     if (n && fwrite(p, 1, n, f) != n)
-        return k3_error(K3_EIO, "safetensors: %s: write failed: %s", path, strerror(errno));
+        return k3_error(K3_EIO, "safetensors_save: %s: write failed: %s", path, strerror(errno));
     return K3_OK;
 }
 
-static k3_status st_save_to(FILE *f, const char *tmp_path, const char *path, int n,
-                            const char *const *names, const k3_tensor *const *tensors,
-                            const int *order) {
+/* Writes the file to f (the temporary file); path is the one the caller passed, which every
+ * message names. */
+static k3_status st_save_to(FILE *f, const char *path, int n, const char *const *names,
+                            const k3_tensor *const *tensors, const int *order) {
     st_buf h = {0};
     st_puts(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
     int64_t pos = 0;
@@ -498,12 +499,12 @@ static k3_status st_save_to(FILE *f, const char *tmp_path, const char *path, int
     while (!h.oom && (h.len % 8) != 0) st_puts(&h, " ");
     if (h.oom) {
         if (h.p) k3_host_free(h.p, h.cap);
-        return k3_error(K3_ENOMEM, "safetensors: %s: out of memory for the header", path);
+        return k3_error(K3_ENOMEM, "safetensors_save: %s: out of memory for the header", path);
     }
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-    k3_status s = st_write(f, tmp_path, lenbuf, 8);
-    if (s == K3_OK) s = st_write(f, tmp_path, h.p, h.len);
+    k3_status s = st_write(f, path, lenbuf, 8);
+    if (s == K3_OK) s = st_write(f, path, h.p, h.len);
     k3_host_free(h.p, h.cap);
     const k3_device cpu = {K3_DEVICE_CPU, 0};
     for (int j = 0; j < n && s == K3_OK; j++) {
@@ -517,7 +518,8 @@ static k3_status st_save_to(FILE *f, const char *tmp_path, const char *path, int
             s = k3_tensor_to(&tmp, t, cpu, k3_tensor_dtype(t));
             if (s != K3_OK) {
                 char what[512];
-                snprintf(what, sizeof what, "safetensors: %s: tensor \"%s\"", path, names[order[j]]);
+                snprintf(what, sizeof what, "safetensors_save: %s: tensor \"%s\"", path,
+                         names[order[j]]);
                 return k3_error_prefix(s, what);
             }
             if (!st_little_endian())
@@ -525,7 +527,7 @@ static k3_status st_save_to(FILE *f, const char *tmp_path, const char *path, int
                               k3_dtype_size(k3_tensor_dtype(tmp)));
             src = tmp;
         }
-        s = st_write(f, tmp_path, k3_tensor_data(src),
+        s = st_write(f, path, k3_tensor_data(src),
                      (size_t)k3_tensor_numel(src) * k3_dtype_size(k3_tensor_dtype(src)));
         k3_tensor_free(tmp);
     }
@@ -588,6 +590,9 @@ k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
         k3_host_free(order, (n > 0 ? (size_t)n : 1) * sizeof *order);
         return s;
     }
+    /* Messages name the path the caller passed: the temporary file (and a link's target) is
+     * k3's business, and the caller must recognise the file in the error. */
+    const char *given = path;
     if (resolved) path = resolved;
     size_t plen = strlen(path) + 16;
     char *tmp_path = k3_host_alloc(plen);
@@ -598,14 +603,16 @@ k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
     snprintf(tmp_path, plen, "%s.tmp%d", path, (int)getpid());
     FILE *f = fopen(tmp_path, "wb");
     if (!f) {
-        s = k3_error(K3_EIO, "safetensors: %s: cannot open for writing: %s", tmp_path, strerror(errno));
+        s = k3_error(K3_EIO, "safetensors_save: %s: cannot open for writing: %s", given,
+                     strerror(errno));
     } else {
-        s = st_save_to(f, tmp_path, path, n, names, tensors, order);
+        s = st_save_to(f, given, n, names, tensors, order);
         if (fclose(f) != 0 && s == K3_OK)
-            s = k3_error(K3_EIO, "safetensors: %s: write failed: %s", tmp_path, strerror(errno));
+            s = k3_error(K3_EIO, "safetensors_save: %s: write failed: %s", given, strerror(errno));
         if (s == K3_OK && rename(tmp_path, path) != 0)
-            s = k3_error(K3_EIO, "safetensors: %s: cannot rename %s into place: %s", path, tmp_path,
-                         strerror(errno));
+            s = k3_error(K3_EIO, "safetensors_save: %s: cannot move the temporary file %s into "
+                                 "place: %s",
+                         given, tmp_path, strerror(errno));
         if (s != K3_OK) remove(tmp_path);
     }
     k3_host_free(tmp_path, plen);

@@ -112,7 +112,7 @@ end, "load_safetensors: /nonexistent/k3-spec.safetensors: cannot open: No such f
 case("save_safetensors into a missing directory", function()
   local t = mat(2, 3)
   return function() k3.save_safetensors("/nonexistent/k3-spec.safetensors", {w = t}) end, {t}
-end, "save_safetensors: /nonexistent/k3-spec.safetensors.tmp")
+end, "save_safetensors: /nonexistent/k3-spec.safetensors: cannot open for writing: No such file or directory")
 
 -- ---- views -------------------------------------------------------------------------------------
 local function view_case(name, call, text)

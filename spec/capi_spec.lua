@@ -2,8 +2,8 @@
 -- program (examples/capi/attn_res.c) built only with those flags that runs an AttnRes read
 -- through k3_attn_res, compared bit for bit with the same read made from Lua; the C API's
 -- edges (spec/capi/checks.c: NULL arguments, 0-based messages, invalid values, op output
--- names, writes through overlapping views, single rounding), line by line; and the
--- installed Lua module loading from the prefix alone.
+-- names, writes through overlapping views, single rounding, messages in C names), line by
+-- line; and the installed Lua module loading from the prefix alone.
 local H = require "spec.helpers"
 local k3 = require "k3"
 
@@ -94,7 +94,7 @@ local checks = {
     {"policy_set_candidates names[1]", "K3_EINVAL", "policy_set_candidates: names[1] is NULL"},
     {"safetensors_save names[0]", "K3_EINVAL", "safetensors_save: names[0] is NULL"},
     {"safetensors_save tensors[0]", "K3_EINVAL", "safetensors_save: tensors[0] (\"w\") is NULL"},
-    {"method_default out", "K3_EINVAL", "method.default: out is NULL"},
+    {"method_default out", "K3_EINVAL", "method_default: out is NULL"},
     {"linear x", "K3_EINVAL", "linear: x is required"},
     {"empty 0-dim shape NULL", "K3_OK", ""},
     {"get 0-dim idx NULL", "K3_OK", ""},
@@ -158,6 +158,22 @@ local checks = {
     {"set through overlap", "K3_OK", ""},
     {"get after set", "K3_OK", "0x1.2p+3"},
     {"rms_norm out overlap", "K3_ELAYOUT", "rms_norm: out is written but its elements overlap (shape [2, 2], strides [1, 1])"},
+  },
+  -- Messages name the function as C calls it (no k3_ prefix, no Lua-style dotted name), the
+  -- argument at fault and, for a file, the path the caller passed.
+  c_names = {
+    {"safetensors_save unwritable", "K3_EIO", "safetensors_save: /nonexistent/x.st: cannot open for writing: No such file or directory"},
+    {"dist_all_reduce t", "K3_EINVAL", "dist_all_reduce: t is NULL"},
+    {"dist_all_reduce op", "K3_EINVAL", "dist_all_reduce: op must be K3_DIST_SUM (0), K3_DIST_MAX (1) or K3_DIST_MIN (2); got 7"},
+    {"dist_all_gather out", "K3_EINVAL", "dist_all_gather: out is NULL"},
+    {"dist_all_gather t", "K3_EINVAL", "dist_all_gather: t is NULL"},
+    {"dist_get_stats out", "K3_EINVAL", "dist_get_stats: out is NULL"},
+    {"set_allocator live", "K3_EINVAL", "set_allocator: N host allocations are live; set the allocator before creating tensors"},
+    {"method_low_latency out", "K3_EINVAL", "method_low_latency: out is NULL"},
+    {"method_low_latency plan", "K3_EINVAL", "method_low_latency: plan is NULL but n is 1"},
+    {"method_low_latency n", "K3_EINVAL", "method_low_latency: n must be >= 0; got -1"},
+    {"method_apply m", "K3_EINVAL", "method_apply: m is NULL"},
+    {"policy_set_batch_invariant p", "K3_EINVAL", "policy_set_batch_invariant: p is NULL"},
   },
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
@@ -281,6 +297,8 @@ describe("install and the C API", function()
   it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",
      function() expect("overlap") end)
   it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
+  it("C API: messages use the C function's name and name the argument or the caller's path",
+     function() expect("c_names") end)
 
   it("builds the game-loop host against the installed k3 with pkg-config k3-lua", function()
     if not ready() then return end

@@ -1,7 +1,8 @@
 -- The game-loop host (examples/host/host.c) driven as a subprocess: a clean run; an error in
 -- frame 3; an endless loop stopped by the instruction budget; allocations past the Lua and
 -- tensor caps; two states on two threads matching a single-threaded run bit for bit; the exit
--- status (0 when every frame went as the script's expected_failures says, 3 otherwise).
+-- status (0 when every frame went as the script's expected_failures says, 3 otherwise, also
+-- when --frames stops before a frame the script expects to fail).
 -- The host is built by `make host` (part of EMBED_TARGETS); without it every spec is pending.
 local H = require "spec.helpers"
 local root = H.root()
@@ -88,6 +89,29 @@ describe("k3-host", function()
     assert.is_true(field(out, "peak Lua memory") <= 4 * 2 ^ 20 * 9 / 8 + 256 * 1024, out)
   end)
 
+  it("keeps alloc_past_cap.lua's contract under every cap option: no Lua cap, a large one, no tensor cap, no budget", function()
+    if not have_host() then return end
+    local S = " --frames 5 --script " .. SCRIPTS .. "alloc_past_cap.lua"
+    for _, c in ipairs({
+      -- No Lua cap: frame 2 asks string.rep for more than Lua allows, a plain Lua error (and
+      -- never hoards until the budget, or with no budget either, the machine runs out).
+      {"--mem-cap 0", "frame 2 failed %(error%): [^\n]*alloc_past_cap.lua:%d+: resulting string too large\nstack traceback:\n"},
+      {"--mem-cap 0 --budget 0", "frame 2 failed %(error%): [^\n]*alloc_past_cap.lua:%d+: resulting string too large\n"},
+      -- A cap the hoard reaches well within the default instruction budget.
+      {"--mem-cap 256M", "frame 2 failed %(memory%): [^\n]*Lua memory cap of 268435456 bytes exceeded %(%d+ bytes live%)\n"},
+      {"--mem-cap 4M --budget 0", "frame 2 failed %(memory%): [^\n]*Lua memory cap of 4194304 bytes exceeded %(%d+ bytes live%)\n"},
+      {"--mem-cap 4M --tensor-cap 0", "frame 4 failed %(error%): [^\n]*empty: out of host memory allocating %d+ bytes\n"},
+    }) do
+      local out, code = run(c[1] .. S)
+      assert.are.equal(0, code, c[1] .. "\n" .. out)
+      assert.truthy(out:find(c[2]), c[1] .. "\n" .. out)
+      assert.are.equal(2, field(out, "frames failed"), out)
+      assert.are.equal(2, field(out, "frames failed as expected"), out)
+      assert.are.equal(0, field(out, "unexpected frame results"), out)
+      assert.falsy(out:find("memory cap of 0 bytes", 1, true), out)
+    end
+  end)
+
   it("runs two states on two threads at once, matching a single-threaded run bit for bit", function()
     if not have_host() then return end
     local out, code = run("--frames 5 --threads 2 --script " .. SCRIPTS .. "clean.lua")
@@ -130,9 +154,10 @@ describe("k3-host", function()
     assert.are.equal(3, code, out)
     assert.truthy(out:find("\nframe 2 was expected to fail (budget) but succeeded\n", 1, true), out)
     assert.truthy(out:find("\nframe 4 was expected to fail (memory) but failed (error)\n", 1, true), out)
+    assert.truthy(out:find("\nframe 9 was expected to fail (error) but never ran (--frames 4)\n", 1, true), out)
     assert.are.equal(2, field(out, "frames failed"), out)
     assert.are.equal(1, field(out, "frames failed as expected"), out)
-    assert.are.equal(2, field(out, "unexpected frame results"), out)
+    assert.are.equal(3, field(out, "unexpected frame results"), out)
     for _, c in ipairs({
       {'expected_failures = {[0] = "error"}', "expected_failures: keys must be frame numbers >= 1; got 0"},
       {'expected_failures = {[1] = "oops"}', 'expected_failures[1] must be "error", "budget" or "memory"; got oops'},
@@ -144,6 +169,30 @@ describe("k3-host", function()
       assert.truthy(out:find("setup (reading expected_failures) failed (error): " .. c[2], 1, true), out)
     end
     os.remove(path)
+  end)
+
+  it("exits 3 when a frame in expected_failures never ran (--frames stops before it), on one state or on threads", function()
+    if not have_host() then return end
+    local out, code = run("--frames 2 --script " .. SCRIPTS .. "error_in_frame3.lua")
+    assert.are.equal(3, code, out)
+    assert.are.equal(2, field(out, "frames run"), out)
+    assert.are.equal(0, field(out, "frames failed"), out)
+    assert.are.equal(0, field(out, "frames failed as expected"), out)
+    assert.are.equal(1, field(out, "unexpected frame results"), out)
+    assert.truthy(out:find("\nframe 3 was expected to fail (error) but never ran (--frames 2)\n", 1, true), out)
+    -- Every frame that never ran is named, in frame order, with the failure it was to have.
+    out, code = run("--frames 1 --script " .. SCRIPTS .. "alloc_past_cap.lua")
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("\nframe 2 was expected to fail (memory) but never ran (--frames 1)\n" ..
+                           "frame 4 was expected to fail (memory) but never ran (--frames 1)\n", 1, true), out)
+    assert.are.equal(2, field(out, "unexpected frame results"), out)
+    out, code = run("--frames 2 --threads 2 --script " .. SCRIPTS .. "error_in_frame3.lua")
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("\n[state 2] frame 3 was expected to fail (error) but never ran (--frames 2)\n", 1, true), out)
+    assert.truthy(out:find("threads: all states match the single-threaded run bit for bit", 1, true), out)
+    -- Enough frames: the same script exits 0.
+    out, code = run("--frames 3 --script " .. SCRIPTS .. "error_in_frame3.lua")
+    assert.are.equal(0, code, out)
   end)
 
   it("rejects bad options with a usage message and a non-zero exit, never a crash", function()

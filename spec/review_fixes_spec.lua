@@ -320,6 +320,32 @@ describe("progress output", function()
     f:close()
   end)
 
+  it("K3_PROGRESS accepts 0, 1, plain and off/on, false/true, no/yes; anything else is reported once", function()
+    local f = io.tmpfile()
+    for value, mode in pairs({["0"] = "off", off = "off", OFF = "off", ["false"] = "off", no = "off",
+                              ["1"] = "tty", on = "tty", ["true"] = "tty", Yes = "tty",
+                              plain = "plain", [" plain "] = "plain", PLAIN = "plain"}) do
+      assert.equal(mode, cli.progress_mode(f, value), "K3_PROGRESS=" .. value)
+    end
+    f:close()
+    -- Three reporters ask for the mode; a typo is reported once (on stderr), then treated as
+    -- unset: a file gets plain lines.
+    local chunk = 'local cli = require "k3.cli"; local f = io.tmpfile(); ' ..
+                  'print(cli.progress_mode(f), cli.progress_mode(f), cli.progress{stream = f}.mode)'
+    local function run(env)
+      return sh(string.format("cd %q && env %s scripts/k3 -e '%s' 2>&1", root, env, chunk))
+    end
+    local out, code = run("K3_PROGRESS=fast")
+    assert.equal(0, code, out)
+    assert.equal("k3: warning: K3_PROGRESS: unrecognised value 'fast' (expected 0, 1, plain, " ..
+                 "true, false, yes, no, on or off); progress is shown as when it is unset\n" ..
+                 "plain\tplain\tplain\n", out)
+    assert.equal("off\toff\toff\n", (run("K3_PROGRESS=off")))
+    assert.equal("tty\ttty\ttty\n", (run("K3_PROGRESS=yes")))
+    assert.equal("plain\tplain\tplain\n", (run("K3_PROGRESS=")))
+    assert.equal("plain\tplain\tplain\n", (run("-u K3_PROGRESS")))
+  end)
+
   it("plain mode: the first line at once, then at most one per interval, the last at done", function()
     local s, now = capture(), 100
     local r = cli.progress{stream = s, mode = "plain", interval = 5, clock = function() return now end}

@@ -62,7 +62,8 @@ static const char *usage_text =
     "  0  every frame ran, or failed exactly as expected_failures says\n"
     "  1  a bad option, or the setup (loading k3 or the script) failed\n"
     "  2  --threads: a state's results differ from the single-threaded run\n"
-    "  3  a frame failed unexpectedly, or a frame in expected_failures did not fail that way\n";
+    "  3  a frame failed unexpectedly, or a frame in expected_failures did not fail that way\n"
+    "     (also when it never ran: --frames stops before it)\n";
 
 /* Parses a count with an optional K/M/G suffix (powers of 1024). */
 static int parse_size(const char *s, long long *out) {
@@ -126,7 +127,7 @@ typedef struct host_state {
     size_t nexpected;
     /* results */
     long frames_run, frames_failed, frames_failed_expected;
-    long unexpected; /* frames that failed unexpectedly or did not fail as expected */
+    long unexpected; /* frames that failed unexpectedly or did not fail as expected (or never ran) */
     uint64_t digest;
     int setup_ok;
 } host_state;
@@ -385,6 +386,11 @@ static int has_on_frame(lua_State *L) {
     return 1;
 }
 
+static int by_frame(const void *a, const void *b) {
+    long fa = ((const expected_failure *)a)->frame, fb = ((const expected_failure *)b)->frame;
+    return (fa > fb) - (fa < fb);
+}
+
 /* Reads the script's global expected_failures = {[frame] = "error"|"budget"|"memory"} into
  * h->expected (run protected: the globals may have metamethods). nil means none. */
 static int read_expected(lua_State *L) {
@@ -422,6 +428,8 @@ static int read_expected(lua_State *L) {
         h->nexpected++;
         lua_pop(L, 1);
     }
+    /* By frame number: lua_next's order is the table's, and reports should not depend on it. */
+    qsort(h->expected, h->nexpected, sizeof *h->expected, by_frame);
     return 0;
 }
 
@@ -544,6 +552,14 @@ static void state_frames(host_state *h) {
         lua_settop(L, top);
         /* A failed frame's garbage may hold tensors and most of the cap: release it now. */
         if (rc != LUA_OK) lua_gc(L, LUA_GCCOLLECT);
+    }
+    /* A frame past --frames never ran, so the failure expected there did not happen either:
+     * a run too short for the demo must not pass as one that went as the script says. */
+    for (size_t i = 0; i < h->nexpected; i++) {
+        if (h->expected[i].frame <= h->frames_run) continue;
+        h->unexpected++;
+        say(h->prefix, "frame %ld was expected to fail (%s) but never ran (--frames %ld)\n",
+            h->expected[i].frame, fail_names[h->expected[i].kind], h->o->frames);
     }
 }
 

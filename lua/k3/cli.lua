@@ -31,16 +31,34 @@ end
 local has_core, core = pcall(require, "k3.core")
 if not has_core then core = {} end
 
-local MODES = {["0"] = "off", ["1"] = "tty", plain = "plain"}
+-- K3_PROGRESS values (any case, surrounding whitespace ignored): 0/1 and their boolean
+-- synonyms, as K3_BATCH_INVARIANT takes them, and plain.
+local MODES = {["0"] = "off", ["false"] = "off", no = "off", off = "off",
+               ["1"] = "tty", ["true"] = "tty", yes = "tty", on = "tty", plain = "plain"}
+
+-- Values already reported: each typo is reported once, however many reporters ask.
+local warned = {}
 
 --- cli.progress_mode(stream, setting) -> "tty" | "plain" | "off": how progress is shown on
 --- stream (a Lua file handle, default io.stderr). setting (default: the K3_PROGRESS
---- environment variable) "0" means off, "1" the live line even when stream is not a terminal,
---- "plain" plain lines even on a terminal; anything else (or unset) picks the live line when
---- stream is a terminal (k3.isatty) and plain lines otherwise (a log file, a pipe).
+--- environment variable; any case, surrounding whitespace ignored) "0" (or "off", "false",
+--- "no") means off, "1" (or "on", "true", "yes") the live line even when stream is not a
+--- terminal, "plain" plain lines even on a terminal; unset or empty picks the live line when
+--- stream is a terminal (k3.isatty) and plain lines otherwise (a log file, a pipe). Any other
+--- value is treated as unset and reported once on stderr ("k3: warning: K3_PROGRESS: ..."),
+--- as k3 reports a K3_BATCH_INVARIANT it does not understand: a typo is not silently ignored.
 function cli.progress_mode(stream, setting)
   if setting == nil then setting = os.getenv("K3_PROGRESS") end
-  if MODES[setting] then return MODES[setting] end
+  local value = setting ~= nil and tostring(setting):match("^%s*(.-)%s*$") or ""
+  local mode = MODES[value:lower()]
+  if mode then return mode end
+  if value ~= "" and not warned[value] then
+    warned[value] = true
+    io.stderr:write(string.format("k3: warning: K3_PROGRESS: unrecognised value '%s' (expected 0, " ..
+                                  "1, plain, true, false, yes, no, on or off); progress is shown " ..
+                                  "as when it is unset\n", value:sub(1, 100)))
+    io.stderr:flush()
+  end
   local ok, tty = pcall(core.isatty or function() return false end, stream or io.stderr)
   return (ok and tty) and "tty" or "plain"
 end

@@ -1,8 +1,9 @@
 /*
  * checks.c — the C API's contract at its edges, from C with no Lua: NULL arguments, 0-based
- * messages, invalid devices and flags, writes through overlapping views, op output names and
- * single rounding. Each case prints "name<TAB>STATUS<TAB>message" (message "" on K3_OK, or a
- * value); spec/capi_spec.lua builds this with pkg-config flags only and compares every line.
+ * messages, invalid devices and flags, writes through overlapping views, op output names,
+ * single rounding and messages that use the C function's name. Each case prints
+ * "name<TAB>STATUS<TAB>message" (message "" on K3_OK, or a value); spec/capi_spec.lua builds
+ * this with pkg-config flags only and compares every line.
  * A crash (a NULL dereferenced) ends the run early, which the spec reports.
  */
 #include <math.h>
@@ -29,6 +30,23 @@ static void report_value(const char *name, k3_status s, double v) {
 }
 
 #define CASE(name, expr) report(name, (expr))
+
+/* report() with every run of digits in the message shown as N, for a message that carries a
+ * count the case does not control (how many allocations are live). */
+static void report_counted(const char *name, k3_status s) {
+    const char *m = s == K3_OK ? "" : k3_last_error();
+    printf("%s\t%s\t", name, k3_status_name(s));
+    for (; *m; m++) {
+        if (*m >= '0' && *m <= '9') {
+            while (m[1] >= '0' && m[1] <= '9') m++;
+            putchar('N');
+        } else {
+            putchar(*m);
+        }
+    }
+    putchar('\n');
+    fflush(stdout);
+}
 
 int main(void) {
     const k3_device cpu = {K3_DEVICE_CPU, 0};
@@ -94,6 +112,9 @@ int main(void) {
     CASE("safetensors_save tensors[0]",
          k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){"w"},
                              (const k3_tensor *[]){NULL}));
+    CASE("safetensors_save unwritable",
+         k3_safetensors_save("/nonexistent/x.st", 1, (const char *[]){"w"},
+                             (const k3_tensor *[]){a}));
     CASE("method_default out", k3_method_default(NULL, NULL));
     CASE("linear x", k3_linear(&v, NULL, a, NULL, NULL, NULL, NULL));
     /* Where nothing would be read or written, NULL is fine. */
@@ -237,6 +258,23 @@ int main(void) {
         printf("device_name type 5\tK3_OK\t%s\n",
                k3_device_name((k3_device){(k3_device_type)5, 0}, buf, sizeof buf));
         printf("device_name NULL buf\tK3_OK\t[%s]\n", k3_device_name(cpu, NULL, 16));
+    }
+
+    /* ---- 7. C names: "<function>: <argument> ...", the function without its k3_ prefix ---- */
+    {
+        k3_method *m = NULL;
+        CASE("dist_all_reduce t", k3_dist_all_reduce(NULL, K3_DIST_SUM));
+        CASE("dist_all_reduce op", k3_dist_all_reduce(a, (k3_dist_op)7));
+        CASE("dist_all_gather out", k3_dist_all_gather(NULL, a));
+        CASE("dist_all_gather t", k3_dist_all_gather(&v, NULL));
+        CASE("dist_get_stats out", k3_dist_get_stats(NULL, 0));
+        report_counted("set_allocator live", k3_set_allocator(NULL, NULL));
+        CASE("method_low_latency out", k3_method_low_latency(NULL, NULL, 0, NULL));
+        CASE("method_low_latency plan", k3_method_low_latency(&m, NULL, 1, NULL));
+        CASE("method_low_latency n", k3_method_low_latency(&m, NULL, -1, NULL));
+        CASE("method_apply m", k3_method_apply(NULL, &v, a, a, NULL, NULL, NULL, NULL));
+        CASE("policy_set_batch_invariant p", k3_policy_set_batch_invariant(NULL, 1));
+        k3_method_free(m);
     }
 
     /* ---- 6. scalar arithmetic rounds once ---- */
