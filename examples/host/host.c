@@ -360,9 +360,12 @@ static void report_failure(host_state *h, const char *what) {
     if (h->fail == FAIL_MEMORY && h->tensor_refused)
         say(h->prefix, "%s failed (memory): tensor cap of %zu bytes exceeded (%zu bytes in use): %s\n",
             what, h->o->tensor_cap, h->t_used, msg ? msg : "(no message)");
-    else if (h->fail == FAIL_MEMORY && !strstr(msg ? msg : "", "memory cap"))
+    else if (h->fail == FAIL_MEMORY && h->cap && !strstr(msg ? msg : "", "memory cap"))
         say(h->prefix, "%s failed (memory): Lua memory cap of %zu bytes exceeded (%zu bytes live): %s\n",
             what, h->cap, h->used, msg ? msg : "(no message)");
+    else if (h->fail == FAIL_MEMORY && !h->cap) /* no cap: the system allocator refused */
+        say(h->prefix, "%s failed (memory): out of memory with no Lua cap (%zu bytes live): %s\n",
+            what, h->used, msg ? msg : "(no message)");
     else
         say(h->prefix, "%s failed (%s): %s\n", what, fail_names[h->fail],
             msg ? msg : "(error object is not a string)");
