@@ -268,7 +268,8 @@ describe("scripts/k3 --nproc (launcher)", function()
       local path = os.getenv("K3_DIST_DIR") .. "/failed"
       for _ = 1, 400 do
         local f = io.open(path)
-        if f then io.stderr:write("rank 0 saw: ", f:read("l"), "\n") os.exit(3) end
+        -- one write(2): stderr is unbuffered, and the launcher writes to the same pipe
+        if f then io.stderr:write("rank 0 saw: " .. f:read("l") .. "\n") os.exit(3) end
         os.execute("sleep 0.05")
       end]])
     local out, code, secs = launch("--nproc 2 " .. s)
@@ -397,7 +398,7 @@ describe("k3.dist on two GPUs #multigpu", function()
       k3.dist.barrier()
       if rank == 1 then error("rank 1 gives up", 0) end
       local ok, err = pcall(k3.dist.all_reduce, k3.ones({16, 7168}, {dtype = "bf16", device = "cuda"}))
-      io.stderr:write("rank 0 got: ", tostring(err), "\n")
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
       os.exit(ok and 0 or 7)]], 60, 30)
     assert.are.equal(1, code, out)
     assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 stops: rank 1 exited with status 1; communicator aborted", 1, true), out)
@@ -410,7 +411,7 @@ describe("k3.dist on two GPUs #multigpu", function()
     local out, code, secs = ranks([[
       if rank == 1 then os.execute("sleep 8") os.exit(0) end
       local ok, err = pcall(k3.dist.all_reduce, k3.ones({4}, {device = "cuda"}))
-      io.stderr:write("rank 0 got: ", tostring(err), "\n")
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
       os.exit(ok and 0 or 7)]], 3, 30)
     assert.are.equal(7, code, out)
     assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 timed out after 3 s waiting for", 1, true), out)
