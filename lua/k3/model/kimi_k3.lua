@@ -169,6 +169,7 @@ end
 
 local Attention = {}
 Attention.__index = Attention
+M.Attention = Attention -- shared by the tensor-parallel stack, built with a rank's local cfg
 
 function Attention:__call(h)
   local cfg = self.cfg

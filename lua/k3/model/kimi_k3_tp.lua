@@ -72,38 +72,13 @@ end
 
 -- ---- the stack -------------------------------------------------------------------------------
 
-local Attention = {}
-Attention.__index = Attention
-
-function Attention:__call(h)
-  local cfg = self.lcfg
-  local T = h:size(1)
-  local a = self.qkv_a(h)
-  local q = k3.rms_norm(a:narrow(2, 1, cfg.q_lora_rank), self.q_a_norm, cfg.eps)
-  a:free()
-  local qb = self.q_b(q) -- this rank's heads
-  q:free()
-  local hd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-  local v = k3.empty({T, cfg.num_heads * cfg.v_head_dim}, {dtype = qb:dtype(), device = qb:device()})
-  v:view({T, cfg.num_heads, cfg.v_head_dim})
-   :copy(qb:view({T, cfg.num_heads, hd}):narrow(3, 1, cfg.v_head_dim))
-  qb:free()
-  local o = self.o_proj(v) -- partial sum over this rank's heads
-  v:free()
-  return o
-end
-
-local MLP = {}
-MLP.__index = MLP
-
-function MLP:__call(x)
-  local gu = self.gate_up(x)
-  local g = k3.silu_mul(gu)
-  gu:free()
-  local y = self.down(g) -- partial sum
-  g:free()
-  return y
-end
+-- The attention stand-in is the single-GPU one (kimi_k3.Attention) built with this rank's
+-- local config: q_b is column-parallel (this rank's heads) and o_proj row-parallel without
+-- its reduce, so its output is this rank's partial sum. The MLP is nn.SwiGLU's forward over
+-- a column-parallel gate_up (gate and up parts sharded alike) and a row-parallel down, again
+-- a partial sum; the stream all-reduces both before the next read.
+local Attention = kimi.Attention
+local MLP = nn.SwiGLU
 
 -- The decoder layer is the single-GPU one (kimi_k3.Layer): the TP stream reduces each
 -- delta (the previous layer's MLP partial output) before its read, so the layer itself is
@@ -175,7 +150,7 @@ function M.build(cfg, weights, opts)
                    qk_weight = replicated(p .. "mlp_res.proj.weight"),
                    output_norm_weight = replicated(p .. "post_attention_layernorm.weight")},
       attn = setmetatable({
-        lcfg = lcfg,
+        cfg = lcfg,
         qkv_a = shared("qkv_a", p .. "self_attn.qkv_a_proj.weight",
                        function(t) local w = t:to{device = device, dtype = dtype}; return nn.Linear(w, {method = P.method_for(w)}) end),
         q_a_norm = replicated(p .. "self_attn.q_a_layernorm.weight"),
