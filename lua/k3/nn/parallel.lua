@@ -31,22 +31,30 @@ local function group(opts)
   return d, rank, world
 end
 
--- The full weight from a tensor, or from a table of tensors (opts.name), or a file path.
-local function source_weight(src, opts, what)
-  if k3.is_tensor(src) then return src end
+-- The full weight from a table of tensors (opts.name) or a safetensors file path. Errors
+-- point at the caller of the layer's constructor (named_weight < source_weight < __call).
+local function named_weight(src, opts, what)
   if type(src) == "string" then
-    if not k3.load_safetensors then error(what .. ": this k3 cannot load safetensors files", 3) end
+    if not k3.load_safetensors then error(what .. ": this k3 cannot load safetensors files", 4) end
     src = k3.load_safetensors(src)
   end
   if type(src) ~= "table" then
     error(string.format("%s: weight must be a k3 tensor or a {name = tensor} table (got %s)", what,
-                        type(src)), 3)
+                        type(src)), 4)
   end
-  if type(opts.name) ~= "string" then error(what .. ": a weight table needs opts.name", 3) end
+  if type(opts.name) ~= "string" then error(what .. ": a weight table needs opts.name", 4) end
   local w = src[opts.name]
   if not k3.is_tensor(w) then
-    error(string.format("%s: the weight table has no tensor '%s'", what, opts.name), 3)
+    error(string.format("%s: the weight table has no tensor '%s'", what, opts.name), 4)
   end
+  return w
+end
+
+-- The full weight [N, K] from a tensor, a table or a path; anything but 2-D is an error.
+local function source_weight(src, opts, what)
+  local w = src
+  if not k3.is_tensor(src) then w = named_weight(src, opts, what) end
+  if w:dim() ~= 2 then error(string.format("%s: weight must be 2-D [N, K] (got %d dims)", what, w:dim()), 3) end
   return w
 end
 
@@ -80,7 +88,6 @@ P.ColumnParallelLinear = setmetatable(Column, {
     opts = opts or {}
     local what = "ColumnParallelLinear"
     local full = source_weight(src, opts, what)
-    if full:dim() ~= 2 then error(string.format("%s: weight must be 2-D [N, K] (got %d dims)", what, full:dim()), 2) end
     local d, rank, world = group(opts)
     local N, K = full:size(1), full:size(2)
     local parts = opts.parts or {N}
@@ -178,7 +185,6 @@ P.RowParallelLinear = setmetatable(Row, {
     opts = opts or {}
     local what = "RowParallelLinear"
     local full = source_weight(src, opts, what)
-    if full:dim() ~= 2 then error(string.format("%s: weight must be 2-D [N, K] (got %d dims)", what, full:dim()), 2) end
     local d, rank, world = group(opts)
     local N, K = full:size(1), full:size(2)
     local s, len = P.shard_range(K, rank, world, what)
