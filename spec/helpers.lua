@@ -27,6 +27,19 @@ function H.sh(cmd)
   return out, how == "exit" and code or 128 + code
 end
 
+--- H.need_gpu(pending) -> true when a CUDA device is available; otherwise marks the running
+--- `it` pending with the backend's one-line reason and returns false. Pass the spec file's own
+--- `pending` (busted puts it in the spec file's environment, not in this module's):
+---   it("...", function() if not H.need_gpu(pending) then return end ... end)
+function H.need_gpu(pending)
+  local c = k3.backends().cuda
+  if not c.available then
+    pending("no CUDA device: " .. tostring(c.reason))
+    return false
+  end
+  return true
+end
+
 function H.cuda()
   local c = k3.backends().cuda
   return c.available, c.reason

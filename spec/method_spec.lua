@@ -3,16 +3,6 @@
 local k3 = require "k3"
 local H = require "spec.helpers"
 
--- The TEAM.md gate; `pending` is a global of the spec file's environment only.
-local function need_gpu()
-  local c = k3.backends().cuda
-  if not c.available then
-    pending("no CUDA device: " .. tostring(c.reason))
-    return false
-  end
-  return true
-end
-
 local K, N, M = 64, 24, 3
 local function bf16(shape, seed, device)
   return k3.randn(shape, {dtype = "bf16", seed = seed, device = device})
@@ -137,7 +127,7 @@ describe("method.low_latency on a GPU #gpu", function()
   local plan = {[1] = {kernel = "skinny"}, [2] = {kernel = "skinny"}}
 
   it("declines: x and w on different devices", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     -- the method declines; its owned default then raises linear's own device error
     local ll = k3.method.low_latency(plan)
     H.raises(function() ll:apply(bf16({1, K}, 1, "cuda"), bf16({N, K}, 2)) end,
@@ -145,7 +135,7 @@ describe("method.low_latency on a GPU #gpu", function()
   end)
 
   it("declines: K mismatch", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local ll = k3.method.low_latency(plan)
     local x, w = bf16({1, 7}, 1, "cuda"), bf16({N, 8}, 2, "cuda")
     -- the default then raises linear's own error; the decline reason is in the trace record
@@ -156,7 +146,7 @@ describe("method.low_latency on a GPU #gpu", function()
   end)
 
   it("declines: plan has no entry for M", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local ll = k3.method.low_latency(plan)
     local x, w = bf16({3, K}, 1, "cuda"), bf16({N, K}, 2, "cuda")
     local d, e = first_decline(ll, x, w)
@@ -166,7 +156,7 @@ describe("method.low_latency on a GPU #gpu", function()
   end)
 
   it("runs the skinny kernel for a planned M", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     if not k3.has_kernel("cuda.linear.skinny") then
       pending("cuda.linear.skinny is not registered in this build")
       return
@@ -180,7 +170,7 @@ describe("method.low_latency on a GPU #gpu", function()
   end)
 
   it("declines: kernel not registered (K3_DISABLE_KERNELS)", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local p = io.popen([[K3_DISABLE_KERNELS=cuda.linear.skinny scripts/k3 -e '
       local ll = k3.method.low_latency({[1] = {kernel = "skinny"}})
       local x = k3.randn({1, 64}, {dtype = "bf16", device = "cuda"})

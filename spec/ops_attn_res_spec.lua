@@ -261,19 +261,9 @@ describe("attn_res", function()
   end)
 end)
 
--- The TEAM.md gate; `pending` is a global of the spec file's environment only.
-local function need_gpu()
-  local c = k3.backends().cuda
-  if not c.available then
-    pending("no CUDA device: " .. tostring(c.reason))
-    return false
-  end
-  return true
-end
-
 describe("attn_res packed kernel #gpu", function()
   it("raises its layout error on padded rows under policy 'error', falls back under 'fallback'", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     if not k3.has_kernel("cuda.attn_res.packed") then
       pending("cuda.attn_res.packed is not registered in this build")
       return

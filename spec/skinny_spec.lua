@@ -5,16 +5,6 @@
 local k3 = require "k3"
 local H = require "spec.helpers"
 
--- The TEAM.md gate; `pending` is a global of the spec file's environment only.
-local function need_gpu()
-  local c = k3.backends().cuda
-  if not c.available then
-    pending("no CUDA device: " .. tostring(c.reason))
-    return false
-  end
-  return true
-end
-
 local function need_kernel(name)
   if not k3.has_kernel(name) then
     pending(name .. " is not registered in this build")
@@ -70,7 +60,7 @@ end
 
 describe("cuda.linear.skinny #gpu", function()
   it("matches the fp64 reference for K = 4096, 4104, 5120, 6144, 7168, 8192, 14336", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local N = 264 -- 33 groups of 8 rows: the last block of a 16/32/64-row config is partial
     for i, K in ipairs({4096, 4104, 5120, 6144, 7168, 8192, 14336}) do
       local w = bf16({N, K}, 100 + i)
@@ -82,7 +72,7 @@ describe("cuda.linear.skinny #gpu", function()
   end)
 
   it("matches the fp64 reference at M = 1..17 for three shapes (17 on the fallback)", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local ll = k3.method.low_latency(all_plan())
     for i, s in ipairs({{131, 4104}, {1536, 7168}, {7168, 768}}) do
       local N, K = s[1], s[2]
@@ -105,7 +95,7 @@ describe("cuda.linear.skinny #gpu", function()
   end)
 
   it("every instantiated configuration matches the reference (through plans)", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local N, K = 200, 4104
     local w = bf16({N, K}, 500)
     for _, c in ipairs(CONFIGS) do
@@ -121,7 +111,7 @@ describe("cuda.linear.skinny #gpu", function()
   end)
 
   it("ones · ones = K exactly (rounded once to bf16)", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     for _, K in ipairs({4096, 4104, 7168, 14336}) do
       local want = k3.full({1}, K, {dtype = "bf16"}):get(1) -- 4104 is not a bf16: 4096
       for _, M in ipairs({1, 16}) do
@@ -138,7 +128,7 @@ describe("cuda.linear.skinny #gpu", function()
   end)
 
   it("residual variant: residual + x·wᵀ in one pass, strided residual and out", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local N, K = 136, 5120
     local w = bf16({N, K}, 700)
     for _, M in ipairs({1, 7, 16}) do
@@ -171,7 +161,7 @@ end
 
 describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   it("matches the fp64 reference through plans (several shapes, M = 1, 7, 16, residual)", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     -- N not a multiple of 8 (partial last tile), K with a partial last chunk (4104) and
     -- chunk counts not divisible by kcta; 1536x7168 and 2304x1536 are Kimi-K3 shapes
     local shapes = {{1536, 7168}, {2304, 1536}, {131, 4104}, {264, 5120}}
@@ -199,7 +189,7 @@ describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   end)
 
   it("re-launched twice in a row gives identical results (counters reset), equal to the other kcta", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local N, K = 1536, 7168
     local w = bf16({N, K}, 900)
     for _, M in ipairs({1, 7, 16}) do
@@ -220,7 +210,7 @@ describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   end)
 
   it("ones · ones = K exactly with the K slices summed across CTAs", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     for _, K in ipairs({4096, 7168, 14336}) do
       local want = k3.full({1}, K, {dtype = "bf16"}):get(1)
       for _, c in ipairs({SPLIT_CONFIGS[1], SPLIT_CONFIGS[6]}) do
@@ -240,7 +230,7 @@ describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   end)
 
   it("declines split configurations it cannot run, with named reasons, and the fallback serves", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local x, w = bf16({3, 1024}, 1), bf16({96, 1024}, 2)
     local cases = {
       -- 256 threads, rows 8: kw = 8; 12 is not a multiple
@@ -282,20 +272,20 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end
 
   it("bias", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local x, w, b = bf16({2, K}, 1), bf16({N, K}, 2), bf16({N}, 3)
     declines(x, w, b, "bias is present")
   end)
 
   it("batch-invariant mode", function()
-    if not need_gpu() or not need_kernel(BI) then return end
+    if not H.need_gpu(pending) or not need_kernel(BI) then return end
     local x, w = bf16({2, K}, 1), bf16({N, K}, 2)
     k3.set_batch_invariant(true)
     declines(x, w, nil, "batch-invariant mode is on", BI)
   end)
 
   it("f32", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local x = k3.randn({2, K}, {device = "cuda", seed = 1})
     local w = k3.randn({N, K}, {device = "cuda", seed = 2})
     declines(x, w, nil, "x is not bf16 (f32)")
@@ -303,7 +293,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
 
   for _, M in ipairs({1, 4}) do
     it("strided x: [" .. M .. ",128], the last 128 elements of rows with stride 6288 (M=" .. M .. ")", function()
-      if not need_gpu() then return end
+      if not H.need_gpu(pending) then return end
       local base = bf16({M, 6288}, 10 + M)
       local x = base:narrow(2, 6288 - 128 + 1, 128)
       assert.same({6288, 1}, x:stride())
@@ -318,7 +308,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end
 
   it("strided w", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local x = bf16({2, K}, 1)
     local w = H.padded(N, K, 8, {dtype = "bf16", device = "cuda", seed = 2})
     declines(x, w, nil, "w is not packed row-major")
@@ -328,7 +318,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 
   it("x not 16-byte aligned (packed strides, storage offset 1)", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local flat = bf16({2 * K + 1}, 5)
     local x = flat:narrow(1, 2, 2 * K):view({2, K})
     assert.same({K, 1}, x:stride())
@@ -339,7 +329,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 
   it("K mismatch", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local ll = k3.method.low_latency(all_plan())
     local x, w = bf16({1, 7000}, 1), bf16({N, 7168}, 2)
     H.raises(function() ll:apply(x, w) end, "linear: x dim 2 (7000) must match w dim 2 (7168)")
@@ -347,13 +337,13 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 
   it("M = 17", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local x, w = bf16({17, K}, 1), bf16({N, K}, 2)
     declines(x, w, nil, "plan has no entry for M = 17")
   end)
 
   it("a configuration that is not instantiated", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local ll = k3.method.low_latency({[1] = {kernel = "skinny", config = {threads = 96}}})
     local x, w = bf16({1, K}, 1), bf16({N, K}, 2)
     local e = ll:explain(x, w)
@@ -364,7 +354,7 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 
   it("kernel disabled (K3_DISABLE_KERNELS): the fallback result equals cuBLAS's", function()
-    if not need_gpu() then return end
+    if not H.need_gpu(pending) then return end
     local p = io.popen([[K3_DISABLE_KERNELS=cuda.linear.skinny scripts/k3 -e '
       local ll = k3.method.low_latency({[1] = {kernel = "skinny"}})
       local x = k3.randn({1, 128}, {dtype = "bf16", device = "cuda", seed = 1})
@@ -423,7 +413,7 @@ describe("cuda.linear.skinny launch modes #gpu", function()
   end
 
   it("PDL and the L2 prefetch give results bit-identical to the default launch", function()
-    if not need_gpu() or not need_kernel(SKINNY) then return end
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local base = run("K3_SKINNY_PDL=0 K3_SKINNY_PREFETCH_MB=0")
     assert.truthy(base:find("exit=0", 1, true), base)
     local _, lines = base:gsub("chosen=cuda.linear.skinny", "")
@@ -440,7 +430,7 @@ describe("cuda.linear.batch_invariant #gpu", function()
 
   for _, dt in ipairs({"bf16", "f16", "f32"}) do
     it(dt .. ": rows equal across M = 1..16 and equal to cpu.linear.batch_invariant bit for bit", function()
-      if not need_gpu() or not need_kernel(BI) then return end
+      if not H.need_gpu(pending) or not need_kernel(BI) then return end
       if not k3.has_kernel("cpu.linear.batch_invariant") then
         pending("cpu.linear.batch_invariant is not registered")
         return
@@ -468,7 +458,7 @@ describe("cuda.linear.batch_invariant #gpu", function()
   end
 
   it("batch-invariant mode dispatches to it on a CUDA device", function()
-    if not need_gpu() or not need_kernel(BI) then return end
+    if not H.need_gpu(pending) or not need_kernel(BI) then return end
     local x, w = bf16({3, 64}, 1), bf16({24, 64}, 2)
     k3.set_batch_invariant(true)
     assert.equal(BI, k3.explain("linear", x, w).chosen)
