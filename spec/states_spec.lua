@@ -9,6 +9,10 @@ local root = H.root()
 local build = os.getenv("K3_BUILD_DIR") or (root .. "/build")
 
 local sh = H.sh
+-- The Lua headers and extra library flags the Makefile takes (scripts/gpu-check exports its
+-- own, for a machine whose Lua lives under .gpu/root).
+local lua_inc = os.getenv("LUA_INC") or "/usr/include/lua5.4"
+local deps_lib = os.getenv("DEPS_LIB") or ""
 
 local exe
 local function program()
@@ -21,9 +25,9 @@ local function program()
   local dir = (sh("mktemp -d /tmp/k3-states-XXXXXX")):gsub("%s+$", "")
   local path = dir .. "/two_states"
   local out, code = sh(string.format(
-    "cc -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -I%q -I/usr/include/lua5.4 %q -o %q " ..
-    "-L%q -lk3lua -lk3 -llua5.4 -lm -Wl,-rpath,%q",
-    root .. "/lib", root .. "/spec/scripts/two_states.c", path, build, build))
+    "cc -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -I%q -I%s %q -o %q " ..
+    "-L%q %s -lk3lua -lk3 -llua5.4 -lm -Wl,-rpath,%q",
+    root .. "/lib", lua_inc, root .. "/spec/scripts/two_states.c", path, build, deps_lib, build))
   assert(code == 0, out)
   exe = path
   return exe
