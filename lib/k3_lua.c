@@ -280,31 +280,47 @@ static int l_full(lua_State *L) {
 /* k3.randn(shape, opts): standard normal, counter-based (opts.seed, default 0). */
 static int l_randn(lua_State *L) { return create_filled(L, "randn", 1, 2, 2, 0); }
 
-/* Walks a nested table: discovers the shape at depth d (first visit) and checks others. */
+/* A list of k3.tensor's nested table at idx: its raw length, after checking that its keys are
+ * exactly 1..n (a hole or a named field would otherwise be dropped without a word). Raw
+ * access throughout: metamethods cannot change the shape between the two walks. */
+static lua_Integer nested_len(lua_State *L, int idx, int depth) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > n) {
+            lua_pushvalue(L, -1);
+            const char *k = luaL_tolstring(L, -1, NULL);
+            luaL_error(L, "bad argument #1 to 'tensor' (a list at depth %d has key %s%s%s; "
+                          "expected only the indices 1..%I: a list without holes or named "
+                          "fields)",
+                       depth + 1, lua_type(L, -3) == LUA_TSTRING ? "'" : "", k,
+                       lua_type(L, -3) == LUA_TSTRING ? "'" : "", (LUA_INTEGER)n);
+        }
+    }
+    return n;
+}
+
+/* Walks a nested table: discovers the shape from the first item at each depth. */
 static void nested_shape(lua_State *L, int idx, int depth, int *nd, int64_t *shape) {
     if (depth >= K3_MAX_DIMS)
         luaL_error(L, "bad argument #1 to 'tensor' (more than %d levels of nesting)",
                    K3_MAX_DIMS);
-    lua_Integer n = luaL_len(L, idx);
-    if (depth == *nd) {
-        shape[depth] = n;
-        (*nd)++;
-        if (n > 0) {
-            lua_geti(L, idx, 1);
-            if (lua_istable(L, -1)) nested_shape(L, lua_gettop(L), depth + 1, nd, shape);
-            lua_pop(L, 1);
-        }
-    } else if (n != shape[depth]) {
-        luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting: a list at depth %d has %d "
-                   "items, expected %d)",
-                   depth + 1, (int)n, (int)shape[depth]);
+    lua_Integer n = nested_len(L, idx, depth);
+    shape[depth] = n;
+    (*nd)++;
+    if (n > 0) {
+        lua_rawgeti(L, idx, 1);
+        if (lua_istable(L, -1)) nested_shape(L, lua_gettop(L), depth + 1, nd, shape);
+        lua_pop(L, 1);
     }
 }
 
+/* Fills out (numel values, row-major) and checks every list against the shape. */
 static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t *shape,
                         double *out, int64_t *pos) {
     for (lua_Integer i = 1; i <= shape[depth]; i++) {
-        lua_geti(L, idx, i);
+        lua_rawgeti(L, idx, i);
         if (depth == nd - 1) {
             if (lua_type(L, -1) != LUA_TNUMBER)
                 luaL_error(L, "bad argument #1 to 'tensor' (expected a number at depth %d; got "
@@ -312,24 +328,37 @@ static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t 
                            depth + 1, luaL_typename(L, -1));
             out[(*pos)++] = lua_tonumber(L, -1);
         } else {
-            if (!lua_istable(L, -1) || luaL_len(L, -1) != shape[depth + 1])
-                luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting at depth %d)",
-                           depth + 2);
+            if (!lua_istable(L, -1))
+                luaL_error(L, "bad argument #1 to 'tensor' (expected a list at depth %d; got "
+                           "%s)",
+                           depth + 2, luaL_typename(L, -1));
+            lua_Integer n = nested_len(L, lua_gettop(L), depth + 1);
+            if (n != shape[depth + 1])
+                luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting: a list at depth %d "
+                           "has %I items, expected %I)",
+                           depth + 2, (LUA_INTEGER)n, (LUA_INTEGER)shape[depth + 1]);
             nested_fill(L, lua_gettop(L), depth + 1, nd, shape, out, pos);
         }
         lua_pop(L, 1);
     }
 }
 
-/* k3.tensor(nested_table, opts): values from nested Lua lists, rounded once to dtype. */
+/* k3.tensor(nested_table, opts): values from nested Lua lists (plain tables: keys 1..n, no
+ * holes; metamethods are not consulted), rounded once to dtype. */
 static int l_tensor(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     create_opts o = check_create_opts(L, 2, "tensor");
     int64_t shape[K3_MAX_DIMS];
     int nd = 0;
     nested_shape(L, 1, 0, &nd, shape);
+    /* Lists can share sub-lists, so the element count can exceed memory or int64 (65536 items
+     * nested 4 deep is 2^64): checked before the value buffer is sized from it. */
     int64_t numel = 1;
-    for (int i = 0; i < nd; i++) numel *= shape[i];
+    for (int i = 0; i < nd; i++)
+        if (!k3_mul_ok(numel, shape[i], &numel) || numel > (int64_t)(SIZE_MAX / sizeof(double)))
+            luaL_error(L, "bad argument #1 to 'tensor' (the nested lists' shape has more "
+                          "elements than memory can hold: sizes overflow at depth %d)",
+                       i + 1);
     /* The value buffer is a userdata so a Lua error while filling cannot leak it. */
     double *vals = lua_newuserdatauv(L, (size_t)(numel ? numel : 1) * sizeof(double), 0);
     int64_t pos = 0;
@@ -1142,12 +1171,13 @@ static int l_known_kernel(lua_State *L) {
     return 1;
 }
 
-/* k3.set_batch_invariant(on): batch-invariant mode of this Lua state (DESIGN.md): linear's
+/* k3.set_batch_invariant(on): on a boolean (anything else is a bad argument); batch-invariant mode of this Lua state (DESIGN.md): linear's
  * low-latency plans decline and linear runs its fixed-order kernel, so a row's result does
  * not depend on M. Other lua_States in the process keep their own mode. A state starts with
  * the process default (K3_BATCH_INVARIANT=1, or a C host's k3_set_batch_invariant). */
 static int l_set_batch_invariant(lua_State *L) {
-    luaL_checkany(L, 1);
+    /* A boolean only: "off" or 0 would be true in Lua, the opposite of what they say. */
+    luaL_checktype(L, 1, LUA_TBOOLEAN);
     CHECK_K3(L, k3_policy_set_batch_invariant(state_policy(L), lua_toboolean(L, 1)));
     return 0;
 }
@@ -1449,8 +1479,14 @@ static int l_save_safetensors(lua_State *L) {
                               lua_tostring(L, -2), luaL_typename(L, -1));
         check_tensor(L, lua_gettop(L));
         n++;
-        if (lua_tostring(L, -2)[0] == '\0')
+        size_t len;
+        const char *name = lua_tolstring(L, -2, &len);
+        if (len == 0)
             return luaL_error(L, "save_safetensors: %s: tensor %d has an empty name", path, n);
+        if (strlen(name) != len) /* C strings end at a NUL: the name would be cut short */
+            return luaL_error(L, "save_safetensors: %s: tensor name \"%s\" contains a NUL byte "
+                                 "at byte %d",
+                              path, name, (int)strlen(name) + 1);
         lua_pop(L, 1);
     }
     /* Arrays as userdata: collected even if an error is raised. */

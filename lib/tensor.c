@@ -452,9 +452,14 @@ static void fill_row(void *c_, const int64_t *off, int64_t n) {
     for (int64_t i = 0; i < n; i++) k3_store_f64(c->data, c->dt, off[0] + i * c->stride, c->v);
 }
 
-k3_status k3_tensor_fill(k3_tensor *t, double value) {
-    K3_TRY(need_tensor("fill", "t", t));
-    if (k3_tensor_numel(t) == 0) return K3_OK;
+k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
+    K3_TRY(need_tensor("fill", "t", t_in));
+    if (k3_tensor_numel(t_in) == 0) return K3_OK;
+    /* A broadcast dim (stride 0) writes the same elements again for each of its indices:
+     * filled once, so k3.ones({1}):expand({2^40}):fill(1) costs one store, not 2^40. */
+    k3_tensor view = *t_in, *t = &view;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->stride[d] == 0) t->size[d] = 1;
     if (t->storage->device.type == K3_DEVICE_CUDA) {
         const k3_backend *b = cuda_for(t->storage->device, "fill");
         return b ? b->fill(t, value) : K3_EDEVICE;

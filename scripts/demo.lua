@@ -14,6 +14,8 @@ usage: scripts/k3 scripts/demo.lua [options]
   --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
   --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
   --seed N                  seed of the generated weights and inputs (default 1234)
+  --tp N                    the tensor-parallel stack over N GPUs (one process per rank,
+                            started through scripts/k3 --nproc N; needs N CUDA devices)
   --quiet                   no progress output (K3_PROGRESS=0 likewise; progress is a live
                             line on a terminal, a plain line every few seconds otherwise)
   -h, --help                this text]]
@@ -25,9 +27,12 @@ end
 
 local function parse_m(s)
   local list = {}
-  for part in s:gmatch("[^,]+") do
+  for part in (s .. ","):gmatch("([^,]*),") do
     local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
-    if a then
+    if part:match("^%s*$") then
+      die("--m: empty item in '" .. s .. "'")
+    elseif a then
+      if tonumber(a) > tonumber(b) then die("--m: range '" .. part .. "' runs backwards (write " .. b .. "-" .. a .. ")") end
       for i = tonumber(a), tonumber(b) do list[#list + 1] = i end
     elseif part:match("^%s*%d+%s*$") then
       list[#list + 1] = tonumber(part)

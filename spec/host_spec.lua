@@ -200,6 +200,15 @@ describe("k3-host", function()
     local out, code = run("--frames many")
     assert.are.equal(1, code, out)
     assert.truthy(out:find("bad option --frames many", 1, true), out)
+    -- A script path without --script, and a dt that is not a finite number of seconds.
+    out, code = run(SCRIPTS .. "clean.lua")
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("unexpected argument '" .. SCRIPTS .. "clean.lua' (options only; a script is given as --script FILE)", 1, true), out)
+    for _, dt in ipairs{"abc", "nan", "inf", "-1", "0.5x"} do
+      out, code = run("--dt " .. dt)
+      assert.are.equal(1, code, out)
+      assert.truthy(out:find("bad option --dt " .. dt, 1, true), out)
+    end
     out, code = run("--script /nonexistent/script.lua")
     assert.are.equal(1, code, out)
     assert.truthy(out:find("setup (loading the script) failed (error): cannot open /nonexistent/script.lua", 1, true), out)

@@ -518,3 +518,98 @@ describe("bench JSON (lua-dkjson)", function()
     os.remove(peers)
   end)
 end)
+
+-- Found by a new user trying to break k3 (session 3): each failed before its fix.
+describe("new-user regressions", function()
+  local root = H.root()
+
+  it("k3.inspect renders its first argument and ignores the rest", function()
+    assert.equal('{1, {a = 2}}', k3.inspect({1, {a = 2}}, "extra", 3))
+    assert.equal("{1, {2, {3, {…}}}}", k3.inspect({1, {2, {3, {4}}}}))
+  end)
+
+  it("save_safetensors refuses a name with a NUL byte instead of cutting it short", function()
+    local path = os.tmpname()
+    local t = k3.ones({2})
+    H.raises(function() k3.save_safetensors(path, {["a\0b"] = t}) end,
+             'save_safetensors: ' .. path .. ': tensor name "a" contains a NUL byte at byte 2')
+    assert.same({1, 1}, t:totable())
+    k3.save_safetensors(path, {ab = t})
+    assert.same({1, 1}, k3.load_safetensors(path).ab:totable())
+    os.remove(path)
+  end)
+
+  it("set_batch_invariant takes a boolean only: 'off' and 0 are refused, the mode unchanged", function()
+    local before = k3.batch_invariant()
+    for _, v in ipairs{"off", 0, "false"} do
+      H.raises(function() k3.set_batch_invariant(v) end,
+               "set_batch_invariant' (boolean expected, got " .. type(v) .. ")")
+      assert.equal(before, k3.batch_invariant())
+    end
+    H.raises(function() k3.set_batch_invariant() end, "(boolean expected, got no value)")
+    k3.set_batch_invariant(not before)
+    assert.equal(not before, k3.batch_invariant())
+    k3.set_batch_invariant(before)
+  end)
+
+  it("k3.tensor refuses lists with holes or named fields instead of dropping values", function()
+    H.raises(function() k3.tensor({[1] = 1, [3] = 3}) end,
+             "bad argument #1 to 'tensor' (a list at depth 1 has key 3; expected only the indices 1..1")
+    H.raises(function() k3.tensor({1, x = 2}) end, "a list at depth 1 has key 'x'")
+    H.raises(function() k3.tensor({{1, 2}, {3, 4, n = 1}}) end, "a list at depth 2 has key 'n'")
+    H.raises(function() k3.tensor({[1.5] = 1}) end, "a list at depth 1 has key 1.5")
+    H.raises(function() k3.tensor({{1, 2}, 3}) end, "expected a list at depth 2; got number")
+    H.raises(function() k3.tensor({{1, 2}, {3}}) end,
+             "ragged nesting: a list at depth 2 has 1 items, expected 2")
+    -- Metamethods are not consulted: the shape is what the table holds.
+    local proxy = setmetatable({}, {__len = function() return 3 end, __index = function() return 7 end})
+    assert.same({0}, k3.tensor(proxy):size())
+    assert.same({{1, 2}, {3, 4}}, k3.tensor({{1, 2}, {3, 4}}):totable())
+  end)
+
+  it("k3.tensor over shared sub-lists whose element count overflows is refused, not a heap overflow", function()
+    -- 65536 items nested 4 deep (each level the same list) is 2^64 elements: the count wraps to 0.
+    local t = {}
+    for i = 1, 65536 do t[i] = 0 end
+    for _ = 2, 4 do
+      local u = {}
+      for i = 1, 65536 do u[i] = t end
+      t = u
+    end
+    H.raises(function() k3.tensor(t) end,
+             "bad argument #1 to 'tensor' (the nested lists' shape has more elements than memory can hold: sizes overflow at depth 4)")
+  end)
+
+  it("fill of a broadcast view stores each distinct element once", function()
+    local base = k3.zeros({3, 1})
+    local huge = base:expand({3, 1 << 40}) -- 3 x 2^40 elements, 3 in memory
+    huge:fill(5)
+    assert.same({{5}, {5}, {5}}, base:totable())
+    assert.equal(5, huge:get(2, (1 << 40) - 7))
+  end)
+
+  it("demo.lua: an empty --m item and a backwards range are named", function()
+    local demo = string.format("%q %q ", root .. "/scripts/k3", root .. "/scripts/demo.lua")
+    local out, code = H.sh(demo .. "--m 1,,2")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("demo: --m: empty item in '1,,2'", 1, true), out)
+    out, code = H.sh(demo .. "--m 3-1")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("demo: --m: range '3-1' runs backwards (write 1-3)", 1, true), out)
+    out = H.sh(demo .. "--help")
+    assert.truthy(out:find("--tp N", 1, true), out)
+  end)
+
+  it("demo.lua --tp N without N CUDA devices says so in one line before starting any rank", function()
+    local cuda = k3.backends().cuda
+    local n = math.max(2, (cuda.available and cuda.devices or 0) + 1)
+    local out, code = H.sh(string.format("%q %q --tp %d", root .. "/scripts/k3",
+                                         root .. "/scripts/demo.lua", n))
+    assert.equal(1, code, out)
+    local want = cuda.available
+      and string.format("demo: --tp %d needs %d CUDA devices; this machine has %d\n", n, n, n - 1)
+      or string.format("demo: --tp %d needs %d CUDA devices; the CUDA backend is not available: %s\n",
+                       n, n, tostring(cuda.reason))
+    assert.equal(want, out)
+  end)
+end)

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -683,14 +684,23 @@ int main(int argc, char **argv) {
             fputs(usage_text, stdout);
             return 0;
         }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "k3-host: unexpected argument '%s' (options only; a script is "
+                            "given as --script FILE)\n%s", a, usage_text);
+            return 1;
+        }
         if (!v) {
             fprintf(stderr, "k3-host: %s needs a value\n%s", a, usage_text);
             return 1;
         }
         int ok = 1;
+        char *end = NULL;
         if (!strcmp(a, "--script")) o.script = v;
         else if (!strcmp(a, "--lua-root")) o.lua_root = v;
-        else if (!strcmp(a, "--dt")) o.dt = strtod(v, NULL);
+        else if (!strcmp(a, "--dt")) {
+            o.dt = strtod(v, &end); /* seconds: a finite number >= 0 */
+            ok = end != v && !*end && isfinite(o.dt) && o.dt >= 0;
+        }
         else if (!parse_size(v, &n)) ok = 0;
         else if (!strcmp(a, "--frames")) o.frames = (long)n;
         else if (!strcmp(a, "--budget")) o.budget = (long)n;

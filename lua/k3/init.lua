@@ -328,10 +328,8 @@ function k3.help()
   end
 end
 
---- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
---- (keys sorted, nested up to 3 levels), tensors print their header line.
-function k3.inspect(v, depth)
-  depth = depth or 0
+-- k3.inspect's walk; depth counts the table levels above v.
+local function inspect(v, depth)
   if k3.is_tensor(v) then
     return (tostring(v):match("^[^\n]*"))
   elseif type(v) == "string" then
@@ -342,7 +340,7 @@ function k3.inspect(v, depth)
     return "{…}"
   end
   local parts, n = {}, #v
-  for i = 1, n do parts[#parts + 1] = k3.inspect(v[i], depth + 1) end
+  for i = 1, n do parts[#parts + 1] = inspect(v[i], depth + 1) end
   local keys = {}
   for key in pairs(v) do
     if not (math.type(key) == "integer" and key >= 1 and key <= n) then keys[#keys + 1] = key end
@@ -350,11 +348,16 @@ function k3.inspect(v, depth)
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
   for _, key in ipairs(keys) do
     local name = (type(key) == "string" and key:match("^[%a_][%w_]*$")) and key
-      or "[" .. k3.inspect(key, depth + 1) .. "]"
-    parts[#parts + 1] = name .. " = " .. k3.inspect(v[key], depth + 1)
+      or "[" .. inspect(key, depth + 1) .. "]"
+    parts[#parts + 1] = name .. " = " .. inspect(v[key], depth + 1)
   end
   return "{" .. table.concat(parts, ", ") .. "}"
 end
+
+--- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
+--- (keys sorted, nested up to 3 levels), tensors print their header line. Arguments after the
+--- first are ignored, so k3.inspect(f()) renders f's first result.
+function k3.inspect(v) return inspect(v, 0) end
 
 -- The REPL (scripts/k3 with no arguments): results print through the global `print`
 -- (lua.c), so tables show their contents instead of an address.

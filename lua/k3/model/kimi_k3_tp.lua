@@ -437,6 +437,17 @@ function M.main(args)
   end
   if not opts.tp then return die("--tp N is required here") end
   if not os.getenv("K3_WORLD_SIZE") and opts.tp > 1 then
+    -- Checked before any rank starts: N processes failing alike say it N times.
+    local cuda = k3.backends().cuda
+    if not cuda.available then
+      io.stderr:write(string.format("demo: --tp %d needs %d CUDA devices; the CUDA backend is not available: %s\n",
+                                    opts.tp, opts.tp, tostring(cuda.reason)))
+      return 1
+    elseif (cuda.devices or 0) < opts.tp then
+      io.stderr:write(string.format("demo: --tp %d needs %d CUDA devices; this machine has %d\n",
+                                    opts.tp, opts.tp, cuda.devices or 0))
+      return 1
+    end
     local quoted = {}
     for _, a in ipairs(args) do quoted[#quoted + 1] = "'" .. a:gsub("'", "'\\''") .. "'" end
     local root = root_dir()
@@ -447,7 +458,12 @@ function M.main(args)
     if ok then return 0 end
     return how == "exit" and code or 1
   end
-  k3.dist.init(opts.timeout and {timeout = opts.timeout} or nil)
+  local iok, ierr = pcall(k3.dist.init, opts.timeout and {timeout = opts.timeout} or nil)
+  if not iok then
+    io.stderr:write(string.format("demo (rank %s): %s\n", os.getenv("K3_RANK") or "0",
+                                  tostring(ierr):gsub("^[^\n]-:%d+: ", "")))
+    return 1
+  end
   local ok, res = xpcall(M.run, debug.traceback, opts)
   if not ok then
     require("k3.cli").progress{quiet = opts.quiet}:clear()
