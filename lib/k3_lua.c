@@ -240,6 +240,10 @@ static create_opts check_create_opts(lua_State *L, int idx, const char *fname) {
 static int check_dim_arg(lua_State *L, int argn, const k3_tensor *t, const char *fname) {
     lua_Integer d = luaL_checkinteger(L, argn);
     int nd = k3_tensor_ndim(t);
+    if (nd == 0) /* a 0-dim tensor (select of a 1-dim one) has no dim to name */
+        luaL_argerror(L, argn,
+                      lua_pushfstring(L, "the tensor has 0 dims (one element: use get()); got "
+                                         "dim %I", (LUA_INTEGER)d));
     if (d < 1 || d > nd)
         luaL_argerror(L, argn,
                       lua_pushfstring(L, "dim must be in 1..%d; got %I", nd, (LUA_INTEGER)d));
@@ -299,6 +303,25 @@ static lua_Integer nested_len(lua_State *L, int idx, int depth) {
         }
     }
     return n;
+}
+
+/* luaL_checkoption with a message that lists the accepted names: "unknown op 'x'; expected
+ * linear, attn_res, rms_norm or silu_mul" (what names the kind of value). */
+static int check_name_in(lua_State *L, int arg, const char *def, const char *const names[],
+                         const char *fname, const char *what) {
+    const char *got = def ? luaL_optstring(L, arg, def) : luaL_checkstring(L, arg);
+    int n = 0;
+    for (; names[n]; n++)
+        if (strcmp(names[n], got) == 0) return n;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; i < n; i++) {
+        if (i) luaL_addstring(&b, i == n - 1 ? " or " : ", ");
+        luaL_addstring(&b, names[i]);
+    }
+    luaL_pushresult(&b);
+    return arg_error(L, arg, fname, "unknown %s '%s'; expected %s", what, got,
+                     lua_tostring(L, -1));
 }
 
 /* Walks a nested table: discovers the shape from the first item at each depth. */
@@ -374,6 +397,10 @@ static int l_tensor(lua_State *L) {
 static int push_dims(lua_State *L, int nd, const int64_t *v, int argn) {
     if (!lua_isnoneornil(L, argn)) {
         lua_Integer d = luaL_checkinteger(L, argn);
+        if (nd == 0)
+            return luaL_argerror(L, argn,
+                                 lua_pushfstring(L, "the tensor has 0 dims; got dim %I",
+                                                 (LUA_INTEGER)d));
         if (d < 1 || d > nd)
             return luaL_argerror(
                 L, argn, lua_pushfstring(L, "dim must be in 1..%d; got %I", nd, (LUA_INTEGER)d));
@@ -1085,7 +1112,7 @@ static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
  * arguments raise as the op itself does. */
 static int l_explain(lua_State *L) {
     static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul", NULL};
-    int op = luaL_checkoption(L, 1, NULL, ops);
+    int op = check_name_in(L, 1, NULL, ops, "explain", "op");
     switch (op) {
     case 0: return linear_impl(L, 2, 1);
     case 1: return attn_res_impl(L, 2, 1);
@@ -1730,7 +1757,7 @@ static int l_dist_device(lua_State *L) {
 static int l_dist_all_reduce(lua_State *L) {
     static const char *const ops[] = {"sum", "max", "min", NULL};
     k3_tensor *t = check_tensor(L, 1);
-    int op = luaL_checkoption(L, 2, "sum", ops);
+    int op = check_name_in(L, 2, "sum", ops, "all_reduce", "op");
     CHECK_K3(L, k3_dist_all_reduce(t, (k3_dist_op)op));
     lua_settop(L, 1);
     return 1;

@@ -139,10 +139,16 @@ static k3_status st_parse_entry(const char *path, const cJSON *item, int64_t dat
     int64_t numel = 1;
     int d = 0;
     for (const cJSON *s = shape->child; s; s = s->next, d++) {
-        if (!st_json_uint(s, &e->shape[d]))
+        if (!st_json_uint(s, &e->shape[d])) {
+            if (cJSON_IsNumber(s) && s->valuedouble >= K3_ST_MAX_INT)
+                return k3_error(K3_EFORMAT,
+                                "safetensors: %s: tensor \"%s\": shape entry %d (%g) is too large "
+                                "(sizes must be below 2^53)",
+                                path, name, d + 1, s->valuedouble);
             return k3_error(K3_EFORMAT,
                             "safetensors: %s: tensor \"%s\": shape entry %d is not a non-negative integer",
                             path, name, d + 1);
+        }
         if (!k3_mul_ok(numel, e->shape[d], &numel))
             return k3_error(K3_EFORMAT, "safetensors: %s: tensor \"%s\": shape element count overflows",
                             path, name);

@@ -329,7 +329,7 @@ linear_case("linear opts a number", function(x, w) return function() k3.linear(x
 linear_case("linear empty K mismatch", function(_, w) return function() k3.linear(k3.zeros({2, 0}), w) end end,
   "linear: x dim 2 (0) must match w dim 2 (3)")
 linear_case("explain of an unknown op", function(x, w) return function() k3.explain("matmul", x, w) end end,
-  "bad argument #1 to 'explain' (invalid option 'matmul')")
+  "bad argument #1 to 'explain' (unknown op 'matmul'; expected linear, attn_res, rms_norm or silu_mul)")
 
 -- ---- attn_res (T = 2, H = 4, S = 3) ---------------------------------------------------------------------
 local function ar_args()

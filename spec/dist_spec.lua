@@ -63,6 +63,8 @@ describe("k3.dist at world size 1", function()
     H.raises(function() k3.dist.all_reduce(k3.zeros({4, 6}):t()) end,
              "k3.dist.all_reduce: tensor must be contiguous (NCCL reads packed memory); got shape [6, 4] strides [1, 6]")
     H.raises(function() k3.dist.all_gather(k3.zeros({2, 2}), 3) end, "dim must be in 1..2; got 3")
+    H.raises(function() k3.dist.all_reduce(k3.zeros({2}), "avg") end,
+             "bad argument #2 to 'all_reduce' (unknown op 'avg'; expected sum, max or min)")
     H.raises(function() k3.dist.init() end, "k3.dist.init: already initialised as rank 0 of 1")
     k3.dist.destroy()
     H.raises(function() k3.dist.init{rank = 2, world_size = 2, dir = "/tmp"} end,
