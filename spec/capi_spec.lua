@@ -2,8 +2,8 @@
 -- program (examples/capi/attn_res.c) built only with those flags that runs an AttnRes read
 -- through k3_attn_res, compared bit for bit with the same read made from Lua; the C API's
 -- edges (spec/capi/checks.c: NULL arguments, 0-based messages, invalid values, op output
--- names, writes through overlapping views, single rounding, messages in C names), line by
--- line; and the installed Lua module loading from the prefix alone.
+-- names, writes through overlapping views, single rounding, messages in C names, the
+-- per-thread last error), line by line; and the installed Lua module loading from the prefix alone.
 local H = require "spec.helpers"
 local k3 = require "k3"
 
@@ -175,6 +175,12 @@ local checks = {
     {"method_apply m", "K3_EINVAL", "method_apply: m is NULL"},
     {"policy_set_batch_invariant p", "K3_EINVAL", "policy_set_batch_invariant: p is NULL"},
   },
+  -- k3_last_error() is per thread: A fails, B fails differently, then each reads its own.
+  threads = {
+    {"thread A reads its own after B fails", "K3_EINVAL", "narrow: t is NULL"},
+    {"thread B reads its own after A fails", "K3_ESHAPE", "select: index 2 out of range for dim 0 of size 2"},
+    {"main thread keeps its own", "K3_ESHAPE", "empty: size of dim 0 must be >= 0; got -1"},
+  },
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
     {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
@@ -259,7 +265,7 @@ describe("install and the C API", function()
     if checks_run then return checks_run end
     local exe = prefix .. "/capi_checks"
     local out, code = sh(string.format(
-      "%scc -std=c11 -Wall -Werror %q -o %q $(%spkg-config --cflags --libs k3) -lm " ..
+      "%scc -std=c11 -Wall -Werror %q -o %q $(%spkg-config --cflags --libs k3) -lm -lpthread " ..
       "-Wl,-rpath,$(%spkg-config --variable=libdir k3)",
       pc_env, root .. "/spec/capi/checks.c", exe, pc_env, pc_env))
     assert.are.equal(0, code, out)
@@ -299,6 +305,8 @@ describe("install and the C API", function()
   it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
   it("C API: messages use the C function's name and name the argument or the caller's path",
      function() expect("c_names") end)
+  it("C API: k3_last_error() is per thread: two pthreads failing in turn each read their own",
+     function() expect("threads") end)
 
   it("builds the game-loop host against the installed k3 with pkg-config k3-lua", function()
     if not ready() then return end

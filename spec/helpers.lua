@@ -89,6 +89,15 @@ function H.raises(fn, text)
   return err
 end
 
+--- H.raises_exact(fn, text): fn must raise exactly `text`, after the "file.lua:line: " position
+--- Lua may put in front of it.
+function H.raises_exact(fn, text)
+  local err = H.raises(fn, text)
+  assert(err:gsub("^[^\n]-%.lua:%d+: ", "", 1) == text,
+    string.format("error %q is not exactly %q", err, text))
+  return err
+end
+
 --- H.padded(rows, cols, pad, opts) -> a [rows, cols] view with row stride cols + pad, random.
 function H.padded(rows, cols, pad, opts)
   local base = k3.randn({rows, cols + pad}, opts)

@@ -1,12 +1,15 @@
 /*
  * checks.c — the C API's contract at its edges, from C with no Lua: NULL arguments, 0-based
  * messages, invalid devices and flags, writes through overlapping views, op output names,
- * single rounding and messages that use the C function's name. Each case prints
+ * single rounding, messages that use the C function's name and the per-thread last error
+ * (two pthreads, each failing in turn, each reading back its own message). Each case prints
  * "name<TAB>STATUS<TAB>message" (message "" on K3_OK, or a value); spec/capi_spec.lua builds
  * this with pkg-config flags only and compares every line.
  * A crash (a NULL dereferenced) ends the run early, which the spec reports.
  */
+#define _POSIX_C_SOURCE 200809L /* pthreads under -std=c11 */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +48,61 @@ static void report_counted(const char *name, k3_status s) {
         }
     }
     putchar('\n');
+    fflush(stdout);
+}
+
+/* ---- the last error is per thread ----
+ * Thread A fails first; thread B then fails differently; only after that does A read
+ * k3_last_error(), then B reads its own. Each must see its own message: a message shared
+ * between threads would show B's text in A. The steps are ordered with a mutex and a
+ * condition variable; the messages are copied out and printed by main after the join. */
+static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t step_cv = PTHREAD_COND_INITIALIZER;
+static int step;
+
+static void step_wait(int want) {
+    pthread_mutex_lock(&step_mu);
+    while (step < want) pthread_cond_wait(&step_cv, &step_mu);
+    pthread_mutex_unlock(&step_mu);
+}
+
+static void step_set(int to) {
+    pthread_mutex_lock(&step_mu);
+    step = to;
+    pthread_cond_broadcast(&step_cv);
+    pthread_mutex_unlock(&step_mu);
+}
+
+typedef struct {
+    const k3_tensor *t; /* read only, shared */
+    k3_status status;
+    char msg[256];
+} thread_case;
+
+static void *thread_a(void *arg) {
+    thread_case *c = arg;
+    k3_tensor *v = NULL;
+    c->status = k3_tensor_narrow(&v, NULL, 0, 0, 1); /* "narrow: t is NULL" */
+    step_set(1);
+    step_wait(2); /* B has failed with its own message */
+    snprintf(c->msg, sizeof c->msg, "%s", k3_last_error());
+    step_set(3);
+    return NULL;
+}
+
+static void *thread_b(void *arg) {
+    thread_case *c = arg;
+    k3_tensor *v = NULL;
+    step_wait(1); /* A has failed */
+    c->status = k3_tensor_select(&v, c->t, 0, 2); /* index 2 out of range for dim 0 */
+    step_set(2);
+    step_wait(3); /* A has read its message */
+    snprintf(c->msg, sizeof c->msg, "%s", k3_last_error());
+    return NULL;
+}
+
+static void report_thread(const char *name, const thread_case *c) {
+    printf("%s\t%s\t%s\n", name, k3_status_name(c->status), c->status == K3_OK ? "" : c->msg);
     fflush(stdout);
 }
 
@@ -304,6 +362,21 @@ int main(void) {
             r = one = NULL;
         }
     }
+    /* ---- 8. the last error is per thread (see thread_a/thread_b) ---- */
+    {
+        thread_case ca = {a, K3_OK, ""}, cb = {a, K3_OK, ""};
+        pthread_t ta, tb;
+        k3_status s = k3_tensor_empty(&v, 1, (int64_t[1]){-1}, f32, cpu); /* main's own */
+        if (pthread_create(&ta, NULL, thread_a, &ca) != 0 ||
+            pthread_create(&tb, NULL, thread_b, &cb) != 0)
+            return 1;
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        report_thread("thread A reads its own after B fails", &ca);
+        report_thread("thread B reads its own after A fails", &cb);
+        report("main thread keeps its own", s);
+    }
+
     k3_policy_free(pol);
     k3_tensor_free(a);
     k3_tensor_free(w);

@@ -1,0 +1,134 @@
+-- The checkout's own scripts: scripts/run-specs (its last line "N passed, M failed" and its exit
+-- status) and scripts/k3 (a script with arguments from any directory, a chunk, the REPL fed
+-- through a pipe). Each runs the real script on temporary files in a mktemp directory.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+local root = H.root()
+local sh = H.sh
+
+local function mktemp_dir()
+  local out, code = sh("mktemp -d /tmp/k3-scripts-spec-XXXXXX")
+  assert(code == 0, out)
+  return (out:gsub("%s+$", ""))
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
+
+local function last_line(out)
+  return out:gsub("%s+$", ""):match("([^\n]*)$")
+end
+
+describe("scripts/run-specs", function()
+  local dir
+  before_each(function() dir = mktemp_dir() end)
+  after_each(function()
+    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
+  end)
+
+  local function run_specs(name, text)
+    write(dir .. "/" .. name, text)
+    return sh(("%q %q"):format(root .. "/scripts/run-specs", dir .. "/" .. name))
+  end
+
+  it("ends with '1 passed, 1 failed' and exits non-zero when one of two specs fails", function()
+    local out, code = run_specs("one_fails_spec.lua", [[
+describe("t", function()
+  it("passes", function() assert.equal(1, 1) end)
+  it("fails", function() assert.equal(1, 2) end)
+end)
+]])
+    assert.equal("1 passed, 1 failed", last_line(out), out)
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("\nnot ok 2 - t fails\n", 1, true), out) -- the TAP stream comes first
+  end)
+
+  it("ends with '2 passed, 0 failed' and exits 0 when every spec passes", function()
+    local out, code = run_specs("all_pass_spec.lua", [[
+describe("t", function()
+  it("passes", function() assert.is_true(true) end)
+  it("passes too", function() assert.equal("k3", "k3") end)
+end)
+]])
+    assert.equal("2 passed, 0 failed", last_line(out), out)
+    assert.equal(0, code, out)
+  end)
+
+  it("counts pending specs as skipped, and they do not fail the run", function()
+    local out, code = run_specs("skips_spec.lua", [[
+describe("t", function()
+  it("passes", function() end)
+  it("waits", function() pending("not here") end)
+end)
+]])
+    assert.equal("1 passed, 0 failed, 1 skipped", last_line(out), out)
+    assert.equal(0, code, out)
+  end)
+
+  it("a spec file that does not load counts as a failure and exits non-zero", function()
+    local out, code = run_specs("broken_spec.lua", "describe('t', function()\n")
+    assert.equal("0 passed, 1 failed", last_line(out), out)
+    assert.are_not.equal(0, code, out)
+  end)
+end)
+
+describe("scripts/k3", function()
+  local dir
+  before_each(function() dir = mktemp_dir() end)
+  after_each(function()
+    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
+  end)
+  local k3sh = root .. "/scripts/k3"
+
+  it("runs a script from any directory with its arguments in arg and ...", function()
+    write(dir .. "/args.lua", [[io.write(arg[1], " ", arg[2], " ", select("#", ...), "\n")]])
+    local out, code = sh(("cd / && %q %q a b"):format(k3sh, dir .. "/args.lua"))
+    assert.equal(0, code, out)
+    assert.equal("a b 2\n", out)
+  end)
+
+  it("makes k3 a global in a script, also when called through a symlink", function()
+    write(dir .. "/global.lua", [[print(k3.version, k3.zeros({2}):numel())]])
+    assert(select(2, sh(("ln -s %q %q"):format(k3sh, dir .. "/k3-link"))) == 0)
+    local out, code = sh(("cd / && %q %q"):format(dir .. "/k3-link", dir .. "/global.lua"))
+    assert.equal(0, code, out)
+    assert.equal(k3.version .. "\t2\n", out)
+  end)
+
+  it("runs a chunk with -e", function()
+    local out, code = sh(("cd / && %q -e 'print(k3.ones({3}):numel())'"):format(k3sh))
+    assert.equal(0, code, out)
+    assert.equal("3\n", out)
+  end)
+
+  -- With stdin a pipe, lua5.4 -i still runs its REPL: it prints its banner and k3's, then a
+  -- "> " prompt per line (readline echoing the line it read), each result, and a last prompt
+  -- at end of input; it exits 0, also after a line that raised (reported on stderr).
+  -- A result is a line of its own, or follows a prompt where the line read is not echoed.
+  local function has_line(out, want)
+    for line in out:gmatch("[^\n]*") do
+      if line == want or line == "> " .. want then return true end
+    end
+    return false
+  end
+
+  it("the REPL reads stdin when it is not a terminal; statements and expressions print", function()
+    local out, code = sh(("cd / && printf 'print(k3.zeros({2}):numel())\\nk3.ones({5}):numel()\\n' | %q")
+                           :format(k3sh))
+    assert.equal(0, code, out)
+    assert.truthy(out:find("\nk3 " .. k3.version .. ": ", 1, true), out) -- k3's banner line
+    assert.is_true(has_line(out, "2"), out)
+    assert.is_true(has_line(out, "5"), out)
+  end)
+
+  it("the REPL goes on after a line that raises and still exits 0", function()
+    local out, code = sh(("printf 'error(\"boom\")\\nprint(40 + 2)\\n' | %q"):format(k3sh))
+    assert.equal(0, code, out)
+    assert.truthy(out:find("stdin:1: boom", 1, true), out)
+    assert.is_true(has_line(out, "42"), out)
+  end)
+end)
