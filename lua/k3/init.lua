@@ -299,7 +299,7 @@ local HELP = {
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
-  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain or free a method"},
+  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain (chosen nil + declines + error where apply would raise) or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
   {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch); k3.policy is read-only"},
   {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
