@@ -242,6 +242,12 @@ describe("linear", function()
           "linear: kernel 'cuda.linear.cublas' is " .. H.cuda_absent_reason())
       end
     end)
+    it("a dimension over 2^31-1 (zero-stride views, nothing allocated): cpu.linear.blas refuses it", function()
+      local big = k3.ones({1, 1}):expand({1, 2 ^ 31})
+      assert.same({1, 2 ^ 31}, big:size())
+      -- the output is [1, 1]: BLAS takes int sizes, so the kernel refuses K = 2^31 in words
+      H.raises(function() k3.linear(big, big) end, "linear: cpu.linear.blas: a dimension exceeds 2^31-1")
+    end)
     it("a freed input", function()
       local z = k3.randn({3, 8})
       z:free()
