@@ -242,6 +242,9 @@ refresh_policy_view()
 --- k3.method.default() -> the default linear method (the policy's linear candidates).
 --- k3.method.low_latency(plan) -> a low-latency method over plan {[M] = {kernel = "skinny",
 --- config = {...}}}; it owns a default method that serves every call it declines.
+--- m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> {op =, chosen =,
+--- declined =}: where apply would raise (invalid arguments, or no kernel accepts the call),
+--- explain returns chosen = nil, the method's declines and error = apply's message.
 k3.method = {
   default = core.method_default,
   low_latency = core.method_low_latency,
