@@ -428,7 +428,11 @@ K3_API void k3_method_free(k3_method *m);
  * the low-latency path is recorded with its reason, then the default's decision). The
  * candidates come from the method's policy copy; the batch-invariant mode from the call's
  * policy at call time (k3_policy_batch_invariant(call->policy)). m NULL is K3_EINVAL
- * ("method_apply: m is NULL"); the tensors are checked as k3_linear checks them. */
+ * ("method_apply: m is NULL"); the tensors are checked as k3_linear checks them. When the
+ * call fails, call->record still holds the decision so far: where the arguments were refused
+ * before dispatch (a K mismatch, say), op "linear", chosen "" and the method's own declines
+ * only (the low-latency path's reason, e.g. "K mismatch: x dim 1 (7), w dim 1 (8)"); where
+ * dispatch refused it (K3_ENOKERNEL, a layout error), dispatch's full record. */
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);

@@ -924,15 +924,28 @@ static tensor_ud *result_slot(lua_State *L, int out_idx, int explain) {
     return push_tensor_slot(L);
 }
 
+/* explain's mode: k3.explain (an op's) or m:explain (a method's). */
+enum { EXPLAIN_OP = 1, EXPLAIN_METHOD = 2 };
+
+/* Statuses by which an op refuses its arguments (validation), as opposed to a failure of
+ * the machine (memory, CUDA, an internal error). */
+static bool refuses_args(k3_status s) {
+    return s == K3_EINVAL || s == K3_ESHAPE || s == K3_ELAYOUT || s == K3_EDTYPE ||
+           s == K3_EDEVICE || s == K3_EOVERFLOW;
+}
+
 /* Finishes an op: raise on error, push the explain record, or count the call in this
  * state's counters and record the trace. */
 static int op_finish(lua_State *L, k3_status s, call_ctx *c, int explain) {
     /* explain answers for the dispatch itself: when no candidate accepts, or a fast kernel's
      * layout error would be raised (policy "error"), the record is the decision: no chosen
-     * kernel, every decline, and the error the call would raise. Invalid arguments (nothing
-     * was dispatched) still raise. */
+     * kernel, every decline, and the error the call would raise. k3.explain still raises
+     * on invalid arguments (nothing was dispatched); a method's explain answers for them
+     * too, since the method decided something first (k3_method_apply writes its declines,
+     * the low-latency one included, to the record before the owned default refuses). */
     if (explain && c->rec.op[0] && !c->rec.chosen[0] &&
-        (s == K3_ENOKERNEL || (s == K3_ELAYOUT && c->rec.ndeclined > 0))) {
+        (s == K3_ENOKERNEL || (s == K3_ELAYOUT && c->rec.ndeclined > 0) ||
+         (explain == EXPLAIN_METHOD && refuses_args(s)))) {
         push_dispatch(L, &c->rec);
         lua_pushstring(L, k3_last_error());
         lua_setfield(L, -2, "error");
@@ -1424,7 +1437,13 @@ static int l_method_low_latency(lua_State *L) {
     return 1;
 }
 
-/* m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> decision. */
+/* m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> decision
+ * {op =, chosen =, declined = {{kernel =, reason =}, ...}}; nothing runs. Where apply would
+ * raise because the arguments are refused (a K mismatch, tensors on different devices, ...)
+ * or no kernel accepts the call, explain does not raise: chosen is nil, declined holds the
+ * method's declines (the low-latency path's reason first) and then dispatch's, if it got
+ * that far, and error is the message apply raises. Lua argument errors (not a tensor, a
+ * freed tensor or method) still raise. */
 static int method_call(lua_State *L, int explain) {
     const char *fname = explain ? "explain" : "apply";
     k3_method *m = check_method(L, 1);
@@ -1444,7 +1463,7 @@ static int method_call(lua_State *L, int explain) {
     call_init(L, &c, NULL, explain);
     tensor_ud *u = result_slot(L, out_idx, explain);
     k3_status s = k3_method_apply_base(m, u ? &u->t : NULL, x, w, bias, res, out, &c.call, 1);
-    return op_finish(L, s, &c, explain);
+    return op_finish(L, s, &c, explain ? EXPLAIN_METHOD : 0);
 }
 static int method_apply(lua_State *L) { return method_call(L, 0); }
 static int method_explain(lua_State *L) { return method_call(L, 1); }

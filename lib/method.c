@@ -167,6 +167,19 @@ static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w
     return true;
 }
 
+/* When a call fails before dispatch wrote call->record (the owned default's validation
+ * refused the arguments), the record still gets the method's decision so far: op "linear",
+ * nothing chosen, the method's own declines. k3_method_apply_base clears op first, so an
+ * empty op means dispatch never ran. */
+static void record_undispatched(const k3_call *call, const k3_decline *d, int nd) {
+    if (!call || !call->record || call->record->op[0]) return;
+    k3_dispatch *r = call->record;
+    snprintf(r->op, sizeof r->op, "linear");
+    r->chosen[0] = '\0';
+    r->ndeclined = nd < K3_MAX_DECLINES ? nd : K3_MAX_DECLINES;
+    for (int i = 0; i < r->ndeclined; i++) r->declined[i] = d[i];
+}
+
 /* Applies m with `ext` (declines made before it) appended to its decision; base numbers the
  * dims in messages (k3_impl.h). */
 static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x,
@@ -206,7 +219,9 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
              M >= 1 && M <= K3_PLAN_MAX_M && m->plan[M].present ? m->plan[M].kernel
                                                                   : "cuda.linear.skinny");
     k3_dispatch_ext declined = {NULL, &d, 1};
-    return apply_ext(m->fallback, y, x, w, bias, residual, out, call, &declined, base);
+    k3_status s = apply_ext(m->fallback, y, x, w, bias, residual, out, call, &declined, base);
+    if (s != K3_OK) record_undispatched(call, &d, 1);
+    return s;
 }
 
 k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tensor *x,
@@ -214,7 +229,14 @@ k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tenso
                                const k3_tensor *residual, k3_tensor *out, const k3_call *call,
                                int base) {
     if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
-    return apply_ext(m, y, x, w, bias, residual, out, call, NULL, base);
+    if (call && call->record) {
+        call->record->op[0] = '\0';
+        call->record->chosen[0] = '\0';
+        call->record->ndeclined = 0;
+    }
+    k3_status s = apply_ext(m, y, x, w, bias, residual, out, call, NULL, base);
+    if (s != K3_OK) record_undispatched(call, NULL, 0);
+    return s;
 }
 
 k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,

@@ -181,6 +181,21 @@ local checks = {
     {"thread B reads its own after A fails", "K3_ESHAPE", "select: index 2 out of range for dim 0 of size 2"},
     {"main thread keeps its own", "K3_ESHAPE", "empty: size of dim 0 must be >= 0; got -1"},
   },
+  refusals = {
+    {"method_low_latency M twice", "K3_EINVAL", "method.low_latency: plan has two entries for M = 3"},
+    {"method_low_latency M twice out", "K3_OK", "NULL"},
+    {"policy_set_candidates unknown op", "K3_EINVAL",
+     "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm or silu_mul)"},
+    {"policy_set_candidates 17", "K3_EINVAL", "policy: linear has 17 candidates; expected 0..16"},
+    {"linear y and out NULL", "K3_EINVAL", "linear: y and out are both NULL (the result would be lost)"},
+    {"attn_res args NULL", "K3_EINVAL", "attn_res: args is NULL"},
+    {"empty 9 dims", "K3_ESHAPE", "empty: a tensor has 0 to 8 dimensions; got 9"},
+    {"empty dtype 7", "K3_EDTYPE", "empty: invalid dtype 7"},
+    {"binary op 9", "K3_EINVAL", "binary: invalid op 9"},
+    {"method_apply K mismatch", "K3_ESHAPE", "linear: x dim 1 (7) must match w dim 1 (8)"},
+    {"method_apply K mismatch record", "K3_OK",
+     "op=linear chosen=[] n=1 cuda.linear.skinny: x is on cpu, not a CUDA device"},
+  },
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
     {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
@@ -303,6 +318,9 @@ describe("install and the C API", function()
   it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",
      function() expect("overlap") end)
   it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
+  it("C API: a duplicate plan M, an unknown policy op, 17 candidates, a lost result, NULL attn_res args, " ..
+     "9 dims, dtype 7 and binary op 9 are refused in words; a refused method call still fills the record",
+     function() expect("refusals") end)
   it("C API: messages use the C function's name and name the argument or the caller's path",
      function() expect("c_names") end)
   it("C API: k3_last_error() is per thread: two pthreads failing in turn each read their own",

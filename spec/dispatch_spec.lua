@@ -54,6 +54,16 @@ describe("registry", function()
     end
   end)
 
+  it("cuda_arch without CUDA says CUDA is not available, and why", function()
+    local c = k3.backends().cuda
+    if c.available then
+      pending("a CUDA device is available here")
+      return
+    end
+    local err = H.raises(function() k3.cuda_arch(0) end, "cuda_arch: CUDA is not available: ")
+    assert.truthy(err:find("cuda_arch: CUDA is not available: " .. c.reason, 1, true), err)
+  end)
+
   it("K3_CUDA_BACKEND pointing nowhere says so", function()
     local out = subprocess("K3_CUDA_BACKEND=/nonexistent/libk3_cuda.so",
       [[print(k3.backends().cuda.reason); print(k3.has_kernel("cuda.linear.cublas"))]])

@@ -101,6 +101,34 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
       "linear: x dim 2 (7) must match w dim 2 (8)")
   end)
 
+  it("K mismatch on CPU: explain answers (chosen nil, the declines, apply's error) instead of raising", function()
+    local ll = k3.method.low_latency(plan)
+    local x, w = bf16({M, 7}, 1), bf16({N, 8}, 2)
+    local e = ll:explain(x, w)
+    assert.is_nil(e.chosen)
+    assert.equal("linear", e.op)
+    -- the low-latency check stops at the device (before K): the CPU reason is the decline;
+    -- dispatch never ran, so there are no others
+    assert.same({{kernel = "cuda.linear.skinny", reason = "x is on cpu, not a CUDA device"}}, e.declined)
+    local ok, err = pcall(ll.apply, ll, x, w)
+    assert.is_false(ok)
+    assert.equal("linear: x dim 2 (7) must match w dim 2 (8)", e.error)
+    assert.equal(err, e.error)
+    -- the other refusals answer the same way, with the low-latency reason they hit first
+    e = ll:explain(x, bf16({N, 7}, 2), bf16({N + 1}, 3))
+    assert.same({{kernel = "cuda.linear.skinny", reason = "bias is present"}}, e.declined)
+    assert.equal("linear: bias must be [N] = [24] (w dim 1); got [25]", e.error)
+    -- a default method has no declines of its own; k3.explain still raises on invalid arguments
+    e = k3.method.default():explain(x, w)
+    assert.is_nil(e.chosen)
+    assert.same({}, e.declined)
+    assert.equal("linear: x dim 2 (7) must match w dim 2 (8)", e.error)
+    H.raises(function() k3.explain("linear", x, w) end, "linear: x dim 2 (7) must match w dim 2 (8)")
+    -- a failed apply records nothing in a trace (the trace holds dispatches that ran)
+    local t = k3.trace(function() pcall(ll.apply, ll, x, w) end)
+    assert.same({}, t)
+  end)
+
   it("validates its plan", function()
     H.raises(function() k3.method.low_latency({[17] = {kernel = "skinny"}}) end,
       "method.low_latency: plan M must be in 1..16; got 17")
@@ -128,21 +156,29 @@ describe("method.low_latency on a GPU #gpu", function()
 
   it("declines: x and w on different devices", function()
     if not H.need_gpu(pending) then return end
-    -- the method declines; its owned default then raises linear's own device error
+    -- the method declines; its owned default then raises linear's own device error, and
+    -- explain answers with the decline and that error
     local ll = k3.method.low_latency(plan)
-    H.raises(function() ll:apply(bf16({1, K}, 1, "cuda"), bf16({N, K}, 2)) end,
-      "linear: w device (cpu) must match x device (cuda:0)")
+    local x, w = bf16({1, K}, 1, "cuda"), bf16({N, K}, 2)
+    H.raises(function() ll:apply(x, w) end, "linear: w device (cpu) must match x device (cuda:0)")
+    local e = ll:explain(x, w)
+    assert.is_nil(e.chosen)
+    assert.same({{kernel = "cuda.linear.skinny", reason = "x and w are on different devices (cuda:0, cpu)"}},
+                e.declined)
+    assert.equal("linear: w device (cpu) must match x device (cuda:0)", e.error)
   end)
 
   it("declines: K mismatch", function()
     if not H.need_gpu(pending) then return end
     local ll = k3.method.low_latency(plan)
     local x, w = bf16({1, 7}, 1, "cuda"), bf16({N, 8}, 2, "cuda")
-    -- the default then raises linear's own error; the decline reason is in the trace record
+    -- the default then raises linear's own error, so no trace records the call; explain
+    -- answers with the decline reason and that error instead of raising
     H.raises(function() ll:apply(x, w) end, "linear: x dim 2 (7) must match w dim 2 (8)")
-    local ok, err = pcall(ll.explain, ll, x, w)
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("linear: x dim 2 (7)", 1, true))
+    local e = ll:explain(x, w)
+    assert.is_nil(e.chosen)
+    assert.same({{kernel = "cuda.linear.skinny", reason = "K mismatch: x dim 2 (7), w dim 2 (8)"}}, e.declined)
+    assert.equal("linear: x dim 2 (7) must match w dim 2 (8)", e.error)
   end)
 
   it("declines: plan has no entry for M", function()

@@ -116,6 +116,44 @@ describe("attn_res", function()
     end)
   end
 
+  -- Zero-stride broadcast inputs (read only): a delta of one row expanded to T rows, and
+  -- blocks of one token expanded to T tokens (read with write_block nil; written, they are
+  -- refused: see "errors").
+  for _, dt in ipairs({"bf16", "f32", "f64"}) do
+    it(dt .. ": an expanded delta and expanded blocks match the reference on fp64 and the Lua fp64 oracle", function()
+      local T, S, Hd = 6, 4, 33
+      for _, which in ipairs({"delta", "blocks", "both"}) do
+        local a = inputs(T, S, Hd, {dtype = dt, pad = 3, num_blocks = 3})
+        if which ~= "blocks" then
+          a.delta = k3.randn({1, Hd}, {dtype = dt, seed = 38}):expand({T, Hd})
+          assert.same({0, 1}, a.delta:stride())
+        end
+        if which ~= "delta" then
+          a.blocks = k3.randn({1, S, Hd}, {dtype = dt, seed = 39}):expand({T, S, Hd})
+          assert.same({0, Hd, 1}, a.blocks:stride())
+        end
+        local a64 = {}
+        for k, v in pairs(a) do a64[k] = k3.is_tensor(v) and v:to("f64") or v end
+        a64.out = nil
+        local want = oracle(copy_args(a)) -- on the inputs before the call updates prefix
+        local ref64 = k3.attn_res(a64)    -- cpu.attn_res.reference on fp64 copies
+        local blocks_before = a.blocks:clone()
+        local y = k3.attn_res(a)
+        assert.is_false(H.has_nan(y))
+        local what = dt .. " expanded " .. which
+        if dt == "f64" then
+          assert.is_true(k3.max_abs_diff(y, want) < 1e-12, what)
+          assert.is_true(k3.max_abs_diff(y, ref64) < 1e-12, what)
+        else
+          assert.is_true(k3.allclose(y:to("f64"), ref64, {atol = 8e-2, rtol = 3e-2}), what)
+          local tight = dt == "f32" and 1e-4 or 4e-2
+          assert.is_true(k3.max_abs_diff(y:to("f64"), want) < tight, what)
+        end
+        assert.equal(0, k3.max_abs_diff(a.blocks, blocks_before), what) -- blocks only read
+      end
+    end)
+  end
+
   it("writes prefix back exactly as bf16(prefix + delta)", function()
     local a = inputs(5, 3, 33, {dtype = "bf16", pad = 7})
     local want = (a.prefix:to("f64") + a.delta:to("f64")):to("bf16")

@@ -52,7 +52,9 @@ describe("linear", function()
     for _, dt in ipairs(DTYPES) do
       for _, lname in ipairs(LAYOUT_ORDER) do
         it(string.format("%s %s %s matches the fp64 oracle (odd sizes, poisoned out)", kernel, dt, lname), function()
-          for _, size in ipairs({{3, 33, 33}, {5, 17, 132}, {2, 7, 260}, {1, 1, 1}}) do
+          -- 33, 132 and 260 each appear as M, N and K
+          for _, size in ipairs({{3, 33, 33}, {5, 17, 132}, {2, 7, 260}, {1, 1, 1},
+                                 {33, 132, 260}, {132, 260, 33}, {260, 33, 132}}) do
             local M, N, K = size[1], size[2], size[3]
             local x, w = LAYOUTS[lname](M, N, K, {dtype = dt})
             local out = H.poisoned({M, N}, {dtype = dt})
@@ -74,6 +76,38 @@ describe("linear", function()
         assert.is_true(close(y, oracle(x, w, bias, residual), dt))
       end)
     end
+  end
+
+  -- A 16-bit x is widened in blocks of 256 rows and a 16-bit w in blocks of 2^22 / K rows
+  -- (838 at K = 5000): M = 300 and N = 900 end inside a second block of each. The call is full
+  -- size; the oracle computes only the checked rows (whole rows of y) and columns (whole
+  -- columns of y): the rows on both sides of x's block edge and the columns on both sides of
+  -- w's, plus the first and last.
+  for _, dt in ipairs({"bf16", "f16", "f32"}) do
+    it("cpu.linear.blas " .. dt .. " M=300 N=900 K=5000, w rows padded by 8: the block tails match fp64", function()
+      local M, N, K = 300, 900, 5000
+      local x = k3.randn({M, K}, {dtype = dt, seed = 41})
+      local w = H.padded(N, K, 8, {dtype = dt, seed = 42})
+      assert.same({K + 8, 1}, w:stride())
+      local out = H.poisoned({M, N}, {dtype = dt})
+      local y = k3.linear(x, w, {out = out, kernel = "cpu.linear.blas"})
+      assert.is_false(H.has_nan(y))
+      local tol = TOL[dt]
+      local opts = {rtol = tol.rtol, atol = tol.atol * math.sqrt(K)}
+      local x64, w64 = x:to("f64"), w:to("f64")
+      local function check(got, want, what)
+        assert.is_true(k3.allclose(got:to("f64"), want, opts),
+          string.format("%s %s: max diff %g", dt, what, k3.max_abs_diff(got:to("f64"), want)))
+      end
+      for _, r in ipairs({1, 255, 256, 257, 300}) do
+        local want = k3.linear(x64:narrow(1, r, 1), w64, {kernel = "cpu.linear.reference"})
+        check(y:narrow(1, r, 1), want, "row " .. r)
+      end
+      for _, c in ipairs({1, 837, 838, 839, 900}) do
+        local want = k3.linear(x64, w64:narrow(1, c, 1), {kernel = "cpu.linear.reference"})
+        check(y:narrow(2, c, 1), want, "column " .. c)
+      end
+    end)
   end
 
   it("dispatches to cpu.linear.blas by default and returns a new [M, N] tensor", function()
@@ -207,6 +241,12 @@ describe("linear", function()
         H.raises(function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end,
           "linear: kernel 'cuda.linear.cublas' is " .. H.cuda_absent_reason())
       end
+    end)
+    it("a dimension over 2^31-1 (zero-stride views, nothing allocated): cpu.linear.blas refuses it", function()
+      local big = k3.ones({1, 1}):expand({1, 2 ^ 31})
+      assert.same({1, 2 ^ 31}, big:size())
+      -- the output is [1, 1]: BLAS takes int sizes, so the kernel refuses K = 2^31 in words
+      H.raises(function() k3.linear(big, big) end, "linear: cpu.linear.blas: a dimension exceeds 2^31-1")
     end)
     it("a freed input", function()
       local z = k3.randn({3, 8})

@@ -103,6 +103,20 @@ describe("silu_mul", function()
     end)
   end
 
+  it("takes a zero-stride expanded x (one row broadcast to M rows)", function()
+    for _, dt in ipairs({"bf16", "f32"}) do
+      for _, I in ipairs({33, 132}) do
+        local M = 5
+        local x = k3.randn({1, 2 * I}, {dtype = dt, seed = I}):expand({M, 2 * I})
+        assert.same({0, 1}, x:stride())
+        local out = H.poisoned({M, I}, {dtype = dt})
+        local y = k3.silu_mul(x, {out = out})
+        assert.is_false(H.has_nan(y))
+        assert.is_true(close(y, silu_oracle(x), dt), string.format("%s I=%d", dt, I))
+      end
+    end
+  end)
+
   it("returns [M, I] and runs cpu.silu_mul.reference", function()
     local x = k3.randn({4, 10})
     assert.same({4, 5}, k3.silu_mul(x):size())

@@ -242,6 +242,9 @@ refresh_policy_view()
 --- k3.method.default() -> the default linear method (the policy's linear candidates).
 --- k3.method.low_latency(plan) -> a low-latency method over plan {[M] = {kernel = "skinny",
 --- config = {...}}}; it owns a default method that serves every call it declines.
+--- m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> {op =, chosen =,
+--- declined =}: where apply would raise (invalid arguments, or no kernel accepts the call),
+--- explain returns chosen = nil, the method's declines and error = apply's message.
 k3.method = {
   default = core.method_default,
   low_latency = core.method_low_latency,
@@ -299,7 +302,7 @@ local HELP = {
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
-  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain or free a method"},
+  {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain (chosen nil + declines + error where apply would raise) or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
   {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch); k3.policy is read-only"},
   {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},

@@ -335,6 +335,42 @@ int main(void) {
         k3_method_free(m);
     }
 
+    /* ---- 8. more refusals a C caller can reach: each names the function and the value ---- */
+    {
+        k3_method *m = NULL;
+        const k3_plan_entry twice[2] = {{.m = 3, .kernel = "skinny"}, {.m = 3, .kernel = NULL}};
+        CASE("method_low_latency M twice", k3_method_low_latency(&m, twice, 2, NULL));
+        printf("method_low_latency M twice out\tK3_OK\t%s\n", m ? "set" : "NULL");
+        const char *one[1] = {"cpu.linear.blas"};
+        CASE("policy_set_candidates unknown op", k3_policy_set_candidates(pol, "matmul", one, 1));
+        const char *many[17];
+        for (int i = 0; i < 17; i++) many[i] = "cpu.linear.blas";
+        CASE("policy_set_candidates 17", k3_policy_set_candidates(pol, "linear", many, 17));
+        CASE("linear y and out NULL", k3_linear(NULL, a, a, NULL, NULL, NULL, NULL));
+        CASE("attn_res args NULL", k3_attn_res(&v, NULL, NULL, NULL));
+        int64_t s9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+        CASE("empty 9 dims", k3_tensor_empty(&v, 9, s9, f32, cpu));
+        CASE("empty dtype 7", k3_tensor_empty(&v, 1, s4, (k3_dtype)7, cpu));
+        CASE("binary op 9", k3_tensor_binary(&v, (k3_binop)9, a, a));
+        /* A method's record when the owned default refuses the arguments: op "linear",
+         * nothing chosen, the method's own decline (C numbers dims from 0). */
+        k3_tensor *xb = NULL, *wb = NULL;
+        k3_dispatch rec;
+        memset(&rec, 0x55, sizeof rec); /* whatever was there before */
+        k3_call call = {.explain_only = 1, .record = &rec};
+        if (k3_method_low_latency(&m, NULL, 0, NULL) != K3_OK ||
+            k3_tensor_full(&xb, 2, (int64_t[2]){1, 7}, K3_DTYPE_BF16, cpu, 1) != K3_OK ||
+            k3_tensor_full(&wb, 2, (int64_t[2]){2, 8}, K3_DTYPE_BF16, cpu, 1) != K3_OK)
+            return 1;
+        CASE("method_apply K mismatch", k3_method_apply(m, NULL, xb, wb, NULL, NULL, NULL, &call));
+        printf("method_apply K mismatch record\tK3_OK\top=%s chosen=[%s] n=%d %s: %s\n", rec.op,
+               rec.chosen, rec.ndeclined, rec.ndeclined > 0 ? rec.declined[0].kernel : "",
+               rec.ndeclined > 0 ? rec.declined[0].reason : "");
+        k3_tensor_free(xb);
+        k3_tensor_free(wb);
+        k3_method_free(m);
+    }
+
     /* ---- 6. scalar arithmetic rounds once ---- */
     {
         k3_tensor *one = NULL, *r = NULL;
