@@ -200,8 +200,25 @@ done:
     return st;
 }
 
+/* ?gemm takes int sizes: a call with M, N or K above 2^31-1 goes to the next candidate
+ * (cpu.linear.reference in the default policy) instead of failing in run, so explain names
+ * the kernel that really runs. Leading dimensions above 2^31-1 are handled in run by copying
+ * the operand. */
+static k3_status supports_blas(const k3_op_args *oa, char *reason, size_t n) {
+    const k3_linear_args *a = &oa->u.linear;
+    int64_t M = a->x->size[0], K = a->x->size[1], N = a->w->size[0];
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
+        snprintf(reason, n,
+                 "cpu.linear.blas supports M, N and K up to 2^31-1 (BLAS takes int); got M "
+                 "%lld, N %lld, K %lld",
+                 (long long)M, (long long)N, (long long)K);
+        return K3_EINVAL;
+    }
+    return K3_OK;
+}
+
 const k3_kernel k3_cpu_linear_blas = {"cpu.linear.blas", K3_OP_LINEAR, K3_DEVICE_CPU,
-                                      supports_any, run_blas};
+                                      supports_blas, run_blas};
 
 /* ---- cpu.linear.reference ------------------------------------------------------------------ */
 

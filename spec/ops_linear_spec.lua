@@ -242,11 +242,20 @@ describe("linear", function()
           "linear: kernel 'cuda.linear.cublas' is " .. H.cuda_absent_reason())
       end
     end)
-    it("a dimension over 2^31-1 (zero-stride views, nothing allocated): cpu.linear.blas refuses it", function()
+    it("a dimension over 2^31-1 (zero-stride views, nothing allocated): cpu.linear.blas declines it", function()
       local big = k3.ones({1, 1}):expand({1, 2 ^ 31})
       assert.same({1, 2 ^ 31}, big:size())
-      -- the output is [1, 1]: BLAS takes int sizes, so the kernel refuses K = 2^31 in words
-      H.raises(function() k3.linear(big, big) end, "linear: cpu.linear.blas: a dimension exceeds 2^31-1")
+      -- BLAS takes int sizes: blas's supports() declines K = 2^31, so dispatch (and explain)
+      -- go to the next candidate; forced, blas's run refuses it in words.
+      local e = k3.explain("linear", big, big)
+      assert.equal("cpu.linear.reference", e.chosen)
+      local found
+      for _, d in ipairs(e.declined) do
+        if d.kernel == "cpu.linear.blas" then found = d.reason end
+      end
+      assert.equal("cpu.linear.blas supports M, N and K up to 2^31-1 (BLAS takes int); got M 1, N 1, K 2147483648", found)
+      H.raises(function() k3.linear(big, big, {kernel = "cpu.linear.blas"}) end,
+               "linear: cpu.linear.blas: a dimension exceeds 2^31-1")
     end)
     it("a freed input", function()
       local z = k3.randn({3, 8})
