@@ -242,6 +242,66 @@ describe("Kimi-K3 stack", function()
     assert.is_nil(specs["model.layers.93.mlp.down_proj.weight"])
   end)
 
+  it("weights are scaled like a real stack: out projections 1/sqrt(fan_in * L), the stream bounded over depth", function()
+    local cfg = kimi.config("tiny")
+    local specs = kimi.weight_specs(cfg)
+    local w = kimi.generate_weights(cfg, {seed = 7, dtype = "f32"})
+    local L = cfg.num_layers
+    local function std(t) -- root mean square of a 2-D weight (mean ~0), summed in Lua
+      local ss, n = 0, t:numel()
+      for _, row in ipairs(t:totable()) do
+        for _, x in ipairs(row) do ss = ss + x * x end
+      end
+      return math.sqrt(ss / n)
+    end
+    local function max_abs(t) return k3.max_abs_diff(t, t * 0) end
+    for _, name in ipairs{"model.layers.0.self_attn.o_proj.weight", "model.layers.5.mlp.down_proj.weight",
+                          "model.layers.3.mlp.gate_up_proj.weight"} do
+      local sp = specs[name]
+      local want = sp.kind == "out" and 1 / math.sqrt(sp.fan_in * L) or 1 / math.sqrt(sp.fan_in)
+      local got = std(w[name])
+      -- thousands of samples: the std is within 5% of its target
+      assert.is_true(math.abs(got / want - 1) < 0.05, string.format("%s: std %.4g, want %.4g", name, got, want))
+    end
+    -- Each module adds ~1/sqrt(L) of the stream's scale, so the prefix norm grows slowly:
+    -- after all L layers it stays within a small factor of the embedding's.
+    local stack = kimi.build(cfg, w)
+    local x = kimi.embedding(cfg, 4, {seed = 7, step = 1})
+    local x64 = x:to("f64")
+    local first, last
+    stack:forward(x, {on_layer = function(i, st)
+      local p = st:current_prefix():to("f64")
+      local r = max_abs(p)
+      if i == 0 then first = r end
+      last = r
+      assert.is_true(r == r and r < math.huge, "layer " .. i .. " not finite")
+    end})
+    local x_max = max_abs(x64)
+    note("tiny: max |x| %.3g, max |prefix| after layer 0 %.3g, after layer %d %.3g", x_max, first, L - 1, last)
+    assert.is_true(last < 8 * x_max, string.format("prefix grew to %.3g from %.3g", last, x_max))
+  end)
+
+  it("the demo's CLI: --save-weights then --weights prints the same table but the times", function()
+    local root = H.root()
+    local path = os.tmpname()
+    local cmd = string.format("%q %q --config tiny --m 1,3 --steps 1 --quiet ", root .. "/scripts/k3",
+                              root .. "/scripts/demo.lua")
+    local a, ca = H.sh(cmd .. "--save-weights " .. path)
+    local b, cb = H.sh(cmd .. "--weights " .. path)
+    os.remove(path)
+    assert.are.equal(0, ca, a)
+    assert.are.equal(0, cb, b)
+    -- The header names where the weights came from; the ms/step column is a time.
+    local function norm(out)
+      return (out:gsub("weights [^\n]*\n", "weights …\n"):gsub("\n(%s*%d+)%s+[%d.]+(%s)", "\n%1 ms%2"))
+    end
+    assert.truthy(a:find("\n  M     ms/step      rel err      cosine  kernels (calls per step)\n", 1, true), a)
+    assert.truthy(a:find("\ndispatch summary over all timed and traced steps:\n", 1, true), a)
+    assert.truthy(a:find("weights generated, seed 1234", 1, true), a)
+    assert.truthy(b:find("weights from " .. path, 1, true), b)
+    assert.are.equal(norm(a), norm(b))
+  end)
+
   it("saving the generated weights and loading them back reproduces the demo bit for bit", function()
     if not k3.save_safetensors then
       pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/k3_lua.c)")

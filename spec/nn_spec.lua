@@ -90,6 +90,16 @@ describe("k3.nn", function()
     it("rejects a weight that is not 2-D or not a tensor", function()
       H.raises(function() nn.Linear(k3.zeros({4})) end, "Linear: weight must be 2-D [N, K] (got 1 dims)")
       H.raises(function() nn.Linear("w") end, "Linear: weight must be a tensor (got string)")
+      H.raises(function() nn.Linear(io.stdout) end, "Linear: weight must be a tensor (got userdata)")
+    end)
+
+    it("rejects a bias that is not a 1-D tensor of N elements when the layer is built", function()
+      local w = k3.zeros({3, 2})
+      H.raises(function() nn.Linear(w, {bias = k3.zeros({2})}) end,
+               "Linear: bias must be 1-D [3] (got shape [2])")
+      H.raises(function() nn.Linear(w, {bias = k3.zeros({1, 3})}) end,
+               "Linear: bias must be 1-D [3] (got shape [1, 3])")
+      H.raises(function() nn.Linear(w, {bias = 1}) end, "Linear: bias must be a tensor (got number)")
     end)
 
     it("converts to f64 exactly with :to", function()
@@ -123,6 +133,14 @@ describe("k3.nn", function()
 
     it("defaults eps to 1e-5", function()
       assert.are.equal(1e-5, nn.RMSNorm(k3.ones({4})).eps)
+    end)
+
+    it("rejects a weight that is not 1-D and an eps that is not a finite number >= 0", function()
+      H.raises(function() nn.RMSNorm(k3.ones({2, 4})) end, "RMSNorm: weight must be 1-D (got shape [2, 4])")
+      H.raises(function() nn.RMSNorm({}) end, "RMSNorm: weight must be a tensor (got table)")
+      H.raises(function() nn.RMSNorm(k3.ones({4}), -1) end, "RMSNorm: eps must be a finite number >= 0 (got -1)")
+      H.raises(function() nn.RMSNorm(k3.ones({4}), 0 / 0) end, "RMSNorm: eps must be a finite number >= 0 (got")
+      H.raises(function() nn.RMSNorm(k3.ones({4}), "1e-5") end, "RMSNorm: eps must be a finite number >= 0 (got 1e-5)")
     end)
   end)
 

@@ -6,8 +6,18 @@ local k3 = require "k3"
 local nn = {}
 
 local function check_tensor(v, what, fn)
-  if type(v) ~= "userdata" then
+  if not k3.is_tensor(v) then
     error(string.format("%s: %s must be a tensor (got %s)", fn, what, type(v)), 3)
+  end
+end
+
+-- A layer's vector parameter: a 1-D tensor of n elements (n nil: any length).
+local function check_vector(v, what, fn, n)
+  check_tensor(v, what, fn)
+  if v:dim() ~= 1 or (n and v:size(1) ~= n) then
+    local sz = v:size()
+    error(string.format("%s: %s must be 1-D%s (got shape [%s])", fn, what,
+                        n and string.format(" [%d]", n) or "", table.concat(sz, ", ")), 3)
   end
 end
 
@@ -34,6 +44,7 @@ nn.Linear = setmetatable(Linear, {
       error(string.format("Linear: weight must be 2-D [N, K] (got %d dims)", w:dim()), 2)
     end
     opts = opts or {}
+    if opts.bias ~= nil then check_vector(opts.bias, "bias", "Linear", w:size(1)) end
     local self = setmetatable({weight = w, bias = opts.bias}, Linear)
     self.method = opts.method or nn.default_method(w)
     return self
@@ -73,7 +84,10 @@ RMSNorm.__index = RMSNorm
 RMSNorm.__name = "k3.nn.RMSNorm"
 nn.RMSNorm = setmetatable(RMSNorm, {
   __call = function(_, w, eps)
-    check_tensor(w, "weight", "RMSNorm")
+    check_vector(w, "weight", "RMSNorm")
+    if eps ~= nil and not (type(eps) == "number" and eps >= 0 and eps < math.huge) then
+      error(string.format("RMSNorm: eps must be a finite number >= 0 (got %s)", tostring(eps)), 2)
+    end
     return setmetatable({weight = w, eps = eps or 1e-5}, RMSNorm)
   end,
 })
