@@ -561,7 +561,14 @@ plan_case("plan string key", {x = {kernel = "skinny"}},
 plan_case("plan non-integer key", {[1.5] = {kernel = "skinny"}},
   "bad argument #1 to 'low_latency' (plan keys must be integer token counts M; got number)")
 plan_case("plan huge key", {[math.maxinteger] = {kernel = "skinny"}},
-  "method.low_latency: plan M must be in 1..16; got 1000000")
+  "method.low_latency: plan M must be in 1..16; got 9223372036854775807")
+plan_case("plan mininteger key", {[math.mininteger] = {kernel = "skinny"}},
+  "method.low_latency: plan M must be in 1..16; got -9223372036854775808")
+plan_case("plan key -5", {[-5] = {kernel = "skinny"}}, "method.low_latency: plan M must be in 1..16; got -5")
+plan_case("plan huge key with a string entry", {[2 ^ 40] = "skinny"},
+  "method.low_latency: plan M must be in 1..16; got 1099511627776")
+plan_case("plan key 2^31 + 3 (past int)", {[2 ^ 31 + 3] = {kernel = 1}},
+  "method.low_latency: plan M must be in 1..16; got 2147483651")
 case("method apply with nil x", function()
   local w = mat(4, 3)
   return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(nil, w) end, {w}
