@@ -406,8 +406,10 @@ K3_API k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
  * low-latency method that runs cuda.linear.skinny per its plan and owns a default method
  * (made by k3_method_default) for every call it declines. */
 typedef struct k3_method k3_method;
+/* The largest token count M a low-latency plan may name. */
+#define K3_PLAN_MAX_M 16
 typedef struct k3_plan_entry {
-    int m;              /* token count 1..16 */
+    int m;              /* token count 1..K3_PLAN_MAX_M */
     const char *kernel; /* "skinny" or a full kernel name */
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
 } k3_plan_entry;

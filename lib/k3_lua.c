@@ -12,6 +12,7 @@
 #include <lua.h>
 #include <lualib.h>
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1396,21 +1397,26 @@ static int l_method_low_latency(lua_State *L) {
                 return luaL_error(L, "bad argument #1 to '%s' (plan keys must be integer token "
                                      "counts M; got %s)",
                                   fname, luaL_typename(L, -2));
+            /* A key no int holds is out of range; report it as the caller wrote it (the C
+             * check below only sees the int, which would show another number). */
+            if (m < INT_MIN || m > INT_MAX)
+                return luaL_error(L, "method.low_latency: plan M must be in 1..%d; got %I",
+                                  K3_PLAN_MAX_M, m);
             if (!lua_istable(L, -1))
-                return luaL_error(L, "bad argument #1 to '%s' (plan[%d] must be a table; got %s)",
-                                  fname, (int)m, luaL_typename(L, -1));
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%I] must be a table; got %s)",
+                                  fname, m, luaL_typename(L, -1));
             if (n >= MAX_PLAN)
                 return luaL_error(L, "bad argument #1 to '%s' (at most %d plan entries)", fname,
                                   MAX_PLAN);
             memset(&e[n], 0, sizeof e[n]);
-            e[n].m = (int)(m > 1000000 ? 1000000 : m < -1 ? -1 : m);
+            e[n].m = (int)m;
             int entry = lua_gettop(L);
             static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
             check_option_keys(L, entry, entry_keys, 1, fname);
             if (lua_getfield(L, entry, "kernel") != LUA_TSTRING)
-                return luaL_error(L, "bad argument #1 to '%s' (plan[%d].kernel must be a string; "
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%I].kernel must be a string; "
                                      "got %s)",
-                                  fname, (int)m, luaL_typename(L, -1));
+                                  fname, m, luaL_typename(L, -1));
             e[n].kernel = lua_tostring(L, -1);
             lua_rawseti(L, 2, n + 1); /* anchored: the entry may be a proxy */
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
@@ -1424,9 +1430,9 @@ static int l_method_low_latency(lua_State *L) {
                 e[n].vec = (int)int_field(L, cfg, "vec", 0, 0, 1, fname);
                 e[n].split_k = (int)int_field(L, cfg, "split_k", 0, 0, 1, fname);
             } else if (!lua_isnil(L, -1)) {
-                return luaL_error(L, "bad argument #1 to '%s' (plan[%d].config must be a table; "
+                return luaL_error(L, "bad argument #1 to '%s' (plan[%I].config must be a table; "
                                      "got %s)",
-                                  fname, (int)m, luaL_typename(L, -1));
+                                  fname, m, luaL_typename(L, -1));
             }
             lua_pop(L, 2);
             n++;

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define K3_PLAN_MAX_M 16
 
 typedef struct plan_slot {
     bool present;

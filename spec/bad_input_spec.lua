@@ -2,13 +2,16 @@
 -- (negative, huge, NaN, infinite, non-integer), mismatched dtypes and devices, freed tensors
 -- and views of freed storage, aliasing outs, num_blocks/write_block off by one, bad policies
 -- and low-latency plans. Each case asserts the exact error text, then that every tensor it
--- involved is unchanged and still usable, and that a following valid call succeeds.
+-- involved is unchanged and still usable, and that a following valid call succeeds: the case's
+-- own (the same op with valid arguments, through the case's tensors where it has them), else a
+-- small linear.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
 local cases = {}
 -- case(name, build, text): build() -> fn (must raise text), {tensors that must survive}, and
--- optionally a function making the following valid call (default: a small linear).
+-- optionally valid, a function making the following valid call and asserting its result
+-- (default: a small linear). A case may also carry it as a field: cases[i].valid.
 local function case(name, build, text)
   cases[#cases + 1] = {name = name, build = build, text = text}
 end
@@ -31,6 +34,80 @@ local function no_cuda_1023(fname)
 end
 
 local function mat(r, c, opts) return k3.randn({r, c}, opts) end
+
+-- ---- follow-up calls: the op again with valid arguments, checked against plain-Lua fp64 ------------
+local function near(got, want, tol)
+  local g = got:to("f64"):totable()
+  assert.equal(#want, #g)
+  for i, row in ipairs(want) do
+    assert.equal(#row, #g[i])
+    for j, v in ipairs(row) do
+      assert(math.abs(g[i][j] - v) <= tol * (1 + math.abs(v)),
+        string.format("follow-up [%d][%d] = %.17g; want %.17g", i, j, g[i][j], v))
+    end
+  end
+end
+local function valid_linear(x, w)
+  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local want = {}
+  for i, xr in ipairs(xs) do
+    want[i] = {}
+    for j, wr in ipairs(ws) do
+      local acc = 0
+      for k, v in ipairs(xr) do acc = acc + v * wr[k] end
+      want[i][j] = acc
+    end
+  end
+  near(k3.linear(x, w), want, 1e-5)
+end
+local function valid_rms_norm(x, w)
+  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local want = {}
+  for i, row in ipairs(xs) do
+    local ss = 0
+    for _, v in ipairs(row) do ss = ss + v * v end
+    local r = 1 / math.sqrt(ss / #row + 1e-5)
+    want[i] = {}
+    for d, v in ipairs(row) do want[i][d] = v * r * ws[d] end
+  end
+  near(k3.rms_norm(x, w, 1e-5), want, 1e-5)
+end
+local function valid_silu_mul()
+  local x = mat(2, 4, {seed = 7})
+  local xs, want = x:to("f64"):totable(), {}
+  for i, row in ipairs(xs) do
+    want[i] = {}
+    for j = 1, 2 do want[i][j] = row[j] / (1 + math.exp(-row[j])) * row[2 + j] end
+  end
+  near(k3.silu_mul(x), want, 1e-5)
+end
+-- attn_res with args a (no out, no delta, no write_block): the result has prefix's shape, no NaN,
+-- and agrees with the reference kernel run on the same arguments.
+local function valid_attn_res(a)
+  local y = k3.attn_res(a)
+  assert.same(a.prefix:size(), y:size())
+  assert.is_false(H.has_nan(y))
+  local r = {}
+  for key, v in pairs(a) do r[key] = v end
+  r.kernel = "cpu.attn_res.reference"
+  near(y, k3.attn_res(r):to("f64"):totable(), 1e-5)
+end
+local function valid_safetensors(t)
+  local path = os.tmpname()
+  k3.save_safetensors(path, {w = t})
+  local back = k3.load_safetensors(path)
+  os.remove(path)
+  assert.equal(0, k3.max_abs_diff(back.w, t))
+end
+-- a low-latency method built from a valid plan, applied: the same result as k3.linear (on a
+-- CPU tensor the plan's CUDA kernel declines and the owned default method runs).
+local function valid_method(x, w)
+  x = x or mat(1, 3, {seed = 21})
+  w = w or mat(4, x:size(2), {seed = 22})
+  local m = k3.method.low_latency({[1] = {kernel = "skinny"}})
+  assert.equal(0, k3.max_abs_diff(m:apply(x, w), k3.linear(x, w)))
+  valid_linear(x, w)
+end
 
 -- ---- creation ------------------------------------------------------------------------------
 case("empty(nil)", function() return function() k3.empty(nil) end end,
@@ -131,11 +208,13 @@ absurd_view_case("contiguous of an absurd broadcast view", function(t) return t:
 absurd_view_case("negating an absurd broadcast view", function(t) return -t end,
   "unm: out of host memory allocating 4611686018427387904 bytes")
 case("load_safetensors of a missing file", function()
-  return function() k3.load_safetensors("/nonexistent/k3-spec.safetensors") end
+  return function() k3.load_safetensors("/nonexistent/k3-spec.safetensors") end, {},
+    function() valid_safetensors(mat(2, 3, {seed = 5})) end
 end, "load_safetensors: /nonexistent/k3-spec.safetensors: cannot open: No such file or directory")
 case("save_safetensors into a missing directory", function()
   local t = mat(2, 3)
-  return function() k3.save_safetensors("/nonexistent/k3-spec.safetensors", {w = t}) end, {t}
+  return function() k3.save_safetensors("/nonexistent/k3-spec.safetensors", {w = t}) end, {t},
+    function() valid_safetensors(t) end
 end, "save_safetensors: /nonexistent/k3-spec.safetensors: cannot open for writing: No such file or directory")
 
 -- ---- views -------------------------------------------------------------------------------------
@@ -144,6 +223,11 @@ local function view_case(name, call, text)
     local t = mat(2, 3)
     return function() call(t) end, {t}
   end, text)
+end
+-- (a method's argument numbers count from the first argument after self, as in Lua's own)
+local function exact_view_case(name, call, text)
+  view_case(name, call, text)
+  cases[#cases].exact = true
 end
 view_case("narrow dim 0", function(t) t:narrow(0, 1, 1) end, "bad argument #1 to 'narrow' (dim must be in 1..2; got 0)")
 view_case("narrow dim 3", function(t) t:narrow(3, 1, 1) end, "bad argument #1 to 'narrow' (dim must be in 1..2; got 3)")
@@ -156,26 +240,26 @@ view_case("narrow maxinteger start", function(t) t:narrow(2, math.maxinteger, 1)
   "narrow: start 9223372036854775807 and length 1 out of range for dim 2 of size 3")
 view_case("narrow maxinteger length", function(t) t:narrow(2, 2, math.maxinteger) end,
   "narrow: start 2 and length 9223372036854775807 out of range for dim 2 of size 3")
-view_case("narrow NaN start", function(t) t:narrow(2, 0 / 0, 1) end, "number has no integer representation")
-view_case("narrow infinite length", function(t) t:narrow(2, 1, math.huge) end, "number has no integer representation")
-view_case("narrow non-integer dim", function(t) t:narrow(1.5, 1, 1) end, "number has no integer representation")
+exact_view_case("narrow NaN start", function(t) t:narrow(2, 0 / 0, 1) end,
+  "bad argument #2 to 'narrow' (number has no integer representation)")
+exact_view_case("narrow infinite length", function(t) t:narrow(2, 1, math.huge) end,
+  "bad argument #3 to 'narrow' (number has no integer representation)")
+exact_view_case("narrow non-integer dim", function(t) t:narrow(1.5, 1, 1) end,
+  "bad argument #1 to 'narrow' (number has no integer representation)")
 view_case("narrow string dim", function(t) t:narrow("a", 1, 1) end, "bad argument #1 to 'narrow' (number expected, got string)")
 view_case("select index 0", function(t) t:select(1, 0) end, "select: index 0 out of range for dim 1 of size 2")
 view_case("select index past the end", function(t) t:select(1, 3) end, "select: index 3 out of range for dim 1 of size 2")
 view_case("select mininteger", function(t) t:select(2, math.mininteger) end,
   "select: index -9223372036854775808 out of range for dim 2 of size 3")
-view_case("select -infinity", function(t) t:select(1, -math.huge) end, "number has no integer representation")
+exact_view_case("select -infinity", function(t) t:select(1, -math.huge) end,
+  "bad argument #2 to 'select' (number has no integer representation)")
 view_case("select dim 5", function(t) t:select(5, 1) end, "bad argument #1 to 'select' (dim must be in 1..2; got 5)")
 view_case("transpose dim 3", function(t) t:transpose(1, 3) end, "bad argument #2 to 'transpose' (dim must be in 1..2; got 3)")
-view_case("transpose NaN dim", function(t) t:transpose(0 / 0, 1) end, "number has no integer representation")
+exact_view_case("transpose NaN dim", function(t) t:transpose(0 / 0, 1) end,
+  "bad argument #1 to 'transpose' (number has no integer representation)")
 view_case("view with the wrong element count", function(t) t:view({5}) end, "view: shape [5] has 5 elements; tensor has 6")
 view_case("view with two -1", function(t) t:view({-1, -1}) end, "view: only one size may be -1 (dims 1 and 2)")
 view_case("view with -2", function(t) t:view({-2, 3}) end, "view: size of dim 1 must be >= 0 or -1; got -2")
--- (a method's argument numbers count from the first argument after self, as in Lua's own)
-local function exact_view_case(name, call, text)
-  view_case(name, call, text)
-  cases[#cases].exact = true
-end
 exact_view_case("view non-integer", function(t) t:view({1.5}) end,
   "bad argument #1 to 'view' (shape[1] must be an integer; got a non-integer number)")
 exact_view_case("view with no dims", function(t) t:view({}) end,
@@ -226,15 +310,18 @@ end, "view: tensor is not contiguous (shape [2, 3], strides [5, 1]); call contig
 view_case("get out of range", function(t) t:get(3, 1) end, "get: index 3 out of range for dim 1 of size 2")
 view_case("get too few indices", function(t) t:get(1) end, "get: expected 2 indices for a 2-dim tensor; got 1")
 view_case("get too many indices", function(t) t:get(1, 1, 1) end, "get: expected 2 indices for a 2-dim tensor; got 3")
-view_case("get NaN index", function(t) t:get(0 / 0, 1) end, "number has no integer representation")
-view_case("get infinite index", function(t) t:get(1, math.huge) end, "number has no integer representation")
+exact_view_case("get NaN index", function(t) t:get(0 / 0, 1) end,
+  "bad argument #1 to 'get' (number has no integer representation)")
+exact_view_case("get infinite index", function(t) t:get(1, math.huge) end,
+  "bad argument #2 to 'get' (number has no integer representation)")
 view_case("get mininteger index", function(t) t:get(math.mininteger, 1) end,
   "get: index -9223372036854775808 out of range for dim 1 of size 2")
 view_case("get maxinteger index", function(t) t:get(1, math.maxinteger) end,
   "get: index 9223372036854775807 out of range for dim 2 of size 3")
 view_case("set a string value", function(t) t:set(1, 1, "x") end, "bad argument #3 to 'set' (number expected, got string)")
 view_case("set too few indices", function(t) t:set(1, 0) end, "set: expected 2 indices for a 2-dim tensor; got 1")
-view_case("set non-integer index", function(t) t:set(1.5, 1, 0) end, "number has no integer representation")
+exact_view_case("set non-integer index", function(t) t:set(1.5, 1, 0) end,
+  "bad argument #1 to 'set' (number has no integer representation)")
 view_case("fill a string", function(t) t:fill("x") end, "bad argument #1 to 'fill' (number expected, got string)")
 view_case("fill nil", function(t) t:fill(nil) end, "bad argument #1 to 'fill' (number expected, got nil)")
 view_case("copy a different shape", function(t) t:copy(k3.zeros({3, 2})) end,
@@ -265,7 +352,8 @@ view_case("allclose with string opts", function(t) return k3.allclose(t, t, "x")
 view_case("cosine of different shapes", function(t) return k3.cosine(t, k3.zeros({3})) end,
   "cosine: b shape [3] must match a shape [2, 3]")
 view_case("size of dim 3", function(t) return t:size(3) end, "bad argument #1 to 'size' (dim must be in 1..2; got 3)")
-view_case("stride of NaN dim", function(t) return t:stride(0 / 0) end, "number has no integer representation")
+exact_view_case("stride of NaN dim", function(t) return t:stride(0 / 0) end,
+  "bad argument #1 to 'stride' (number has no integer representation)")
 exact_view_case("stride of dim 3", function(t) return t:stride(3) end,
   "bad argument #1 to 'stride' (dim must be in 1..2; got 3)")
 exact_view_case("stride of dim 0", function(t) return t:stride(0) end,
@@ -313,7 +401,7 @@ local function linear_case(name, make, text)
     local fn = make(x, w, extra)
     local ts = {x, w}
     for _, e in ipairs(extra) do ts[#ts + 1] = e end
-    return fn, ts
+    return fn, ts, function() valid_linear(x, w) end
   end, text)
 end
 linear_case("linear x nil", function(_, w) return function() k3.linear(nil, w) end end,
@@ -373,9 +461,12 @@ linear_case("linear unknown kernel", function(x, w) return function() k3.linear(
 linear_case("linear kernel of another op", function(x, w)
   return function() k3.linear(x, w, {kernel = "cpu.attn_res.reference"}) end
 end, "linear: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
+-- Where CUDA runs, the kernel refuses the CPU tensors; elsewhere it is not registered.
 linear_case("linear CUDA kernel on CPU tensors", function(x, w)
   return function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end
-end, "linear: kernel ")
+end, H.cuda() and "linear: kernel cuda.linear.cublas runs on cuda tensors; got tensors on cpu"
+  or "linear: kernel 'cuda.linear.cublas' is " .. H.cuda_absent_reason())
+cases[#cases].exact = true
 linear_case("linear kernel a number", function(x, w) return function() k3.linear(x, w, {kernel = 5}) end end,
   "bad argument #3 to 'linear' (field 'kernel' must be a string; got number)")
 linear_case("linear opts a number", function(x, w) return function() k3.linear(x, w, 5) end end,
@@ -393,15 +484,18 @@ end
 local function ar_case(name, edit, text)
   case(name, function()
     local a = ar_args()
+    local orig = {}
+    for key, v in pairs(a) do orig[key] = v end
     local edited = edit(a) or a
     local ts = {}
     for _, key in ipairs({"prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "out"}) do
       if k3.is_tensor(a[key]) then ts[#ts + 1] = a[key] end
     end
-    return function() k3.attn_res(edited) end, ts
+    -- the follow-up: the case's own tensors before the edit (valid arguments)
+    return function() k3.attn_res(edited) end, ts, function() valid_attn_res(orig) end
   end, text)
 end
-case("attn_res(nil)", function() return function() k3.attn_res(nil) end end,
+case("attn_res(nil)", function() return function() k3.attn_res(nil) end, {}, function() valid_attn_res(ar_args()) end end,
   "bad argument #1 to 'attn_res' (table expected, got nil)")
 ar_case("attn_res missing prefix", function(a) a.prefix = nil end,
   "bad argument #1 to 'attn_res' (field 'prefix' must be a k3.Tensor; got nil)")
@@ -476,10 +570,40 @@ ar_case("attn_res prefix inside blocks with write_block", function(a)
 end, "attn_res: blocks (write_block) overlaps prefix")
 ar_case("attn_res out wrong shape", function(a) a.out = k3.zeros({4, 2}) end,
   "attn_res: out must be [2, 4]; got [4, 2]")
-ar_case("attn_res padded rows forced onto the packed kernel", function(a)
-  a.prefix = H.padded(2, 4, 3)
-  a.kernel = "cuda.attn_res.packed"
-end, "attn_res: kernel ")
+-- Padded prefix rows forced onto cuda.attn_res.packed. Where CUDA runs, the arguments are ones
+-- the packed kernel takes but for the rows' stride (bf16 on the device, H = 8, with delta and
+-- output_norm_weight), so its layout refusal shows; elsewhere the kernel is not registered.
+exact("attn_res padded rows forced onto the packed kernel", function()
+  local on_gpu = H.cuda()
+  local o = on_gpu and {dtype = "bf16", device = "cuda"} or {}
+  local Hd = on_gpu and 8 or 4
+  local function r(shape, seed) o.seed = seed; return k3.randn(shape, o) end
+  local a = {prefix = r({2, Hd}, 31), delta = r({2, Hd}, 32), blocks = r({2, 3, Hd}, 33), num_blocks = 2,
+             norm_weight = r({Hd}, 34), qk_weight = r({Hd}, 35), output_norm_weight = r({Hd}, 36)}
+  o.seed = 37
+  local padded = H.padded(2, Hd, 3, o)
+  local forced = {}
+  for key, v in pairs(a) do forced[key] = v end
+  forced.prefix, forced.kernel = padded, "cuda.attn_res.packed"
+  local ts = {padded, a.prefix, a.delta, a.blocks, a.norm_weight, a.qk_weight, a.output_norm_weight}
+  -- the follow-up: the same call with densely packed rows (dispatch's choice; the packed kernel
+  -- where CUDA runs), checked against the reference on f64 copies
+  return function() k3.attn_res(forced) end, ts, function()
+    local dense = {}
+    for key, v in pairs(forced) do dense[key] = v end
+    dense.prefix, dense.kernel = padded:contiguous(), nil
+    local ref = {}
+    for key, v in pairs(dense) do ref[key] = k3.is_tensor(v) and v:to("cpu"):to("f64") or v end
+    ref.kernel = "cpu.attn_res.reference"
+    local y = k3.attn_res(dense)
+    assert.same({2, Hd}, y:size())
+    assert(k3.max_abs_diff(y:to("cpu"):to("f64"), k3.attn_res(ref)) < (on_gpu and 0.1 or 1e-5))
+    -- delta was added into the dense prefix, as the reference did into its copy
+    assert(k3.max_abs_diff(dense.prefix:to("cpu"):to("f64"), ref.prefix) < (on_gpu and 0.05 or 1e-6))
+  end
+end, H.cuda()
+  and "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 11, 8, 8 for hidden_size 8"
+  or "attn_res: kernel 'cuda.attn_res.packed' is " .. H.cuda_absent_reason())
 ar_case("attn_res kernel of another op", function(a) a.kernel = "cpu.linear.blas" end,
   "attn_res: kernel 'cpu.linear.blas' is for op linear, not attn_res")
 ar_case("attn_res empty prefix with non-empty blocks", function(a) a.prefix = k3.zeros({0, 4}) end,
@@ -489,7 +613,8 @@ ar_case("attn_res empty prefix with non-empty blocks", function(a) a.prefix = k3
 local function norm_case(name, make, text)
   case(name, function()
     local x, w = mat(2, 3), k3.ones({3})
-    return make(x, w), {x, w}
+    local valid = name:match("^rms_norm") and function() valid_rms_norm(x, w) end or valid_silu_mul
+    return make(x, w), {x, w}, valid
   end, text)
 end
 norm_case("rms_norm w wrong size", function(x) return function() k3.rms_norm(x, k3.ones({2}), 1e-5) end end,
@@ -539,7 +664,7 @@ policy_case("set_policy good op then a bad one", {linear = {"cpu.linear.referenc
 
 -- ---- low-latency plans -----------------------------------------------------------------------------------
 local function plan_case(name, plan, text)
-  case(name, function() return function() k3.method.low_latency(plan) end, {} end, text)
+  case(name, function() return function() k3.method.low_latency(plan) end, {}, function() valid_method() end end, text)
 end
 plan_case("plan a string", "x", "bad argument #1 to 'low_latency' (table expected, got string)")
 plan_case("plan M = 0", {[0] = {kernel = "skinny"}}, "method.low_latency: plan M must be in 1..16; got 0")
@@ -561,14 +686,23 @@ plan_case("plan string key", {x = {kernel = "skinny"}},
 plan_case("plan non-integer key", {[1.5] = {kernel = "skinny"}},
   "bad argument #1 to 'low_latency' (plan keys must be integer token counts M; got number)")
 plan_case("plan huge key", {[math.maxinteger] = {kernel = "skinny"}},
-  "method.low_latency: plan M must be in 1..16; got 1000000")
+  "method.low_latency: plan M must be in 1..16; got 9223372036854775807")
+plan_case("plan mininteger key", {[math.mininteger] = {kernel = "skinny"}},
+  "method.low_latency: plan M must be in 1..16; got -9223372036854775808")
+plan_case("plan key -5", {[-5] = {kernel = "skinny"}}, "method.low_latency: plan M must be in 1..16; got -5")
+plan_case("plan huge key with a string entry", {[2 ^ 40] = "skinny"},
+  "method.low_latency: plan M must be in 1..16; got 1099511627776")
+plan_case("plan key 2^31 + 3 (past int)", {[2 ^ 31 + 3] = {kernel = 1}},
+  "method.low_latency: plan M must be in 1..16; got 2147483651")
 case("method apply with nil x", function()
   local w = mat(4, 3)
-  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(nil, w) end, {w}
+  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(nil, w) end, {w},
+    function() valid_method(mat(1, 3, {seed = 23}), w) end
 end, "bad argument #1 to 'apply' (k3.Tensor expected, got nil)")
 case("method apply K mismatch falls to the default's error", function()
   local x, w = mat(1, 3), mat(4, 5)
-  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w) end, {x, w}
+  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w) end, {x, w},
+    function() valid_method(x, mat(4, 3, {seed = 24})) end
 end, "linear: x dim 2 (3) must match w dim 2 (5)")
 
 -- ---- the runner ------------------------------------------------------------------------------------------
@@ -592,8 +726,8 @@ describe("bad input", function()
   for i, c in ipairs(cases) do
     it(string.format("%03d %s", i, c.name), function()
       local policy_before = deep_copy(k3.policy)
-      local fn, ts = c.build()
-      ts = ts or {}
+      local fn, ts, valid = c.build()
+      ts, valid = ts or {}, valid or c.valid
       local before = {}
       for j, t in ipairs(ts) do before[j] = snapshot(t) end
       if c.exact then H.raises_exact(fn, c.text) else H.raises(fn, c.text) end
@@ -609,13 +743,18 @@ describe("bad input", function()
       end
       -- nothing about the policy changed
       assert.same(policy_before, k3.policy)
-      -- a following valid call succeeds (through the involved tensors when there are any)
-      local x = k3.tensor({{1, 2, 3}})
-      local y = k3.linear(x, k3.tensor({{1, 0, 1}, {0, 1, 0}}))
-      assert.same({{4, 2}}, y:totable())
+      -- a following valid call succeeds: the case's own, else a small linear; and a linear
+      -- through each involved 2-D tensor
+      if valid then
+        valid()
+      else
+        local x = k3.tensor({{1, 2, 3}})
+        local y = k3.linear(x, k3.tensor({{1, 0, 1}, {0, 1, 0}}))
+        assert.same({{4, 2}}, y:totable())
+      end
       for _, t in ipairs(ts) do
         if t:numel() > 0 and t:dim() == 2 then
-          local s = k3.linear(t, k3.ones({1, t:size(2)}, {dtype = t:dtype()}))
+          local s = k3.linear(t, k3.ones({1, t:size(2)}, {dtype = t:dtype(), device = t:device()}))
           assert.equal(t:size(1), s:size(1))
         end
       end

@@ -1,7 +1,8 @@
 -- Properties over random tiny shapes and stride layouts (seeded; K3_PROPERTY_SEED overrides
--- the base seed, and a failure names the seed of its layout): for linear and attn_res, every
--- registered kernel forced onto the call either runs and matches the fp64 reference
--- (cpu.linear.reference / cpu.attn_res.reference on f64 copies) or refuses with an error;
+-- the base seed, and a failure names the seed of its layout): for linear, attn_res, rms_norm and
+-- silu_mul, every registered kernel forced onto the call either runs and matches the fp64
+-- reference (cpu.linear.reference / cpu.attn_res.reference on f64 copies; plain-Lua fp64
+-- formulas for rms_norm and silu_mul) or refuses with an error;
 -- dispatch's own choice (k3.explain) is the kernel that runs (k3.trace), and its result
 -- matches the reference too. Outputs are poisoned with NaN first, so unwritten elements show.
 local k3 = require "k3"
@@ -188,6 +189,136 @@ describe("properties: attn_res", function()
       local tr = k3.trace(function() out = k3.attn_res(a) end)
       assert.equal(e.chosen, tr[#tr].kernel)
       check(a, out, "dispatch (" .. e.chosen .. ")")
+    end
+    assert.is_true(ran >= LAYOUTS)
+  end)
+end)
+
+-- Rows for rms_norm / silu_mul: unit last stride, and rows contiguous, padded, offset into a
+-- larger tensor, or one row broadcast (row stride 0).
+local function rows_in(r, c, dt)
+  local kinds = {"contiguous", "padded", "offset", "broadcast"}
+  local kind = kinds[math.random(#kinds)]
+  local opts = {dtype = dt, seed = math.random(1, 1 << 30)}
+  if kind == "padded" then return k3.randn({r, c + math.random(1, 3)}, opts):narrow(2, 1, c), kind end
+  if kind == "offset" then return k3.randn({r + 1, c + 2}, opts):narrow(1, 2, r):narrow(2, 2, c), kind end
+  if kind == "broadcast" then return k3.randn({1, c}, opts):expand({r, c}), kind end
+  return k3.randn({r, c}, opts), kind
+end
+
+-- A NaN-poisoned [r, c] out of dtype dt: contiguous or with padded rows.
+local function poisoned_out(r, c, dt)
+  if math.random() < 0.5 then return H.poisoned({r, c}, {dtype = dt}) end
+  local o = k3.empty({r, c + math.random(1, 3)}, {dtype = dt}):narrow(2, 1, c)
+  o:fill(0 / 0)
+  return o
+end
+
+local function rms_oracle(x, w, eps)
+  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    local ss = 0
+    for _, v in ipairs(row) do ss = ss + v * v end
+    local r = 1 / math.sqrt(ss / #row + eps)
+    out[i] = {}
+    for d, v in ipairs(row) do out[i][d] = v * r * ws[d] end
+  end
+  return out
+end
+
+local function silu_oracle(x, I)
+  local xs = x:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    out[i] = {}
+    for j = 1, I do
+      local g = row[j]
+      out[i][j] = g / (1 + math.exp(-g)) * row[I + j]
+    end
+  end
+  return out
+end
+
+-- The oracle's rows as an f64 tensor of shape [r, c] (k3.tensor cannot build a [r, 0] one).
+local function as_f64(rows, r, c)
+  if r == 0 or c == 0 then return k3.zeros({r, c}, {dtype = "f64"}) end
+  return k3.tensor(rows, {dtype = "f64"})
+end
+
+-- Runs every forced kernel and dispatch's choice for op on one layout: call(kernel, out) makes
+-- the call (kernel nil: dispatch), explain() asks dispatch; each result must match want.
+local function check_all(op, seed, what, dt, r, c, want, scale, call, explain)
+  local ran = 0
+  local function check(y, who)
+    local ok, d = close(y, want, dt, scale)
+    assert(ok, string.format("seed %d: %s on %s %s differs from the fp64 oracle by %g", seed, who, dt, what, d))
+    assert(not H.has_nan(y), string.format("seed %d: %s left NaN in out", seed, who))
+  end
+  for _, name in ipairs(kernels_for(op)) do
+    local out = poisoned_out(r, c, dt)
+    local ok, err = pcall(call, name, out)
+    if ok then
+      ran = ran + 1
+      check(out, name)
+    else
+      assert(type(err) == "string" and err:find(op, 1, true),
+        string.format("seed %d: %s failed without a %s message: %s", seed, name, op, tostring(err)))
+    end
+  end
+  local e = explain()
+  assert(e.chosen, string.format("seed %d: dispatch chose nothing", seed))
+  local y
+  local tr = k3.trace(function() y = call(nil, nil) end)
+  assert.equal(e.chosen, tr[#tr].kernel)
+  check(y, "dispatch (" .. e.chosen .. ")")
+  -- dispatch into a poisoned out as well
+  local out = poisoned_out(r, c, dt)
+  call(nil, out)
+  check(out, "dispatch into out")
+  return ran
+end
+
+describe("properties: rms_norm", function()
+  it(string.format("%d random layouts: forced kernels and dispatch match the fp64 oracle", LAYOUTS), function()
+    local ran = 0
+    local EPS = {1e-5, 1e-6, 0.1, 1}
+    for i = 1, LAYOUTS do
+      local seed = BASE + 200000 + i
+      math.randomseed(seed)
+      local dt = DTYPES[math.random(#DTYPES)]
+      local M, Hd = math.random(0, 4), math.random(1, 9)
+      local x, kind = rows_in(M, Hd, dt)
+      -- the weight in x's dtype, or another (f32 weights with bf16 x, say)
+      local wdt = math.random() < 0.6 and dt or DTYPES[math.random(#DTYPES)]
+      local w = k3.randn({Hd}, {dtype = wdt, seed = seed}) * 0.5 + 1
+      local eps = EPS[math.random(#EPS)]
+      local want = as_f64(rms_oracle(x, w, eps), M, Hd)
+      -- bf16 / f16 weights round w itself; the oracle read the rounded values, so one rounding
+      -- of the output (|y| up to ~sqrt(H) * |w|) and f32 accumulation remain
+      ran = ran + check_all("rms_norm", seed,
+        string.format("%s x [%d,%d] (w %s, eps %g)", kind, M, Hd, wdt, eps), dt, M, Hd, want, 8,
+        function(kernel, out) return k3.rms_norm(x, w, eps, {out = out, kernel = kernel}) end,
+        function() return k3.explain("rms_norm", x, w, eps) end)
+    end
+    assert.is_true(ran >= LAYOUTS)
+  end)
+end)
+
+describe("properties: silu_mul", function()
+  it(string.format("%d random layouts: forced kernels and dispatch match the fp64 oracle", LAYOUTS), function()
+    local ran = 0
+    for i = 1, LAYOUTS do
+      local seed = BASE + 300000 + i
+      math.randomseed(seed)
+      local dt = DTYPES[math.random(#DTYPES)]
+      local M, I = math.random(0, 4), math.random(0, 6)
+      local x, kind = rows_in(M, 2 * I, dt)
+      local want = as_f64(silu_oracle(x, I), M, I)
+      ran = ran + check_all("silu_mul", seed, string.format("%s x [%d,%d]", kind, M, 2 * I), dt, M, I,
+        want, 8,
+        function(kernel, out) return k3.silu_mul(x, {out = out, kernel = kernel}) end,
+        function() return k3.explain("silu_mul", x) end)
     end
     assert.is_true(ran >= LAYOUTS)
   end)

@@ -616,3 +616,81 @@ describe("new-user regressions", function()
     assert.equal(want, out)
   end)
 end)
+
+-- Findings of the libFuzzer targets (spec/fuzz/), reproduced through the Lua API.
+describe("fuzzer findings", function()
+  -- 8bcf977: k3_tensor_extent multiplied (size - 1) * stride for the dims before a zero size, so an
+  -- empty view with huge strides there overflowed int64 (undefined behaviour; UBSan under
+  -- `make test-asan`). An empty view reaches no element: its extent is 0.
+  it("an empty view with huge strides before its zero dim (8bcf977: k3_tensor_extent)", function()
+    local base = k3.zeros({4})
+    for _, l in ipairs({{{3, 0}, {2 ^ 62, 1}}, {{3, 0, 5}, {2 ^ 62, 1, 2 ^ 61}}, {{2, 2, 0}, {2 ^ 62, 2 ^ 62, 1}}}) do
+      local v = base:as_strided(l[1], l[2], 1)
+      assert.same(l[1], v:size())
+      assert.same(l[2], v:stride())
+      assert.equal(0, v:numel())
+      assert.same(l[1], v:clone():size())
+      assert.equal("f64", v:to("f64"):dtype())
+      assert.same(l[1], (v + v):size())
+      assert.same(l[1], (-v):size())
+      v:copy(k3.zeros(l[1]))
+      v:fill(1)
+      assert.equal(0, k3.max_abs_diff(v, v))
+    end
+    -- an op's overlap check measures the extents of an out and an input of one storage
+    local out = base:as_strided({3, 0}, {2 ^ 62, 1}, 0)
+    local y = k3.linear(base:as_strided({3, 1}, {1, 1}, 0), k3.zeros({0, 1}), {out = out})
+    assert.same({3, 0}, y:size())
+    local v = base:as_strided({3, 0}, {2 ^ 62, 1}, 0)
+    v:copy(base:as_strided({3, 0}, {1, 2 ^ 62}, 0))
+    -- nothing was written: base is as it was
+    assert.same({0, 0, 0, 0}, base:totable())
+    -- and the 1-based index messages of the same change at the INT64 extremes (wrapping)
+    local t = k3.zeros({2, 3})
+    H.raises_exact(function() t:select(1, math.mininteger) end,
+      "select: index -9223372036854775808 out of range for dim 1 of size 2")
+    H.raises_exact(function() t:narrow(2, math.maxinteger, 1) end,
+      "narrow: start 9223372036854775807 and length 1 out of range for dim 2 of size 3")
+  end)
+
+  -- An expand of an empty tensor can make an empty view whose row-major strides would overflow
+  -- ([0, 2^62, 4]: 2^62 * 4); k3.empty refuses that shape, so a new tensor of it must be refused
+  -- too (K3_EOVERFLOW), not allocated with wrapped strides. (The dim in these messages is
+  -- counted from 0, the C API's way; k3.empty's, from Lua, from 1.)
+  local function overflowing_empty_view()
+    local e = k3.zeros({1}):expand({0, 2 ^ 62, 4})
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    assert.equal(0, e:numel())
+    return e
+  end
+  local function refused(fn, name)
+    local err = H.raises(fn, name .. ": stride computation overflows at dim ")
+    assert.truthy(err:find("(size 4)", 1, true), err)
+  end
+
+  it("to / clone of an empty view whose row-major strides overflow is refused (5e8f823)", function()
+    H.raises_exact(function() k3.empty({0, 2 ^ 62, 4}) end, "empty: stride computation overflows at dim 3 (size 4)")
+    local e = overflowing_empty_view()
+    refused(function() return e:to("f64") end, "to")
+    refused(function() return e:to({dtype = "f16"}) end, "to")
+    refused(function() return e:clone() end, "clone")
+    -- the view itself is unharmed and usable
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    assert.same({0, 0, 0}, e:stride())
+    assert.same({0, 2, 4}, e:narrow(2, 1, 2):clone():size())
+    assert.equal(0, k3.max_abs_diff(e, e))
+  end)
+
+  it("binary ops on an empty view whose row-major strides overflow are refused (f2f014c)", function()
+    local e = overflowing_empty_view()
+    refused(function() return e + e end, "add")
+    refused(function() return e - e end, "sub")
+    refused(function() return e * e end, "mul")
+    refused(function() return e * 2 end, "mul")
+    refused(function() return 2 - e end, "sub")
+    refused(function() return -e end, "unm")
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    local small = e:narrow(2, 1, 3)
+    assert.same({0, 3, 4}, (small + small):size())
+  end)
+end)
