@@ -195,16 +195,19 @@ $(BUILD)/%.pc: %.pc.in
 	    -e 's|@LUADIR@|$(LUADIR)|g' -e 's|@LUACDIR@|$(LUACDIR)|g' \
 	    -e 's|@VERSION@|$(shell sed -n 's/^#define K3_VERSION_STRING "\(.*\)"/\1/p' lib/k3.h)|g' $< > $@
 
-# The .pc files are remade every install: PREFIX may differ from the last one.
+# The .pc files are remade every install: PREFIX may differ from the last one. INSTALL_PC=0
+# installs none (the rockspec sets it: see there why).
+INSTALL_PC ?= 1
 install: all $(INSTALL_LUAMOD)
 	@rm -f $(BUILD)/k3.pc $(BUILD)/k3-lua.pc && $(MAKE) --no-print-directory $(BUILD)/k3.pc $(BUILD)/k3-lua.pc
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(LUACDIR)/k3 $(DESTDIR)$(PCDIR)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(LUACDIR)/k3
 	install -m 755 $(LIBK3) $(DESTDIR)$(LIBDIR)/libk3.so
 	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LIBDIR)/libk3lua.so
 	install -m 755 $(INSTALL_LUAMOD) $(DESTDIR)$(LUACDIR)/k3/core.so
 	if [ -f $(LIBCUDA) ]; then install -m 755 $(LIBCUDA) $(DESTDIR)$(LIBDIR)/libk3_cuda.so; fi
 	install -m 644 lib/k3.h $(DESTDIR)$(INCDIR)/k3.h
-	install -m 644 $(BUILD)/k3.pc $(BUILD)/k3-lua.pc $(DESTDIR)$(PCDIR)/
+	if [ "$(INSTALL_PC)" != 0 ]; then install -d $(DESTDIR)$(PCDIR) && \
+	    install -m 644 $(BUILD)/k3.pc $(BUILD)/k3-lua.pc $(DESTDIR)$(PCDIR)/; fi
 	for f in $(K3_LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/}; done
 
 uninstall:
