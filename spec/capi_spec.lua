@@ -3,7 +3,7 @@
 -- through k3_attn_res, compared bit for bit with the same read made from Lua; the C API's
 -- edges (spec/capi/checks.c: NULL arguments, 0-based messages, invalid values, op output
 -- names, writes through overlapping views, single rounding, messages in C names, the
--- per-thread last error), line by line; and the installed Lua module loading from the prefix alone.
+-- per-thread last error, the log hook), line by line; and the installed Lua module loading from the prefix alone.
 local H = require "spec.helpers"
 local k3 = require "k3"
 
@@ -196,6 +196,22 @@ local checks = {
     {"method_apply K mismatch record", "K3_OK",
      "op=linear chosen=[] n=1 cuda.linear.skinny: x is on cpu, not a CUDA device"},
   },
+  -- k3_set_log: checks.c sets K3_DISABLE_KERNELS=cpu.linear.nosuch and K3_BATCH_INVARIANT=maybe
+  -- before any k3 call, installs a hook, sets up the registry (one warning to the hook), sets
+  -- the hook back to NULL and reads the batch-invariant default (its warning, the one
+  -- spec/dispatch_spec.lua shows on stderr through the Lua module, reaches no hook). With NULL
+  -- the C library drops the message: the header's "k3 never prints" — nothing on stderr, which
+  -- the case redirects to a file. (Only the Lua module writes configuration warnings to stderr,
+  -- at load, when no hook is set.)
+  log_hook = {
+    {"log hook calls", "K3_OK", "1"},
+    {"log hook level", "K3_OK", "K3_LOG_WARN"},
+    {"log hook text", "K3_OK", "K3_DISABLE_KERNELS: unknown kernel 'cpu.linear.nosuch' ignored"},
+    {"log hook text lists known kernels", "K3_OK", "yes"},
+    {"log hook userdata", "K3_OK", "passed"},
+    {"log hook NULL calls", "K3_OK", "0"},
+    {"log hook stderr bytes", "K3_OK", "0"},
+  },
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
     {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
@@ -323,6 +339,9 @@ describe("install and the C API", function()
      function() expect("refusals") end)
   it("C API: messages use the C function's name and name the argument or the caller's path",
      function() expect("c_names") end)
+  it("C API: k3_set_log hands a configuration warning to the hook (level, text, userdata); " ..
+     "NULL drops the next one, writing nothing to stderr",
+     function() expect("log_hook") end)
   it("C API: k3_last_error() is per thread: two pthreads failing in turn each read their own",
      function() expect("threads") end)
 

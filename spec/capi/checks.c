@@ -2,7 +2,9 @@
  * checks.c — the C API's contract at its edges, from C with no Lua: NULL arguments, 0-based
  * messages, invalid devices and flags, writes through overlapping views, op output names,
  * single rounding, messages that use the C function's name and the per-thread last error
- * (two pthreads, each failing in turn, each reading back its own message). Each case prints
+ * (two pthreads, each failing in turn, each reading back its own message), and the log hook
+ * (k3_set_log: a configuration warning reaches the callback with its level, text and userdata;
+ * with the hook set back to NULL the next one goes nowhere, not even stderr). Each case prints
  * "name<TAB>STATUS<TAB>message" (message "" on K3_OK, or a value); spec/capi_spec.lua builds
  * this with pkg-config flags only and compares every line.
  * A crash (a NULL dereferenced) ends the run early, which the spec reports.
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <k3.h>
 
@@ -106,12 +109,82 @@ static void report_thread(const char *name, const thread_case *c) {
     fflush(stdout);
 }
 
+/* ---- the log hook ----
+ * capture() keeps what k3 hands the hook. The two triggers are the configuration warnings k3
+ * logs without Lua: an unknown name in K3_DISABLE_KERNELS (logged once, when the registry is
+ * set up: k3_kernel_count) and an unrecognised K3_BATCH_INVARIANT (logged once, at the first
+ * k3_batch_invariant). Both variables are set before any k3 call; neither changes the later
+ * cases (an unknown name disables nothing; the mode stays off). */
+typedef struct {
+    int calls;
+    k3_log_level level;
+    void *ud;
+    char text[1024];
+} log_capture;
+
+static void capture(void *ud, k3_log_level level, const char *message) {
+    log_capture *c = ud;
+    c->calls++;
+    c->level = level;
+    c->ud = ud;
+    snprintf(c->text, sizeof c->text, "%s", message);
+}
+
+static const char *level_name(k3_log_level l) {
+    switch (l) {
+    case K3_LOG_DEBUG: return "K3_LOG_DEBUG";
+    case K3_LOG_INFO: return "K3_LOG_INFO";
+    case K3_LOG_WARN: return "K3_LOG_WARN";
+    case K3_LOG_ERROR: return "K3_LOG_ERROR";
+    }
+    return "level ?";
+}
+
+static void log_hook_cases(void) {
+    static log_capture cap;
+    setenv("K3_DISABLE_KERNELS", "cpu.linear.nosuch", 1);
+    setenv("K3_BATCH_INVARIANT", "maybe", 1);
+    /* stderr goes to a temporary file while k3 logs, so the cases can say whether k3 wrote
+     * anything there itself. */
+    FILE *err = tmpfile();
+    int saved = dup(2);
+    if (!err || saved < 0 || dup2(fileno(err), 2) < 0) {
+        printf("log hook setup\tK3_EINTERNAL\tcannot redirect stderr\n");
+        return;
+    }
+    k3_set_log(capture, &cap);
+    (void)k3_kernel_count(); /* sets up the registry: logs the unknown name */
+    int calls_with_hook = cap.calls;
+    k3_set_log(NULL, NULL);
+    (void)k3_batch_invariant(); /* logs the unrecognised value: to no hook */
+    int calls_after_null = cap.calls - calls_with_hook;
+    fflush(stderr);
+    long err_bytes = fseek(err, 0, SEEK_END) == 0 ? ftell(err) : -1;
+    dup2(saved, 2);
+    close(saved);
+    fclose(err);
+    /* The known-kernel list after the name depends on the build (CUDA kernels or not): the
+     * text is shown up to it, and whether it lists cpu.linear.blas. */
+    char *known = strstr(cap.text, " (known kernels: ");
+    int lists_blas = known && strstr(known, "cpu.linear.blas") != NULL;
+    if (known) *known = '\0';
+    printf("log hook calls\tK3_OK\t%d\n", calls_with_hook);
+    printf("log hook level\tK3_OK\t%s\n", level_name(cap.level));
+    printf("log hook text\tK3_OK\t%s\n", cap.text);
+    printf("log hook text lists known kernels\tK3_OK\t%s\n", lists_blas ? "yes" : "no");
+    printf("log hook userdata\tK3_OK\t%s\n", cap.ud == &cap ? "passed" : "lost");
+    printf("log hook NULL calls\tK3_OK\t%d\n", calls_after_null);
+    printf("log hook stderr bytes\tK3_OK\t%ld\n", err_bytes);
+    fflush(stdout);
+}
+
 int main(void) {
     const k3_device cpu = {K3_DEVICE_CPU, 0};
     const k3_dtype f32 = K3_DTYPE_F32;
     int64_t s23[2] = {2, 3}, s4[1] = {4}, s14[2] = {1, 4}, idx[2] = {0, 0};
     k3_tensor *a = NULL, *v = NULL, *w = NULL, *x = NULL, *big = NULL;
     double d = 0;
+    log_hook_cases(); /* first: before any k3 call reads the environment */
     if (k3_tensor_full(&a, 2, s23, f32, cpu, 1) != K3_OK) return 1;
     if (k3_tensor_full(&w, 1, s4, f32, cpu, 1) != K3_OK) return 1;
 

@@ -1,9 +1,10 @@
--- For `valgrind --leak-check=full` (`make leak-check`; README: "Checking for leaks"): creates,
--- views, copies, prints and frees tensors; runs every op (linear, rms_norm, silu_mul,
--- attn_res), the linear methods (default and low-latency: apply and explain), k3.explain,
--- k3.trace and k3.set_policy; and each of those again failing inside pcall (bad shapes, bad
--- options, a bad plan or policy, an error inside a trace), so a binding that allocated
--- temporaries and then raised shows up as a leak. Ends with a full collection so every handle
+-- For `valgrind --leak-check=full` (`make leak-check`, run by scripts/leak-check; README:
+-- "Reliability"): creates, views, copies, prints and frees tensors; runs every op (linear,
+-- rms_norm, silu_mul, attn_res), the linear methods (default and low-latency: apply and
+-- explain), k3.explain, k3.trace and k3.set_policy; and each of those again failing inside
+-- pcall (bad shapes, bad options, a bad plan or policy, an error inside a trace), so a binding
+-- that allocated temporaries and then raised shows up as a leak (m:explain answers instead of
+-- raising: its refusal is checked as an answer). Ends with a full collection so every handle
 -- is gone.
 local k3 = require "k3"
 
@@ -109,10 +110,14 @@ for i = 1, 10 do
   fails(k3.explain, "attn_res", {prefix = ar.prefix})
   fails(k3.explain, "nope", x)
   fails(dm.apply, dm, x, w_bad)
-  fails(dm.explain, dm, x, w_bad)
+  -- m:explain answers where apply raises: no kernel, apply's message (the refusal path still
+  -- builds and drops the declines)
+  local e = dm:explain(x, w_bad)
+  assert(e.chosen == nil and e.error:find("must match", 1, true), "dm:explain of a K mismatch")
   fails(ll.apply, ll, x, w_bad)
   fails(ll2.apply, ll2, x, w_bad)
-  fails(ll2.explain, ll2, x, w_bad)
+  e = ll2:explain(x, w_bad)
+  assert(e.chosen == nil and e.error:find("must match", 1, true), "ll2:explain of a K mismatch")
   fails(ll.apply, ll, nil, w)
   fails(k3.method.low_latency, {[1] = {kernel = "skinny"}, [2] = {kernel = "nope"}})
   fails(k3.method.low_latency, {[1] = {kernel = "skinny"}, [17] = {kernel = "skinny"}})
