@@ -41,7 +41,7 @@ TARGETS  += $(LIBCUDA)
 endif
 endif
 
-.PHONY: all test deps demo clean install check-deps leak-check
+.PHONY: all test deps demo clean install leak-check
 all: $(TARGETS)
 
 # The core's objects depend on the flags they were built with: a changed OPT, SANITIZE or
