@@ -142,6 +142,10 @@ K3_API k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, 
                                            const int64_t *shape, const int64_t *stride,
                                            int64_t offset, int base);
 K3_API k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base);
+K3_API k3_status k3_tensor_to_base(k3_tensor **out, const k3_tensor *t, k3_device device,
+                                   k3_dtype dtype, int base);
+K3_API k3_status k3_tensor_binary_base(k3_tensor **out, k3_binop op, const k3_tensor *a,
+                                       const k3_tensor *b, double s, int scalar_first, int base);
 K3_API k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out,
                                     int base);
 K3_API k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base);

@@ -538,7 +538,7 @@ static int m_contiguous(lua_State *L) {
         return 1;
     }
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3_AS(L, "contiguous", k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    CHECK_K3_AS(L, "contiguous", k3_tensor_to_base(&u->t, t, k3_tensor_device(t), t->dtype, 1));
     return 1;
 }
 
@@ -546,7 +546,7 @@ static int m_contiguous(lua_State *L) {
 static int m_clone(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3_AS(L, "clone", k3_tensor_to(&u->t, t, k3_tensor_device(t), t->dtype));
+    CHECK_K3_AS(L, "clone", k3_tensor_to_base(&u->t, t, k3_tensor_device(t), t->dtype, 1));
     return 1;
 }
 
@@ -574,7 +574,7 @@ static int m_to(lua_State *L) {
         return luaL_typeerror(L, 2, "string or table");
     }
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_to(&u->t, t, dev, dt));
+    CHECK_K3(L, k3_tensor_to_base(&u->t, t, dev, dt, 1));
     return 1;
 }
 
@@ -658,7 +658,7 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
     if (ua && ub) {
         k3_tensor *a = check_tensor(L, 1), *b = check_tensor(L, 2);
         tensor_ud *u = push_tensor_slot(L);
-        CHECK_K3(L, k3_tensor_binary(&u->t, op, a, b));
+        CHECK_K3(L, k3_tensor_binary_base(&u->t, op, a, b, 0, 0, 1));
         return 1;
     }
     int ti = ua ? 1 : 2, si = ua ? 2 : 1;
@@ -668,7 +668,7 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
                           luaL_typename(L, si));
     double s = lua_tonumber(L, si);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
+    CHECK_K3(L, k3_tensor_binary_base(&u->t, op, a, NULL, s, ti == 2, 1));
     return 1;
 }
 static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
@@ -677,7 +677,7 @@ static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = check_tensor(L, 1);
     tensor_ud *u = push_tensor_slot(L);
-    CHECK_K3_AS(L, "unm", k3_tensor_binary_scalar(&u->t, K3_MUL, a, -1.0, 0));
+    CHECK_K3_AS(L, "unm", k3_tensor_binary_base(&u->t, K3_MUL, a, NULL, -1.0, 0, 1));
     return 1;
 }
 

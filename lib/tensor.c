@@ -424,11 +424,12 @@ k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
     return k3_tensor_copy_base(dst, src, 0);
 }
 
-k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
+k3_status k3_tensor_to_base(k3_tensor **out, const k3_tensor *t, k3_device device,
+                           k3_dtype dtype, int base) {
     if (!out) return null_arg("to", "out");
     K3_TRY(need_tensor("to", "t", t));
     k3_tensor *r;
-    K3_TRY(k3_tensor_new(&r, t->ndim, t->size, dtype, device, "to", 0));
+    K3_TRY(k3_tensor_new(&r, t->ndim, t->size, dtype, device, "to", base));
     k3_status s = k3_tensor_copy(r, t);
     if (s != K3_OK) {
         k3_tensor_free(r);
@@ -436,6 +437,10 @@ k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3
     }
     *out = r;
     return K3_OK;
+}
+
+k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
+    return k3_tensor_to_base(out, t, device, dtype, 0);
 }
 
 /* ---- fill and creation ------------------------------------------------------------------------ */
@@ -960,7 +965,7 @@ static void bin_row(void *c_, const int64_t *off, int64_t n) {
  * name ("add", ...) for everything about the values. */
 static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                              const k3_tensor *a, const k3_tensor *b, double s,
-                             int scalar_first) {
+                             int scalar_first, int base) {
     static const char *const names[] = {"add", "sub", "mul"};
     if (!out) return null_arg(fname, "out");
     if ((unsigned)op > K3_MUL)
@@ -981,7 +986,7 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
         }
     }
     k3_tensor *r;
-    K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name, 0));
+    K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name, base));
     k3_status st = K3_OK;
     if (k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
@@ -1008,12 +1013,20 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
 
 k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a, const k3_tensor *b) {
     if (out && a && !b) return null_arg("binary", "b");
-    return binary_impl("binary", out, op, a, b, 0, 0);
+    return binary_impl("binary", out, op, a, b, 0, 0, 0);
 }
 
 k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a, double s,
                                   int scalar_first) {
-    return binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first);
+    return binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first, 0);
+}
+
+/* Both forms for the binding: b NULL is the scalar form (s, scalar_first); dims in shape
+ * messages are numbered from base. */
+k3_status k3_tensor_binary_base(k3_tensor **out, k3_binop op, const k3_tensor *a,
+                                const k3_tensor *b, double s, int scalar_first, int base) {
+    return b ? binary_impl("binary", out, op, a, b, 0, 0, base)
+             : binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first, base);
 }
 
 /* ---- comparisons (f64, on the host) ------------------------------------------------------------------ */

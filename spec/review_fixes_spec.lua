@@ -655,8 +655,8 @@ describe("fuzzer findings", function()
 
   -- An expand of an empty tensor can make an empty view whose row-major strides would overflow
   -- ([0, 2^62, 4]: 2^62 * 4); k3.empty refuses that shape, so a new tensor of it must be refused
-  -- too (K3_EOVERFLOW), not allocated with wrapped strides. (The dim in these messages is
-  -- counted from 0, the C API's way; k3.empty's, from Lua, from 1.)
+  -- too (K3_EOVERFLOW), not allocated with wrapped strides. From Lua the dim is counted from
+  -- 1, as in k3.empty's message for the same shape.
   local function overflowing_empty_view()
     local e = k3.zeros({1}):expand({0, 2 ^ 62, 4})
     assert.same({0, 2 ^ 62, 4}, e:size())
@@ -664,8 +664,7 @@ describe("fuzzer findings", function()
     return e
   end
   local function refused(fn, name)
-    local err = H.raises(fn, name .. ": stride computation overflows at dim ")
-    assert.truthy(err:find("(size 4)", 1, true), err)
+    H.raises(fn, name .. ": stride computation overflows at dim 3 (size 4)")
   end
 
   it("to / clone of an empty view whose row-major strides overflow is refused (5e8f823)", function()
