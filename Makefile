@@ -131,7 +131,7 @@ FUZZ_OBJ     = $(patsubst lib/%.c,$(FUZZ_BUILD)/obj/%.o,$(CORE_SRC))
 
 .PHONY: asan test-asan fuzz fuzz-smoke
 asan:
-	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE="$(ASAN_FLAGS)" OPT=-O1 NVCC= all
+	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE="$(ASAN_FLAGS)" OPT=-O1 NVCC= all host
 
 test-asan: deps
 	@$(MAKE) --no-print-directory all asan

@@ -248,21 +248,25 @@ static int is_file(const char *path) {
 static int find_lua_paths(const char *root_opt, char *root_out, size_t rn, char *path,
                           char *cpath, size_t n) {
     char exe[PATH_MAX], buf[2 * PATH_MAX];
-    const char *roots[4];
+    const char *roots[5];
     int nroots = 0;
-    char r1[PATH_MAX + 16], r2[PATH_MAX + 16];
+    char r[4][PATH_MAX + 16], build[PATH_MAX + 16] = "";
     if (root_opt) roots[nroots++] = root_opt;
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
         exe[len] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) *slash = '\0';
-        snprintf(r1, sizeof r1, "%s/../../..", exe); /* <checkout>/build/examples/host */
-        snprintf(r2, sizeof r2, "%s/..", exe);       /* <prefix>/bin */
-        if (!root_opt) {
-            roots[nroots++] = r1;
-            roots[nroots++] = r2;
-        }
+        /* In a checkout the host is <build>/examples/host/k3-host, where <build> is build/ or a
+         * directory under it (build/asan): its Lua C module is <build>/lua, and the checkout
+         * is the first parent of <build> holding lua/k3/init.lua. */
+        snprintf(build, sizeof build, "%s/../..", exe);
+        snprintf(r[0], sizeof r[0], "%s/../../..", exe);
+        snprintf(r[1], sizeof r[1], "%s/../../../..", exe);
+        snprintf(r[2], sizeof r[2], "%s/../../../../..", exe);
+        snprintf(r[3], sizeof r[3], "%s/..", exe); /* <prefix>/bin */
+        if (!root_opt)
+            for (int i = 0; i < 4; i++) roots[nroots++] = r[i];
     }
     for (int i = 0; i < nroots; i++) {
         char canon[PATH_MAX];
@@ -270,8 +274,12 @@ static int find_lua_paths(const char *root_opt, char *root_out, size_t rn, char 
         roots[i] = canon;
         snprintf(buf, sizeof buf, "%s/lua/k3/init.lua", roots[i]);
         if (is_file(buf)) {
+            char bcanon[PATH_MAX];
+            snprintf(buf, sizeof buf, "%s/lua/k3/core.so", build);
+            const char *b = build[0] && is_file(buf) && realpath(build, bcanon) ? bcanon : NULL;
             snprintf(path, n, "%s/lua/?.lua;%s/lua/?/init.lua", roots[i], roots[i]);
-            snprintf(cpath, n, "%s/build/lua/?.so", roots[i]);
+            if (b) snprintf(cpath, n, "%s/lua/?.so", b);
+            else snprintf(cpath, n, "%s/build/lua/?.so", roots[i]);
             snprintf(root_out, rn, "%s", roots[i]);
             return 1;
         }
