@@ -115,4 +115,35 @@ function H.nested_equal(a, b)
   return true
 end
 
+--- H.rms_norm_f64(x, w, eps) -> rows: RMSNorm over the last dim in plain-Lua fp64 (nested
+--- lists, x [M, H], w [H]): x * 1/sqrt(mean(x^2) + eps) * w. The oracle of the norm specs.
+function H.rms_norm_f64(x, w, eps)
+  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    local ss = 0
+    for _, v in ipairs(row) do ss = ss + v * v end
+    local r = 1 / math.sqrt(ss / #row + eps)
+    out[i] = {}
+    for d, v in ipairs(row) do out[i][d] = v * r * ws[d] end
+  end
+  return out
+end
+
+--- H.silu_mul_f64(x, I) -> rows: silu(x[:, :I]) * x[:, I+1:2I] in plain-Lua fp64 (nested lists;
+--- I defaults to half of x's row).
+function H.silu_mul_f64(x, I)
+  local xs = x:to("f64"):totable()
+  local out = {}
+  for i, row in ipairs(xs) do
+    local n = I or #row // 2
+    out[i] = {}
+    for j = 1, n do
+      local g = row[j]
+      out[i][j] = g / (1 + math.exp(-g)) * row[n + j]
+    end
+  end
+  return out
+end
+
 return H

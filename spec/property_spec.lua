@@ -214,31 +214,7 @@ local function poisoned_out(r, c, dt)
   return o
 end
 
-local function rms_oracle(x, w, eps)
-  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
-  local out = {}
-  for i, row in ipairs(xs) do
-    local ss = 0
-    for _, v in ipairs(row) do ss = ss + v * v end
-    local r = 1 / math.sqrt(ss / #row + eps)
-    out[i] = {}
-    for d, v in ipairs(row) do out[i][d] = v * r * ws[d] end
-  end
-  return out
-end
-
-local function silu_oracle(x, I)
-  local xs = x:to("f64"):totable()
-  local out = {}
-  for i, row in ipairs(xs) do
-    out[i] = {}
-    for j = 1, I do
-      local g = row[j]
-      out[i][j] = g / (1 + math.exp(-g)) * row[I + j]
-    end
-  end
-  return out
-end
+local rms_oracle, silu_oracle = H.rms_norm_f64, H.silu_mul_f64
 
 -- The oracle's rows as an f64 tensor of shape [r, c] (k3.tensor cannot build a [r, 0] one).
 local function as_f64(rows, r, c)
