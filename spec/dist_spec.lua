@@ -21,9 +21,7 @@ end
 -- Runs `scripts/k3 <args>` with stderr merged; returns output, exit code, seconds taken.
 local function launch(args, env)
   local t0 = os.time()
-  local p = io.popen(string.format("%s '%s/scripts/k3' %s 2>&1", env or "", root, args))
-  local out = p:read("a")
-  local _, _, code = p:close()
+  local out, code = H.sh(string.format("%s '%s/scripts/k3' %s", env or "", root, args))
   return out, code, os.time() - t0
 end
 

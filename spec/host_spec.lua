@@ -18,12 +18,7 @@ local function have_host()
 end
 
 -- Runs the host with `args`; returns its output (stdout and stderr) and exit code.
-local function run(args)
-  local p = assert(io.popen(HOST .. " " .. args .. " 2>&1"))
-  local out = p:read("a")
-  local _, how, code = p:close()
-  return out, how == "exit" and code or 128 + code
-end
+local function run(args) return H.sh(HOST .. " " .. args) end
 
 local function field(out, name, prefix)
   local v = out:match("\n" .. (prefix or "") .. name:gsub("%p", "%%%0") .. ": (%d+)")

@@ -289,12 +289,7 @@ describe("progress output", function()
     return s
   end
 
-  local function sh(cmd)
-    local p = io.popen(cmd)
-    local out = p:read("a")
-    local _, how, code = p:close()
-    return out, how == "exit" and code or 128 + code
-  end
+  local sh = H.sh
 
   it("k3.isatty tells a terminal from a file and names its argument", function()
     local f = io.tmpfile()
@@ -405,7 +400,7 @@ describe("progress output", function()
     local err = os.tmpname()
     -- K3_PROGRESS is set for the script only (unset: chosen from the stream).
     local function demo(setting)
-      local _, code = sh(string.format("cd %q && %s scripts/k3 scripts/demo.lua --m 1,2 --steps 2 2>%s >/dev/null",
+      local _, code = sh(string.format("(cd %q && %s scripts/k3 scripts/demo.lua --m 1,2 --steps 2 2>%s >/dev/null)",
                                        root, setting and "env K3_PROGRESS=" .. setting or "env -u K3_PROGRESS", err))
       assert.equal(0, code)
       local f = io.open(err)
@@ -431,12 +426,7 @@ describe("bench JSON (lua-dkjson)", function()
   local dkjson = require "dkjson"
   local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
 
-  local function sh(cmd)
-    local p = io.popen(cmd)
-    local out = p:read("a")
-    local _, how, code = p:close()
-    return out, how == "exit" and code or 128 + code
-  end
+  local sh = H.sh
 
   local function read(path)
     local f = assert(io.open(path))
@@ -493,8 +483,8 @@ describe("bench JSON (lua-dkjson)", function()
     local texts, err = {}, os.tmpname()
     for i, dir in ipairs(dirs) do
       os.remove(dir)
-      local out, code = sh(string.format("cd %q && env -u K3_PROGRESS scripts/bench linear --dry-run --quick " ..
-                                         "--peers %s --out %s 2>%s", root, peers, dir, err))
+      local out, code = sh(string.format("(cd %q && env -u K3_PROGRESS scripts/bench linear --dry-run --quick " ..
+                                         "--peers %s --out %s 2>%s)", root, peers, dir, err))
       assert.equal(0, code, out)
       assert.truthy(out:find("peers note: from the bench spec", 1, true), out)
       texts[i] = read(dir .. "/linear.json")
