@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 typedef struct plan_slot {
     bool present;
     char kernel[64];
