@@ -20,14 +20,15 @@ SHELL     := /bin/bash
 OPT       ?= -O2
 CFLAGS_K3  = -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Werror -Wno-unused-parameter \
              -fvisibility=hidden -fno-semantic-interposition -D_GNU_SOURCE -ffp-contract=off \
-             $(SANITIZE) $(DEPS_INC)
+             -Ilib $(SANITIZE) $(DEPS_INC)
 LDFLAGS_K3 = $(SANITIZE) $(DEPS_LIB)
 
-CORE_SRC  = $(filter-out lib/k3_lua.c,$(wildcard lib/*.c))
+# The core: lib/*.c and the CPU kernels in lib/cpu/ (the binding, lib/k3_lua.c, is apart).
+CORE_SRC  = $(filter-out lib/k3_lua.c,$(wildcard lib/*.c)) $(wildcard lib/cpu/*.c)
 CORE_OBJ  = $(patsubst lib/%.c,$(BUILD)/obj/%.o,$(CORE_SRC))
 CU_SRC    = $(wildcard kernels/*.cu)
 CU_OBJ    = $(patsubst kernels/%.cu,$(BUILD)/cuobj/%.o,$(CU_SRC))
-HEADERS   = $(wildcard lib/*.h) $(wildcard kernels/*.h) $(wildcard kernels/*.cuh)
+HEADERS   = $(wildcard lib/*.h) $(wildcard lib/*.def) $(wildcard kernels/*.h) $(wildcard kernels/*.cuh)
 
 LIBK3     = $(BUILD)/libk3.so
 LIBK3LUA  = $(BUILD)/libk3lua.so

@@ -1,7 +1,7 @@
 /*
  * norm.cu — cuda.rms_norm.generic and cuda.silu_mul.generic: row-wise kernels for any row
  * strides with unit last stride, bf16/f16/f32/f64 (weights of any dtype), fp32 arithmetic
- * (fp64 for f64) in the expression order of lib/cpu_norm.c, rounded once.
+ * (fp64 for f64) in the expression order of lib/cpu/norm.c, rounded once.
  */
 #include "common.cuh"
 

@@ -340,7 +340,7 @@ const k3_kernel *k3_known_kernel_at(int i);
 /* "linear", "attn_res", "rms_norm", "silu_mul". */
 K3_API const char *k3_op_name(k3_op op);
 
-/* The CPU kernels (lib/cpu_linear.c, lib/cpu_attn_res.c, lib/cpu_norm.c). */
+/* The CPU kernels (lib/cpu/linear.c, lib/cpu/attn_res.c, lib/cpu/norm.c). */
 extern const k3_kernel k3_cpu_linear_blas, k3_cpu_linear_reference,
     k3_cpu_linear_batch_invariant, k3_cpu_attn_res_reference, k3_cpu_rms_norm_reference,
     k3_cpu_silu_mul_reference;

@@ -1,5 +1,5 @@
 /*
- * cpu_norm.c — cpu.rms_norm.reference and cpu.silu_mul.reference: row-wise kernels for any
+ * cpu/norm.c — cpu.rms_norm.reference and cpu.silu_mul.reference: row-wise kernels for any
  * row strides with unit last stride, bf16/f16/f32/f64. fp32 arithmetic, fp64 for f64.
  */
 #include "k3_impl.h"

@@ -1,5 +1,5 @@
 /*
- * cpu_attn_res.c — cpu.attn_res.reference: the whole AttnRes read of DESIGN.md (fused
+ * cpu/attn_res.c — cpu.attn_res.reference: the whole AttnRes read of DESIGN.md (fused
  * delta add rounded to the dtype and written back, write_block, num_blocks 0..S, output
  * norm or none) for any row strides with unit last stride. fp32 arithmetic, fp64 for f64.
  */

@@ -1,5 +1,5 @@
 /*
- * cpu_linear.c — the CPU linear kernels: cpu.linear.blas (OpenBLAS; the CPU default),
+ * cpu/linear.c — the CPU linear kernels: cpu.linear.blas (OpenBLAS; the CPU default),
  * cpu.linear.reference (naive, fp64 accumulate; the oracle) and cpu.linear.batch_invariant
  * (the one fixed reduction order of notes/TEAM.md, shared with the GPU kernel).
  * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64.
