@@ -23,12 +23,16 @@ CFLAGS_K3  = -std=c11 $(OPT) -g -fPIC -Wall -Wextra -Werror -Wno-unused-paramete
              -Ilib $(SANITIZE) $(DEPS_INC)
 LDFLAGS_K3 = $(SANITIZE) $(DEPS_LIB)
 
-# The core: lib/*.c and the CPU kernels in lib/cpu/ (the binding, lib/k3_lua.c, is apart).
-CORE_SRC  = $(filter-out lib/k3_lua.c,$(wildcard lib/*.c)) $(wildcard lib/cpu/*.c)
+# The core: lib/*.c and the CPU kernels in lib/cpu/. The Lua binding, lib/lua/, is apart: the
+# only sources built against lua.h.
+CORE_SRC  = $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
 CORE_OBJ  = $(patsubst lib/%.c,$(BUILD)/obj/%.o,$(CORE_SRC))
+LUA_SRC   = $(wildcard lib/lua/*.c)
+LUA_OBJ   = $(patsubst lib/%.c,$(BUILD)/obj/%.o,$(LUA_SRC))
 CU_SRC    = $(wildcard kernels/*.cu)
 CU_OBJ    = $(patsubst kernels/%.cu,$(BUILD)/cuobj/%.o,$(CU_SRC))
-HEADERS   = $(wildcard lib/*.h) $(wildcard lib/*.def) $(wildcard kernels/*.h) $(wildcard kernels/*.cuh)
+HEADERS   = $(wildcard lib/*.h) $(wildcard lib/*.def) $(wildcard lib/lua/*.h) $(wildcard kernels/*.h) \
+            $(wildcard kernels/*.cuh)
 
 LIBK3     = $(BUILD)/libk3.so
 LIBK3LUA  = $(BUILD)/libk3lua.so
@@ -62,12 +66,12 @@ $(BUILD)/obj/%.o: lib/%.c $(HEADERS) $(FLAGS_FILE)
 $(LIBK3): $(CORE_OBJ)
 	$(CC) -shared -o $@ $^ $(LDFLAGS_K3) -Wl,-soname,libk3.so -Wl,-Bsymbolic-functions -lopenblas -lcjson -ldl -lm -lpthread
 
-$(BUILD)/obj/k3_lua.o: lib/k3_lua.c $(HEADERS) $(FLAGS_FILE)
+$(BUILD)/obj/lua/%.o: lib/lua/%.c $(HEADERS) $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_K3) -I$(LUA_INC) -c $< -o $@
 
-$(LIBK3LUA): $(BUILD)/obj/k3_lua.o $(LIBK3)
-	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../..' -Wl,-soname,libk3lua.so
+$(LIBK3LUA): $(LUA_OBJ) $(LIBK3)
+	$(CC) -shared -o $@ $(LUA_OBJ) $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../..' -Wl,-soname,libk3lua.so
 
 $(LUAMOD): $(LIBK3LUA)
 	@mkdir -p $(dir $@)
@@ -190,9 +194,9 @@ $(CAPI_BIN): examples/capi/attn_res.c lib/k3.h $(LIBK3)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_EX) -Ilib $< -o $@ -L$(BUILD) -lk3 -lm -Wl,-rpath,'$$ORIGIN/../..'
 
-$(INSTALL_LUAMOD): $(BUILD)/obj/k3_lua.o $(LIBK3)
+$(INSTALL_LUAMOD): $(LUA_OBJ) $(LIBK3)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $< $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-soname,libk3lua.so \
+	$(CC) -shared -o $@ $(LUA_OBJ) $(LDFLAGS_K3) -L$(BUILD) -lk3 -Wl,-soname,libk3lua.so \
 	    -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..:$$ORIGIN/../../..'
 
 $(BUILD)/%.pc: %.pc.in

@@ -55,6 +55,8 @@ static const k3_policy *default_policy(void) {
     return &g_default_policy;
 }
 
+size_t k3_policy_size(void) { return sizeof(k3_policy); }
+
 void k3_policy_init(k3_policy *p) {
     *p = *default_policy();
     p->batch_invariant = k3_batch_invariant();

@@ -1,6 +1,6 @@
 /*
- * error.c — status codes, the thread-local message of the last failure, the log hook, the
- * configuration warnings and the pluggable host allocator. The core never prints, aborts or
+ * error.c — status codes, the thread-local message of the last failure and how it numbers
+ * dims, the log hook, the configuration warnings and the pluggable host allocator. The core never prints, aborts or
  * exits: it reports here.
  */
 #include "k3_impl.h"
@@ -34,6 +34,17 @@ k3_status k3_error_prefix(k3_status s, const char *prefix) {
     memcpy(last_message, tmp, sizeof tmp);
     return s;
 }
+
+/* How this thread's messages number dims, indices and blocks (k3_embed.h). */
+static _Thread_local int message_base;
+
+int k3_set_message_base(int base) {
+    int prev = message_base;
+    message_base = base == 1;
+    return prev;
+}
+
+int k3_message_base(void) { return message_base; }
 
 const char *k3_status_name(k3_status s) {
     static const char *const names[] = {

@@ -326,6 +326,12 @@ K3_API k3_status k3_policy_set_batch_invariant(k3_policy *p, int on);
 K3_API int k3_policy_batch_invariant(const k3_policy *p);
 /* Kernel names k3 knows, registered or not ("cuda.linear.skinny" on a CPU-only build). */
 K3_API int k3_known_kernel(const char *name);
+/* Reading a policy back (p NULL: the built-in default): the number of candidates of op (-1 for
+ * an op k3 does not know, or op NULL), candidate i (0-based; NULL out of range) and the layout
+ * mode (0 "error", 1 "fallback"). */
+K3_API int k3_policy_count(const k3_policy *p, const char *op);
+K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
+K3_API int k3_policy_layout_fallback(const k3_policy *p);
 
 /* What one dispatch decided. */
 #define K3_MAX_DECLINES 16
@@ -452,6 +458,33 @@ K3_API void k3_stats_reset(void);
 
 /* Waits for all queued device work on this thread's streams. */
 K3_API k3_status k3_synchronize(void);
+
+/* ---- device timing (benchmarks) ------------------------------------------------------------ */
+
+/* One timed call: fn(ud, i) for i = 1, 2, ... (so it can rotate its inputs). A status other
+ * than K3_OK stops the timing; k3_cuda_time returns that status with fn's message. */
+typedef k3_status (*k3_time_fn)(void *ud, int64_t i);
+typedef struct k3_time_options {
+    int iters;  /* samples, 1..100000 */
+    int warmup; /* untimed calls before the first sample, >= 0 */
+    int graph;  /* 0: each sample is one call, launch overhead included; 1: `calls` calls are
+                 * captured into one CUDA graph and each sample is one replay / calls */
+    int calls;  /* calls per graph, 1..100000 (1 without graph) */
+    int device; /* the CUDA device whose stream is timed */
+} k3_time_options;
+typedef struct k3_time_result {
+    double median_us, min_us, p90_us; /* per call */
+    int samples;
+} k3_time_result;
+/* Times fn on this thread's stream of o->device with CUDA events, after o->warmup untimed
+ * calls and a synchronize (o NULL: iters 50, warmup 5, no graph, calls 1, device 0). With
+ * graph, the captured work must not allocate or synchronise (give every op its out). Every
+ * event and graph is released before returning, on every path. Errors: K3_EINVAL (fn or out
+ * NULL: "cuda_time: fn is NULL"; iters or calls out of range: "cuda_time: iters must be in
+ * 1..100000 and calls in 1..100000; got iters 0, calls 1"), K3_EDEVICE ("cuda_time: CUDA is
+ * not available: <reason>"), K3_ECUDA, and fn's own status. */
+K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
+                              k3_time_result *out);
 
 /* ---- safetensors files (lib/safetensors.c; helper D) -------------------------------------- */
 

@@ -7,6 +7,7 @@
 #define K3_IMPL_H
 
 #include "k3.h"
+#include "k3_embed.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -113,57 +114,15 @@ static inline long long k3_based(int64_t v, int base) {
     return (long long)((uint64_t)v + (uint64_t)(int64_t)base);
 }
 
-/* ---- message numbering: the C API and the Lua binding ----------------------------------- */
-/* The C API counts dims, indices and blocks from 0, and so do its messages. The Lua binding
- * counts from 1 and calls these variants with base 1: the same check, in the same order,
- * then reports its arguments in the caller's own numbering ("narrow: start 1 and length 5
- * out of range for dim 2 of size 3" in Lua, "... start 0 ... dim 1 ..." in C). Each public
- * function is its variant with base 0. `op` (k3_tensor_new) names the caller in messages. */
+/* ---- message numbering (k3_embed.h) ------------------------------------------------------ */
+/* The numbering of this thread's messages, 0 or 1 (k3_set_message_base): every check that
+ * names a dim, an index or a block adds it, so the same check reads "dim 1" in C and "dim 2" in
+ * Lua. */
+int k3_message_base(void);
+/* k3_tensor_empty with `op` naming the caller in messages ("to: ...", "rms_norm: out of host
+ * memory allocating ..."). */
 K3_API k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                               k3_device device, const char *op, int base);
-K3_API k3_status k3_tensor_full_base(k3_tensor **out, int ndim, const int64_t *shape,
-                                     k3_dtype dtype, k3_device device, double value, int base);
-K3_API k3_status k3_tensor_randn_base(k3_tensor **out, int ndim, const int64_t *shape,
-                                      k3_dtype dtype, k3_device device, uint64_t seed, int base);
-K3_API k3_status k3_tensor_from_f64_base(k3_tensor **out, int ndim, const int64_t *shape,
-                                         k3_dtype dtype, k3_device device,
-                                         const double *values, int base);
-K3_API k3_status k3_tensor_narrow_base(k3_tensor **out, const k3_tensor *t, int d,
-                                       int64_t start, int64_t length, int base);
-K3_API k3_status k3_tensor_select_base(k3_tensor **out, const k3_tensor *t, int d, int64_t i,
-                                       int base);
-K3_API k3_status k3_tensor_transpose_base(k3_tensor **out, const k3_tensor *t, int d1, int d2,
-                                          int base);
-K3_API k3_status k3_tensor_view_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                                     const int64_t *shape, int base);
-K3_API k3_status k3_tensor_expand_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                                       const int64_t *shape, int base);
-K3_API k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                                           const int64_t *shape, const int64_t *stride,
-                                           int64_t offset, int base);
-K3_API k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base);
-K3_API k3_status k3_tensor_to_base(k3_tensor **out, const k3_tensor *t, k3_device device,
-                                   k3_dtype dtype, int base);
-K3_API k3_status k3_tensor_binary_base(k3_tensor **out, k3_binop op, const k3_tensor *a,
-                                       const k3_tensor *b, double s, int scalar_first, int base);
-K3_API k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out,
-                                    int base);
-K3_API k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base);
-/* The ops with their messages in the caller's numbering: the dims they name ("linear: x dim
- * 1 (7000) must match w dim 1 (7168)" in C, "... dim 2 ..." in Lua) and attn_res's
- * write_block, which base 1 words as Lua does ("write_block must be in 1..S (blocks dim 2)",
- * "must be nil") and base 0 as C does ("-1 (no write) or in 0..S-1"). The linear one is
- * k3_linear_ext (below), whose last argument is the base. */
-K3_API k3_status k3_attn_res_base(k3_tensor **y, const k3_attn_res_args *a, k3_tensor *out,
-                                  const k3_call *call, int base);
-K3_API k3_status k3_rms_norm_base(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
-                                  double eps, k3_tensor *out, const k3_call *call, int base);
-K3_API k3_status k3_silu_mul_base(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
-                                  const k3_call *call, int base);
-K3_API k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tensor *x,
-                                      const k3_tensor *w, const k3_tensor *bias,
-                                      const k3_tensor *residual, k3_tensor *out,
-                                      const k3_call *call, int base);
+                               k3_device device, const char *op);
 /* Loads element at flat storage index (element units) of dtype as double / float. */
 K3_API double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
 K3_API float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
@@ -204,7 +163,7 @@ typedef struct k3_linear_args {
 } k3_linear_args;
 
 /* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
- * of dims and write_block in messages (0: C, 1: the Lua binding; see k3_attn_res_base). */
+ * of dims and write_block in messages (0: C, 1: the Lua binding; k3_set_message_base). */
 typedef struct k3_attn_res_kargs {
     k3_attn_res_args p;
     k3_tensor *out;
@@ -367,38 +326,9 @@ struct k3_policy {
     int batch_invariant;
 };
 
-/* Fills caller-owned memory with what k3_policy_new gives (the built-in default, the process
- * default batch-invariant mode); nothing to free. The binding keeps a state's policy in Lua
- * memory this way. */
-K3_API void k3_policy_init(k3_policy *p);
-
-/* Policy inspection (the binding builds k3.policy from these). */
-K3_API int k3_policy_count(const k3_policy *p, const char *op);        /* -1: unknown op */
-K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
-K3_API int k3_policy_layout_fallback(const k3_policy *p);
-
-/* Counters of one context (the binding keeps one per lua_State, so k3.stats() counts only
- * that state's calls): calls per kernel and declines per "kernel: reason", exactly as
- * k3_stats counts them process-wide, for each dispatch record given to k3_stats_sink_count.
- * The memory is the caller's (k3_stats_sink_size() bytes; after k3_stats_sink_reset it is
- * empty); nothing is allocated. Not locked: a sink belongs to one thread at a time. */
-typedef struct k3_stats_sink k3_stats_sink;
-K3_API size_t k3_stats_sink_size(void);
-K3_API void k3_stats_sink_reset(k3_stats_sink *s);
-/* Counts rec's chosen kernel (when it has one) and each of its declines. */
-K3_API void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec);
-/* Calls fn like k3_stats: "kernel" entries in catalogue order, then "decline" entries. */
-K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud);
-
-/* Configuration warnings (K3_DISABLE_KERNELS naming an unknown kernel, K3_BATCH_INVARIANT
- * with a value that is not a boolean): each is sent once to the log hook (K3_LOG_WARN) and
- * kept. k3_config_warnings_take returns the kept lines ("...\n" each) the first time it is
- * called in the process, NULL afterwards or when there are none; the binding writes them to
- * stderr when no log hook is set, so a Lua user sees a typo once instead of nothing.
- * k3_log_hook_set tells whether a host installed a log hook. */
+/* Configuration warnings (k3_embed.h): sent once to the log hook and kept for
+ * k3_config_warnings_take. */
 void k3_config_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-K3_API const char *k3_config_warnings_take(void);
-K3_API int k3_log_hook_set(void);
 
 /* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
  * on this thread (ops and methods; not explain_only). Returns the previous hook through
@@ -417,12 +347,11 @@ typedef struct k3_dispatch_ext {
 } k3_dispatch_ext;
 K3_API k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
                                 const k3_dispatch_ext *ext);
-/* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c) and the numbering
- * of its messages (base: 0 for C, 1 for the Lua binding). */
+/* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                                const k3_call *call, const k3_skinny_config *config,
-                               const k3_dispatch_ext *ext, int base);
+                               const k3_dispatch_ext *ext);
 
 /* ---- core functions the CUDA backend calls (helper B) ----------------------------------- */
 /* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these

@@ -167,7 +167,7 @@ static bool fast_path(const k3_method *m, const k3_tensor *x, const k3_tensor *w
 
 /* When a call fails before dispatch wrote call->record (the owned default's validation
  * refused the arguments), the record still gets the method's decision so far: op "linear",
- * nothing chosen, the method's own declines. k3_method_apply_base clears op first, so an
+ * nothing chosen, the method's own declines. k3_method_apply clears op first, so an
  * empty op means dispatch never ran. */
 static void record_undispatched(const k3_call *call, const k3_decline *d, int nd) {
     if (!call || !call->record || call->record->op[0]) return;
@@ -196,7 +196,7 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
         c.policy = &local;
     }
     if (!m->low_latency || c.kernel)
-        return k3_linear_ext(y, x, w, bias, residual, out, &c, NULL, ext, base);
+        return k3_linear_ext(y, x, w, bias, residual, out, &c, NULL, ext);
 
     /* NULL or freed tensors: the owned default's validation reports them. */
     if (!x || !w || k3_tensor_check(x, "x") != K3_OK || k3_tensor_check(w, "w") != K3_OK ||
@@ -210,7 +210,7 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
         /* The skinny kernel is tried first; should its supports() decline, dispatch goes on
          * to the policy's linear candidates. */
         k3_dispatch_ext fast = {k3_kernel_find(slot->kernel), NULL, 0};
-        return k3_linear_ext(y, x, w, bias, residual, out, &c, &slot->config, &fast, base);
+        return k3_linear_ext(y, x, w, bias, residual, out, &c, &slot->config, &fast);
     }
     int64_t M = x->ndim == 2 ? x->size[0] : 0;
     snprintf(d.kernel, sizeof d.kernel, "%s",
@@ -222,10 +222,10 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
     return s;
 }
 
-k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tensor *x,
-                               const k3_tensor *w, const k3_tensor *bias,
-                               const k3_tensor *residual, k3_tensor *out, const k3_call *call,
-                               int base) {
+k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                          const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
+                          k3_tensor *out, const k3_call *call) {
+    int base = k3_message_base();
     if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
     if (call && call->record) {
         call->record->op[0] = '\0';
@@ -235,10 +235,4 @@ k3_status k3_method_apply_base(const k3_method *m, k3_tensor **y, const k3_tenso
     k3_status s = apply_ext(m, y, x, w, bias, residual, out, call, NULL, base);
     if (s != K3_OK) record_undispatched(call, NULL, 0);
     return s;
-}
-
-k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
-                          const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
-                          k3_tensor *out, const k3_call *call) {
-    return k3_method_apply_base(m, y, x, w, bias, residual, out, call, 0);
 }

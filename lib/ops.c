@@ -186,7 +186,7 @@ static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor
     return unit_last(op, what, wt);
 }
 
-/* base: how the caller counts dims and write_block in messages (k3_attn_res_base). */
+/* base: how the caller counts dims and write_block in messages (k3_set_message_base). */
 static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
     const char *op = "attn_res";
     K3_TRY(need(op, "prefix", p->prefix));
@@ -389,7 +389,7 @@ static k3_status finish(const char *op, k3_op_args *a, k3_tensor **slot, k3_tens
     if (!*slot) {
         /* The result is the op's own allocation: its errors name the op ("rms_norm: out of
          * host memory allocating ..."). */
-        K3_TRY(k3_tensor_new(&fresh, nd, shape, dt, dev, op, 0));
+        K3_TRY(k3_tensor_new(&fresh, nd, shape, dt, dev, op));
         *slot = fresh;
     } else if (y) {
         k3_status s = k3_tensor_alias(&handle, *slot);
@@ -416,12 +416,12 @@ static k3_status need_result(const char *op, k3_tensor **y, const k3_tensor *out
 k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                         const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                         const k3_call *call, const k3_skinny_config *config,
-                        const k3_dispatch_ext *ext, int base) {
+                        const k3_dispatch_ext *ext) {
     K3_TRY(need_result("linear", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_LINEAR;
-    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, base};
+    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, k3_message_base()};
     K3_TRY(linear_inputs(&a.u.linear));
     if (out) K3_TRY(linear_out(&a.u.linear));
     int64_t shape[2] = {x->size[0], w->size[0]};
@@ -432,11 +432,12 @@ k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
 k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                     const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                     const k3_call *call) {
-    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL, 0);
+    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL);
 }
 
-k3_status k3_attn_res_base(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
-                           const k3_call *call, int base) {
+k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
+                      const k3_call *call) {
+    int base = k3_message_base();
     if (!p) return k3_error(K3_EINVAL, "attn_res: args is NULL");
     K3_TRY(need_result("attn_res", y, out, call));
     k3_op_args a;
@@ -451,13 +452,9 @@ k3_status k3_attn_res_base(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *
                   k3_tensor_device(p->prefix), call, NULL);
 }
 
-k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
-                      const k3_call *call) {
-    return k3_attn_res_base(y, p, out, call, 0);
-}
-
-k3_status k3_rms_norm_base(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
-                           k3_tensor *out, const k3_call *call, int base) {
+k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
+                      k3_tensor *out, const k3_call *call) {
+    int base = k3_message_base();
     K3_TRY(need_result("rms_norm", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
@@ -469,13 +466,8 @@ k3_status k3_rms_norm_base(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
                   k3_tensor_device(x), call, NULL);
 }
 
-k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
-                      k3_tensor *out, const k3_call *call) {
-    return k3_rms_norm_base(y, x, w, eps, out, call, 0);
-}
-
-k3_status k3_silu_mul_base(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
-                           const k3_call *call, int base) {
+k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
+    int base = k3_message_base();
     K3_TRY(need_result("silu_mul", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
@@ -486,8 +478,4 @@ k3_status k3_silu_mul_base(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
     int64_t shape[2] = {x->size[0], x->size[1] / 2};
     return finish("silu_mul", &a, &a.u.silu_mul.out, y, 2, shape, x->dtype, k3_tensor_device(x),
                   call, NULL);
-}
-
-k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
-    return k3_silu_mul_base(y, x, out, call, 0);
 }

@@ -272,7 +272,8 @@ static k3_status check_shape(const char *op, int ndim, const int64_t *shape, int
 }
 
 k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                        k3_device device, const char *op, int base) {
+                        k3_device device, const char *op) {
+    int base = k3_message_base();
     if (!out) return null_arg(op, "out");
     if ((unsigned)dtype > K3_DTYPE_F64)
         return k3_error(K3_EDTYPE, "%s: invalid dtype %d", op, (int)dtype);
@@ -304,7 +305,7 @@ k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtyp
 
 k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                           k3_device device) {
-    return k3_tensor_new(out, ndim, shape, dtype, device, "empty", 0);
+    return k3_tensor_new(out, ndim, shape, dtype, device, "empty");
 }
 
 /* ---- strided row walking (CPU) -------------------------------------------------------------- */
@@ -378,7 +379,8 @@ static k3_status check_same_shape(const char *op, const char *an, const k3_tenso
                     k3_fmt_dims(sa, sizeof sa, a->ndim, a->size));
 }
 
-k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base) {
+k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
+    int base = k3_message_base();
     K3_TRY(need_tensor("copy", "dst", dst));
     K3_TRY(need_tensor("copy", "src", src));
     K3_TRY(check_same_shape("copy", "destination", dst, "source", src));
@@ -407,7 +409,7 @@ k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base) {
          * it has been overwritten. */
         k3_tensor *tmp;
         K3_TRY(k3_tensor_to(&tmp, src, src->storage->device, src->dtype));
-        k3_status s = k3_tensor_copy_base(dst, tmp, base);
+        k3_status s = k3_tensor_copy(dst, tmp);
         k3_tensor_free(tmp);
         return s;
     }
@@ -420,16 +422,11 @@ k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base) {
     return b->copy(dst, src);
 }
 
-k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
-    return k3_tensor_copy_base(dst, src, 0);
-}
-
-k3_status k3_tensor_to_base(k3_tensor **out, const k3_tensor *t, k3_device device,
-                           k3_dtype dtype, int base) {
+k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
     if (!out) return null_arg("to", "out");
     K3_TRY(need_tensor("to", "t", t));
     k3_tensor *r;
-    K3_TRY(k3_tensor_new(&r, t->ndim, t->size, dtype, device, "to", base));
+    K3_TRY(k3_tensor_new(&r, t->ndim, t->size, dtype, device, "to"));
     k3_status s = k3_tensor_copy(r, t);
     if (s != K3_OK) {
         k3_tensor_free(r);
@@ -437,10 +434,6 @@ k3_status k3_tensor_to_base(k3_tensor **out, const k3_tensor *t, k3_device devic
     }
     *out = r;
     return K3_OK;
-}
-
-k3_status k3_tensor_to(k3_tensor **out, const k3_tensor *t, k3_device device, k3_dtype dtype) {
-    return k3_tensor_to_base(out, t, device, dtype, 0);
 }
 
 /* ---- fill and creation ------------------------------------------------------------------------ */
@@ -476,11 +469,11 @@ k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     return K3_OK;
 }
 
-k3_status k3_tensor_full_base(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                              k3_device device, double value, int base) {
+k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
+                         k3_device device, double value) {
     if (!out) return null_arg("full", "out");
     k3_tensor *t;
-    K3_TRY(k3_tensor_new(&t, ndim, shape, dtype, device, "full", base));
+    K3_TRY(k3_tensor_new(&t, ndim, shape, dtype, device, "full"));
     k3_status s = k3_tensor_fill(t, value);
     if (s != K3_OK) {
         k3_tensor_free(t);
@@ -490,11 +483,6 @@ k3_status k3_tensor_full_base(k3_tensor **out, int ndim, const int64_t *shape, k
     return K3_OK;
 }
 
-k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                         k3_device device, double value) {
-    return k3_tensor_full_base(out, ndim, shape, dtype, device, value, 0);
-}
-
 /* Makes the result on its device, fills a CPU tensor with gen(i) for each row-major i and
  * copies it there. `ud_name` (non-NULL) names ud, which must then be non-NULL unless the
  * tensor is empty. Every argument error is reported under op's name before anything is
@@ -502,21 +490,20 @@ k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dty
 static k3_status tensor_generate(k3_tensor **out, int ndim, const int64_t *shape,
                                  k3_dtype dtype, k3_device device, const char *op,
                                  double (*gen)(const void *ud, int64_t i), const void *ud,
-                                 const char *ud_name, int base) {
+                                 const char *ud_name) {
     if (!out) return null_arg(op, "out");
     /* k3_tensor_new's order (out, dtype, shape, device), with the values after the shape. */
     if ((unsigned)dtype > K3_DTYPE_F64)
         return k3_error(K3_EDTYPE, "%s: invalid dtype %d", op, (int)dtype);
     int64_t numel;
-    K3_TRY(check_shape(op, ndim, shape, &numel, base));
+    K3_TRY(check_shape(op, ndim, shape, &numel, k3_message_base()));
     if (ud_name && !ud && numel > 0) return null_arg(op, ud_name);
     k3_tensor *r, *h;
-    K3_TRY(k3_tensor_new(&r, ndim, shape, dtype, device, op, base));
+    K3_TRY(k3_tensor_new(&r, ndim, shape, dtype, device, op));
     if (device.type == K3_DEVICE_CPU) {
         h = r;
     } else {
-        k3_status s = k3_tensor_new(&h, ndim, shape, dtype, (k3_device){K3_DEVICE_CPU, 0}, op,
-                                    base);
+        k3_status s = k3_tensor_new(&h, ndim, shape, dtype, (k3_device){K3_DEVICE_CPU, 0}, op);
         if (s != K3_OK) {
             k3_tensor_free(r);
             return s;
@@ -541,27 +528,15 @@ static double gen_randn(const void *ud, int64_t i) {
 }
 static double gen_values(const void *ud, int64_t i) { return ((const double *)ud)[i]; }
 
-k3_status k3_tensor_randn_base(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
-                               k3_device device, uint64_t seed, int base) {
-    return tensor_generate(out, ndim, shape, dtype, device, "randn", gen_randn, &seed, NULL,
-                           base);
-}
-
 k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                           k3_device device, uint64_t seed) {
-    return k3_tensor_randn_base(out, ndim, shape, dtype, device, seed, 0);
-}
-
-k3_status k3_tensor_from_f64_base(k3_tensor **out, int ndim, const int64_t *shape,
-                                  k3_dtype dtype, k3_device device, const double *values,
-                                  int base) {
-    return tensor_generate(out, ndim, shape, dtype, device, "from_f64", gen_values, values,
-                           "values", base);
+    return tensor_generate(out, ndim, shape, dtype, device, "randn", gen_randn, &seed, NULL);
 }
 
 k3_status k3_tensor_from_f64(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                              k3_device device, const double *values) {
-    return k3_tensor_from_f64_base(out, ndim, shape, dtype, device, values, 0);
+    return tensor_generate(out, ndim, shape, dtype, device, "from_f64", gen_values, values,
+                           "values");
 }
 
 /* ---- views ------------------------------------------------------------------------------------ */
@@ -577,8 +552,9 @@ static k3_status check_dim(const char *op, const k3_tensor *t, int d, const char
                     base, t->ndim - 1 + base, t->ndim, (long long)d + base);
 }
 
-k3_status k3_tensor_narrow_base(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
-                                int64_t length, int base) {
+k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
+                                int64_t length) {
+    int base = k3_message_base();
     if (!out) return null_arg("narrow", "out");
     K3_TRY(need_tensor("narrow", "t", t));
     K3_TRY(check_dim("narrow", t, d, "dim", base));
@@ -597,13 +573,8 @@ k3_status k3_tensor_narrow_base(k3_tensor **out, const k3_tensor *t, int d, int6
     return K3_OK;
 }
 
-k3_status k3_tensor_narrow(k3_tensor **out, const k3_tensor *t, int d, int64_t start,
-                           int64_t length) {
-    return k3_tensor_narrow_base(out, t, d, start, length, 0);
-}
-
-k3_status k3_tensor_select_base(k3_tensor **out, const k3_tensor *t, int d, int64_t i,
-                                int base) {
+k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i) {
+    int base = k3_message_base();
     if (!out) return null_arg("select", "out");
     K3_TRY(need_tensor("select", "t", t));
     K3_TRY(check_dim("select", t, d, "dim", base));
@@ -622,12 +593,8 @@ k3_status k3_tensor_select_base(k3_tensor **out, const k3_tensor *t, int d, int6
     return K3_OK;
 }
 
-k3_status k3_tensor_select(k3_tensor **out, const k3_tensor *t, int d, int64_t i) {
-    return k3_tensor_select_base(out, t, d, i, 0);
-}
-
-k3_status k3_tensor_transpose_base(k3_tensor **out, const k3_tensor *t, int d1, int d2,
-                                   int base) {
+k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2) {
+    int base = k3_message_base();
     if (!out) return null_arg("transpose", "out");
     K3_TRY(need_tensor("transpose", "t", t));
     K3_TRY(check_dim("transpose", t, d1, "d1", base));
@@ -642,12 +609,9 @@ k3_status k3_tensor_transpose_base(k3_tensor **out, const k3_tensor *t, int d1, 
     return K3_OK;
 }
 
-k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d2) {
-    return k3_tensor_transpose_base(out, t, d1, d2, 0);
-}
-
-k3_status k3_tensor_view_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                              const int64_t *shape, int base) {
+k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
+                              const int64_t *shape) {
+    int base = k3_message_base();
     if (!out) return null_arg("view", "out");
     K3_TRY(need_tensor("view", "t", t));
     if (ndim < 0 || ndim > K3_MAX_DIMS)
@@ -703,12 +667,9 @@ k3_status k3_tensor_view_base(k3_tensor **out, const k3_tensor *t, int ndim,
     return K3_OK;
 }
 
-k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
-    return k3_tensor_view_base(out, t, ndim, shape, 0);
-}
-
-k3_status k3_tensor_expand_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                                const int64_t *shape, int base) {
+k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,
+                                const int64_t *shape) {
+    int base = k3_message_base();
     if (!out) return null_arg("expand", "out");
     K3_TRY(need_tensor("expand", "t", t));
     if (ndim > 0 && !shape) return null_arg("expand", "shape");
@@ -754,13 +715,9 @@ k3_status k3_tensor_expand_base(k3_tensor **out, const k3_tensor *t, int ndim,
     return K3_OK;
 }
 
-k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
-    return k3_tensor_expand_base(out, t, ndim, shape, 0);
-}
-
-k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, int ndim,
-                                    const int64_t *shape, const int64_t *stride, int64_t offset,
-                                    int base) {
+k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
+                                    const int64_t *shape, const int64_t *stride, int64_t offset) {
+    int base = k3_message_base();
     if (!out) return null_arg("as_strided", "out");
     K3_TRY(need_tensor("as_strided", "t", t));
     int64_t numel;
@@ -794,11 +751,6 @@ k3_status k3_tensor_as_strided_base(k3_tensor **out, const k3_tensor *t, int ndi
     return K3_OK;
 }
 
-k3_status k3_tensor_as_strided(k3_tensor **out, const k3_tensor *t, int ndim,
-                               const int64_t *shape, const int64_t *stride, int64_t offset) {
-    return k3_tensor_as_strided_base(out, t, ndim, shape, stride, offset, 0);
-}
-
 /* ---- element access ----------------------------------------------------------------------------- */
 
 static k3_status element_offset(const char *op, const k3_tensor *t, const int64_t *idx,
@@ -825,7 +777,8 @@ static k3_status element_view(k3_tensor **out, const k3_tensor *t, int64_t off) 
     return K3_OK;
 }
 
-k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out, int base) {
+k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
+    int base = k3_message_base();
     K3_TRY(need_tensor("get", "t", t));
     int64_t off;
     K3_TRY(element_offset("get", t, idx, &off, base));
@@ -844,11 +797,8 @@ k3_status k3_tensor_get_base(const k3_tensor *t, const int64_t *idx, double *out
     return K3_OK;
 }
 
-k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
-    return k3_tensor_get_base(t, idx, out, 0);
-}
-
-k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base) {
+k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
+    int base = k3_message_base();
     K3_TRY(need_tensor("set", "t", t));
     int64_t off;
     K3_TRY(element_offset("set", t, idx, &off, base));
@@ -861,10 +811,6 @@ k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int
     k3_status s = k3_tensor_fill(v, value);
     k3_tensor_free(v);
     return s;
-}
-
-k3_status k3_tensor_set(k3_tensor *t, const int64_t *idx, double value) {
-    return k3_tensor_set_base(t, idx, value, 0);
 }
 
 /* Row-major f64 copy of any tensor (any device) into out[numel]. */
@@ -965,7 +911,7 @@ static void bin_row(void *c_, const int64_t *off, int64_t n) {
  * name ("add", ...) for everything about the values. */
 static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                              const k3_tensor *a, const k3_tensor *b, double s,
-                             int scalar_first, int base) {
+                             int scalar_first) {
     static const char *const names[] = {"add", "sub", "mul"};
     if (!out) return null_arg(fname, "out");
     if ((unsigned)op > K3_MUL)
@@ -986,7 +932,7 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
         }
     }
     k3_tensor *r;
-    K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name, base));
+    K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
     k3_status st = K3_OK;
     if (k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
@@ -1013,20 +959,12 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
 
 k3_status k3_tensor_binary(k3_tensor **out, k3_binop op, const k3_tensor *a, const k3_tensor *b) {
     if (out && a && !b) return null_arg("binary", "b");
-    return binary_impl("binary", out, op, a, b, 0, 0, 0);
+    return binary_impl("binary", out, op, a, b, 0, 0);
 }
 
 k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_tensor *a, double s,
                                   int scalar_first) {
-    return binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first, 0);
-}
-
-/* Both forms for the binding: b NULL is the scalar form (s, scalar_first); dims in shape
- * messages are numbered from base. */
-k3_status k3_tensor_binary_base(k3_tensor **out, k3_binop op, const k3_tensor *a,
-                                const k3_tensor *b, double s, int scalar_first, int base) {
-    return b ? binary_impl("binary", out, op, a, b, 0, 0, base)
-             : binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first, base);
+    return binary_impl("binary_scalar", out, op, a, NULL, s, scalar_first);
 }
 
 /* ---- comparisons (f64, on the host) ------------------------------------------------------------------ */

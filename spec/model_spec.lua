@@ -304,7 +304,7 @@ describe("Kimi-K3 stack", function()
 
   it("saving the generated weights and loading them back reproduces the demo bit for bit", function()
     if not k3.save_safetensors then
-      pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/k3_lua.c)")
+      pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/lua/files.c)")
       return
     end
     local demo = require "k3.model.decode_demo"

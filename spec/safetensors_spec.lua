@@ -7,7 +7,7 @@ local H = require "spec.helpers"
 -- Until the binding exposes them, every spec here is pending with the reason.
 local function bound()
   if k3.load_safetensors and k3.save_safetensors then return true end
-  pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/k3_lua.c)")
+  pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/lua/files.c)")
   return false
 end
 

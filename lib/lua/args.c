@@ -1,0 +1,154 @@
+/*
+ * args.c — reading the arguments of the binding's functions and raising its errors: every
+ * argument error goes through k3l_arg_error (luaL_argerror's wording and naming), every core
+ * error through k3l_raise / k3l_raise_as, after the caller has released what it holds.
+ */
+#include "k3_lua.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+int k3l_arg_error(lua_State *L, int arg, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const char *msg = lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    return luaL_argerror(L, arg, msg);
+}
+
+int k3l_raise(lua_State *L) { return luaL_error(L, "%s", k3_last_error()); }
+
+int k3l_raise_as(lua_State *L, const char *fname) {
+    const char *msg = k3_last_error();
+    const char *p = msg;
+    while (*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+           (p > msg && *p >= '0' && *p <= '9'))
+        p++;
+    if (p > msg && p[0] == ':' && p[1] == ' ') return luaL_error(L, "%s: %s", fname, p + 2);
+    return luaL_error(L, "%s", msg);
+}
+
+/* "an integer" readers name what they got: a float that is no integer, or the Lua type. */
+static const char *not_integer(lua_State *L, int idx) {
+    return lua_type(L, idx) == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, idx);
+}
+
+void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn) {
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        int ok = 0;
+        if (lua_type(L, -1) == LUA_TSTRING)
+            for (const char *const *a = allowed; *a && !ok; a++)
+                ok = strcmp(lua_tostring(L, -1), *a) == 0;
+        if (!ok) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            for (const char *const *a = allowed; *a; a++) {
+                if (a != allowed) luaL_addstring(&b, a[1] ? ", " : " or ");
+                luaL_addstring(&b, *a);
+            }
+            luaL_pushresult(&b);
+            k3l_arg_error(L, argn, "unknown option '%s' (expected %s)",
+                          lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
+                                                         : luaL_typename(L, -2),
+                          lua_tostring(L, -1));
+        }
+    }
+}
+
+int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,
+                      int argn) {
+    int ty = lua_getfield(L, idx, field);
+    int64_t v = dflt;
+    if (ty == LUA_TNIL) {
+        if (required) k3l_arg_error(L, argn, "field '%s' must be an integer; got nil", field);
+    } else {
+        int isnum;
+        lua_Integer i = lua_tointegerx(L, -1, &isnum);
+        if (!isnum)
+            k3l_arg_error(L, argn, "field '%s' must be an integer; got %s", field,
+                          not_integer(L, -1));
+        v = (int64_t)i;
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+double k3l_number_field(lua_State *L, int idx, const char *field, double dflt, int argn) {
+    double v = dflt;
+    int ty = lua_getfield(L, idx, field);
+    if (ty == LUA_TNUMBER)
+        v = lua_tonumber(L, -1);
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field '%s' must be a number; got %s", field, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
+                   const char *what) {
+    const char *got = def ? luaL_optstring(L, arg, def) : luaL_checkstring(L, arg);
+    int n = 0;
+    for (; names[n]; n++)
+        if (strcmp(names[n], got) == 0) return n;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; i < n; i++) {
+        if (i) luaL_addstring(&b, i == n - 1 ? " or " : ", ");
+        luaL_addstring(&b, names[i]);
+    }
+    luaL_pushresult(&b);
+    return k3l_arg_error(L, arg, "unknown %s '%s'; expected %s", what, got, lua_tostring(L, -1));
+}
+
+int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg) {
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, idx);
+    if (n < 1 || n > K3_MAX_DIMS)
+        k3l_arg_error(L, idx, "shape must have 1 to %d dims; got %d", K3_MAX_DIMS, (int)n);
+    for (int i = 1; i <= n; i++) {
+        lua_geti(L, idx, i);
+        int isnum = 0;
+        lua_Integer v = lua_tointegerx(L, -1, &isnum);
+        if (!isnum)
+            k3l_arg_error(L, idx, "shape[%d] must be an integer; got %s", i, not_integer(L, -1));
+        lua_pop(L, 1);
+        shape[i - 1] = (int64_t)v;
+        if (!allow_neg && v < 0)
+            k3l_arg_error(L, idx, "size of dim %d must be >= 0; got %I", i, (LUA_INTEGER)v);
+    }
+    return (int)n;
+}
+
+k3l_create_opts k3l_check_create_opts(lua_State *L, int idx) {
+    static const char *const keys[] = {"dtype", "device", "seed", NULL};
+    k3l_create_opts o = {K3_DTYPE_F32, {K3_DEVICE_CPU, 0}, 0};
+    if (lua_isnoneornil(L, idx)) return o;
+    luaL_checktype(L, idx, LUA_TTABLE);
+    k3l_check_option_keys(L, idx, keys, idx);
+    if (lua_getfield(L, idx, "dtype") != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            k3l_arg_error(L, idx, "dtype must be a string; got %s", luaL_typename(L, -1));
+        if (k3_dtype_parse(lua_tostring(L, -1), &o.dtype) != K3_OK)
+            k3l_arg_error(L, idx, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
+                          lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, idx, "device") != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            k3l_arg_error(L, idx, "device must be a string; got %s", luaL_typename(L, -1));
+        if (k3_device_parse(lua_tostring(L, -1), &o.device) != K3_OK)
+            k3l_arg_error(L, idx, "unknown device '%s'; expected cpu, cuda or cuda:N",
+                          lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, idx, "seed") != LUA_TNIL) {
+        int isnum;
+        lua_Integer s = lua_tointegerx(L, -1, &isnum);
+        if (!isnum) k3l_arg_error(L, idx, "seed must be an integer");
+        o.seed = (uint64_t)s;
+    }
+    lua_pop(L, 1);
+    return o;
+}

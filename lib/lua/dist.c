@@ -1,0 +1,143 @@
+/*
+ * dist.c — tensor parallelism for Lua: the core.dist_* functions lua/k3/dist.lua builds
+ * k3.dist on (lib/dist.c holds the process group; kernels/dist.cu the NCCL calls), and the
+ * guard that leaves the group when the Lua state closes.
+ */
+#include "k3_lua.h"
+
+#include <string.h>
+
+#define DIST_GUARD_MT "k3.dist.guard"
+
+/* Closing the Lua state leaves the process group, so a script that ends without
+ * k3.dist.destroy() (or dies of an error) does not run NCCL's threads into process exit.
+ * It aborts: a graceful finalize could wait on peers, and a rank that raised must exit at
+ * once so the launcher can tell the others. */
+static int dist_guard_gc(lua_State *L) {
+    (void)L;
+    if (k3_dist_initialized()) (void)k3_dist_destroy(1);
+    return 0;
+}
+
+/* core.dist_init({rank =, world_size =, device =, dir =, timeout =, check_shapes =,
+ * wait = "each"|"next"}): every field defaults to the launcher's environment. */
+static int l_dist_init(lua_State *L) {
+    k3_dist_options o;
+    k3_dist_options_default(&o);
+    if (!lua_isnoneornil(L, 1)) {
+        luaL_checktype(L, 1, LUA_TTABLE);
+        o.rank = (int)k3l_int_field(L, 1, "rank", -1, 0, 1);
+        o.world_size = (int)k3l_int_field(L, 1, "world_size", 0, 0, 1);
+        o.device = (int)k3l_int_field(L, 1, "device", -1, 0, 1);
+        o.timeout_s = k3l_number_field(L, 1, "timeout", 0, 1);
+        int ty = lua_getfield(L, 1, "dir");
+        if (ty == LUA_TSTRING) o.dir = lua_tostring(L, -1); /* anchored in the table */
+        else if (ty != LUA_TNIL)
+            return k3l_arg_error(L, 1, "field 'dir' must be a string; got %s", luaL_typename(L, -1));
+        lua_pop(L, 1);
+        if (lua_getfield(L, 1, "check_shapes") != LUA_TNIL) o.check_shapes = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        ty = lua_getfield(L, 1, "wait");
+        if (ty != LUA_TNIL) {
+            const char *w = lua_tostring(L, -1);
+            if (ty != LUA_TSTRING || (strcmp(w, "each") != 0 && strcmp(w, "next") != 0))
+                return k3l_arg_error(L, 1, "field 'wait' must be \"each\" or \"next\"");
+            o.wait_each = strcmp(w, "each") == 0;
+        }
+        lua_pop(L, 1);
+    }
+    CHECK_K3(L, k3_dist_init(&o));
+    if (lua_getfield(L, LUA_REGISTRYINDEX, DIST_GUARD_MT) == LUA_TNIL) {
+        lua_newuserdatauv(L, 1, 0);
+        if (luaL_newmetatable(L, DIST_GUARD_MT "_mt")) {
+            lua_pushcfunction(L, dist_guard_gc);
+            lua_setfield(L, -2, "__gc");
+        }
+        lua_setmetatable(L, -2);
+        lua_setfield(L, LUA_REGISTRYINDEX, DIST_GUARD_MT);
+    }
+    lua_pop(L, 1);
+    return 0;
+}
+
+static int l_dist_initialized(lua_State *L) {
+    lua_pushboolean(L, k3_dist_initialized());
+    return 1;
+}
+static int l_dist_rank(lua_State *L) {
+    lua_pushinteger(L, k3_dist_rank());
+    return 1;
+}
+static int l_dist_world_size(lua_State *L) {
+    lua_pushinteger(L, k3_dist_world_size());
+    return 1;
+}
+static int l_dist_device(lua_State *L) {
+    lua_pushinteger(L, k3_dist_device());
+    return 1;
+}
+
+/* core.dist_all_reduce(t, op = "sum"|"max"|"min") -> t (reduced in place). */
+static int l_dist_all_reduce(lua_State *L) {
+    static const char *const ops[] = {"sum", "max", "min", NULL};
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    int op = k3l_check_name(L, 2, "sum", ops, "op");
+    CHECK_K3(L, k3_dist_all_reduce(t, (k3_dist_op)op));
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* core.dist_all_gather(t) -> new tensor [world * d1, d2, ...], ranks in order along dim 1. */
+static int l_dist_all_gather(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    CHECK_K3(L, k3_dist_all_gather(&u->t, t));
+    return 1;
+}
+
+static int l_dist_barrier(lua_State *L) {
+    CHECK_K3(L, k3_dist_barrier());
+    return 0;
+}
+static int l_dist_synchronize(lua_State *L) {
+    CHECK_K3(L, k3_dist_synchronize());
+    return 0;
+}
+/* core.dist_destroy(abort): leaves the group (graceful unless abort). */
+static int l_dist_destroy(lua_State *L) {
+    CHECK_K3(L, k3_dist_destroy(lua_toboolean(L, 1)));
+    return 0;
+}
+
+/* core.dist_stats(reset) -> {all_reduce = {calls =, ms =}, all_gather = {...}, check = {...}} */
+static int l_dist_stats(lua_State *L) {
+    static const char *const names[] = {"all_reduce", "all_gather", "check"};
+    k3_dist_stats st;
+    CHECK_K3(L, k3_dist_get_stats(&st, lua_toboolean(L, 1)));
+    lua_createtable(L, 0, 3);
+    for (int i = 0; i < 3; i++) {
+        lua_createtable(L, 0, 2);
+        lua_pushinteger(L, (lua_Integer)st.calls[i]);
+        lua_setfield(L, -2, "calls");
+        lua_pushnumber(L, st.ms[i]);
+        lua_setfield(L, -2, "ms");
+        lua_setfield(L, -2, names[i]);
+    }
+    return 1;
+}
+
+static const luaL_Reg dist_funcs[] = {
+    {"dist_init", l_dist_init},
+    {"dist_initialized", l_dist_initialized},
+    {"dist_rank", l_dist_rank},
+    {"dist_world_size", l_dist_world_size},
+    {"dist_device", l_dist_device},
+    {"dist_all_reduce", l_dist_all_reduce},
+    {"dist_all_gather", l_dist_all_gather},
+    {"dist_barrier", l_dist_barrier},
+    {"dist_synchronize", l_dist_synchronize},
+    {"dist_destroy", l_dist_destroy},
+    {"dist_stats", l_dist_stats},
+    {NULL, NULL}};
+
+void k3l_open_dist(lua_State *L) { luaL_setfuncs(L, dist_funcs, 0); }

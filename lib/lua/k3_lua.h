@@ -1,0 +1,138 @@
+/*
+ * k3_lua.h — what the files of the Lua binding (lib/lua/) share: the userdata and registry
+ * names, the one way argument errors and core errors are raised, the argument readers, and
+ * each file's registration function. The binding sees the core through k3.h and k3_embed.h
+ * only, and is the only part of k3 that includes lua.h.
+ */
+#ifndef K3_LUA_H
+#define K3_LUA_H
+
+#include "k3.h"
+#include "k3_embed.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+/* Metatables (luaL_newmetatable names, also the __name users see) and registry keys. */
+#define K3L_TENSOR_MT "k3.Tensor"
+#define K3L_METHOD_MT "k3.Method"
+#define K3L_POLICY_MT "k3.Policy"
+#define K3L_STATS_MT "k3.StatsSink"
+#define K3L_SAFETENSORS_MT "k3.Safetensors"
+#define K3L_REG_POLICY "k3.policy.compiled"
+#define K3L_REG_TRACE "k3.trace"
+#define K3L_REG_STATS "k3.stats.sink"
+
+/* ---- errors (args.c) ------------------------------------------------------------------------ */
+
+/* Raises "bad argument #arg to 'f' (msg)" through luaL_argerror, Lua's own wording and
+ * naming (a method call does not count self). The one way the binding reports an argument
+ * error: the luaL_check* readers end there too. */
+int k3l_arg_error(lua_State *L, int arg, const char *fmt, ...);
+/* Raises the thread's last k3 message as a Lua error. Callers free their temporaries first. */
+int k3l_raise(lua_State *L);
+/* The same under the name of the function the user called: the core names its own entry
+ * point (k3.zeros runs k3_tensor_full, so "full: ..."; t:clone runs k3_tensor_to, so "to: ..."),
+ * and a leading "<identifier>: " becomes "<fname>: ". A message without such a prefix ("tensor
+ * has been freed", "CUDA error on cuda:0: ...") is raised as it is. */
+int k3l_raise_as(lua_State *L, const char *fname);
+
+/* Runs a core call with its messages numbered as Lua counts (from 1), restoring the thread's
+ * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). */
+#define K3L_RUN(s, expr)                                                                   \
+    do {                                                                                   \
+        int k3l_base_ = k3_set_message_base(1);                                            \
+        (s) = (expr);                                                                      \
+        k3_set_message_base(k3l_base_);                                                    \
+    } while (0)
+/* K3L_RUN, then raise the core's message on failure (plain, or renamed as fname). */
+#define CHECK_K3(L, expr)                                                                  \
+    do {                                                                                   \
+        k3_status k3l_s_;                                                                  \
+        K3L_RUN(k3l_s_, expr);                                                             \
+        if (k3l_s_ != K3_OK) return k3l_raise(L);                                          \
+    } while (0)
+#define CHECK_K3_AS(L, fname, expr)                                                        \
+    do {                                                                                   \
+        k3_status k3l_s_;                                                                  \
+        K3L_RUN(k3l_s_, expr);                                                             \
+        if (k3l_s_ != K3_OK) return k3l_raise_as(L, fname);                                \
+    } while (0)
+
+/* ---- argument readers (args.c) ---------------------------------------------------------------- */
+
+/* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated): a
+ * misspelt option ({dtyp = "f64"}) must not silently fall back to a default. argn is the
+ * argument reported. */
+void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn);
+/* Field `field` of the table at idx as an integer: nil gives dflt (or raises when required). */
+int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,
+                      int argn);
+/* Field `field` of the table at idx as a number; nil gives dflt. */
+double k3l_number_field(lua_State *L, int idx, const char *field, double dflt, int argn);
+/* The index of the string argument arg in names (NULL-terminated); def (non-NULL) when the
+ * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
+int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
+                   const char *what);
+/* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
+ * allow_neg, for view's -1). Returns n. */
+int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);
+
+/* The options of k3.empty and friends ({dtype =, device =, seed =}); absent or nil at idx gives
+ * f32 on the CPU with seed 0. */
+typedef struct k3l_create_opts {
+    k3_dtype dtype;
+    k3_device device;
+    uint64_t seed;
+} k3l_create_opts;
+k3l_create_opts k3l_check_create_opts(lua_State *L, int idx);
+
+/* ---- tensors (tensor.c) ---------------------------------------------------------------------- */
+
+typedef struct k3l_tensor_ud {
+    k3_tensor *t; /* NULL once freed */
+} k3l_tensor_ud;
+
+/* A new tensor userdata in the closed (NULL) state, pushed before anything is allocated, so an
+ * error cannot leak a handle. */
+k3l_tensor_ud *k3l_push_tensor(lua_State *L);
+/* The live tensor at idx; raises "tensor has been freed" for a freed handle or storage. */
+k3_tensor *k3l_check_tensor(lua_State *L, int idx);
+/* Field `field` of the table at idx as a tensor: nil gives NULL (or raises when required). The
+ * tensor is LEFT ON THE STACK so it stays alive until the call returns: the table may be a
+ * proxy whose __index makes a fresh tensor that nothing else references. */
+k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
+
+/* ---- the state's policy (policy.c) ----------------------------------------------------------- */
+
+/* The compiled policy this state's ops dispatch with (k3.set_policy, k3.set_batch_invariant). */
+k3_policy *k3l_state_policy(lua_State *L);
+
+/* ---- one op call (ops.c; also the methods of policy.c) ------------------------------------------ */
+
+/* One call's options: the state's policy, a forced kernel, explain mode and the record. */
+typedef struct k3l_call {
+    k3_call call;
+    k3_dispatch rec;
+} k3l_call;
+/* explain's mode: k3.explain (an op's) or m:explain (a method's). */
+enum { K3L_EXPLAIN_OP = 1, K3L_EXPLAIN_METHOD = 2 };
+void k3l_call_init(lua_State *L, k3l_call *c, const char *kernel, int explain);
+/* The stack index of opts.out (left on the stack), or 0; opts 0 means no options table. */
+int k3l_opt_out(lua_State *L, int opts, int argn);
+/* Pushes the result slot: the out userdata at out_idx when given, else a fresh tensor; none
+ * in explain mode (NULL returned then, and for out). */
+k3l_tensor_ud *k3l_result_slot(lua_State *L, int out_idx, int explain);
+/* Ends an op or method call: raises on failure, pushes the explain record, or counts the call
+ * in the state's counters and the active trace. Returns the number of results. */
+int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain);
+
+/* ---- registration: each adds its functions to the table on top of the stack ---------------------- */
+
+void k3l_open_tensor(lua_State *L);
+void k3l_open_ops(lua_State *L);
+void k3l_open_policy(lua_State *L);
+void k3l_open_files(lua_State *L);
+void k3l_open_dist(lua_State *L);
+
+#endif /* K3_LUA_H */
