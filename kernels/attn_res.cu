@@ -177,8 +177,9 @@ __global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(gener
 k3_status generic_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
     if (a->num_blocks + 1 > kGenericMaxSources) {
-        snprintf(reason, n, "cuda.attn_res.generic supports num_blocks up to %lld; got %lld",
-                 (long long)(kGenericMaxSources - 1), (long long)a->num_blocks);
+        snprintf(reason, n, "%s supports num_blocks up to %lld; got %lld",
+                 k3_cuda_attn_res_generic_name, (long long)(kGenericMaxSources - 1),
+                 (long long)a->num_blocks);
         return K3_EINVAL;
     }
     return K3_OK;
@@ -838,8 +839,8 @@ bool packed_pick(int64_t T, int64_t H, packed_shape *out, char *reason, size_t n
             return true;
         }
     }
-    snprintf(reason, n, "cuda.attn_res.packed supports hidden sizes up to %d; got %lld",
-             8 * 8 * kPackedMaxThreads * 2, (long long)H);
+    snprintf(reason, n, "%s supports hidden sizes up to %d; got %lld",
+             k3_cuda_attn_res_packed_name, 8 * 8 * kPackedMaxThreads * 2, (long long)H);
     return false;
 }
 
@@ -848,7 +849,7 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 k3_status packed_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_kargs *ka = &oa->u.attn_res;
     const k3_attn_res_args *a = &ka->p;
-    const char *K = "cuda.attn_res.packed";
+    const char *K = k3_cuda_attn_res_packed_name;
     k3_dtype dt = a->prefix->dtype;
     if (dt != K3_DTYPE_BF16 && dt != K3_DTYPE_F16) {
         snprintf(reason, n, "%s supports bf16 and f16; got %s", K, k3_dtype_name(dt));
@@ -948,9 +949,8 @@ k3_status packed_launch_w(const packed_params &p, const packed_shape &sh, int64_
         return packed_launch_t<T, W, 9, 2>(p, sh, T_, stream);
     }
     if (sh.v == 1) return packed_launch_t<T, W, 17, 1>(p, sh, T_, stream);
-    return k3_error(K3_EINTERNAL, "attn_res: cuda.attn_res.packed: no instance for num_blocks %d "
-                                  "at hidden_size %lld",
-                    p.nb, (long long)p.H);
+    return k3_error(K3_EINTERNAL, "attn_res: %s: no instance for num_blocks %d at hidden_size %lld",
+                    k3_cuda_attn_res_packed_name, p.nb, (long long)p.H);
 }
 
 k3_status packed_run(const k3_op_args *oa) {
@@ -968,8 +968,8 @@ k3_status packed_run(const k3_op_args *oa) {
     if (!packed_pick(T_, H, &sh, reason, sizeof reason))
         return k3_error(K3_ESHAPE, "attn_res: %s", reason);
     if (T_ * sh.cluster > INT_MAX)
-        return k3_error(K3_ESHAPE, "attn_res: cuda.attn_res.packed: %lld tokens is too many for one launch",
-                        (long long)T_);
+        return k3_error(K3_ESHAPE, "attn_res: %s: %lld tokens is too many for one launch",
+                        k3_cuda_attn_res_packed_name, (long long)T_);
     bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
     int snt = stream_threads(T_, H, a->num_blocks);
     if (snt > 0) {
@@ -1026,7 +1026,7 @@ k3_status packed_run(const k3_op_args *oa) {
 } // namespace
 
 #if K3_PACKED_ATTN_RES
-bool k3c_attn_res_packed_loadable(int dev) {
+static bool k3c_attn_res_packed_loadable(int dev) {
     int cl = 0;
     if (cudaSetDevice(dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess) {
@@ -1042,11 +1042,10 @@ bool k3c_attn_res_packed_loadable(int dev) {
     return true;
 }
 
-extern "C" const k3_kernel k3_cuda_attn_res_packed = {"cuda.attn_res.packed", K3_OP_ATTN_RES,
-                                                      K3_DEVICE_CUDA, packed_supports, packed_run};
-#else
-bool k3c_attn_res_packed_loadable(int dev) { return false; }
+/* True when the packed kernel has a loadable image for dev and dev can launch clusters. */
+extern "C" const k3_kernel k3_cuda_attn_res_packed = K3_KERNEL_RECORD_USABLE(
+    k3_cuda_attn_res_packed, packed_supports, packed_run, k3c_attn_res_packed_loadable);
 #endif
 
-extern "C" const k3_kernel k3_cuda_attn_res_generic = {
-    "cuda.attn_res.generic", K3_OP_ATTN_RES, K3_DEVICE_CUDA, generic_supports, generic_run};
+extern "C" const k3_kernel k3_cuda_attn_res_generic =
+    K3_KERNEL_RECORD(k3_cuda_attn_res_generic, generic_supports, generic_run);

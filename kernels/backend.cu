@@ -267,7 +267,15 @@ void k3c_dist_fill(k3_backend *out); /* dist.cu: NCCL entries of the table */
 
 namespace {
 
-const k3_kernel *g_kernels[16];
+/* The CUDA kernels of the catalogue (lib/k3_kernels.def), and those of them this build can run
+ * on every device present (each kernel's usable check). */
+const k3_kernel *const g_catalogue[] = {
+#define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank) K3_ON_CUDA_##DEVICE(&symbol,)
+#include "k3_kernels.def"
+#undef K3_KERNEL
+};
+const int kCatalogue = (int)(sizeof g_catalogue / sizeof g_catalogue[0]);
+const k3_kernel *g_kernels[sizeof g_catalogue / sizeof g_catalogue[0]];
 
 void set_reason(char *reason, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void set_reason(char *reason, size_t n, const char *fmt, ...) {
@@ -316,7 +324,6 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         return K3_EDEVICE;
     }
     if (count > K3C_MAX_DEVICES) count = K3C_MAX_DEVICES;
-    bool packed_ok = true;
     for (int d = 0; d < count; d++) {
         cudaDeviceProp p;
         e = cudaGetDeviceProperties(&p, d);
@@ -348,22 +355,13 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         set_reason(reason, n, "out of host memory");
         return K3_ENOMEM;
     }
-#if K3_PACKED_ATTN_RES
-    for (int d = 0; d < count; d++) packed_ok = packed_ok && k3c_attn_res_packed_loadable(d);
-#else
-    packed_ok = false;
-#endif
     int nk = 0;
-    g_kernels[nk++] = &k3_cuda_linear_cublas;
-    if (&k3_cuda_linear_skinny) g_kernels[nk++] = &k3_cuda_linear_skinny;
-    if (&k3_cuda_linear_batch_invariant) g_kernels[nk++] = &k3_cuda_linear_batch_invariant;
-#if K3_PACKED_ATTN_RES
-    if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_packed;
-#endif
-    g_kernels[nk++] = &k3_cuda_attn_res_generic;
-    g_kernels[nk++] = &k3_cuda_rms_norm_generic;
-    g_kernels[nk++] = &k3_cuda_silu_mul_generic;
-    (void)packed_ok;
+    for (int i = 0; i < kCatalogue; i++) {
+        bool usable = true;
+        for (int d = 0; usable && d < count && g_catalogue[i]->usable; d++)
+            usable = g_catalogue[i]->usable(d);
+        if (usable) g_kernels[nk++] = g_catalogue[i];
+    }
     cudaSetDevice(0);
     (void)cudaGetLastError();
 

@@ -77,20 +77,8 @@ struct k3c_temp_tensor {
 void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dtype dt, int ndim,
                    const int64_t *shape);
 
-/* Kernels of other files, collected in backend.cu. */
-extern "C" {
-extern const k3_kernel k3_cuda_linear_cublas, k3_cuda_attn_res_generic, k3_cuda_rms_norm_generic,
-    k3_cuda_silu_mul_generic;
-#if K3_PACKED_ATTN_RES
-extern const k3_kernel k3_cuda_attn_res_packed;
-#endif
-/* Defined by kernels/linear_skinny.cu and kernels/linear_batch_invariant.cu when those are
- * built; weak so the backend links without them. */
-extern const k3_kernel k3_cuda_linear_skinny __attribute__((weak));
-extern const k3_kernel k3_cuda_linear_batch_invariant __attribute__((weak));
-}
-/* True when the packed AttnRes kernel has a loadable image for dev (attn_res.cu). */
-bool k3c_attn_res_packed_loadable(int dev);
+/* The kernels' records are declared by the catalogue (k3_impl.h, lib/k3_kernels.def); backend.cu
+ * registers every CUDA line of it. */
 
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);

@@ -123,26 +123,28 @@ static k3_status k3bi_launch(const k3_linear_args *l, cudaStream_t stream) {
 
 static k3_status k3bi_run(const k3_op_args *a) {
     if (!a || a->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: cuda.linear.batch_invariant: not a linear call");
+        return k3_error(K3_EINVAL, "linear: %s: not a linear call",
+                        k3_cuda_linear_batch_invariant_name);
     const k3_linear_args *l = &a->u.linear;
     K3_TRY(k3_linear_validate(l));
     char why[256];
     k3_status s = k3bi_check(l, why, sizeof why);
-    if (s != K3_OK) return k3_error(s, "linear: cuda.linear.batch_invariant: %s", why);
+    if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_batch_invariant_name, why);
     if (l->x->size[0] == 0 || l->w->size[0] == 0) return K3_OK;
     /* k3_linear_validate has rejected freed tensors; only K = 0 leaves x and w unread. */
     const k3_tensor *ts[5] = {l->x, l->w, l->bias, l->residual, l->out};
     for (int i = 0; i < 5; i++)
         if (ts[i] && k3_tensor_numel(ts[i]) > 0 && !k3_tensor_data(ts[i]))
             return k3_error(K3_EINTERNAL,
-                            "linear: cuda.linear.batch_invariant: NULL data for a non-empty tensor");
+                            "linear: %s: NULL data for a non-empty tensor",
+                            k3_cuda_linear_batch_invariant_name);
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
     K3C_DISPATCH_DTYPE(l->x->dtype, T, return k3bi_launch<T>(l, ctx->stream));
-    return k3_error(K3_EDTYPE, "linear: cuda.linear.batch_invariant: unknown dtype %d",
+    return k3_error(K3_EDTYPE, "linear: %s: unknown dtype %d", k3_cuda_linear_batch_invariant_name,
                     (int)l->x->dtype);
 }
 
-extern "C" const k3_kernel k3_cuda_linear_batch_invariant = {
-    "cuda.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CUDA, k3bi_supports, k3bi_run};
+extern "C" const k3_kernel k3_cuda_linear_batch_invariant =
+    K3_KERNEL_RECORD(k3_cuda_linear_batch_invariant, k3bi_supports, k3bi_run);

@@ -198,8 +198,8 @@ k3_status contiguous_copy(const k3_tensor *t, k3c_buffer &buf, k3c_temp_tensor &
 k3_status supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_linear_args *a = &oa->u.linear;
     if (a->batch_invariant) {
-        snprintf(reason, n,
-                 "cuda.linear.cublas picks its algorithm per M; batch-invariant mode is on");
+        snprintf(reason, n, "%s picks its algorithm per M; batch-invariant mode is on",
+                 self().name);
         return K3_EINVAL;
     }
     return K3_OK;
@@ -317,8 +317,8 @@ k3_status run(const k3_op_args *oa) {
     K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
     if (M == 0 || N == 0) return K3_OK;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
-        return k3_error(K3_ESHAPE, "linear: cuda.linear.cublas supports dims up to %d; got M %lld, N %lld, K %lld",
-                        INT_MAX, (long long)M, (long long)N, (long long)K);
+        return k3_error(K3_ESHAPE, "linear: %s supports dims up to %d; got M %lld, N %lld, K %lld",
+                        self().name, INT_MAX, (long long)M, (long long)N, (long long)K);
     /* w [N,K] as cuBLAS A (column-major [N,K] after op): row-major w is OP_T. */
     operand A = {nullptr, CUBLAS_OP_N, 1}, B = {nullptr, CUBLAS_OP_N, 1};
     k3c_buffer wbuf, xbuf;
@@ -333,7 +333,7 @@ k3_status run(const k3_op_args *oa) {
         as_operand(&xt.t, false, &B);
     }
     if (K > 0 && (A.ld > INT_MAX || B.ld > INT_MAX))
-        return k3_error(K3_ESHAPE, "linear: cuda.linear.cublas: leading dimension above %d", INT_MAX);
+        return k3_error(K3_ESHAPE, "linear: %s: leading dimension above %d", self().name, INT_MAX);
     bool done = false;
     K3_TRY(lt_path(ctx, a, A, B, M, N, K, &done));
     if (done) return K3_OK;
@@ -343,5 +343,5 @@ k3_status run(const k3_op_args *oa) {
 
 } // namespace
 
-extern "C" const k3_kernel k3_cuda_linear_cublas = {"cuda.linear.cublas", K3_OP_LINEAR,
-                                                    K3_DEVICE_CUDA, supports, run};
+extern "C" const k3_kernel k3_cuda_linear_cublas =
+    K3_KERNEL_RECORD(k3_cuda_linear_cublas, supports, run);

@@ -206,13 +206,13 @@ static k3_status k3sk_supports(const k3_op_args *a, char *reason, size_t n) {
 
 static k3_status k3sk_run(const k3_op_args *a) {
     if (!a || a->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: cuda.linear.skinny: not a linear call");
+        return k3_error(K3_EINVAL, "linear: %s: not a linear call", k3_cuda_linear_skinny_name);
     const k3_linear_args *l = &a->u.linear;
     K3_TRY(k3_linear_validate(l));
     k3_skinny_config cfg;
     char why[256];
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
-    if (s != K3_OK) return k3_error(s, "linear: cuda.linear.skinny: %s", why);
+    if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
 
     k3_skinny_problem p = {};
     k3_skinny_knobs(&p.pdl, &p.prefetch_bytes);
@@ -230,7 +230,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
     if (p.N == 0) return K3_OK;
     /* k3_linear_validate has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
-        return k3_error(K3_EINTERNAL, "linear: cuda.linear.skinny: NULL data for a non-empty tensor");
+        return k3_error(K3_EINTERNAL, "linear: %s: NULL data for a non-empty tensor",
+                        k3_cuda_linear_skinny_name);
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
@@ -246,5 +247,5 @@ static k3_status k3sk_run(const k3_op_args *a) {
     return K3_OK;
 }
 
-extern "C" const k3_kernel k3_cuda_linear_skinny = {
-    "cuda.linear.skinny", K3_OP_LINEAR, K3_DEVICE_CUDA, k3sk_supports, k3sk_run};
+extern "C" const k3_kernel k3_cuda_linear_skinny =
+    K3_KERNEL_RECORD(k3_cuda_linear_skinny, k3sk_supports, k3sk_run);

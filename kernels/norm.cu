@@ -120,7 +120,7 @@ k3_status run_silu_mul(const k3_op_args *oa) {
 
 } // namespace
 
-extern "C" const k3_kernel k3_cuda_rms_norm_generic = {
-    "cuda.rms_norm.generic", K3_OP_RMS_NORM, K3_DEVICE_CUDA, supports, run_rms_norm};
-extern "C" const k3_kernel k3_cuda_silu_mul_generic = {
-    "cuda.silu_mul.generic", K3_OP_SILU_MUL, K3_DEVICE_CUDA, supports, run_silu_mul};
+extern "C" const k3_kernel k3_cuda_rms_norm_generic =
+    K3_KERNEL_RECORD(k3_cuda_rms_norm_generic, supports, run_rms_norm);
+extern "C" const k3_kernel k3_cuda_silu_mul_generic =
+    K3_KERNEL_RECORD(k3_cuda_silu_mul_generic, supports, run_silu_mul);

@@ -14,8 +14,11 @@
 #include <string.h>
 #include <strings.h>
 
-static const char *const g_op_names[K3_OP_COUNT] = {"linear", "attn_res", "rms_norm",
-                                                     "silu_mul"};
+static const char *const g_op_names[K3_OP_COUNT] = {
+#define K3_OP(ID, name, signature, summary) #name,
+#include "k3_ops.def"
+#undef K3_OP
+};
 
 const char *k3_op_name(k3_op op) {
     return op >= 0 && op < K3_OP_COUNT ? g_op_names[op] : "?";
@@ -31,20 +34,22 @@ static int op_parse(const char *name) {
 
 /* struct k3_policy is in k3_impl.h (lib/method.c copies it per call). */
 
-/* Must state what lua/k3/policy/default.lua states. cpu.linear.reference ends the linear
- * list so that K3_DISABLE_KERNELS=cpu.linear.blas leaves a CPU kernel that serves linear. */
-static const char *const g_default_candidates[K3_OP_COUNT][4] = {
-    {"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference", NULL},
-    {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
-    {"cuda.rms_norm.generic", "cpu.rms_norm.reference", NULL},
-    {"cuda.silu_mul.generic", "cpu.silu_mul.reference", NULL},
-};
-
+/* The built-in default: per op, the catalogue's kernels of that op with a rank, lowest rank
+ * first (lib/k3_kernels.def), for each of the two lists. */
 static void policy_default_fill(k3_policy *p) {
     memset(p, 0, sizeof *p);
-    for (int op = 0; op < K3_OP_COUNT; op++)
-        for (int i = 0; g_default_candidates[op][i]; i++)
-            p->cand[op][p->n[op]++] = k3_known_lookup(g_default_candidates[op][i], NULL, NULL);
+    for (int list = 0; list < 2; list++)
+        for (int op = 0; op < K3_OP_COUNT; op++) {
+            int *cand = p->cand[list][op], n = 0;
+            for (int i = 0; i < k3_known_count(); i++) {
+                int r = k3_known_rank(i, list);
+                if (!r || k3_known_op(i) != (k3_op)op || n == K3_MAX_CANDIDATES) continue;
+                int j = n++;
+                for (; j > 0 && k3_known_rank(cand[j - 1], list) > r; j--) cand[j] = cand[j - 1];
+                cand[j] = i;
+            }
+            p->n[list][op] = n;
+        }
 }
 
 static k3_policy g_default_policy;
@@ -79,33 +84,45 @@ void k3_policy_free(k3_policy *p) {
 static void known_for_op(char *buf, size_t n, k3_op op) {
     size_t used = 0;
     buf[0] = '\0';
-    for (int i = 0; k3_known_name(i); i++) {
-        k3_op kop;
-        k3_known_lookup(k3_known_name(i), &kop, NULL);
-        if (kop != op) continue;
+    for (int i = 0; i < k3_known_count(); i++) {
+        if (k3_known_op(i) != op) continue;
         int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : "", k3_known_name(i));
         if (w < 0 || (size_t)w >= n - used) break;
         used += (size_t)w;
     }
 }
 
-k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
-                                   int n) {
-    if (!p) return k3_error(K3_EINVAL, "policy_set_candidates: p is NULL");
-    if (!op) return k3_error(K3_EINVAL, "policy_set_candidates: op is NULL");
+/* Writes "a, b, c or d" of the op names into buf. */
+static void op_names(char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int o = 0; o < K3_OP_COUNT; o++) {
+        const char *sep = o == 0 ? "" : o == K3_OP_COUNT - 1 ? " or " : ", ";
+        int w = snprintf(buf + used, n - used, "%s%s", sep, g_op_names[o]);
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+    }
+}
+
+/* Sets one of op's two lists (list 0: the candidates, 1: the batch-invariant ones); fname is
+ * the public function, for NULL arguments. Every name must be a catalogued kernel of op. */
+static k3_status set_list(k3_policy *p, int list, const char *fname, const char *op,
+                          const char *const *names, int n) {
+    if (!p) return k3_error(K3_EINVAL, "%s: p is NULL", fname);
+    if (!op) return k3_error(K3_EINVAL, "%s: op is NULL", fname);
     int o = op_parse(op);
-    if (o < 0)
-        return k3_error(K3_EINVAL,
-                        "policy: unknown op '%s' (expected linear, attn_res, rms_norm or silu_mul)",
-                        op);
+    if (o < 0) {
+        char ops[128];
+        op_names(ops, sizeof ops);
+        return k3_error(K3_EINVAL, "policy: unknown op '%s' (expected %s)", op, ops);
+    }
     if (n < 0 || n > K3_MAX_CANDIDATES)
         return k3_error(K3_EINVAL, "policy: %s has %d candidates; expected 0..%d", op, n,
                         K3_MAX_CANDIDATES);
-    if (n > 0 && !names) return k3_error(K3_EINVAL, "policy_set_candidates: names is NULL");
+    if (n > 0 && !names) return k3_error(K3_EINVAL, "%s: names is NULL", fname);
     int idx[K3_MAX_CANDIDATES];
     for (int i = 0; i < n; i++) {
-        if (!names[i])
-            return k3_error(K3_EINVAL, "policy_set_candidates: names[%d] is NULL", i);
+        if (!names[i]) return k3_error(K3_EINVAL, "%s: names[%d] is NULL", fname, i);
         k3_op kop;
         int k = k3_known_lookup(names[i], &kop, NULL);
         if (k < 0 || kop != (k3_op)o) {
@@ -121,9 +138,19 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
         }
         idx[i] = k;
     }
-    memcpy(p->cand[o], idx, sizeof(int) * (size_t)n);
-    p->n[o] = n;
+    memcpy(p->cand[list][o], idx, sizeof(int) * (size_t)n);
+    p->n[list][o] = n;
     return K3_OK;
+}
+
+k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
+                                   int n) {
+    return set_list(p, 0, "policy_set_candidates", op, names, n);
+}
+
+k3_status k3_policy_set_invariant_candidates(k3_policy *p, const char *op,
+                                             const char *const *names, int n) {
+    return set_list(p, 1, "policy_set_invariant_candidates", op, names, n);
 }
 
 k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback) {
@@ -137,18 +164,29 @@ k3_status k3_policy_set_layout_fallback(k3_policy *p, int fallback) {
     return K3_OK;
 }
 
-int k3_policy_count(const k3_policy *p, const char *op) {
+static int list_count(const k3_policy *p, int list, const char *op) {
     int o = op_parse(op);
     if (o < 0) return -1;
     if (!p) p = default_policy();
-    return p->n[o];
+    return p->n[list][o];
 }
 
-const char *k3_policy_candidate(const k3_policy *p, const char *op, int i) {
+static const char *list_candidate(const k3_policy *p, int list, const char *op, int i) {
     int o = op_parse(op);
     if (!p) p = default_policy();
-    if (o < 0 || i < 0 || i >= p->n[o]) return NULL;
-    return k3_known_name(p->cand[o][i]);
+    if (o < 0 || i < 0 || i >= p->n[list][o]) return NULL;
+    return k3_known_name(p->cand[list][o][i]);
+}
+
+int k3_policy_count(const k3_policy *p, const char *op) { return list_count(p, 0, op); }
+const char *k3_policy_candidate(const k3_policy *p, const char *op, int i) {
+    return list_candidate(p, 0, op, i);
+}
+int k3_policy_invariant_count(const k3_policy *p, const char *op) {
+    return list_count(p, 1, op);
+}
+const char *k3_policy_invariant_candidate(const k3_policy *p, const char *op, int i) {
+    return list_candidate(p, 1, op, i);
 }
 
 int k3_policy_layout_fallback(const k3_policy *p) {
@@ -366,8 +404,8 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
 
     /* The caller's policy carries its mode (a lua_State's own); no policy: the process
      * default. */
-    if (a->op == K3_OP_LINEAR)
-        a->u.linear.batch_invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
+    int invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
+    if (a->op == K3_OP_LINEAR) a->u.linear.batch_invariant = invariant;
 
     const k3_kernel *chosen = NULL;
     char dn[32];
@@ -390,31 +428,24 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
             return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
                             opn, chosen->name, device_type_name(kdev), dn);
     } else {
-        /* Batch-invariant mode replaces the linear candidates with the one fixed-order
-         * kernel of the device: any other kernel would make a row depend on M. */
+        /* Batch-invariant mode walks the op's batch-invariant list instead, when the policy
+         * has one: any other kernel would make a row depend on M. */
         struct {
             const k3_kernel *k;
             const char *name;
             int idx; /* catalogue index, for the not-registered reason */
         } list[K3_MAX_CANDIDATES + 1];
-        int n = 0;
-        if (a->op == K3_OP_LINEAR && a->u.linear.batch_invariant) {
-            const char *bname = dev.type == K3_DEVICE_CPU ? "cpu.linear.batch_invariant"
-                                                          : "cuda.linear.batch_invariant";
-            list[n].k = k3_kernel_find(bname);
-            list[n].idx = k3_known_lookup(bname, NULL, NULL);
-            list[n++].name = bname;
-        } else {
-            if (ext && ext->pre) {
-                list[n].k = ext->pre;
-                list[n].idx = -1;
-                list[n++].name = ext->pre->name;
-            }
-            for (int i = 0; i < pol->n[a->op]; i++) {
-                list[n].k = k3_known_kernel_at(pol->cand[a->op][i]);
-                list[n].idx = pol->cand[a->op][i];
-                list[n++].name = k3_known_name(pol->cand[a->op][i]);
-            }
+        int n = 0, which = invariant && pol->n[1][a->op] > 0;
+        if (ext && ext->pre && !which) {
+            list[n].k = ext->pre;
+            list[n].idx = -1;
+            list[n++].name = ext->pre->name;
+        }
+        for (int i = 0; i < pol->n[which][a->op]; i++) {
+            int idx = pol->cand[which][a->op][i];
+            list[n].k = k3_known_kernel_at(idx);
+            list[n].idx = idx;
+            list[n++].name = k3_known_name(idx);
         }
         for (int i = 0; i < n && !chosen; i++) {
             const k3_kernel *k = list[i].k;

@@ -313,6 +313,13 @@ K3_API void k3_policy_free(k3_policy *p);
 #define K3_MAX_CANDIDATES 16
 K3_API k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *const *names,
                                           int n);
+/* The candidates of op in batch-invariant mode, which dispatch walks instead of op's own list
+ * while the mode is on (k3_policy_set_batch_invariant); n 0 leaves op's own list to serve that
+ * mode too. The built-in default lists cuda.linear.batch_invariant, cpu.linear.batch_invariant
+ * for linear, none for the row-wise ops. Names and errors as k3_policy_set_candidates
+ * ("policy_set_invariant_candidates: p is NULL"). */
+K3_API k3_status k3_policy_set_invariant_candidates(k3_policy *p, const char *op,
+                                                    const char *const *names, int n);
 /* fallback 0: "error" (the default: a kernel's layout error is raised), 1: "fallback" (it
  * becomes a decline and dispatch goes on). Any other value, or p NULL, is K3_EINVAL
  * ("policy_set_layout_fallback: fallback must be 0 (error) or 1 (fallback); got 7"). */
@@ -327,10 +334,12 @@ K3_API int k3_policy_batch_invariant(const k3_policy *p);
 /* Kernel names k3 knows, registered or not ("cuda.linear.skinny" on a CPU-only build). */
 K3_API int k3_known_kernel(const char *name);
 /* Reading a policy back (p NULL: the built-in default): the number of candidates of op (-1 for
- * an op k3 does not know, or op NULL), candidate i (0-based; NULL out of range) and the layout
- * mode (0 "error", 1 "fallback"). */
+ * an op k3 does not know, or op NULL), candidate i (0-based; NULL out of range), the same for
+ * the batch-invariant list, and the layout mode (0 "error", 1 "fallback"). */
 K3_API int k3_policy_count(const k3_policy *p, const char *op);
 K3_API const char *k3_policy_candidate(const k3_policy *p, const char *op, int i);
+K3_API int k3_policy_invariant_count(const k3_policy *p, const char *op);
+K3_API const char *k3_policy_invariant_candidate(const k3_policy *p, const char *op, int i);
 K3_API int k3_policy_layout_fallback(const k3_policy *p);
 
 /* What one dispatch decided. */

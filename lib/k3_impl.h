@@ -134,11 +134,11 @@ K3_API void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_
 
 /* ---- ops: argument blocks ---------------------------------------------------------------- */
 
+/* The ops, in the order of their catalogue (lib/k3_ops.def). */
 typedef enum k3_op {
-    K3_OP_LINEAR = 0,
-    K3_OP_ATTN_RES,
-    K3_OP_RMS_NORM,
-    K3_OP_SILU_MUL,
+#define K3_OP(ID, name, signature, summary) K3_OP_##ID,
+#include "k3_ops.def"
+#undef K3_OP
     K3_OP_COUNT
 } k3_op;
 
@@ -197,23 +197,50 @@ typedef struct k3_op_args {
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 
-/* A kernel registered as "<backend>.<op>.<variant>". supports() is pure: K3_OK, or a
- * status with a one-line reason written to `reason` (K3_ELAYOUT marks a layout the kernel
- * needs but did not get: policy "error" turns it into an error, "fallback" into a decline).
- * supports() runs only after the op's shared validation has passed. run() re-checks its
- * own hard preconditions (defence in depth) and returns the same error text a direct call
- * would get, then computes into the caller-allocated out. */
+/* A kernel of the catalogue (lib/k3_kernels.def), registered as "<backend>.<op>.<variant>".
+ * supports() is pure: K3_OK, or a status with a one-line reason written to `reason`
+ * (K3_ELAYOUT marks a layout the kernel needs but did not get: policy "error" turns it into an
+ * error, "fallback" into a decline). usable(device), when set, is asked once per device when
+ * the backend opens; a kernel it refuses on any device is not registered. Dispatch runs the
+ * op's validation and the device check before supports() and run() (k3_kernel_run); run()
+ * checks only the kernel's own hard limits, with the same text a direct call gets, then
+ * computes into the caller-allocated out. */
 typedef struct k3_kernel {
     const char *name;
     k3_op op;
     k3_device_type device;
     k3_status (*supports)(const k3_op_args *a, char *reason, size_t n);
     k3_status (*run)(const k3_op_args *a);
+    bool (*usable)(int device);
 } k3_kernel;
+
+/* The catalogue's own facts about each kernel, as constants of the kernel's symbol:
+ * <symbol>_name (the name string), <symbol>_op and <symbol>_device. */
+#define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank)                          \
+    static const char symbol##_name[] __attribute__((unused)) = name;                      \
+    enum { symbol##_op = K3_OP_##OP, symbol##_device = K3_DEVICE_##DEVICE };               \
+    extern const k3_kernel symbol;
+#include "k3_kernels.def"
+#undef K3_KERNEL
+
+/* The record of catalogued kernel `symbol`, defined in the kernel's own file:
+ *     const k3_kernel k3_cpu_rms_norm_reference =
+ *         K3_KERNEL_RECORD(k3_cpu_rms_norm_reference, supports, run);
+ * (extern "C" in CUDA files), or K3_KERNEL_RECORD_USABLE with a usable(device) check. */
+#define K3_KERNEL_RECORD(symbol, supports, run) K3_KERNEL_RECORD_USABLE(symbol, supports, run, NULL)
+#define K3_KERNEL_RECORD_USABLE(symbol, supports, run, usable)                             \
+    {symbol##_name, (k3_op)symbol##_op, (k3_device_type)symbol##_device, supports, run, usable}
+
+/* K3_ON_<DEVICE>(x): x for the catalogue lines of that device, nothing for the others:
+ *     #define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank) K3_ON_CUDA_##DEVICE(&symbol,) */
+#define K3_ON_CPU_CPU(...) __VA_ARGS__
+#define K3_ON_CPU_CUDA(...)
+#define K3_ON_CUDA_CPU(...)
+#define K3_ON_CUDA_CUDA(...) __VA_ARGS__
 
 /* ---- the CUDA backend's table (libk3_cuda.so) ------------------------------------------------ */
 
-#define K3_BACKEND_ABI 1
+#define K3_BACKEND_ABI 2
 
 typedef struct k3_backend {
     int abi;              /* K3_BACKEND_ABI the backend was built with */
@@ -291,18 +318,18 @@ void k3_known_absent_reason(int i, char *buf, size_t n);
 /* True when the CUDA backend is missing from this build: no K3_CUDA_BACKEND was given and
  * no libk3_cuda.so lies beside libk3.so (lib/backend.c). */
 bool k3_cuda_backend_absent(void);
-/* The catalogue of known kernel names (registered or not): index of `name` (-1 unknown)
- * with its op and device type; the name and registered kernel (or NULL) at an index. */
+/* The catalogue of known kernels (lib/k3_kernels.def, registered or not): index of `name` (-1
+ * unknown) with its op and device type; how many there are; the name, op (K3_OP_COUNT out of
+ * range), rank in its op's default list (invariant 0) or batch-invariant list (invariant 1;
+ * 0: in neither) and the registered kernel (or NULL) at an index. */
 int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device);
+int k3_known_count(void);
 const char *k3_known_name(int i);
+k3_op k3_known_op(int i);
+int k3_known_rank(int i, int invariant);
 const k3_kernel *k3_known_kernel_at(int i);
 /* "linear", "attn_res", "rms_norm", "silu_mul". */
 K3_API const char *k3_op_name(k3_op op);
-
-/* The CPU kernels (lib/cpu/linear.c, lib/cpu/attn_res.c, lib/cpu/norm.c). */
-extern const k3_kernel k3_cpu_linear_blas, k3_cpu_linear_reference,
-    k3_cpu_linear_batch_invariant, k3_cpu_attn_res_reference, k3_cpu_rms_norm_reference,
-    k3_cpu_silu_mul_reference;
 
 /* The shared validation of each op (lib/ops.c): shapes, dtypes, devices, unit last
  * strides, ranges and out (which must be non-NULL here). Kernels call these at the start of
@@ -320,8 +347,8 @@ K3_API k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t);
  * k3_policy_set_batch_invariant); a lua_State's policy carries that state's mode. Defined
  * here because lib/method.c makes a per-call copy with the caller's mode. */
 struct k3_policy {
-    int n[K3_OP_COUNT];
-    int cand[K3_OP_COUNT][K3_MAX_CANDIDATES];
+    int n[2][K3_OP_COUNT]; /* [0]: the candidates, [1]: the batch-invariant candidates */
+    int cand[2][K3_OP_COUNT][K3_MAX_CANDIDATES];
     int layout_fallback;
     int batch_invariant;
 };

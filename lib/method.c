@@ -26,20 +26,7 @@ static k3_status policy_copy(k3_policy **out, const k3_policy *src) {
     *out = NULL;
     if (!src) return K3_OK;
     K3_TRY(k3_policy_new(out));
-    /* Rebuild from the public getters so the copy does not depend on the struct layout. */
-    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
-    for (int o = 0; o < 4; o++) {
-        const char *names[K3_MAX_CANDIDATES];
-        int n = k3_policy_count(src, ops[o]);
-        for (int i = 0; i < n; i++) names[i] = k3_policy_candidate(src, ops[o], i);
-        k3_status s = k3_policy_set_candidates(*out, ops[o], names, n);
-        if (s != K3_OK) {
-            k3_policy_free(*out);
-            *out = NULL;
-            return s;
-        }
-    }
-    k3_policy_set_layout_fallback(*out, k3_policy_layout_fallback(src));
+    **out = *src;
     return K3_OK;
 }
 
@@ -77,7 +64,7 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
             return k3_error(K3_EINVAL, "method.low_latency: plan has two entries for M = %d",
                             e->m);
         const char *kname = !e->kernel || strcmp(e->kernel, "skinny") == 0
-                                ? "cuda.linear.skinny"
+                                ? k3_cuda_linear_skinny_name
                                 : e->kernel;
         k3_op kop = K3_OP_COUNT;
         if (k3_known_lookup(kname, &kop, NULL) < 0 || kop != K3_OP_LINEAR)
@@ -215,7 +202,7 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
     int64_t M = x->ndim == 2 ? x->size[0] : 0;
     snprintf(d.kernel, sizeof d.kernel, "%s",
              M >= 1 && M <= K3_PLAN_MAX_M && m->plan[M].present ? m->plan[M].kernel
-                                                                  : "cuda.linear.skinny");
+                                                                  : k3_cuda_linear_skinny_name);
     k3_dispatch_ext declined = {NULL, &d, 1};
     k3_status s = apply_ext(m->fallback, y, x, w, bias, residual, out, call, &declined, base);
     if (s != K3_OK) record_undispatched(call, &d, 1);

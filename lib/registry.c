@@ -1,8 +1,8 @@
 /*
- * registry.c — the kernel registry: the catalogue of every kernel name k3 knows in any
- * build, and the kernels registered in this process (the CPU kernels always, then the CUDA
- * backend's when it loads), minus those named in K3_DISABLE_KERNELS. Built once, then
- * read-only, so lookups need no lock.
+ * registry.c — the kernel registry: the catalogue of every kernel k3 knows in any build
+ * (lib/k3_kernels.def), and the kernels registered in this process (the CPU kernels always,
+ * then the CUDA backend's when it loads), minus those named in K3_DISABLE_KERNELS. Built once,
+ * then read-only, so lookups need no lock.
  */
 #include "k3_impl.h"
 
@@ -12,41 +12,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Every kernel name k3 knows, registered or not; a policy may name only these. Backend
- * kernels with other names are appended at registration. */
+/* Every kernel k3 knows, registered or not (lib/k3_kernels.def); a policy may name only these. */
 typedef struct known_kernel {
     const char *name;
     k3_op op;
     k3_device_type device;
+    int rank[2]; /* default list, batch-invariant list; 0: in none */
 } known_kernel;
 
-#define K3_MAX_KNOWN 64
-static known_kernel g_known[K3_MAX_KNOWN] = {
-    {"cpu.linear.blas", K3_OP_LINEAR, K3_DEVICE_CPU},
-    {"cpu.linear.reference", K3_OP_LINEAR, K3_DEVICE_CPU},
-    {"cpu.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CPU},
-    {"cpu.attn_res.reference", K3_OP_ATTN_RES, K3_DEVICE_CPU},
-    {"cpu.rms_norm.reference", K3_OP_RMS_NORM, K3_DEVICE_CPU},
-    {"cpu.silu_mul.reference", K3_OP_SILU_MUL, K3_DEVICE_CPU},
-    {"cuda.linear.cublas", K3_OP_LINEAR, K3_DEVICE_CUDA},
-    {"cuda.linear.skinny", K3_OP_LINEAR, K3_DEVICE_CUDA},
-    {"cuda.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CUDA},
-    {"cuda.attn_res.generic", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
-    {"cuda.attn_res.packed", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
-    {"cuda.rms_norm.generic", K3_OP_RMS_NORM, K3_DEVICE_CUDA},
-    {"cuda.silu_mul.generic", K3_OP_SILU_MUL, K3_DEVICE_CUDA},
+static const known_kernel g_known[] = {
+#define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank)                          \
+    {name, K3_OP_##OP, K3_DEVICE_##DEVICE, {rank, invariant_rank}},
+#include "k3_kernels.def"
+#undef K3_KERNEL
 };
-static int g_nknown = 13;
+enum { K3_NKNOWN = (int)(sizeof g_known / sizeof g_known[0]) };
 
-/* Registered kernels in registration order; g_slot[i] is the registered kernel of known
- * name i or NULL. */
-static const k3_kernel *g_registered[K3_MAX_KNOWN];
+/* Registered kernels in registration order; g_slot[i] is the registered kernel of known name i
+ * or NULL. */
+static const k3_kernel *g_registered[K3_NKNOWN];
 static int g_nregistered;
-static const k3_kernel *g_slot[K3_MAX_KNOWN];
+static const k3_kernel *g_slot[K3_NKNOWN];
 
 /* g_disabled[i]: known name i is listed in K3_DISABLE_KERNELS (read once, at set-up, so a
  * decline reason costs no environment parse per call). */
-static bool g_disabled[K3_MAX_KNOWN];
+static bool g_disabled[K3_NKNOWN];
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -76,23 +66,21 @@ static bool entry_is(const char *s, size_t len, void *name) {
 bool k3_kernel_disabled(const char *name) { return each_disabled_entry(entry_is, (void *)name); }
 
 static int known_index(const char *name) {
-    for (int i = 0; i < g_nknown; i++)
+    for (int i = 0; i < K3_NKNOWN; i++)
         if (strcmp(g_known[i].name, name) == 0) return i;
     return -1;
 }
 
+/* Registers k unless K3_DISABLE_KERNELS names it. Only the catalogue's kernels are taken, and
+ * only with the catalogue's op and device (a backend built from another tree could differ). */
 static void add(const k3_kernel *k) {
     if (!k || !k->name || k3_kernel_disabled(k->name)) return;
     int i = known_index(k->name);
-    if (i >= 0 && g_slot[i]) return; /* first registration wins */
     if (i < 0) {
-        if (g_nknown == K3_MAX_KNOWN) {
-            k3_log(K3_LOG_WARN, "kernel registry full: %s not registered", k->name);
-            return;
-        }
-        i = g_nknown++;
-        g_known[i] = (known_kernel){k->name, k->op, k->device};
+        k3_log(K3_LOG_WARN, "kernel %s is not in the catalogue: not registered", k->name);
+        return;
     }
+    if (g_slot[i]) return; /* first registration wins */
     if (g_known[i].op != k->op || g_known[i].device != k->device) {
         k3_log(K3_LOG_WARN, "kernel %s has the wrong op or device: not registered", k->name);
         return;
@@ -107,12 +95,12 @@ static void add(const k3_kernel *k) {
  * disabled CUDA kernels. */
 static bool warn_unknown(const char *s, size_t len, void *ud) {
     (void)ud;
-    for (int i = 0; i < g_nknown; i++)
+    for (int i = 0; i < K3_NKNOWN; i++)
         if (strlen(g_known[i].name) == len && memcmp(g_known[i].name, s, len) == 0) return false;
     char known[1024];
     size_t used = 0;
     known[0] = '\0';
-    for (int i = 0; i < g_nknown; i++) {
+    for (int i = 0; i < K3_NKNOWN; i++) {
         int w = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "",
                          g_known[i].name);
         if (w < 0 || (size_t)w >= sizeof known - used) break;
@@ -124,17 +112,14 @@ static bool warn_unknown(const char *s, size_t len, void *ud) {
 }
 
 static void init_registry(void) {
-    add(&k3_cpu_linear_blas);
-    add(&k3_cpu_linear_reference);
-    add(&k3_cpu_linear_batch_invariant);
-    add(&k3_cpu_attn_res_reference);
-    add(&k3_cpu_rms_norm_reference);
-    add(&k3_cpu_silu_mul_reference);
+#define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank) K3_ON_CPU_##DEVICE(add(&symbol);)
+#include "k3_kernels.def"
+#undef K3_KERNEL
     const k3_backend *b = k3_cuda_backend(NULL);
     if (b)
         for (int i = 0; i < b->nkernels; i++) add(b->kernels[i]);
     each_disabled_entry(warn_unknown, NULL);
-    for (int i = 0; i < g_nknown; i++) g_disabled[i] = k3_kernel_disabled(g_known[i].name);
+    for (int i = 0; i < K3_NKNOWN; i++) g_disabled[i] = k3_kernel_disabled(g_known[i].name);
 }
 
 static void ensure(void) { pthread_once(&g_once, init_registry); }
@@ -174,13 +159,15 @@ int k3_known_lookup(const char *name, k3_op *op, k3_device_type *device) {
     }
     return i;
 }
-const char *k3_known_name(int i) {
-    ensure();
-    return i >= 0 && i < g_nknown ? g_known[i].name : NULL;
+int k3_known_count(void) { return K3_NKNOWN; }
+const char *k3_known_name(int i) { return i >= 0 && i < K3_NKNOWN ? g_known[i].name : NULL; }
+k3_op k3_known_op(int i) { return i >= 0 && i < K3_NKNOWN ? g_known[i].op : K3_OP_COUNT; }
+int k3_known_rank(int i, int invariant) {
+    return i >= 0 && i < K3_NKNOWN ? g_known[i].rank[invariant != 0] : 0;
 }
 const k3_kernel *k3_known_kernel_at(int i) {
     ensure();
-    return i >= 0 && i < g_nknown ? g_slot[i] : NULL;
+    return i >= 0 && i < K3_NKNOWN ? g_slot[i] : NULL;
 }
 
 void k3_known_absent_reason(int i, char *buf, size_t n) {

@@ -306,8 +306,9 @@ describe("policy", function()
     local keys = {}
     for k in pairs(k3.policy) do keys[#keys + 1] = k end
     table.sort(keys)
-    assert.same({"attn_res", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
+    assert.same({"attn_res", "batch_invariant", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
     assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
+      'batch_invariant = {linear = {"cuda.linear.batch_invariant", "cpu.linear.batch_invariant"}}, ' ..
       'linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback", ' ..
       'rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, ' ..
       'silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"}}', k3.inspect(k3.policy))

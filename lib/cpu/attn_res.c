@@ -94,11 +94,11 @@ static k3_status run(const k3_op_args *oa) {
         __builtin_add_overflow(elems, 4 * (size_t)H, &elems) ||
         __builtin_mul_overflow(elems, es, &bytes))
         return k3_error(K3_EOVERFLOW,
-                        "attn_res: cpu.attn_res.reference: scratch size overflows for "
-                        "num_blocks %lld and hidden_size %lld",
-                        (long long)n, (long long)H);
+                        "attn_res: %s: scratch size overflows for num_blocks %lld and "
+                        "hidden_size %lld",
+                        k->name, (long long)n, (long long)H);
     char *buf = k3_host_alloc(bytes);
-    if (!buf) return k3_error(K3_ENOMEM, "attn_res: cpu.attn_res.reference: out of memory (%zu bytes)", bytes);
+    if (!buf) return k3_error(K3_ENOMEM, "attn_res: %s: out of memory (%zu bytes)", k->name, bytes);
     char *src = buf, *mixed = src + (size_t)(n + 1) * H * es, *nw = mixed + H * es,
          *qk = nw + H * es, *onw = qk + H * es, *logit = onw + H * es;
     const k3_tensor *ws[3] = {a->norm_weight, a->qk_weight, a->output_norm_weight};
@@ -124,5 +124,5 @@ static k3_status run(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_attn_res_reference = {"cpu.attn_res.reference", K3_OP_ATTN_RES,
-                                             K3_DEVICE_CPU, supports, run};
+const k3_kernel k3_cpu_attn_res_reference =
+    K3_KERNEL_RECORD(k3_cpu_attn_res_reference, supports, run);

@@ -88,7 +88,8 @@ static k3_status run_blas(const k3_op_args *oa) {
     int64_t M = x->size[0], K = x->size[1], N = w->size[0];
     if (M == 0 || N == 0) return K3_OK;
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
-        return k3_error(K3_EOVERFLOW, "linear: cpu.linear.blas: a dimension exceeds 2^31-1");
+        return k3_error(K3_EOVERFLOW, "linear: %s: a dimension exceeds 2^31-1",
+                        k3_cpu_linear_blas_name);
     bool dbl = x->dtype == K3_DTYPE_F64;
     bool wide = x->dtype == K3_DTYPE_F32 || dbl; /* operands usable by ?gemm as they are */
     size_t es = dbl ? sizeof(double) : sizeof(float);
@@ -116,8 +117,8 @@ static k3_status run_blas(const k3_op_args *oa) {
     void *cbuf = k3_host_alloc(cbytes);
     k3_status st = K3_OK;
     if ((xbytes && !xbuf) || (wbytes && !wbuf) || !cbuf) {
-        st = k3_error(K3_ENOMEM, "linear: cpu.linear.blas: out of memory (%zu bytes of scratch)",
-                      xbytes + wbytes + cbytes);
+        st = k3_error(K3_ENOMEM, "linear: %s: out of memory (%zu bytes of scratch)",
+                      k3_cpu_linear_blas_name, xbytes + wbytes + cbytes);
         goto done;
     }
     const void *bbase = a->bias ? cdata(a->bias) : NULL;
@@ -209,16 +210,15 @@ static k3_status supports_blas(const k3_op_args *oa, char *reason, size_t n) {
     int64_t M = a->x->size[0], K = a->x->size[1], N = a->w->size[0];
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
         snprintf(reason, n,
-                 "cpu.linear.blas supports M, N and K up to 2^31-1 (BLAS takes int); got M "
-                 "%lld, N %lld, K %lld",
-                 (long long)M, (long long)N, (long long)K);
+                 "%s supports M, N and K up to 2^31-1 (BLAS takes int); got M %lld, N %lld, "
+                 "K %lld",
+                 k3_cpu_linear_blas_name, (long long)M, (long long)N, (long long)K);
         return K3_EINVAL;
     }
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_linear_blas = {"cpu.linear.blas", K3_OP_LINEAR, K3_DEVICE_CPU,
-                                      supports_blas, run_blas};
+const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, supports_blas, run_blas);
 
 /* ---- cpu.linear.reference ------------------------------------------------------------------ */
 
@@ -248,8 +248,8 @@ static k3_status run_reference(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_linear_reference = {"cpu.linear.reference", K3_OP_LINEAR, K3_DEVICE_CPU,
-                                           supports_any, run_reference};
+const k3_kernel k3_cpu_linear_reference =
+    K3_KERNEL_RECORD(k3_cpu_linear_reference, supports_any, run_reference);
 
 /* ---- cpu.linear.batch_invariant ---------------------------------------------------------- */
 
@@ -294,17 +294,14 @@ static k3_status run_batch_invariant(const k3_op_args *oa) {
     /* x is widened whole (it is the activation); w one row at a time. */
     size_t xbytes, wbytes = (size_t)max1(K) * es;
     if (__builtin_mul_overflow((size_t)M, wbytes, &xbytes))
-        return k3_error(K3_EOVERFLOW,
-                        "linear: cpu.linear.batch_invariant: scratch size overflows for M %lld, "
-                        "K %lld",
-                        (long long)M, (long long)K);
+        return k3_error(K3_EOVERFLOW, "linear: %s: scratch size overflows for M %lld, K %lld",
+                        k3_cpu_linear_batch_invariant_name, (long long)M, (long long)K);
     void *xbuf = k3_host_alloc(xbytes), *wbuf = k3_host_alloc(wbytes);
     if (!xbuf || !wbuf) {
         if (xbuf) k3_host_free(xbuf, xbytes);
         if (wbuf) k3_host_free(wbuf, wbytes);
-        return k3_error(K3_ENOMEM,
-                        "linear: cpu.linear.batch_invariant: out of memory (%zu bytes of scratch)",
-                        xbytes + wbytes);
+        return k3_error(K3_ENOMEM, "linear: %s: out of memory (%zu bytes of scratch)",
+                        k3_cpu_linear_batch_invariant_name, xbytes + wbytes);
     }
     widen_rows(xbuf, dbl, x, 0, M);
     const void *bb = a->bias ? cdata(a->bias) : NULL;
@@ -334,6 +331,5 @@ static k3_status run_batch_invariant(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_linear_batch_invariant = {"cpu.linear.batch_invariant", K3_OP_LINEAR,
-                                                 K3_DEVICE_CPU, supports_any,
-                                                 run_batch_invariant};
+const k3_kernel k3_cpu_linear_batch_invariant =
+    K3_KERNEL_RECORD(k3_cpu_linear_batch_invariant, supports_any, run_batch_invariant);

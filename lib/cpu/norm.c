@@ -57,8 +57,8 @@ static k3_status run_rms_norm(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_rms_norm_reference = {"cpu.rms_norm.reference", K3_OP_RMS_NORM,
-                                             K3_DEVICE_CPU, supports, run_rms_norm};
+const k3_kernel k3_cpu_rms_norm_reference =
+    K3_KERNEL_RECORD(k3_cpu_rms_norm_reference, supports, run_rms_norm);
 
 /* y[i, j] = round(silu(x[i, j]) * x[i, j + I]), silu(a) = a / (1 + exp(-a)). */
 static k3_status run_silu_mul(const k3_op_args *oa) {
@@ -91,5 +91,5 @@ static k3_status run_silu_mul(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_silu_mul_reference = {"cpu.silu_mul.reference", K3_OP_SILU_MUL,
-                                             K3_DEVICE_CPU, supports, run_silu_mul};
+const k3_kernel k3_cpu_silu_mul_reference =
+    K3_KERNEL_RECORD(k3_cpu_silu_mul_reference, supports, run_silu_mul);

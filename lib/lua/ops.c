@@ -148,7 +148,6 @@ static int linear_impl(lua_State *L, int base, int explain) {
     K3L_RUN(s, k3_linear(u ? &u->t : NULL, x, w, bias, res, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
-static int l_linear(lua_State *L) { return linear_impl(L, 1, 0); }
 
 /* k3.rms_norm(x, w, eps) or k3.rms_norm(x, w, {eps =, out =, kernel =}) or
  * k3.rms_norm(x, w, eps, {out =, kernel =}). */
@@ -176,7 +175,6 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
     K3L_RUN(s, k3_rms_norm(u ? &u->t : NULL, x, w, eps, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
-static int l_rms_norm(lua_State *L) { return rms_norm_impl(L, 1, 0); }
 
 /* k3.silu_mul(x, {out =, kernel =}) -> y[M,I] = silu(x[:, 1..I]) * x[:, I+1..2I]. */
 static int silu_mul_impl(lua_State *L, int base, int explain) {
@@ -192,7 +190,6 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
     K3L_RUN(s, k3_silu_mul(u ? &u->t : NULL, x, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
-static int l_silu_mul(lua_State *L) { return silu_mul_impl(L, 1, 0); }
 
 /* k3.attn_res{prefix =, delta =, blocks =, num_blocks =, write_block =, norm_weight =,
  * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, out =, kernel =} -> out.
@@ -232,7 +229,24 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     K3L_RUN(s, k3_attn_res(u ? &u->t : NULL, &a, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
-static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
+
+/* The ops of the catalogue (lib/k3_ops.def): each line's name##_impl(L, base, explain) reads the
+ * op's arguments from stack index base; l_<name> is k3.<name>. */
+typedef int (*op_impl)(lua_State *L, int base, int explain);
+#define K3_OP(ID, name, signature, summary)                                                \
+    static int l_##name(lua_State *L) { return name##_impl(L, 1, 0); }
+#include "k3_ops.def"
+#undef K3_OP
+static const char *const g_op_names[] = {
+#define K3_OP(ID, name, signature, summary) #name,
+#include "k3_ops.def"
+#undef K3_OP
+    NULL};
+static const op_impl g_op_impls[] = {
+#define K3_OP(ID, name, signature, summary) name##_impl,
+#include "k3_ops.def"
+#undef K3_OP
+};
 
 /* k3.explain(op, ...) -> {op =, chosen =, declined = {{kernel =, reason =}, ...}}: the
  * decision the op would make for these arguments; nothing runs. When the call would fail in
@@ -240,13 +254,45 @@ static int l_attn_res(lua_State *L) { return attn_res_impl(L, 1, 0); }
  * "error"), chosen is nil and error holds the message the call would raise; invalid
  * arguments raise as the op itself does. */
 static int l_explain(lua_State *L) {
-    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul", NULL};
-    int op = k3l_check_name(L, 1, NULL, ops, "op");
-    switch (op) {
-    case 0: return linear_impl(L, 2, K3L_EXPLAIN_OP);
-    case 1: return attn_res_impl(L, 2, K3L_EXPLAIN_OP);
-    case 2: return rms_norm_impl(L, 2, K3L_EXPLAIN_OP);
-    default: return silu_mul_impl(L, 2, K3L_EXPLAIN_OP);
+    int op = k3l_check_name(L, 1, NULL, g_op_names, "op");
+    return g_op_impls[op](L, 2, K3L_EXPLAIN_OP);
+}
+
+/* core._ops: the catalogue for init.lua: {{name =, signature =, summary =, kernels = {...}},
+ * ...} in catalogue order, each op's kernels (registered or not) in theirs. */
+static void push_catalogue(lua_State *L) {
+    static const struct {
+        const char *id, *name, *signature, *summary;
+    } ops[] = {
+#define K3_OP(ID, name, signature, summary) {#ID, #name, signature, summary},
+#include "k3_ops.def"
+#undef K3_OP
+    };
+    static const struct {
+        const char *name, *op;
+    } kernels[] = {
+#define K3_KERNEL(symbol, name, OP, DEVICE, rank, invariant_rank) {name, #OP},
+#include "k3_kernels.def"
+#undef K3_KERNEL
+    };
+    int nops = (int)(sizeof ops / sizeof ops[0]), nk = (int)(sizeof kernels / sizeof kernels[0]);
+    lua_createtable(L, nops, 0);
+    for (int o = 0; o < nops; o++) {
+        lua_createtable(L, 0, 4);
+        lua_pushstring(L, ops[o].name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, ops[o].signature);
+        lua_setfield(L, -2, "signature");
+        lua_pushstring(L, ops[o].summary);
+        lua_setfield(L, -2, "summary");
+        lua_newtable(L);
+        for (int k = 0, n = 0; k < nk; k++)
+            if (strcmp(kernels[k].op, ops[o].id) == 0) {
+                lua_pushstring(L, kernels[k].name);
+                lua_rawseti(L, -2, ++n);
+            }
+        lua_setfield(L, -2, "kernels");
+        lua_rawseti(L, -2, o + 1);
     }
 }
 
@@ -445,10 +491,9 @@ static int l_cuda_time(lua_State *L) {
 }
 
 static const luaL_Reg ops_funcs[] = {
-    {"linear", l_linear},
-    {"rms_norm", l_rms_norm},
-    {"silu_mul", l_silu_mul},
-    {"attn_res", l_attn_res},
+#define K3_OP(ID, name, signature, summary) {#name, l_##name},
+#include "k3_ops.def"
+#undef K3_OP
     {"explain", l_explain},
     {"trace", l_trace},
     {"stats", l_stats},
@@ -476,4 +521,6 @@ void k3l_open_ops(lua_State *L) {
     }
     lua_pop(L, 1);
     luaL_setfuncs(L, ops_funcs, 0);
+    push_catalogue(L);
+    lua_setfield(L, -2, "_ops");
 }

@@ -46,43 +46,189 @@ static int l_batch_invariant(lua_State *L) {
     return 1;
 }
 
-/* core.compile_policy(tbl): compiles a policy table (per op a list of kernel names,
- * on_layout_mismatch) and makes it this state's policy. Unknown kernel names and bad values
- * raise before anything changes. */
-static int l_compile_policy(lua_State *L) {
-    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
+/* The op names of the catalogue (lib/k3_ops.def). */
+static const char *const g_ops[] = {
+#define K3_OP(ID, name, signature, summary) #name,
+#include "k3_ops.def"
+#undef K3_OP
+};
+enum { NOPS = (int)(sizeof g_ops / sizeof g_ops[0]) };
+
+static int op_index(lua_State *L, int idx) {
+    if (lua_type(L, idx) != LUA_TSTRING) return -1;
+    for (int o = 0; o < NOPS; o++)
+        if (strcmp(lua_tostring(L, idx), g_ops[o]) == 0) return o;
+    return -1;
+}
+
+/* Pushes a plain copy of the table at idx, read through pairs (its __pairs metamethod when it
+ * has one: a k3.policy view keeps its contents behind one), `depth` levels deep; values deeper
+ * down, and values that are not tables, are kept as they are. */
+static void push_plain(lua_State *L, int idx, int depth) {
+    idx = lua_absindex(L, idx);
+    if (depth == 0 || lua_type(L, idx) != LUA_TTABLE) {
+        lua_pushvalue(L, idx);
+        return;
+    }
+    luaL_checkstack(L, 8, "k3: policy nested too deep");
+    lua_newtable(L);
+    int copy = lua_gettop(L);
+    if (luaL_getmetafield(L, idx, "__pairs") == LUA_TNIL) {
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+            lua_pushvalue(L, -2);
+            push_plain(L, -2, depth - 1);
+            lua_rawset(L, copy);
+            lua_pop(L, 1);
+        }
+        return;
+    }
+    lua_pushvalue(L, idx);
+    lua_call(L, 1, 3); /* iterator, state, first key */
+    int iter = copy + 1;
+    for (;;) {
+        lua_pushvalue(L, iter);
+        lua_pushvalue(L, iter + 1);
+        lua_pushvalue(L, iter + 2);
+        lua_call(L, 2, 2); /* key, value */
+        if (lua_isnil(L, -2)) {
+            lua_pop(L, 2);
+            break;
+        }
+        lua_pushvalue(L, -2);
+        lua_replace(L, iter + 2); /* the next call continues from this key */
+        push_plain(L, -1, depth - 1);
+        lua_replace(L, -2);
+        lua_rawset(L, copy);
+    }
+    lua_settop(L, copy);
+}
+
+/* Pushes a key as set_policy's messages show it: a string quoted, anything else as tostring. */
+static const char *push_key(lua_State *L, int idx) {
+    if (lua_type(L, idx) == LUA_TSTRING) return lua_pushfstring(L, "\"%s\"", lua_tostring(L, idx));
+    return luaL_tolstring(L, idx, NULL);
+}
+
+/* Pushes "linear, attn_res, rms_norm, silu_mul" followed by `tail`. */
+static const char *push_op_list(lua_State *L, const char *tail) {
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int o = 0; o < NOPS; o++) {
+        if (o) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, g_ops[o]);
+    }
+    luaL_addstring(&b, tail);
+    luaL_pushresult(&b);
+    return lua_tostring(L, -1);
+}
+
+/* The list of kernel names at idx for op (label: how messages name it), set as p's candidates
+ * (invariant 0) or batch-invariant candidates (1): a list without holes, of at most
+ * K3_MAX_CANDIDATES strings; the candidates need at least one. The core checks the names. */
+static void set_list(lua_State *L, int idx, k3_policy *p, int invariant, const char *op,
+                     const char *label) {
+    if (lua_type(L, idx) != LUA_TTABLE)
+        luaL_error(L, "set_policy: %s must be a list of kernel names; got %s", label,
+                   luaL_typename(L, idx));
+    lua_Integer entries = 0, n = 0; /* n: the largest index */
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1) {
+            const char *key = push_key(L, -1);
+            luaL_error(L, "set_policy: %s must be a list of kernel names (indices 1..n); got key %s",
+                       label, key);
+        }
+        if (lua_tointeger(L, -1) > n) n = lua_tointeger(L, -1);
+        entries++;
+    }
+    if (entries == 0 && !invariant)
+        luaL_error(L, "set_policy: %s lists no kernels; every op needs at least one", label);
+    if (entries != n)
+        luaL_error(L, "set_policy: %s must be a list without holes (1..n); got %d entries for "
+                      "length %d",
+                   label, (int)entries, (int)n);
+    if (n > K3_MAX_CANDIDATES)
+        luaL_error(L, "set_policy: %s lists %d kernels; at most %d", label, (int)n,
+                   K3_MAX_CANDIDATES);
+    const char *names[K3_MAX_CANDIDATES];
+    for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
+            luaL_error(L, "set_policy: %s[%d] must be a kernel name string; got %s", label, (int)i,
+                       luaL_typename(L, -1));
+        names[i - 1] = lua_tostring(L, -1);
+        lua_pop(L, 1); /* the string stays alive in the list */
+    }
+    k3_status s;
+    K3L_RUN(s, invariant ? k3_policy_set_invariant_candidates(p, op, names, (int)n)
+                         : k3_policy_set_candidates(p, op, names, (int)n));
+    if (s != K3_OK) k3l_raise_as(L, "set_policy");
+}
+
+/* k3.set_policy(tbl): compiles a policy table into this state's policy, keeping the state's
+ * batch-invariant mode. The one place a policy table is checked: its keys (linear, attn_res,
+ * rms_norm, silu_mul, batch_invariant = {<op> = list}, on_layout_mismatch), each list, and
+ * on_layout_mismatch ("error" or "fallback"); the core checks each name against the catalogue.
+ * Lists the table leaves out keep the built-in default's. tbl may be a plain table or a
+ * k3.policy view (read through pairs). Nothing changes when anything is refused. */
+static int l_set_policy(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    push_plain(L, 1, 3);
+    lua_replace(L, 1);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        lua_pop(L, 1);
+        int known = op_index(L, -1) >= 0;
+        if (!known && lua_type(L, -1) == LUA_TSTRING) {
+            const char *k = lua_tostring(L, -1);
+            known = strcmp(k, "batch_invariant") == 0 || strcmp(k, "on_layout_mismatch") == 0 ||
+                    strcmp(k, "ops") == 0;
+        }
+        if (!known) {
+            const char *key = push_key(L, -1);
+            const char *expected = push_op_list(L, ", batch_invariant or on_layout_mismatch");
+            luaL_error(L, "set_policy: unknown key %s (expected %s)", key, expected);
+        }
+    }
     k3_policy *p = new_policy(L); /* 2 */
-    /* A new policy keeps the state's batch-invariant mode (k3.set_batch_invariant). */
     CHECK_K3_AS(L, "set_policy",
                 k3_policy_set_batch_invariant(p, k3_policy_batch_invariant(k3l_state_policy(L))));
     int src = 1;
-    if (lua_getfield(L, 1, "ops") == LUA_TTABLE) src = lua_gettop(L);
+    lua_pushstring(L, "ops");
+    if (lua_rawget(L, 1) == LUA_TTABLE) src = lua_gettop(L);
     else lua_pop(L, 1);
-    for (int k = 0; k < 4; k++) {
-        int ty = lua_getfield(L, src, ops[k]);
-        if (ty == LUA_TNIL) {
-            lua_pop(L, 1);
-            continue;
-        }
-        if (ty != LUA_TTABLE)
-            return luaL_error(L, "set_policy: %s must be a list of kernel names; got %s", ops[k],
-                              luaL_typename(L, -1));
-        const char *names[K3_MAX_CANDIDATES];
-        lua_Integer n = luaL_len(L, -1);
-        if (n > K3_MAX_CANDIDATES)
-            return luaL_error(L, "set_policy: %s lists %d kernels; at most %d", ops[k], (int)n,
-                              K3_MAX_CANDIDATES);
-        for (lua_Integer i = 1; i <= n; i++) {
-            if (lua_geti(L, -1 - (int)(i - 1), i) != LUA_TSTRING)
-                return luaL_error(L, "set_policy: %s[%d] must be a kernel name string; got %s",
-                                  ops[k], (int)i, luaL_typename(L, -1));
-            names[i - 1] = lua_tostring(L, -1); /* stays on the stack until set */
-        }
-        CHECK_K3_AS(L, "set_policy", k3_policy_set_candidates(p, ops[k], names, (int)n));
-        lua_pop(L, (int)n + 1);
+    for (int o = 0; o < NOPS; o++) {
+        lua_pushstring(L, g_ops[o]);
+        if (lua_rawget(L, src) != LUA_TNIL) set_list(L, lua_gettop(L), p, 0, g_ops[o], g_ops[o]);
+        lua_pop(L, 1);
     }
-    int ty = lua_getfield(L, 1, "on_layout_mismatch");
+    lua_pushstring(L, "batch_invariant");
+    int ty = lua_rawget(L, 1);
+    if (ty != LUA_TNIL) {
+        int bi = lua_gettop(L);
+        if (ty != LUA_TTABLE)
+            return luaL_error(L, "set_policy: batch_invariant must be a table of kernel lists by "
+                                 "op; got %s",
+                              luaL_typename(L, bi));
+        lua_pushnil(L);
+        while (lua_next(L, bi)) {
+            int o = op_index(L, -2);
+            if (o < 0) {
+                const char *key = push_key(L, -2);
+                const char *expected = push_op_list(L, "");
+                return luaL_error(L, "set_policy: batch_invariant has unknown key %s (expected %s)",
+                                  key, expected);
+            }
+            lua_pushfstring(L, "batch_invariant.%s", g_ops[o]);
+            set_list(L, lua_gettop(L) - 1, p, 1, g_ops[o], lua_tostring(L, -1));
+            lua_pop(L, 2);
+        }
+    }
+    lua_pop(L, 1);
+    lua_pushstring(L, "on_layout_mismatch");
+    ty = lua_rawget(L, 1);
     if (ty != LUA_TNIL) {
         const char *v = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL; /* no in-place number->string */
         if (ty != LUA_TSTRING || (strcmp(v, "error") != 0 && strcmp(v, "fallback") != 0))
@@ -91,33 +237,55 @@ static int l_compile_policy(lua_State *L) {
                               ty == LUA_TSTRING ? v : luaL_typename(L, -1));
         CHECK_K3_AS(L, "set_policy", k3_policy_set_layout_fallback(p, strcmp(v, "fallback") == 0));
     }
-    lua_pop(L, 1);
     lua_settop(L, 2);
     lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
     return 0;
 }
 
-/* core.policy_table() -> {linear = {...}, attn_res = {...}, rms_norm = {...},
- * silu_mul = {...}, on_layout_mismatch = "error"|"fallback"}: a plain copy of the policy
- * this state dispatches with, read back from the compiled policy (init.lua shows it as the
- * read-only k3.policy). */
-static int l_policy_table(lua_State *L) {
-    static const char *const ops[] = {"linear", "attn_res", "rms_norm", "silu_mul"};
-    const k3_policy *p = k3l_state_policy(L);
-    lua_createtable(L, 0, 5);
-    for (int k = 0; k < 4; k++) {
-        int n = k3_policy_count(p, ops[k]);
+/* Pushes p (NULL: the built-in default) as a plain table: {linear = {...}, attn_res = {...},
+ * rms_norm = {...}, silu_mul = {...}, batch_invariant = {linear = {...}}, on_layout_mismatch =
+ * "error"|"fallback"}; batch_invariant holds the ops whose batch-invariant list is not empty. */
+static int push_policy(lua_State *L, const k3_policy *p) {
+    lua_createtable(L, 0, NOPS + 2);
+    lua_newtable(L); /* batch_invariant */
+    for (int o = 0; o < NOPS; o++) {
+        int n = k3_policy_count(p, g_ops[o]);
         lua_createtable(L, n, 0);
         for (int i = 0; i < n; i++) {
-            lua_pushstring(L, k3_policy_candidate(p, ops[k], i));
+            lua_pushstring(L, k3_policy_candidate(p, g_ops[o], i));
             lua_rawseti(L, -2, i + 1);
         }
-        lua_setfield(L, -2, ops[k]);
+        lua_setfield(L, -3, g_ops[o]);
+        n = k3_policy_invariant_count(p, g_ops[o]);
+        if (n == 0) continue;
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_pushstring(L, k3_policy_invariant_candidate(p, g_ops[o], i));
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, g_ops[o]);
     }
+    lua_setfield(L, -2, "batch_invariant");
     lua_pushstring(L, k3_policy_layout_fallback(p) ? "fallback" : "error");
     lua_setfield(L, -2, "on_layout_mismatch");
     return 1;
 }
+
+/* core.policy_table() -> the policy this state dispatches with, as push_policy shows it
+ * (init.lua shows it as the read-only k3.policy). */
+static int l_policy_table(lua_State *L) { return push_policy(L, k3l_state_policy(L)); }
+
+/* core.policy_id() -> the compiled policy itself (an opaque userdata): a new one whenever
+ * k3.set_policy replaces this state's policy (init.lua rebuilds its k3.policy view then; holding
+ * the old one keeps its identity from being reused). */
+static int l_policy_id(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
+    return 1;
+}
+
+/* core.default_policy() -> the built-in default policy (lib/k3_kernels.def's ranks), the same
+ * way: what lua/k3/policy/default.lua hands out. */
+static int l_default_policy(lua_State *L) { return push_policy(L, NULL); }
 
 /* ---- linear methods -------------------------------------------------------------------------- */
 
@@ -246,8 +414,10 @@ static const luaL_Reg method_methods[] = {
 static const luaL_Reg policy_funcs[] = {
     {"set_batch_invariant", l_set_batch_invariant},
     {"batch_invariant", l_batch_invariant},
-    {"compile_policy", l_compile_policy},
+    {"set_policy", l_set_policy},
     {"policy_table", l_policy_table},
+    {"default_policy", l_default_policy},
+    {"policy_id", l_policy_id},
     {"method_default", l_method_default},
     {"method_low_latency", l_method_low_latency},
     {NULL, NULL}};

@@ -5,11 +5,11 @@
 local core = require "k3.core"
 
 local k3 = {}
+-- The C functions that init.lua wraps or regroups stay out of k3 itself.
+local WRAPPED = {policy_table = true, policy_id = true, default_policy = true,
+                 method_default = true, method_low_latency = true}
 for name, fn in pairs(core) do
-  if name:sub(1, 1) ~= "_" and name ~= "compile_policy" and name ~= "policy_table"
-     and name ~= "method_default" and name ~= "method_low_latency" then
-    k3[name] = fn
-  end
+  if name:sub(1, 1) ~= "_" and not WRAPPED[name] then k3[name] = fn end
 end
 
 -- ---- tensor printing ------------------------------------------------------------------------
@@ -114,22 +114,6 @@ k3.is_tensor = core.is_tensor
 
 -- ---- policy ---------------------------------------------------------------------------------
 
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local r = {}
-  for k, x in pairs(v) do r[k] = deep_copy(x) end
-  return r
-end
-
-local POLICY_OPS = {"linear", "attn_res", "rms_norm", "silu_mul"}
-local POLICY_KEYS = {linear = true, attn_res = true, rms_norm = true, silu_mul = true,
-                     on_layout_mismatch = true, ops = true}
-local default_policy_table -- set below, once lua/k3/policy/default.lua is loaded
-
-local function policy_error(fmt, ...)
-  error(string.format("set_policy: " .. fmt, ...), 3)
-end
-
 local READ_ONLY = "k3.policy is a read-only view of the active policy; change the policy " ..
                   "with k3.set_policy(tbl)"
 
@@ -171,20 +155,24 @@ local function read_only_view(data, path)
 end
 
 -- The view of the policy this state dispatches with, read back from the compiled policy
--- (k3.core.policy_table) whenever it changes.
-local policy_view
-local function refresh_policy_view()
-  policy_view = read_only_view(core.policy_table(), "k3.policy")
+-- (k3.core.policy_table) whenever k3.set_policy has replaced it (core.policy_id tells).
+local policy_view, policy_view_of
+local function current_policy_view()
+  local id = core.policy_id()
+  if id ~= policy_view_of then
+    policy_view, policy_view_of = read_only_view(core.policy_table(), "k3.policy"), id
+  end
+  return policy_view
 end
 
 --- k3.policy: a read-only view of the policy this Lua state dispatches with (per op the
---- ordered candidate kernels, and on_layout_mismatch). Reads, #, pairs, ipairs and
+--- ordered candidate kernels, batch_invariant's lists, and on_layout_mismatch). Reads, #, pairs, ipairs and
 --- k3.inspect work; assigning to it or to anything in it raises an error pointing to
 --- k3.set_policy. A reference kept across k3.set_policy still shows the policy it was read
 --- from, so `local saved = k3.policy ... k3.set_policy(saved)` restores it.
 setmetatable(k3, {
   __index = function(_, key)
-    if key == "policy" then return policy_view end
+    if key == "policy" then return current_policy_view() end
   end,
   __newindex = function(t, key, value)
     if key == "policy" then error("cannot assign k3.policy: " .. READ_ONLY, 2) end
@@ -192,50 +180,13 @@ setmetatable(k3, {
   end,
 })
 
---- k3.set_policy(tbl): compiles tbl (the form of lua/k3/policy/default.lua: per op a non-empty
---- ordered list of candidate kernels, and on_layout_mismatch = "error" | "fallback") into this
---- state's dispatch tables; tbl may be a plain table or a k3.policy view. Ops it leaves out
---- keep the default's candidates; the state's batch-invariant mode is kept. k3.policy then
---- shows the policy now in effect. Unknown keys or kernel names, holes in a list and empty
---- lists raise and change nothing.
-function k3.set_policy(tbl)
-  if type(tbl) ~= "table" then
-    error(string.format("bad argument #1 to 'set_policy' (table expected, got %s)", type(tbl)), 2)
-  end
-  for key in pairs(tbl) do
-    if not POLICY_KEYS[key] then
-      policy_error("unknown key %s (expected %s or on_layout_mismatch)", k3.inspect(key),
-                   table.concat(POLICY_OPS, ", "))
-    end
-  end
-  local src = type(tbl.ops) == "table" and tbl.ops or tbl
-  local effective = {on_layout_mismatch = tbl.on_layout_mismatch or "error"}
-  for _, op in ipairs(POLICY_OPS) do
-    local list = src[op]
-    if list ~= nil then
-      if type(list) ~= "table" then
-        policy_error("%s must be a list of kernel names; got %s", op, type(list))
-      end
-      local n = 0
-      for _ in pairs(list) do n = n + 1 end
-      if n == 0 then policy_error("%s lists no kernels; every op needs at least one", op) end
-      if n ~= #list then
-        policy_error("%s must be a list without holes (1..n); got %d entries for length %d",
-                     op, n, #list)
-      end
-    end
-    effective[op] = deep_copy(list or (default_policy_table and default_policy_table[op]))
-  end
-  local ok, err = pcall(core.compile_policy, effective)
-  if not ok then
-    error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2)
-  end
-  refresh_policy_view()
-end
-
-local ok_default, default_policy = pcall(require, "k3.policy.default")
-default_policy_table = ok_default and default_policy or nil
-refresh_policy_view()
+--- k3.set_policy(tbl): compiles tbl (the form of k3.policy: per op a non-empty ordered list of
+--- candidate kernels, batch_invariant = {<op> = list} for batch-invariant mode, and
+--- on_layout_mismatch = "error" | "fallback") into this state's dispatch tables; tbl may be a
+--- plain table or a k3.policy view. Lists it leaves out keep the default's; the state's
+--- batch-invariant mode is kept. k3.policy then shows the policy now in effect. Unknown keys or
+--- kernel names, holes in a list and empty lists raise and change nothing.
+k3.set_policy = core.set_policy
 
 -- ---- linear methods and plans -----------------------------------------------------------------
 
@@ -294,17 +245,14 @@ local HELP = {
   {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values"},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
-  {"k3.linear(x, w, {bias, residual, out, kernel})", "y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual)"},
-  {"k3.rms_norm(x, w, eps)", "RMSNorm over the last dim"},
-  {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
-  {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
+  "ops", -- one line per op of the catalogue (lib/k3_ops.def), then each op's kernels
   {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
   {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain (chosen nil + declines + error where apply would raise) or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
-  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, on_layout_mismatch); k3.policy is read-only"},
+  {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, batch_invariant lists, on_layout_mismatch); k3.policy is read-only"},
   {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
   {"k3.stats() k3.stats_reset()", "this state's calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
@@ -322,11 +270,27 @@ local HELP = {
   {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 
+-- HELP with the "ops" entry expanded from the catalogue k3.core hands out.
+local function help_lines()
+  local lines = {}
+  for _, e in ipairs(HELP) do
+    if e == "ops" then
+      for _, op in ipairs(core._ops) do lines[#lines + 1] = {op.signature, op.summary} end
+      for _, op in ipairs(core._ops) do
+        lines[#lines + 1] = {"  " .. op.name .. " kernels", table.concat(op.kernels, ", ")}
+      end
+    else
+      lines[#lines + 1] = e
+    end
+  end
+  return lines
+end
+
 --- k3.help() prints the API with one line each.
 function k3.help()
-  local w = 0
-  for _, e in ipairs(HELP) do if #e[1] > w then w = #e[1] end end
-  for _, e in ipairs(HELP) do
+  local lines, w = help_lines(), 0
+  for _, e in ipairs(lines) do if #e[1] > w then w = #e[1] end end
+  for _, e in ipairs(lines) do
     io.write(e[1], string.rep(" ", w - #e[1] + 2), e[2], "\n")
   end
 end
