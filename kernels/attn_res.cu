@@ -14,19 +14,6 @@
 
 namespace {
 
-/* ================================ shared host checks ================================== */
-
-k3_status check_args(const k3_kernel *k, const k3_op_args *oa) {
-    if (!oa || oa->op != K3_OP_ATTN_RES)
-        return k3_error(K3_EINVAL, "attn_res: kernel %s called with %s arguments", k->name,
-                        oa ? k3_op_name(oa->op) : "NULL");
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    K3_TRY(k3_attn_res_validate(ka));
-    K3_TRY(k3_kernel_check_device(k, ka->p.prefix));
-    K3_TRY(k3_kernel_check_device(k, ka->out));
-    return K3_OK;
-}
-
 /* ================================ generic kernel ====================================== */
 
 const int kGenericThreads = 256;
@@ -219,7 +206,6 @@ template <class T> k3_status generic_launch(const k3_attn_res_kargs *ka, cudaStr
 }
 
 k3_status generic_run(const k3_op_args *oa) {
-    K3_TRY(check_args(&k3_cuda_attn_res_generic, oa));
     const k3_attn_res_kargs *ka = &oa->u.attn_res;
     char reason[256] = "";
     k3_status s = generic_supports(oa, reason, sizeof reason);
@@ -954,7 +940,6 @@ k3_status packed_launch_w(const packed_params &p, const packed_shape &sh, int64_
 }
 
 k3_status packed_run(const k3_op_args *oa) {
-    K3_TRY(check_args(&k3_cuda_attn_res_packed, oa));
     char reason[256] = "";
     k3_status s = packed_supports(oa, reason, sizeof reason);
     if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);

@@ -100,7 +100,6 @@ static k3_status k3bi_check(const k3_linear_args *l, char *why, size_t n) {
 }
 
 static k3_status k3bi_supports(const k3_op_args *a, char *reason, size_t n) {
-    if (!a || a->op != K3_OP_LINEAR) return snprintf(reason, n, "not a linear call"), K3_EINVAL;
     return k3bi_check(&a->u.linear, reason, n);
 }
 
@@ -122,16 +121,12 @@ static k3_status k3bi_launch(const k3_linear_args *l, cudaStream_t stream) {
 }
 
 static k3_status k3bi_run(const k3_op_args *a) {
-    if (!a || a->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: %s: not a linear call",
-                        k3_cuda_linear_batch_invariant_name);
     const k3_linear_args *l = &a->u.linear;
-    K3_TRY(k3_linear_validate(l));
     char why[256];
     k3_status s = k3bi_check(l, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_batch_invariant_name, why);
     if (l->x->size[0] == 0 || l->w->size[0] == 0) return K3_OK;
-    /* k3_linear_validate has rejected freed tensors; only K = 0 leaves x and w unread. */
+    /* Dispatch's prologue has rejected freed tensors; only K = 0 leaves x and w unread. */
     const k3_tensor *ts[5] = {l->x, l->w, l->bias, l->residual, l->out};
     for (int i = 0; i < 5; i++)
         if (ts[i] && k3_tensor_numel(ts[i]) > 0 && !k3_tensor_data(ts[i]))

@@ -302,13 +302,7 @@ k3_status lt_path(k3c_ctx *ctx, const k3_linear_args *a, const operand &A, const
 }
 
 k3_status run(const k3_op_args *oa) {
-    if (!oa || oa->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: kernel %s called with %s arguments", self().name,
-                        oa ? k3_op_name(oa->op) : "NULL");
     const k3_linear_args *a = &oa->u.linear;
-    K3_TRY(k3_linear_validate(a));
-    K3_TRY(k3_kernel_check_device(&self(), a->x));
-    K3_TRY(k3_kernel_check_device(&self(), a->out));
     char reason[256] = "";
     k3_status st = supports(oa, reason, sizeof reason);
     if (st != K3_OK) return k3_error(st, "linear: %s", reason);

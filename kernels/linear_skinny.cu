@@ -199,16 +199,12 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
 }
 
 static k3_status k3sk_supports(const k3_op_args *a, char *reason, size_t n) {
-    if (!a || a->op != K3_OP_LINEAR) return snprintf(reason, n, "not a linear call"), K3_EINVAL;
     k3_skinny_config cfg;
     return k3sk_check(&a->u.linear, false, &cfg, reason, n);
 }
 
 static k3_status k3sk_run(const k3_op_args *a) {
-    if (!a || a->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: %s: not a linear call", k3_cuda_linear_skinny_name);
     const k3_linear_args *l = &a->u.linear;
-    K3_TRY(k3_linear_validate(l));
     k3_skinny_config cfg;
     char why[256];
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
@@ -228,7 +224,7 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.N = (int)l->w->size[0];
     p.K = (int)l->x->size[1];
     if (p.N == 0) return K3_OK;
-    /* k3_linear_validate has rejected freed tensors; non-empty views have storage. */
+    /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
         return k3_error(K3_EINTERNAL, "linear: %s: NULL data for a non-empty tensor",
                         k3_cuda_linear_skinny_name);

@@ -71,18 +71,8 @@ __global__ void silu_mul_kernel(const T *__restrict__ x, int64_t xs, T *__restri
 
 k3_status supports(const k3_op_args *, char *, size_t) { return K3_OK; }
 
-k3_status wrong_args(const k3_kernel *k, const k3_op_args *a) {
-    return k3_error(K3_EINVAL, "%s: kernel %s called with %s arguments", k3_op_name(k->op),
-                    k->name, a ? k3_op_name(a->op) : "NULL");
-}
-
 k3_status run_rms_norm(const k3_op_args *oa) {
-    const k3_kernel *k = &k3_cuda_rms_norm_generic;
-    if (!oa || oa->op != K3_OP_RMS_NORM) return wrong_args(k, oa);
     const k3_rms_norm_args *a = &oa->u.rms_norm;
-    K3_TRY(k3_rms_norm_validate(a));
-    K3_TRY(k3_kernel_check_device(k, a->x));
-    K3_TRY(k3_kernel_check_device(k, a->out));
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
     int64_t M = a->x->size[0], H = a->x->size[1];
@@ -98,12 +88,7 @@ k3_status run_rms_norm(const k3_op_args *oa) {
 }
 
 k3_status run_silu_mul(const k3_op_args *oa) {
-    const k3_kernel *k = &k3_cuda_silu_mul_generic;
-    if (!oa || oa->op != K3_OP_SILU_MUL) return wrong_args(k, oa);
     const k3_silu_mul_args *a = &oa->u.silu_mul;
-    K3_TRY(k3_silu_mul_validate(a));
-    K3_TRY(k3_kernel_check_device(k, a->x));
-    K3_TRY(k3_kernel_check_device(k, a->out));
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
     int64_t M = a->x->size[0], I = a->x->size[1] / 2;

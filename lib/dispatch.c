@@ -370,15 +370,6 @@ static const char *device_type_name(k3_device_type t) {
     return t == K3_DEVICE_CPU ? "cpu" : "cuda";
 }
 
-k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t) {
-    k3_device d = k3_tensor_device(t);
-    if (d.type == k->device) return K3_OK;
-    char dn[32];
-    return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
-                    k3_op_name(k->op), k->name, device_type_name(k->device),
-                    k3_device_name(d, dn, sizeof dn));
-}
-
 static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason) {
     if (rec->ndeclined >= K3_MAX_DECLINES) return;
     k3_decline *d = &rec->declined[rec->ndeclined++];
@@ -390,24 +381,87 @@ static void finish_record(const k3_call *call, const k3_dispatch *rec) {
     if (call && call->record) *call->record = *rec;
 }
 
-k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
-                         const k3_dispatch_ext *ext) {
+/* A stand-in out for explain_only: the right shape, dtype, device and contiguous strides, no
+ * memory (supports() reads layout, never data). */
+typedef struct fake_out {
+    k3_storage storage;
+    k3_tensor t;
+} fake_out;
+
+static void fake_init(fake_out *f, const k3_op_result *r) {
+    memset(f, 0, sizeof *f);
+    f->storage.refcount = 1;
+    f->storage.device = r->device;
+    f->t.storage = &f->storage;
+    f->t.dtype = r->dtype;
+    f->t.ndim = r->ndim;
+    int64_t st = 1;
+    for (int d = r->ndim - 1; d >= 0; d--) {
+        f->t.size[d] = r->shape[d];
+        f->t.stride[d] = st;
+        st *= r->shape[d] > 1 ? r->shape[d] : 1;
+    }
+}
+
+/* What the prologue leaves for the rest of the call: the device it runs on, and the result's
+ * handles (a new out, or y's own handle on the caller's out) to hand over or free. */
+typedef struct prepared {
+    k3_device device;
+    k3_tensor *fresh, *handle;
+    fake_out fake;
+} prepared;
+
+/* The kernel prologue: once per call, before any kernel is asked (supports) or run, whatever
+ * the entry (an op, a method, a kernel forced by name). The op tag, the op's validation
+ * (lib/ops.c: inputs, then out) and the out the kernel writes: the caller's, checked; a new
+ * tensor; or, under explain_only, a stand-in without memory. p->device is the device the
+ * call runs on, which the chosen kernel must run on (runs_on). */
+static k3_status prologue(k3_op_args *a, k3_tensor **y, const k3_call *call, prepared *p) {
+    if ((unsigned)a->op >= K3_OP_COUNT)
+        return k3_error(K3_EINTERNAL, "dispatch: invalid op %d", (int)a->op);
+    const char *op = k3_op_name(a->op);
+    bool explain = call && call->explain_only;
+    k3_tensor **out = k3_op_out(a);
+    if (!y && !*out && !explain)
+        return k3_error(K3_EINVAL, "%s: y and out are both NULL (the result would be lost)", op);
+    k3_op_result r;
+    K3_TRY(k3_op_check_inputs(a, &r));
+    if (*out) K3_TRY(k3_op_check_out(a));
+    p->device = r.device;
+    if (explain) {
+        if (!*out) {
+            fake_init(&p->fake, &r);
+            *out = &p->fake.t;
+        }
+        return K3_OK;
+    }
+    if (!*out) {
+        /* The result is the op's own allocation: its errors name the op ("rms_norm: out of
+         * host memory allocating ..."). */
+        K3_TRY(k3_tensor_new(&p->fresh, r.ndim, r.shape, r.dtype, r.device, op));
+        *out = p->fresh;
+    } else if (y) {
+        k3_status s = k3_tensor_alias(&p->handle, *out);
+        if (s != K3_OK) return k3_error_prefix(s, op);
+    }
+    return K3_OK;
+}
+
+/* Whether kernel k runs on the call's device; the decline reason when it does not. */
+static bool runs_on(const k3_kernel *k, k3_device dev, char *why, size_t n) {
+    if (k->device == dev.type) return true;
+    char dn[32];
+    snprintf(why, n, "tensors are on %s", k3_device_name(dev, dn, sizeof dn));
+    return false;
+}
+
+/* The kernel a prologued call runs: call->kernel when forced (it must be known, of this op,
+ * registered and run on the call's device), else the first candidate whose supports() takes
+ * the call, every other one recorded as a decline in rec. */
+static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
+                        const k3_dispatch_ext *ext, k3_dispatch *rec, const k3_kernel **out) {
     const k3_policy *pol = call && call->policy ? call->policy : default_policy();
     const char *opn = k3_op_name(a->op);
-    k3_dispatch rec;
-    rec.ndeclined = 0;
-    rec.chosen[0] = '\0';
-    snprintf(rec.op, sizeof rec.op, "%s", opn);
-    if (ext)
-        for (int i = 0; i < ext->ndeclined; i++)
-            add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
-
-    /* The caller's policy carries its mode (a lua_State's own); no policy: the process
-     * default. */
-    int invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
-    if (a->op == K3_OP_LINEAR) a->u.linear.batch_invariant = invariant;
-
-    const k3_kernel *chosen = NULL;
     char dn[32];
     k3_device_name(dev, dn, sizeof dn);
     if (call && call->kernel) {
@@ -418,87 +472,105 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         if (kop != a->op)
             return k3_error(K3_EINVAL, "%s: kernel '%s' is for op %s, not %s", opn,
                             call->kernel, k3_op_name(kop), opn);
-        chosen = k3_known_kernel_at(idx);
-        if (!chosen) {
+        const k3_kernel *k = k3_known_kernel_at(idx);
+        if (!k) {
             char why[400];
             k3_known_absent_reason(idx, why, sizeof why);
             return k3_error(K3_ENOKERNEL, "%s: kernel '%s' is %s", opn, call->kernel, why);
         }
-        if (kdev != dev.type)
+        char why[64];
+        if (!runs_on(k, dev, why, sizeof why))
             return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
-                            opn, chosen->name, device_type_name(kdev), dn);
-    } else {
-        /* Batch-invariant mode walks the op's batch-invariant list instead, when the policy
-         * has one: any other kernel would make a row depend on M. */
-        struct {
-            const k3_kernel *k;
-            const char *name;
-            int idx; /* catalogue index, for the not-registered reason */
-        } list[K3_MAX_CANDIDATES + 1];
-        int n = 0, which = invariant && pol->n[1][a->op] > 0;
-        if (ext && ext->pre && !which) {
-            list[n].k = ext->pre;
-            list[n].idx = -1;
-            list[n++].name = ext->pre->name;
-        }
-        for (int i = 0; i < pol->n[which][a->op]; i++) {
-            int idx = pol->cand[which][a->op][i];
-            list[n].k = k3_known_kernel_at(idx);
-            list[n].idx = idx;
-            list[n++].name = k3_known_name(idx);
-        }
-        for (int i = 0; i < n && !chosen; i++) {
-            const k3_kernel *k = list[i].k;
-            const char *name = list[i].name;
-            if (!k) {
-                char why[256];
-                k3_known_absent_reason(list[i].idx, why, sizeof why);
-                add_decline(&rec, name, why);
-                continue;
-            }
-            if (k->device != dev.type) {
-                char why[64];
-                snprintf(why, sizeof why, "tensors are on %s", dn);
-                add_decline(&rec, name, why);
-                continue;
-            }
-            char reason[256] = "";
-            k3_status s = k->supports(a, reason, sizeof reason);
-            if (s == K3_OK) {
-                chosen = k;
-                break;
-            }
-            if (!reason[0]) snprintf(reason, sizeof reason, "%s", k3_status_name(s));
-            add_decline(&rec, name, reason);
-            if (s == K3_ELAYOUT && !pol->layout_fallback) {
-                finish_record(call, &rec);
-                return k3_error(K3_ELAYOUT, "%s: %s", opn, reason);
-            }
-        }
-        if (!chosen) {
-            char list[1024];
-            size_t used = 0;
-            list[0] = '\0';
-            for (int d = 0; d < rec.ndeclined; d++) {
-                int w = snprintf(list + used, sizeof list - used, "%s%s: %s", d ? "; " : "",
-                                 rec.declined[d].kernel, rec.declined[d].reason);
-                if (w < 0 || (size_t)w >= sizeof list - used) break;
-                used += (size_t)w;
-            }
-            finish_record(call, &rec);
-            return k3_error(K3_ENOKERNEL, "%s: no registered kernel accepts the call (%s)", opn,
-                            rec.ndeclined ? list : "no candidates");
-        }
+                            opn, k->name, device_type_name(kdev), dn);
+        *out = k;
+        return K3_OK;
     }
-    snprintf(rec.chosen, sizeof rec.chosen, "%s", chosen->name);
-    finish_record(call, &rec);
+    /* Batch-invariant mode walks the op's batch-invariant list instead, when the policy has
+     * one: any other kernel would make a row depend on M, a plan's kernel too. */
+    int invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
+    int which = invariant && pol->n[1][a->op] > 0;
+    int list[K3_MAX_CANDIDATES + 1], n = 0, pre = ext ? ext->pre : -1;
+    if (pre >= 0) list[n++] = pre;
+    for (int i = 0; i < pol->n[which][a->op]; i++) list[n++] = pol->cand[which][a->op][i];
+    for (int i = 0; i < n; i++) {
+        const k3_kernel *k = k3_known_kernel_at(list[i]);
+        const char *name = k3_known_name(list[i]);
+        bool is_pre = i == 0 && pre >= 0;
+        char reason[256] = "";
+        if (is_pre && which) {
+            add_decline(rec, name, "batch-invariant mode is on");
+            continue;
+        }
+        if (!k) {
+            k3_known_absent_reason(list[i], reason, sizeof reason);
+            add_decline(rec, name, reason);
+            continue;
+        }
+        if (!runs_on(k, dev, reason, sizeof reason)) {
+            add_decline(rec, name, reason);
+            continue;
+        }
+        k3_status s = k->supports(a, reason, sizeof reason);
+        if (s == K3_OK) {
+            *out = k;
+            return K3_OK;
+        }
+        if (!reason[0]) snprintf(reason, sizeof reason, "%s", k3_status_name(s));
+        add_decline(rec, name, reason);
+        if (s == K3_ELAYOUT && !pol->layout_fallback && !is_pre)
+            return k3_error(K3_ELAYOUT, "%s: %s", opn, reason);
+    }
+    char declines[1024];
+    size_t used = 0;
+    declines[0] = '\0';
+    for (int d = 0; d < rec->ndeclined; d++) {
+        int w = snprintf(declines + used, sizeof declines - used, "%s%s: %s", d ? "; " : "",
+                         rec->declined[d].kernel, rec->declined[d].reason);
+        if (w < 0 || (size_t)w >= sizeof declines - used) break;
+        used += (size_t)w;
+    }
+    return k3_error(K3_ENOKERNEL, "%s: no registered kernel accepts the call (%s)", opn,
+                    rec->ndeclined ? declines : "no candidates");
+}
+
+k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
+                           const k3_dispatch_ext *ext) {
+    k3_dispatch rec;
+    rec.ndeclined = 0;
+    rec.chosen[0] = '\0';
+    snprintf(rec.op, sizeof rec.op, "%s", k3_op_name(a->op));
+    if (ext)
+        for (int i = 0; i < ext->ndeclined; i++)
+            add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
+    /* The caller's policy carries its mode (a lua_State's own); no policy: the process
+     * default. linear's kernels read it from their arguments. */
+    if (a->op == K3_OP_LINEAR)
+        a->u.linear.batch_invariant = k3_policy_batch_invariant(call ? call->policy : NULL) != 0;
+
+    prepared p;
+    p.fresh = p.handle = NULL;
+    const k3_kernel *k = NULL;
+    k3_status s = prologue(a, y, call, &p);
+    bool forced_refused = false;
+    if (s == K3_OK) {
+        s = choose(a, p.device, call, ext, &rec, &k);
+        forced_refused = s != K3_OK && call && call->kernel;
+    }
+    if (k) snprintf(rec.chosen, sizeof rec.chosen, "%s", k->name);
+    /* A forced kernel that cannot run is the caller's error, not a decision: no record. */
+    if (!forced_refused) finish_record(call, &rec);
+    if (s == K3_OK && !(call && call->explain_only)) s = k->run(a);
+    if (s != K3_OK) {
+        k3_tensor_free(p.fresh);
+        k3_tensor_free(p.handle);
+        return s;
+    }
     if (call && call->explain_only) return K3_OK;
-
-    K3_TRY(chosen->run(a));
-
-    int idx = k3_known_lookup(chosen->name, NULL, NULL);
+    int idx = k3_known_lookup(k->name, NULL, NULL);
     if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) atomic_fetch_add(&g_kernel_calls[idx], 1);
     count_declines(&rec);
     if (t_trace) t_trace(t_trace_ud, &rec);
+    if (y) *y = p.fresh ? p.fresh : p.handle;
+    else k3_tensor_free(p.fresh);
     return K3_OK;
 }

@@ -359,7 +359,8 @@ typedef struct k3_dispatch {
 typedef struct k3_call {
     const k3_policy *policy; /* NULL: the built-in default policy with the process default
                               * batch-invariant mode (k3_batch_invariant()) */
-    const char *kernel;      /* non-NULL: run exactly this kernel, skip dispatch */
+    const char *kernel;      /* non-NULL: run exactly this kernel (after the op's validation),
+                              * skipping the candidates */
     int explain_only;        /* decide only; nothing runs and nothing is written */
     k3_dispatch *record;     /* when non-NULL, filled with the decision */
 } k3_call;
@@ -375,8 +376,8 @@ K3_API void k3_set_batch_invariant(int on);
 K3_API int k3_batch_invariant(void);
 
 /* ---- ops (DESIGN.md "Ops and their exact semantics") -------------------------------------- */
-/* Each op validates its arguments (errors name op, argument, expected and actual), then
- * dispatches. Results go to `out` when given (it must have the result's shape, dtype and
+/* Each op validates its arguments once (errors name op, argument, expected and actual), before
+ * any kernel is asked or run, call->kernel or not, then dispatches. Results go to `out` when given (it must have the result's shape, dtype and
  * device, must not overlap an input, and its own elements must not overlap: "In-place
  * writes"), else to a new tensor, whose allocation errors name the op ("rms_norm: out of
  * host memory allocating 17592186044416 bytes"). *y (may be NULL when out is given)
@@ -441,15 +442,17 @@ K3_API k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *pla
                                        const k3_policy *policy);
 /* NULL is a no-op. */
 K3_API void k3_method_free(k3_method *m);
-/* Like k3_linear through the method; call->record gets the method's decision (a decline of
- * the low-latency path is recorded with its reason, then the default's decision). The
+/* Like k3_linear through the method; call->record gets the decision. A low-latency method
+ * looks M up in its plan: a planned kernel is tried before the candidates (its declines,
+ * whatever their status, go on to them: it never raises), an M without an entry is recorded as
+ * the decline "plan has no entry for M = 3"; batch-invariant mode passes over any plan. The
  * candidates come from the method's policy copy; the batch-invariant mode from the call's
  * policy at call time (k3_policy_batch_invariant(call->policy)). m NULL is K3_EINVAL
  * ("method_apply: m is NULL"); the tensors are checked as k3_linear checks them. When the
  * call fails, call->record still holds the decision so far: where the arguments were refused
- * before dispatch (a K mismatch, say), op "linear", chosen "" and the method's own declines
- * only (the low-latency path's reason, e.g. "K mismatch: x dim 1 (7), w dim 1 (8)"); where
- * dispatch refused it (K3_ENOKERNEL, a layout error), dispatch's full record. */
+ * (a K mismatch, say: before any kernel is asked), op "linear", chosen "" and the plan
+ * lookup's decline if it made one; where no kernel took the call (K3_ENOKERNEL, a layout
+ * error), every decline. */
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);

@@ -202,7 +202,7 @@ typedef struct k3_op_args {
  * (K3_ELAYOUT marks a layout the kernel needs but did not get: policy "error" turns it into an
  * error, "fallback" into a decline). usable(device), when set, is asked once per device when
  * the backend opens; a kernel it refuses on any device is not registered. Dispatch runs the
- * op's validation and the device check before supports() and run() (k3_kernel_run); run()
+ * op's validation and the device check before supports() and run() (k3_dispatch_call); run()
  * checks only the kernel's own hard limits, with the same text a direct call gets, then
  * computes into the caller-allocated out. */
 typedef struct k3_kernel {
@@ -331,16 +331,20 @@ const k3_kernel *k3_known_kernel_at(int i);
 /* "linear", "attn_res", "rms_norm", "silu_mul". */
 K3_API const char *k3_op_name(k3_op op);
 
-/* The shared validation of each op (lib/ops.c): shapes, dtypes, devices, unit last
- * strides, ranges and out (which must be non-NULL here). Kernels call these at the start of
- * run() so a direct call gets the same message as the op. */
-K3_API k3_status k3_linear_validate(const k3_linear_args *a);
-K3_API k3_status k3_attn_res_validate(const k3_attn_res_kargs *a);
-K3_API k3_status k3_rms_norm_validate(const k3_rms_norm_args *a);
-K3_API k3_status k3_silu_mul_validate(const k3_silu_mul_args *a);
-/* K3_EDEVICE "<op>: kernel <name> runs on <cpu|cuda>; tensors are on <dev>" unless t is on
- * the kernel's device type. */
-K3_API k3_status k3_kernel_check_device(const k3_kernel *k, const k3_tensor *t);
+/* Each op's half of dispatch's prologue (lib/ops.c), for a valid op tag in a->op:
+ * k3_op_check_inputs checks everything but out (required tensors present and live, shapes,
+ * dtypes, devices, unit last strides, ranges, what it writes) and then gives the result's
+ * shape, dtype and device; k3_op_check_out checks a given out against that (and its overlaps);
+ * k3_op_out is the address of the op's out slot in a. */
+typedef struct k3_op_result {
+    int ndim;
+    int64_t shape[K3_MAX_DIMS];
+    k3_dtype dtype;
+    k3_device device;
+} k3_op_result;
+k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r);
+k3_status k3_op_check_out(const k3_op_args *a);
+k3_tensor **k3_op_out(k3_op_args *a);
 
 /* A compiled policy (k3.h): candidates are catalogue indices, so the per-call cost is an
  * array lookup. batch_invariant is the policy's batch-invariant mode (k3.h,
@@ -363,17 +367,24 @@ void k3_config_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef void (*k3_trace_fn)(void *ud, const k3_dispatch *d);
 K3_API void k3_trace_set(k3_trace_fn fn, void *ud, k3_trace_fn *prev, void **prev_ud);
 
-/* Dispatch (lib/dispatch.c). Walks the candidates (first `pre` if non-NULL, then the
- * policy's list for a->op), records declines, runs the chosen kernel unless explain_only.
- * `dev` is the tensors' device. `rec` (non-NULL) may already hold declines (a method's);
- * they are kept and counted. */
+/* Dispatch (lib/dispatch.c), the one way a kernel runs: every op and method call, a kernel
+ * forced by name included. Its prologue runs once, before any kernel is asked or run: the op
+ * tag, the op's validation (k3_op_check_inputs, then out: checked when given, else a new tensor,
+ * or a stand-in without memory under explain_only) and the device the call runs on; the kernel
+ * chosen must run on that device. Then the forced kernel, or the first of the candidates (`pre`
+ * first, then the policy's list, or its batch-invariant list in that mode) whose supports()
+ * accepts, runs, unless explain_only. call->record gets the decision, also when the prologue
+ * refuses the call (op, nothing chosen, ext's declines). *y (may be NULL when out is given)
+ * receives a new handle on the result. */
 typedef struct k3_dispatch_ext {
-    const k3_kernel *pre;      /* tried before the policy's candidates (low-latency plan) */
-    const k3_decline *declined; /* declines made before dispatch (the method's check) */
+    int pre;                    /* catalogue index of a kernel tried before the policy's
+                                 * candidates (a low-latency plan's), -1 for none; its declines
+                                 * never raise, whatever the policy's on_layout_mismatch */
+    const k3_decline *declined; /* declines made before dispatch (the method's plan lookup) */
     int ndeclined;
 } k3_dispatch_ext;
-K3_API k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
-                                const k3_dispatch_ext *ext);
+K3_API k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
+                                  const k3_dispatch_ext *ext);
 /* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,

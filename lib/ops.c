@@ -1,11 +1,13 @@
 /*
- * ops.c — the public ops (linear, attn_res, rms_norm, silu_mul): shared validation whose
- * messages name the op, the argument, what was expected and what was given; allocation or
- * checking of out; then dispatch. Everything is validated before anything is written.
+ * ops.c — the public ops (linear, attn_res, rms_norm, silu_mul) and each op's validation,
+ * whose messages name the op, the argument, what was expected and what was given: the op's
+ * half of dispatch's prologue (lib/dispatch.c), which runs it once per call, before any kernel
+ * is asked or run. Everything is validated before anything is written.
  */
 #include "k3_impl.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #define DIMS_LEN 160
@@ -164,12 +166,6 @@ static k3_status linear_out(const k3_linear_args *a) {
     return K3_OK;
 }
 
-k3_status k3_linear_validate(const k3_linear_args *a) {
-    if (!a) return k3_error(K3_EINVAL, "linear: args is NULL");
-    K3_TRY(linear_inputs(a));
-    return linear_out(a);
-}
-
 /* ---- attn_res ---------------------------------------------------------------------------- */
 
 static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor *prefix,
@@ -186,9 +182,11 @@ static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor
     return unit_last(op, what, wt);
 }
 
-/* base: how the caller counts dims and write_block in messages (k3_set_message_base). */
-static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
+/* a->base: how the caller counts dims and write_block in messages (k3_set_message_base). */
+static k3_status attn_res_inputs(const k3_attn_res_kargs *a) {
     const char *op = "attn_res";
+    const k3_attn_res_args *p = &a->p;
+    int base = a->base;
     K3_TRY(need(op, "prefix", p->prefix));
     K3_TRY(need_opt(op, "delta", p->delta));
     K3_TRY(need(op, "blocks", p->blocks));
@@ -283,12 +281,6 @@ static k3_status attn_res_out(const k3_attn_res_kargs *a) {
     return K3_OK;
 }
 
-k3_status k3_attn_res_validate(const k3_attn_res_kargs *a) {
-    if (!a) return k3_error(K3_EINVAL, "attn_res: args is NULL");
-    K3_TRY(attn_res_inputs(&a->p, a->base));
-    return attn_res_out(a);
-}
-
 /* ---- rms_norm and silu_mul ---------------------------------------------------------------- */
 
 static k3_status rms_norm_inputs(const k3_rms_norm_args *a) {
@@ -316,12 +308,6 @@ static k3_status rms_norm_out(const k3_rms_norm_args *a) {
     return no_overlap(op, "out", a->out, "w", a->w);
 }
 
-k3_status k3_rms_norm_validate(const k3_rms_norm_args *a) {
-    if (!a) return k3_error(K3_EINVAL, "rms_norm: args is NULL");
-    K3_TRY(rms_norm_inputs(a));
-    return rms_norm_out(a);
-}
-
 static k3_status silu_mul_inputs(const k3_silu_mul_args *a) {
     const char *op = "silu_mul";
     K3_TRY(need(op, "x", a->x));
@@ -340,93 +326,72 @@ static k3_status silu_mul_out(const k3_silu_mul_args *a) {
     return no_overlap(op, "out", a->out, "x", a->x);
 }
 
-k3_status k3_silu_mul_validate(const k3_silu_mul_args *a) {
-    if (!a) return k3_error(K3_EINVAL, "silu_mul: args is NULL");
-    K3_TRY(silu_mul_inputs(a));
-    return silu_mul_out(a);
+/* ---- results ------------------------------------------------------------------------------- */
+
+/* The result of each op, once its inputs have passed: shape, dtype and device. */
+static void set_result(k3_op_result *r, int nd, const int64_t *shape, const k3_tensor *like) {
+    r->ndim = nd;
+    for (int d = 0; d < nd; d++) r->shape[d] = shape[d];
+    r->dtype = like->dtype;
+    r->device = k3_tensor_device(like);
+}
+static void linear_result(const k3_linear_args *a, k3_op_result *r) {
+    int64_t shape[2] = {a->x->size[0], a->w->size[0]};
+    set_result(r, 2, shape, a->x);
+}
+static void attn_res_result(const k3_attn_res_kargs *a, k3_op_result *r) {
+    set_result(r, 2, a->p.prefix->size, a->p.prefix);
+}
+static void rms_norm_result(const k3_rms_norm_args *a, k3_op_result *r) {
+    set_result(r, 2, a->x->size, a->x);
+}
+static void silu_mul_result(const k3_silu_mul_args *a, k3_op_result *r) {
+    int64_t shape[2] = {a->x->size[0], a->x->size[1] / 2};
+    set_result(r, 2, shape, a->x);
 }
 
-/* ---- the common tail: out, dispatch, result handle ----------------------------------------- */
+/* ---- the ops' table: what dispatch's prologue asks of each op -------------------------------- */
 
-/* A stand-in out for explain_only: the right shape, dtype, device and contiguous strides,
- * no memory (supports() reads layout, never data). */
-typedef struct fake_out {
-    k3_storage storage;
-    k3_tensor t;
-} fake_out;
+#define K3_OP(ID, name, signature, summary)                                                \
+    static k3_status name##_check_inputs(const k3_op_args *a, k3_op_result *r) {            \
+        K3_TRY(name##_inputs(&a->u.name));                                                 \
+        name##_result(&a->u.name, r);                                                      \
+        return K3_OK;                                                                      \
+    }                                                                                      \
+    static k3_status name##_check_out(const k3_op_args *a) { return name##_out(&a->u.name); }
+#include "k3_ops.def"
+#undef K3_OP
 
-static void fake_init(fake_out *f, int nd, const int64_t *shape, k3_dtype dt, k3_device dev) {
-    memset(f, 0, sizeof *f);
-    f->storage.refcount = 1;
-    f->storage.device = dev;
-    f->t.storage = &f->storage;
-    f->t.dtype = dt;
-    f->t.ndim = nd;
-    int64_t st = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        f->t.size[d] = shape[d];
-        f->t.stride[d] = st;
-        st *= shape[d] > 1 ? shape[d] : 1;
-    }
+static const struct {
+    k3_status (*inputs)(const k3_op_args *a, k3_op_result *r);
+    k3_status (*out)(const k3_op_args *a);
+    size_t out_offset; /* of the op's out slot in k3_op_args */
+} g_ops[K3_OP_COUNT] = {
+#define K3_OP(ID, name, signature, summary)                                                \
+    {name##_check_inputs, name##_check_out, offsetof(k3_op_args, u.name.out)},
+#include "k3_ops.def"
+#undef K3_OP
+};
+
+k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r) {
+    return g_ops[a->op].inputs(a, r);
 }
 
-/* Runs dispatch on `a` whose out slot is *slot; allocates out when NULL (or fakes it for
- * explain_only), and hands back *y. */
-static k3_status finish(const char *op, k3_op_args *a, k3_tensor **slot, k3_tensor **y, int nd,
-                        const int64_t *shape, k3_dtype dt, k3_device dev, const k3_call *call,
-                        const k3_dispatch_ext *ext) {
-    bool explain = call && call->explain_only;
-    if (explain) {
-        fake_out f;
-        if (!*slot) {
-            fake_init(&f, nd, shape, dt, dev);
-            *slot = &f.t;
-        }
-        k3_status s = k3_dispatch_op(a, dev, call, ext);
-        return s;
-    }
-    k3_tensor *fresh = NULL, *handle = NULL;
-    if (!*slot) {
-        /* The result is the op's own allocation: its errors name the op ("rms_norm: out of
-         * host memory allocating ..."). */
-        K3_TRY(k3_tensor_new(&fresh, nd, shape, dt, dev, op));
-        *slot = fresh;
-    } else if (y) {
-        k3_status s = k3_tensor_alias(&handle, *slot);
-        if (s != K3_OK) return k3_error_prefix(s, op);
-    }
-    k3_status s = k3_dispatch_op(a, dev, call, ext);
-    if (s != K3_OK) {
-        k3_tensor_free(fresh);
-        k3_tensor_free(handle);
-        return s;
-    }
-    if (y) *y = fresh ? fresh : handle;
-    else k3_tensor_free(fresh);
-    return K3_OK;
-}
+k3_status k3_op_check_out(const k3_op_args *a) { return g_ops[a->op].out(a); }
 
-static k3_status need_result(const char *op, k3_tensor **y, const k3_tensor *out,
-                             const k3_call *call) {
-    if (!y && !out && !(call && call->explain_only))
-        return k3_error(K3_EINVAL, "%s: y and out are both NULL (the result would be lost)", op);
-    return K3_OK;
-}
+k3_tensor **k3_op_out(k3_op_args *a) { return (k3_tensor **)((char *)a + g_ops[a->op].out_offset); }
+
+/* ---- the public entries: the arguments into their block, then dispatch ------------------------ */
 
 k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                         const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                         const k3_call *call, const k3_skinny_config *config,
                         const k3_dispatch_ext *ext) {
-    K3_TRY(need_result("linear", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_LINEAR;
     a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, k3_message_base()};
-    K3_TRY(linear_inputs(&a.u.linear));
-    if (out) K3_TRY(linear_out(&a.u.linear));
-    int64_t shape[2] = {x->size[0], w->size[0]};
-    return finish("linear", &a, &a.u.linear.out, y, 2, shape, x->dtype, k3_tensor_device(x),
-                  call, ext);
+    return k3_dispatch_call(&a, y, call, ext);
 }
 
 k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
@@ -437,45 +402,27 @@ k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
 
 k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,
                       const k3_call *call) {
-    int base = k3_message_base();
     if (!p) return k3_error(K3_EINVAL, "attn_res: args is NULL");
-    K3_TRY(need_result("attn_res", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_ATTN_RES;
-    a.u.attn_res.p = *p;
-    a.u.attn_res.out = out;
-    a.u.attn_res.base = base;
-    K3_TRY(attn_res_inputs(&a.u.attn_res.p, base));
-    if (out) K3_TRY(attn_res_out(&a.u.attn_res));
-    return finish("attn_res", &a, &a.u.attn_res.out, y, 2, p->prefix->size, p->prefix->dtype,
-                  k3_tensor_device(p->prefix), call, NULL);
+    a.u.attn_res = (k3_attn_res_kargs){*p, out, k3_message_base()};
+    return k3_dispatch_call(&a, y, call, NULL);
 }
 
 k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor *w, double eps,
                       k3_tensor *out, const k3_call *call) {
-    int base = k3_message_base();
-    K3_TRY(need_result("rms_norm", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_RMS_NORM;
-    a.u.rms_norm = (k3_rms_norm_args){x, w, eps, out, base};
-    K3_TRY(rms_norm_inputs(&a.u.rms_norm));
-    if (out) K3_TRY(rms_norm_out(&a.u.rms_norm));
-    return finish("rms_norm", &a, &a.u.rms_norm.out, y, 2, x->size, x->dtype,
-                  k3_tensor_device(x), call, NULL);
+    a.u.rms_norm = (k3_rms_norm_args){x, w, eps, out, k3_message_base()};
+    return k3_dispatch_call(&a, y, call, NULL);
 }
 
 k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call) {
-    int base = k3_message_base();
-    K3_TRY(need_result("silu_mul", y, out, call));
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_SILU_MUL;
-    a.u.silu_mul = (k3_silu_mul_args){x, out, base};
-    K3_TRY(silu_mul_inputs(&a.u.silu_mul));
-    if (out) K3_TRY(silu_mul_out(&a.u.silu_mul));
-    int64_t shape[2] = {x->size[0], x->size[1] / 2};
-    return finish("silu_mul", &a, &a.u.silu_mul.out, y, 2, shape, x->dtype, k3_tensor_device(x),
-                  call, NULL);
+    a.u.silu_mul = (k3_silu_mul_args){x, out, k3_message_base()};
+    return k3_dispatch_call(&a, y, call, NULL);
 }

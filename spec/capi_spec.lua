@@ -194,7 +194,7 @@ local checks = {
     {"binary op 9", "K3_EINVAL", "binary: invalid op 9"},
     {"method_apply K mismatch", "K3_ESHAPE", "linear: x dim 1 (7) must match w dim 1 (8)"},
     {"method_apply K mismatch record", "K3_OK",
-     "op=linear chosen=[] n=1 cuda.linear.skinny: x is on cpu, not a CUDA device"},
+     "op=linear chosen=[] n=1 cuda.linear.skinny: plan has no entry for M = 1"},
   },
   -- k3_set_log: checks.c sets K3_DISABLE_KERNELS=cpu.linear.nosuch and K3_BATCH_INVARIANT=maybe
   -- before any k3 call, installs a hook, sets up the registry (one warning to the hook), sets

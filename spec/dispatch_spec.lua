@@ -214,6 +214,36 @@ describe("dispatch", function()
     assert.equal("cpu.linear.reference", k3.explain("linear", x, w, {kernel = "cpu.linear.reference"}).chosen)
   end)
 
+  it("a kernel forced by name gets the op's validation first, whichever kernel it is", function()
+    -- dispatch's prologue runs before any kernel: every registered kernel of each op, forced,
+    -- refuses invalid arguments with the op's own message and writes nothing
+    local out = H.poisoned({2, 4})
+    local calls = {
+      linear = {function(k) k3.linear(k3.ones({2, 3}), k3.ones({4, 5}), {kernel = k, out = out}) end,
+                "linear: x dim 2 (3) must match w dim 2 (5)"},
+      rms_norm = {function(k) k3.rms_norm(k3.ones({2, 4}), k3.ones({3}), {kernel = k, out = out}) end,
+                  "rms_norm: w must be [H] = [4] (x dim 2); got [3]"},
+      silu_mul = {function(k) k3.silu_mul(k3.ones({2, 3}), {kernel = k}) end,
+                  "silu_mul: x dim 2 (3) must be even ([M, 2I])"},
+      attn_res = {function(k)
+        k3.attn_res{prefix = k3.ones({2, 4}), blocks = k3.ones({2, 3, 4}), num_blocks = 4,
+                    norm_weight = k3.ones({4}), qk_weight = k3.ones({4}), out = out, kernel = k}
+      end, "attn_res: num_blocks must be in 0..3 (blocks dim 2); got 4"},
+    }
+    local forced = 0
+    for _, name in ipairs(k3.kernels()) do
+      local op = name:match("^%a+%.([%w_]+)%.")
+      if name:sub(1, 4) == "cpu." then
+        H.raises_exact(function() calls[op][1](name) end, calls[op][2])
+        forced = forced + 1
+      end
+    end
+    assert.equal(#CPU_KERNELS, forced)
+    for _, row in ipairs(out:totable()) do
+      for _, v in ipairs(row) do assert.is_true(v ~= v, "out was written") end
+    end
+  end)
+
   it("counts kernel calls and declines", function()
     k3.stats_reset()
     k3.linear(x, w)
@@ -371,6 +401,31 @@ describe("batch-invariant mode", function()
       local y = k3.linear(x:narrow(1, 1, M), w)
       for i = 1, M do assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone[i])) end
     end
+  end)
+
+  it("is a policy list: batch_invariant's list serves linear in that mode, an empty one leaves the op's own", function()
+    local saved = k3.policy
+    local x, w = k3.randn({2, 3}), k3.randn({4, 3})
+    k3.set_policy{batch_invariant = {linear = {"cpu.linear.reference"}}}
+    assert.same({linear = {"cpu.linear.reference"}}, plain(k3.policy.batch_invariant))
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w).chosen)
+    k3.set_batch_invariant(true)
+    local e = k3.explain("linear", x, w)
+    assert.equal("cpu.linear.reference", e.chosen)
+    assert.same({}, e.declined)
+    -- a low-latency plan is passed over in this mode, whatever its kernel
+    local d = k3.method.low_latency({[2] = {kernel = "skinny"}}):explain(x, w)
+    assert.same({kernel = "cuda.linear.skinny", reason = "batch-invariant mode is on"}, d.declined[1])
+    assert.equal("cpu.linear.reference", d.chosen)
+    k3.set_policy{batch_invariant = {linear = {}}}
+    assert.same({}, plain(k3.policy.batch_invariant))
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w).chosen)
+    H.raises(function() k3.set_policy{batch_invariant = {linear = {"cpu.rms_norm.reference"}}} end,
+      "set_policy: kernel 'cpu.rms_norm.reference' is for op rms_norm, not linear")
+    H.raises(function() k3.set_policy{batch_invariant = {matmul = {}}} end,
+      "set_policy: batch_invariant has unknown key \"matmul\" (expected linear, attn_res, rms_norm, silu_mul)")
+    k3.set_policy(saved)
+    assert.equal("cpu.linear.batch_invariant", k3.explain("linear", x, w).chosen)
   end)
 
   it("K3_BATCH_INVARIANT accepts 0/1/true/false/yes/no/on/off; anything else is reported once", function()

@@ -53,8 +53,8 @@ describe("two lua_States in one process", function()
     if not program() then return end
     local out, code = run({"B:" .. CHOSEN, "A:k3.set_batch_invariant(true)", "A:" .. CHOSEN,
                            "B:" .. CHOSEN, "C:bi", "C:linear",
-                           "A:" .. X .. "return k3.method.low_latency({}):explain(x, w).declined[1].reason",
-                           "B:" .. X .. "return k3.method.low_latency({}):explain(x, w).declined[1].reason"})
+                           "A:" .. X .. "return k3.method.low_latency({}):explain(x, w).chosen",
+                           "B:" .. X .. "return k3.method.low_latency({}):explain(x, w).chosen"})
     assert.are.equal(0, code, out)
     assert.are.equal(table.concat({
       "B: false\tcpu.linear.blas",
@@ -63,8 +63,8 @@ describe("two lua_States in one process", function()
       "B: false\tcpu.linear.blas",
       "C: 0",
       "C: cpu.linear.blas",
-      "A: batch-invariant mode is on",
-      "B: x is not bf16 (f32)",
+      "A: cpu.linear.batch_invariant",
+      "B: cpu.linear.blas",
     }, "\n") .. "\n", out)
   end)
 

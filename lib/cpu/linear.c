@@ -12,19 +12,8 @@
 
 static const void *cdata(const k3_tensor *t) { return k3_tensor_data(t); }
 
-/* Every run() starts here: the op's own validation (same messages as k3_linear), then the
- * device, since these kernels dereference host pointers. */
-static k3_status entry(const k3_kernel *k, const k3_op_args *a) {
-    if (!a || a->op != K3_OP_LINEAR)
-        return k3_error(K3_EINVAL, "linear: kernel %s called with %s arguments", k->name,
-                        a ? k3_op_name(a->op) : "NULL");
-    K3_TRY(k3_linear_validate(&a->u.linear));
-    K3_TRY(k3_kernel_check_device(k, a->u.linear.x));
-    return k3_kernel_check_device(k, a->u.linear.out);
-}
-
-/* Dispatch filters by device and the op validated everything else: these kernels take
- * every linear call on the CPU. */
+/* Dispatch's prologue validated the call and checked it runs on the CPU (these kernels
+ * dereference host pointers): these kernels take every such linear call. */
 static k3_status supports_any(const k3_op_args *a, char *reason, size_t n) { return K3_OK; }
 
 /* ---- cpu.linear.blas ---------------------------------------------------------------------- */
@@ -81,7 +70,6 @@ static void widen_rows(void *dst, bool dbl, const k3_tensor *t, int64_t r0, int6
 #define TILE_ELEMS ((int64_t)1 << 22)
 
 static k3_status run_blas(const k3_op_args *oa) {
-    K3_TRY(entry(&k3_cpu_linear_blas, oa));
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -224,7 +212,6 @@ const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, suppor
 
 /* The oracle: every product and sum in fp64, one rounding to the output dtype. */
 static k3_status run_reference(const k3_op_args *oa) {
-    K3_TRY(entry(&k3_cpu_linear_reference, oa));
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -283,7 +270,6 @@ static double bi_row_f64(const double *xr, const double *wr, int64_t K) {
 }
 
 static k3_status run_batch_invariant(const k3_op_args *oa) {
-    K3_TRY(entry(&k3_cpu_linear_batch_invariant, oa));
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;

@@ -6,22 +6,14 @@
 
 #include <math.h>
 
+/* Dispatch's prologue validated the call and checked it runs on the CPU: every such call is
+ * taken. */
 static k3_status supports(const k3_op_args *a, char *reason, size_t n) { return K3_OK; }
-
-static k3_status wrong_args(const k3_kernel *k, const k3_op_args *a) {
-    return k3_error(K3_EINVAL, "%s: kernel %s called with %s arguments", k3_op_name(k->op),
-                    k->name, a ? k3_op_name(a->op) : "NULL");
-}
 
 /* y = round(x * rsqrt(mean(x^2) + eps) * w); the same expression order as the AttnRes
  * output norm, so attn_res with num_blocks = 0 equals rms_norm bit for bit. */
 static k3_status run_rms_norm(const k3_op_args *oa) {
-    const k3_kernel *k = &k3_cpu_rms_norm_reference;
-    if (!oa || oa->op != K3_OP_RMS_NORM) return wrong_args(k, oa);
     const k3_rms_norm_args *a = &oa->u.rms_norm;
-    K3_TRY(k3_rms_norm_validate(a));
-    K3_TRY(k3_kernel_check_device(k, a->x));
-    K3_TRY(k3_kernel_check_device(k, a->out));
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *o = a->out;
     int64_t M = x->size[0], H = x->size[1];
@@ -62,12 +54,7 @@ const k3_kernel k3_cpu_rms_norm_reference =
 
 /* y[i, j] = round(silu(x[i, j]) * x[i, j + I]), silu(a) = a / (1 + exp(-a)). */
 static k3_status run_silu_mul(const k3_op_args *oa) {
-    const k3_kernel *k = &k3_cpu_silu_mul_reference;
-    if (!oa || oa->op != K3_OP_SILU_MUL) return wrong_args(k, oa);
     const k3_silu_mul_args *a = &oa->u.silu_mul;
-    K3_TRY(k3_silu_mul_validate(a));
-    K3_TRY(k3_kernel_check_device(k, a->x));
-    K3_TRY(k3_kernel_check_device(k, a->out));
     const k3_tensor *x = a->x;
     k3_tensor *o = a->out;
     int64_t M = x->size[0], I = x->size[1] / 2;

@@ -425,8 +425,8 @@ int main(void) {
         CASE("empty 9 dims", k3_tensor_empty(&v, 9, s9, f32, cpu));
         CASE("empty dtype 7", k3_tensor_empty(&v, 1, s4, (k3_dtype)7, cpu));
         CASE("binary op 9", k3_tensor_binary(&v, (k3_binop)9, a, a));
-        /* A method's record when the owned default refuses the arguments: op "linear",
-         * nothing chosen, the method's own decline (C numbers dims from 0). */
+        /* A method's record when dispatch's prologue refuses the arguments: op "linear",
+         * nothing chosen, the method's own decline, its plan lookup's (C numbers dims from 0). */
         k3_tensor *xb = NULL, *wb = NULL;
         k3_dispatch rec;
         memset(&rec, 0x55, sizeof rec); /* whatever was there before */
