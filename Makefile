@@ -13,7 +13,6 @@ DEPS_INC  ?=
 DEPS_LIB  ?=
 BUILD     ?= build
 SANITIZE  ?=
-K3_PACKED_ATTN_RES ?= 1
 CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 
 SHELL     := /bin/bash
@@ -78,7 +77,7 @@ $(LUAMOD): $(LIBK3LUA)
 	ln -sf ../../libk3lua.so $@
 
 NVFLAGS = -std=c++17 -O3 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
-          -DK3_PACKED_ATTN_RES=$(K3_PACKED_ATTN_RES) -Ilib -lineinfo $(DEPS_INC)
+          -Ilib -lineinfo $(DEPS_INC)
 
 $(BUILD)/cuobj/%.o: kernels/%.cu $(HEADERS)
 	@mkdir -p $(dir $@)

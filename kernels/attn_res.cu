@@ -221,8 +221,6 @@ k3_status generic_run(const k3_op_args *oa) {
 
 /* ================================ packed kernel ======================================= */
 
-#if K3_PACKED_ATTN_RES
-
 const int kPackedMaxThreads = 256;
 
 struct packed_params {
@@ -1006,11 +1004,9 @@ k3_status packed_run(const k3_op_args *oa) {
                 : packed_launch_w<k3c_f16, k3c_f16>(p, sh, T_, ctx->stream);
 }
 
-#endif /* K3_PACKED_ATTN_RES */
-
 } // namespace
 
-#if K3_PACKED_ATTN_RES
+/* True when the packed kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_packed_loadable(int dev) {
     int cl = 0;
     if (cudaSetDevice(dev) != cudaSuccess ||
@@ -1027,10 +1023,8 @@ static bool k3c_attn_res_packed_loadable(int dev) {
     return true;
 }
 
-/* True when the packed kernel has a loadable image for dev and dev can launch clusters. */
 extern "C" const k3_kernel k3_cuda_attn_res_packed = K3_KERNEL_RECORD_USABLE(
     k3_cuda_attn_res_packed, packed_supports, packed_run, k3c_attn_res_packed_loadable);
-#endif
 
 extern "C" const k3_kernel k3_cuda_attn_res_generic =
     K3_KERNEL_RECORD(k3_cuda_attn_res_generic, generic_supports, generic_run);

@@ -1,8 +1,8 @@
 /*
  * dispatch.c — policies (ordered candidate kernels per op, what a layout mismatch does, and
  * the batch-invariant mode), the dispatcher that walks them and records every decline, the
- * process default of batch-invariant mode, the counters (process-wide totals and per-context
- * sinks) and the thread-local trace hook.
+ * process default of batch-invariant mode, and the counters (process-wide totals and
+ * per-context sinks).
  */
 #include "k3_impl.h"
 
@@ -352,18 +352,6 @@ void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud) {
     for (int i = 0; i < s->ndeclines; i++) fn(ud, "decline", s->declines[i].key, s->declines[i].count);
 }
 
-/* ---- tracing --------------------------------------------------------------------------- */
-
-static _Thread_local k3_trace_fn t_trace;
-static _Thread_local void *t_trace_ud;
-
-void k3_trace_set(k3_trace_fn fn, void *ud, k3_trace_fn *prev, void **prev_ud) {
-    if (prev) *prev = t_trace;
-    if (prev_ud) *prev_ud = t_trace_ud;
-    t_trace = fn;
-    t_trace_ud = fn ? ud : NULL;
-}
-
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 static const char *device_type_name(k3_device_type t) {
@@ -569,7 +557,6 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     int idx = k3_known_lookup(k->name, NULL, NULL);
     if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) atomic_fetch_add(&g_kernel_calls[idx], 1);
     count_declines(&rec);
-    if (t_trace) t_trace(t_trace_ud, &rec);
     if (y) *y = p.fresh ? p.fresh : p.handle;
     else k3_tensor_free(p.fresh);
     return K3_OK;

@@ -196,7 +196,7 @@ static const k3_backend *dist_backend(const char *what) {
     if (!be->dist_init || !be->dist_unique_id || !be->dist_all_reduce || !be->dist_all_gather ||
         !be->dist_synchronize || !be->dist_destroy || !be->dist_stats) {
         k3_error(K3_EDEVICE, "k3.dist.%s: this libk3_cuda.so has no NCCL support (built without "
-                             "nccl.h, or before kernels/dist.cu was added to its table)", what);
+                             "nccl.h)", what);
         return NULL;
     }
     return be;

@@ -202,18 +202,3 @@ void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n) {
         break;
     }
 }
-
-void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n) {
-    switch (dt) {
-    case K3_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k3_f32_to_bf16(src[i]);
-        break;
-    case K3_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k3_f32_to_f16(src[i]);
-        break;
-    case K3_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case K3_DTYPE_F64:
-        for (int64_t i = 0; i < n; i++) ((double *)dst)[i] = src[i];
-        break;
-    }
-}

@@ -128,9 +128,8 @@ K3_API double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
 K3_API float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
 K3_API void k3_store_f64(void *base, k3_dtype dt, int64_t i, double v);
 K3_API void k3_store_f32(void *base, k3_dtype dt, int64_t i, float v);
-/* Converts n contiguous elements to/from f32 (used to widen 16-bit data in blocks). */
+/* Converts n contiguous elements to f32 (used to widen 16-bit data in blocks). */
 K3_API void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n);
-K3_API void k3_convert_from_f32(void *dst, k3_dtype dt, const float *src, int64_t n);
 
 /* ---- ops: argument blocks ---------------------------------------------------------------- */
 
@@ -304,8 +303,6 @@ const k3_backend *k3_cuda_backend(const char **reason);
 /* ---- registry, dispatch and op internals (helper A: registry.c, dispatch.c, ops.c) -------- */
 /* Exported (K3_API) because the binding and the CUDA backend are separate shared objects. */
 
-/* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
-K3_API const k3_kernel *k3_kernel_find(const char *name);
 /* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries
  * (whitespace around an entry is ignored). */
 bool k3_kernel_disabled(const char *name);
@@ -360,12 +357,6 @@ struct k3_policy {
 /* Configuration warnings (k3_embed.h): sent once to the log hook and kept for
  * k3_config_warnings_take. */
 void k3_config_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Tracing: a thread-local hook called with the record of every dispatch that ran a kernel
- * on this thread (ops and methods; not explain_only). Returns the previous hook through
- * prev / prev_ud (may be NULL) so hooks nest. fn NULL switches tracing off. */
-typedef void (*k3_trace_fn)(void *ud, const k3_dispatch *d);
-K3_API void k3_trace_set(k3_trace_fn fn, void *ud, k3_trace_fn *prev, void **prev_ud);
 
 /* Dispatch (lib/dispatch.c), the one way a kernel runs: every op and method call, a kernel
  * forced by name included. Its prologue runs once, before any kernel is asked or run: the op

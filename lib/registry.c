@@ -124,7 +124,8 @@ static void init_registry(void) {
 
 static void ensure(void) { pthread_once(&g_once, init_registry); }
 
-const k3_kernel *k3_kernel_find(const char *name) {
+/* The registered kernel called `name`, or NULL (unknown, disabled, or absent in this build). */
+static const k3_kernel *kernel_find(const char *name) {
     if (!name) return NULL;
     ensure();
     int i = known_index(name);
@@ -141,7 +142,7 @@ const char *k3_kernel_name(int i) {
     return i >= 0 && i < g_nregistered ? g_registered[i]->name : NULL;
 }
 
-int k3_has_kernel(const char *name) { return k3_kernel_find(name) != NULL; }
+int k3_has_kernel(const char *name) { return kernel_find(name) != NULL; }
 
 int k3_known_kernel(const char *name) {
     if (!name) return 0;
@@ -220,6 +221,6 @@ k3_status k3_cuda_arch(int device, char *buf, size_t n) {
 
 k3_status k3_empty_cache(void) {
     const k3_backend *b = k3_cuda_backend(NULL);
-    if (!b || !b->empty_cache) return K3_OK;
+    if (!b) return K3_OK;
     return b->empty_cache();
 }

@@ -67,8 +67,6 @@ k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o, k3_tim
     const char *reason = NULL;
     const k3_backend *be = k3_cuda_backend(&reason);
     if (!be) return k3_error(K3_EDEVICE, "cuda_time: CUDA is not available: %s", reason);
-    if (o->graph && !be->graph_begin)
-        return k3_error(K3_EDEVICE, "cuda_time: this CUDA backend cannot capture graphs");
     size_t evbytes = sizeof(void *) * 2 * (size_t)o->iters;
     size_t msbytes = sizeof(double) * (size_t)o->iters;
     timing t = {be, k3_host_alloc(evbytes), 0, NULL};

@@ -132,7 +132,7 @@ describe("cuda.attn_res.packed #gpu", function()
 
   local function have_packed()
     if k3.has_kernel(K) then return true end
-    -- a build with K3_PACKED_ATTN_RES=0 or K3_DISABLE_KERNELS: the direct call names it
+    -- a device without cluster launch, or K3_DISABLE_KERNELS: the direct call names it
     local a = inputs(1, 1, 64)
     a.kernel = K
     H.raises(function() k3.attn_res(a) end, K)

@@ -4,13 +4,6 @@
 local k3 = require "k3"
 local H = require "spec.helpers"
 
--- Until the binding exposes them, every spec here is pending with the reason.
-local function bound()
-  if k3.load_safetensors and k3.save_safetensors then return true end
-  pending("k3.load_safetensors / k3.save_safetensors are not bound yet (lib/lua/files.c)")
-  return false
-end
-
 -- A file from raw parts: the 8-byte little-endian header length (hlen, default the real
 -- length), the header text and the data bytes.
 local function write_raw(path, header, data, hlen)
@@ -47,7 +40,6 @@ describe("safetensors", function()
   describe("round trip", function()
     for _, dtype in ipairs({"bf16", "f16", "f32", "f64"}) do
       it("keeps every bit of " .. dtype .. " tensors, contiguous and strided", function()
-        if not bound() then return end
         local base = k3.randn({6, 10}, {dtype = dtype, seed = 11})
         local vals = base:totable()
         vals[1][1], vals[1][2], vals[1][3] = 0 / 0, math.huge, -0.0
@@ -80,7 +72,6 @@ describe("safetensors", function()
     end
 
     it("writes names sorted, metadata first, offsets packed, data 8-byte aligned", function()
-      if not bound() then return end
       k3.save_safetensors(path, {b = k3.ones({2}, {dtype = "f32"}), a = k3.zeros({3}, {dtype = "f16"})})
       local s = read_all(path)
       local hlen = string.unpack("<I8", s)
@@ -94,7 +85,6 @@ describe("safetensors", function()
     end)
 
     it("reads files from other writers: __metadata__, header padding, key order", function()
-      if not bound() then return end
       local header = '{"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},' ..
                      '"__metadata__":{"source":"test"},' ..
                      '"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}    '
@@ -106,7 +96,6 @@ describe("safetensors", function()
     end)
 
     it("round-trips an empty table", function()
-      if not bound() then return end
       k3.save_safetensors(path, {})
       assert.are.same({}, k3.load_safetensors(path))
     end)
@@ -116,19 +105,16 @@ describe("safetensors", function()
     local good_header = '{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}'
 
     it("a file truncated inside the data names the tensor and the sizes", function()
-      if not bound() then return end
       write_raw(path, good_header, f32s(1, 2, 3, 4, 5))
       load_fails('tensor "w": data_offsets [0, 24] out of range: the data section holds 20 bytes')
     end)
 
     it("a file truncated inside the header", function()
-      if not bound() then return end
       write_raw(path, good_header:sub(1, 20), "", #good_header)
       load_fails("header length " .. #good_header .. " is longer than the file (20 bytes after the 8-byte length)")
     end)
 
     it("a file shorter than the header length field", function()
-      if not bound() then return end
       local f = assert(io.open(path, "wb"))
       f:write("\1\0\0")
       f:close()
@@ -136,7 +122,6 @@ describe("safetensors", function()
     end)
 
     it("a header length beyond the file, up to 2^64 - 1", function()
-      if not bound() then return end
       write_raw(path, good_header, f32s(1, 2, 3, 4, 5, 6), 1 << 40)
       load_fails("header length 1099511627776 is longer than the file")
       write_raw(path, good_header, f32s(1, 2, 3, 4, 5, 6), -1)
@@ -144,7 +129,6 @@ describe("safetensors", function()
     end)
 
     it("a header length over the 100 MB cap, even inside a larger file", function()
-      if not bound() then return end
       local f = assert(io.open(path, "wb"))
       f:write(string.pack("<I8", 150 * 1000 * 1000))
       f:seek("set", 200 * 1000 * 1000) -- sparse: no 200 MB written
@@ -154,19 +138,16 @@ describe("safetensors", function()
     end)
 
     it("offsets past the end of the data section", function()
-      if not bound() then return end
       write_raw(path, '{"w":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}', f32s(1, 2))
       load_fails('tensor "w": data_offsets [16, 24] out of range: the data section holds 8 bytes')
     end)
 
     it("offsets that end before they begin", function()
-      if not bound() then return end
       write_raw(path, '{"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}', f32s(1, 2))
       load_fails('tensor "w": data_offsets [8, 0] end before they begin')
     end)
 
     it("offsets that are not non-negative integers", function()
-      if not bound() then return end
       for _, offs in ipairs({"[-8,0]", "[0,8.5]", "[0]", "[0,1e300]", '"0,8"'}) do
         write_raw(path, '{"w":{"dtype":"F32","shape":[2],"data_offsets":' .. offs .. '}}', f32s(1, 2))
         load_fails('tensor "w": "data_offsets" must be two non-negative integers [begin, end]')
@@ -174,7 +155,6 @@ describe("safetensors", function()
     end)
 
     it("an unknown or unsupported dtype", function()
-      if not bound() then return end
       write_raw(path, '{"w":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}', f32s(1, 2))
       load_fails('tensor "w": unsupported dtype "I32" (k3 reads BF16, F16, F32, F64)')
       write_raw(path, '{"w":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,8]}}', f32s(1, 2))
@@ -184,7 +164,6 @@ describe("safetensors", function()
     end)
 
     it("a shape whose size disagrees with the data range", function()
-      if not bound() then return end
       write_raw(path, '{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}}', f32s(1, 2, 3))
       load_fails('tensor "w": shape [2, 2] of f32 needs 16 bytes but data_offsets [0, 12] hold 12')
       write_raw(path, '{"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}}', f32s(1, 2))
@@ -192,7 +171,6 @@ describe("safetensors", function()
     end)
 
     it("bad shapes: negative, fractional, too many dims, overflowing", function()
-      if not bound() then return end
       write_raw(path, '{"w":{"dtype":"F32","shape":[2,-1],"data_offsets":[0,8]}}', f32s(1, 2))
       load_fails('tensor "w": shape entry 2 is not a non-negative integer')
       write_raw(path, '{"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,8]}}', f32s(1, 2))
@@ -208,14 +186,12 @@ describe("safetensors", function()
     end)
 
     it("overlapping ranges name both tensors", function()
-      if not bound() then return end
       write_raw(path, '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},' ..
                       '"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', f32s(1, 2, 3))
       load_fails('tensor "b": data_offsets [4, 12] overlap tensor "a" (which ends at 8)')
     end)
 
     it("a gap between ranges, and bytes after the last tensor", function()
-      if not bound() then return end
       write_raw(path, '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},' ..
                       '"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}', f32s(1, 2, 3))
       load_fails('tensor "b": data_offsets [8, 12] leave a gap: bytes [4, 8) belong to no tensor')
@@ -224,14 +200,12 @@ describe("safetensors", function()
     end)
 
     it("a name given twice", function()
-      if not bound() then return end
       write_raw(path, '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},' ..
                       '"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', f32s(1, 2))
       load_fails('tensor "a" appears twice in the header')
     end)
 
     it("headers that are not a JSON object of objects", function()
-      if not bound() then return end
       write_raw(path, '{"a":{"dtype":', "")
       load_fails("header is not valid JSON")
       write_raw(path, '[1, 2]', "")
@@ -245,7 +219,6 @@ describe("safetensors", function()
     end)
 
     it("a missing file is an I/O error", function()
-      if not bound() then return end
       os.remove(path)
       load_fails("cannot open: No such file or directory")
     end)
@@ -253,21 +226,18 @@ describe("safetensors", function()
 
   describe("save errors", function()
     it("a freed tensor", function()
-      if not bound() then return end
       local t = k3.zeros({2})
       t:free()
       H.raises(function() k3.save_safetensors(path, {x = t}) end, "tensor has been freed")
     end)
 
     it("the reserved name and non-tensor values", function()
-      if not bound() then return end
       H.raises(function() k3.save_safetensors(path, {__metadata__ = k3.zeros({1})}) end,
                '"__metadata__" is reserved, not a tensor name')
       H.raises(function() k3.save_safetensors(path, {x = 3}) end, "bad argument #2 to 'save_safetensors'")
     end)
 
     it("an unwritable path is named as the caller gave it, not by the temporary file", function()
-      if not bound() then return end
       local err = H.raises(function() k3.save_safetensors("/nonexistent-dir/x.safetensors", {x = k3.zeros({1})}) end,
                            "save_safetensors: /nonexistent-dir/x.safetensors: cannot open for writing: No such file or directory")
       assert.is_nil(err:find(".tmp", 1, true), err)

@@ -27,9 +27,7 @@ end
 
 -- ---- progress --------------------------------------------------------------------------------
 
--- k3.core when it is built (isatty, clock); the tokenizer above works without it.
-local has_core, core = pcall(require, "k3.core")
-if not has_core then core = {} end
+local core = require "k3.core"
 
 -- K3_PROGRESS values (any case, surrounding whitespace ignored): 0/1 and their boolean
 -- synonyms, as K3_BATCH_INVARIANT takes them, and plain.
@@ -59,7 +57,7 @@ function cli.progress_mode(stream, setting)
                                   "as when it is unset\n", value:sub(1, 100)))
     io.stderr:flush()
   end
-  local ok, tty = pcall(core.isatty or function() return false end, stream or io.stderr)
+  local ok, tty = pcall(core.isatty, stream or io.stderr)
   return (ok and tty) and "tty" or "plain"
 end
 
@@ -85,7 +83,7 @@ function cli.progress(opts)
                         tostring(mode)), 2)
   end
   return setmetatable({stream = stream, mode = mode, interval = opts.interval or 5,
-                       clock = opts.clock or core.clock or os.time}, Progress)
+                       clock = opts.clock or core.clock}, Progress)
 end
 
 function Progress:update(fmt, ...)

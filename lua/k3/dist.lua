@@ -20,8 +20,7 @@ dist.synchronize = core.dist_synchronize
 
 --- k3.dist.device() -> this rank's device: "cuda:N" when CUDA is available, else "cpu".
 function dist.device()
-  local ok, b = pcall(core.backends)
-  if ok and b.cuda and b.cuda.available then return "cuda:" .. core.dist_device() end
+  if core.backends().cuda.available then return "cuda:" .. core.dist_device() end
   return "cpu"
 end
 

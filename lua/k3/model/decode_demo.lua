@@ -8,20 +8,10 @@ local cli = require "k3.cli"
 
 local demo = {}
 
--- Wall-clock seconds. k3.clock (monotonic) when the binding has it; otherwise `date`, whose
--- few milliseconds of process start are spread over all the timed steps.
-local function wall()
-  if k3.clock then return k3.clock() end
-  local p = io.popen("date +%s.%N")
-  local s = p:read("l")
-  p:close()
-  return tonumber(s)
-end
+-- Wall-clock seconds, monotonic.
+local wall = k3.clock
 
-local function cuda_available()
-  local ok, b = pcall(k3.backends)
-  return ok and b.cuda and b.cuda.available
-end
+local function cuda_available() return k3.backends().cuda.available end
 
 -- Defaults: kimi-k3-tp8 on a CUDA device when there is one, tiny on the CPU otherwise.
 function demo.defaults()

@@ -35,7 +35,6 @@ end
 -- point at the caller of the layer's constructor (named_weight < source_weight < __call).
 local function named_weight(src, opts, what)
   if type(src) == "string" then
-    if not k3.load_safetensors then error(what .. ": this k3 cannot load safetensors files", 4) end
     src = k3.load_safetensors(src)
   end
   if type(src) ~= "table" then
