@@ -1,12 +1,13 @@
 /*
  * common.cuh — what every .cu file of the CUDA backend shares: the per-thread device
- * context (stream, cuBLAS handles), device memory, dtype tags with conversions that are
- * bit-identical to lib/dtype.c, and strided index helpers for views of up to 8 dims.
+ * context (stream, cuBLAS handles), device memory, dtype tags with the core's own conversions
+ * (lib/k3_half.h), and strided index helpers for views of up to 8 dims.
  */
 #ifndef K3_COMMON_CUH
 #define K3_COMMON_CUH
 
 #include "check.h"
+#include "k3_half.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -99,24 +100,10 @@ struct k3c_f16 {
 #define K3C_HD inline
 #endif
 
-K3C_HD uint32_t k3c_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-K3C_HD float k3c_bits_f32(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
+/* lib/k3_half.h's conversions, the ones lib/dtype.c uses, so the device rounds (and treats
+ * NaN) exactly as the CPU does. */
+K3C_HD uint32_t k3c_f32_bits(float f) { return k3h_f32_bits(f); }
+K3C_HD float k3c_bits_f32(uint32_t u) { return k3h_bits_f32(u); }
 K3C_HD uint64_t k3c_f64_bits(double f) {
 #ifdef __CUDA_ARCH__
     return (uint64_t)__double_as_longlong(f);
@@ -135,46 +122,10 @@ K3C_HD double k3c_bits_f64(uint64_t u) {
     return f;
 #endif
 }
-
-/* The next four are lib/dtype.c's conversions, line for line, so the device rounds (and
- * treats NaN) exactly as the CPU does. */
-K3C_HD uint16_t k3c_f32_to_bf16(float x) {
-    uint32_t u = k3c_f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-K3C_HD float k3c_bf16_to_f32(uint16_t x) { return k3c_bits_f32((uint32_t)x << 16); }
-K3C_HD uint16_t k3c_f32_to_f16(float x) {
-    uint32_t u = k3c_f32_bits(x);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu);
-    if (a >= 0x477ff000u) return sign | 0x7c00u;
-    if (a < 0x38800000u) {
-        int e = (int)(a >> 23);
-        if (e < 102) return sign;
-        uint32_t m = (a & 0x7fffffu) | 0x800000u;
-        int shift = 126 - e;
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-    return sign | (uint16_t)h;
-}
-K3C_HD float k3c_f16_to_f32(uint16_t x) {
-    uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
-    uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
-    if (e == 0x1f) return k3c_bits_f32(sign | 0x7f800000u | (m << 13));
-    if (e == 0) {
-        if (m == 0) return k3c_bits_f32(sign);
-        float v = (float)m * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    return k3c_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
+K3C_HD uint16_t k3c_f32_to_bf16(float x) { return k3h_f32_to_bf16(x); }
+K3C_HD float k3c_bf16_to_f32(uint16_t x) { return k3h_bf16_to_f32(x); }
+K3C_HD uint16_t k3c_f32_to_f16(float x) { return k3h_f32_to_f16(x); }
+K3C_HD float k3c_f16_to_f32(uint16_t x) { return k3h_f16_to_f32(x); }
 
 /* f64 <-> f32 as the host's C casts do them (round to nearest even; a NaN keeps its sign
  * and the top of its payload and becomes quiet, as x86 SSE conversions do). The device's

@@ -1,9 +1,10 @@
 /*
- * dtype.c — dtype and device names, and the bf16/f16 conversions: round to nearest even,
- * NaN kept (quietened), infinities kept, overflow to infinity as IEEE 754 prescribes.
- * f64 inputs are rounded once (round-to-odd into f32 first, which is exact for a second
- * rounding to 16 bits), so no value is double-rounded.
+ * dtype.c — dtype and device names, the bf16/f16 conversions (lib/k3_half.h: round to nearest
+ * even, NaN kept, infinities kept) and element access. f64 inputs are rounded once
+ * (round-to-odd into f32 first, which is exact for a second rounding to 16 bits), so no value
+ * is double-rounded.
  */
+#include "k3_half.h"
 #include "k3_impl.h"
 
 #include <math.h>
@@ -66,59 +67,15 @@ const char *k3_device_name(k3_device d, char *buf, size_t n) {
     return buf;
 }
 
-/* ---- 16-bit conversions ------------------------------------------------------------------ */
+/* ---- 16-bit conversions (lib/k3_half.h, shared with the CUDA backend) ---------------------- */
 
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static inline uint32_t f32_bits(float f) { return k3h_f32_bits(f); }
+static inline float bits_f32(uint32_t u) { return k3h_bits_f32(u); }
 
-uint16_t k3_f32_to_bf16(float x) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float k3_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
-
-uint16_t k3_f32_to_f16(float x) {
-    uint32_t u = f32_bits(x);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* NaN */
-    if (a >= 0x477ff000u) return sign | 0x7c00u; /* >= 65520 rounds to infinity */
-    if (a < 0x38800000u) {                       /* below 2^-14: f16 subnormal or zero */
-        int e = (int)(a >> 23);
-        if (e < 102) return sign; /* < 2^-25: rounds to zero */
-        uint32_t m = (a & 0x7fffffu) | 0x800000u;
-        int shift = 126 - e;
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-    return sign | (uint16_t)h;
-}
-
-float k3_f16_to_f32(uint16_t x) {
-    uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
-    uint32_t e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
-    if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 13));
-    if (e == 0) {
-        if (m == 0) return bits_f32(sign);
-        float v = (float)m * 0x1p-24f; /* exact */
-        return sign ? -v : v;
-    }
-    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
+uint16_t k3_f32_to_bf16(float x) { return k3h_f32_to_bf16(x); }
+float k3_bf16_to_f32(uint16_t x) { return k3h_bf16_to_f32(x); }
+uint16_t k3_f32_to_f16(float x) { return k3h_f32_to_f16(x); }
+float k3_f16_to_f32(uint16_t x) { return k3h_f16_to_f32(x); }
 
 /* Rounds x to f32 with round-to-odd: truncate toward zero, then set the last bit when
  * inexact. A later round-to-nearest-even to fewer than 22 mantissa bits is then exact.
