@@ -159,8 +159,9 @@ fuzz-smoke: fuzz
 # ==== embedding: example host, install, pkg-config (helper E, issue 7) ==========================
 #   make host                       build/examples/host/k3-host (the game-loop host example)
 #   make capi                       build/examples/capi/attn_res (C API example, in-tree flags)
-#   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the Lua files, the C module
-#                                   k3/core.so, k3.pc and k3-lua.pc (DESTDIR is honoured)
+#   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the library's Lua files (not the
+#                                   benchmarks or the demos), the C module k3/core.so, k3.pc and
+#                                   k3-lua.pc (DESTDIR is honoured)
 # EMBED_TARGETS: the example host and C API program; `make test` builds them (host specs).
 PREFIX    ?= /usr/local
 LIBDIR    ?= $(PREFIX)/lib
@@ -177,7 +178,11 @@ CFLAGS_EX  = -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_G
 # PREFIX/lib/lua/5.4/k3/core.so; its rpath finds libk3.so from either place, and from a
 # LuaRocks tree (where libk3.so is deployed beside the k3/ module folder).
 INSTALL_LUAMOD = $(BUILD)/install/libk3lua.so
-K3_LUA_FILES = $(shell find lua/k3 -name '*.lua' | sort)
+# The Lua files a library user requires: the module, its policies, dist, nn and the model layers.
+# The benchmarks (lua/k3/bench/), the demos' mains (lua/k3/model/decode_demo*.lua) and what only
+# the scripts share (lua/k3/cli.lua) run from the checkout.
+K3_LUA_FILES = $(filter-out lua/k3/bench/% lua/k3/model/decode_demo% lua/k3/cli.lua,\
+                 $(shell find lua/k3 -name '*.lua' | sort))
 
 .PHONY: host capi embed install uninstall
 host: $(HOST_BIN)

@@ -50,7 +50,7 @@ end
 local opts = {}
 local args = {...}
 for _, a in ipairs(args) do -- --tp N: the tensor-parallel stack (re-runs itself via scripts/k3 --nproc N)
-  if a == "--tp" or a:match("^%-%-tp=") then os.exit(require("k3.model.kimi_k3_tp").main(args)) end
+  if a == "--tp" or a:match("^%-%-tp=") then os.exit(require("k3.model.decode_demo_tp").main(args)) end
 end
 for key, value, a in require("k3.cli").options(args, die) do
   if key == "--config" then opts.config = value()

@@ -374,4 +374,21 @@ describe("install and the C API", function()
     assert.are.equal(0, code, out)
     assert.are.equal(k3.version .. "\ttrue\ttrue\t" .. prefix .. "/lib/lua/5.4/k3/core.so", (out:gsub("%s+$", "")))
   end)
+
+  it("installs the modules a library user requires, not the benchmarks or the demos' mains", function()
+    if not ready() then return end
+    local env = string.format("LUA_PATH='%s/share/lua/5.4/?.lua;%s/share/lua/5.4/?/init.lua' " ..
+                              "LUA_CPATH='%s/lib/lua/5.4/?.so' ", prefix, prefix, prefix)
+    local chunk = "local names = {} " ..
+      "for _, m in ipairs{\"k3.dist\", \"k3.nn\", \"k3.nn.parallel\", \"k3.model.kimi_k3\", " ..
+      "\"k3.model.kimi_k3_tp\", \"k3.model.attn_res_stream\", \"k3.policy.default\", \"k3.policy.sm90\"} do " ..
+      "require(m) end " ..
+      "for _, m in ipairs{\"k3.bench.util\", \"k3.bench.linear\", \"k3.model.decode_demo\", " ..
+      "\"k3.model.decode_demo_tp\", \"k3.cli\"} do " ..
+      "if package.searchpath(m, package.path) then names[#names + 1] = m end end " ..
+      "print(#names == 0 and \"none\" or table.concat(names, \" \"))"
+    local out, code = sh("cd / && " .. env .. (os.getenv("K3_LUA") or "lua5.4") .. " -e 'require \"k3\"; " .. chunk .. "'")
+    assert.are.equal(0, code, out)
+    assert.are.equal("none", (out:gsub("%s+$", "")))
+  end)
 end)

@@ -181,6 +181,7 @@ describe("k3.nn.parallel", function()
 
   it("the Kimi-K3 TP stack (tiny) matches TP=1 at W = 2 and 4, every rank the same", function()
     local tp = require "k3.model.kimi_k3_tp"
+    local compare = require("k3.model.decode_demo_tp").compare
     local kimi = require "k3.model.kimi_k3"
     local cfg = tp.config("tiny")
     local w = kimi.generate_weights(cfg, {seed = 7})
@@ -193,7 +194,7 @@ describe("k3.nn.parallel", function()
         local y, stream = st:forward(x)
         return {y, stream.reduce_calls}
       end)
-      local rel, cos = tp.compare(res[1][1], y1)
+      local rel, cos = compare(res[1][1], y1)
       if W == 1 then assert.are.equal(0, rel) else
         assert.is_true(rel < 3e-2 and cos > 0.9995, string.format("W=%d rel %g cos %g", W, rel, cos))
       end
@@ -225,7 +226,7 @@ end)
 
 describe("the --tp demo's table", function()
   it("times TP=1 beside the TP rows and the all-reduce alone, at world size 1 on any device", function()
-    local tp = require "k3.model.kimi_k3_tp"
+    local tp = require "k3.model.decode_demo_tp"
     local res = tp.run{tp = 1, config = "tiny", steps = 2, m = {1, 3}, quiet = true, device = "cpu"}
     assert.are.equal(2, #res.rows)
     for _, r in ipairs(res.rows) do
