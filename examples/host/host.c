@@ -222,15 +222,32 @@ static void count_hook(lua_State *L, lua_Debug *ar) {
     lua_error(L);
 }
 
-/* lua.c's message handler: the error message (or its __tostring) plus a traceback. It runs
- * only for errors that escape to the host's lua_pcall, so the frame is failing: the hook is
- * disarmed first so building the traceback cannot be interrupted. */
+/* lua.c's message handler: the error message (or its __tostring) plus a traceback. The hook
+ * stays armed: turning the error into text runs under the failing phase's budget and cap, so
+ * a __tostring that loops or hoards is stopped like any other code (building the traceback
+ * itself runs no Lua instructions). A __tostring that fails is reported with its reason. */
 static int msghandler(lua_State *L) {
-    lua_sethook(L, NULL, 0, 0);
     const char *msg = lua_tostring(L, 1);
     if (msg == NULL) {
-        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
-        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+        if (luaL_getmetafield(L, 1, "__tostring") != LUA_TNIL) {
+            lua_pushvalue(L, 1);
+            int rc = lua_pcall(L, 1, 1, 0);
+            if (rc == LUA_OK && lua_type(L, -1) == LUA_TSTRING) return 1;
+            /* The frame's pcall sees this handler's result as an ordinary error: keep the
+             * kind of a memory failure (the hook has already set a budget or cap stop). */
+            if (rc == LUA_ERRMEM && state_of(L)->fail == FAIL_NONE) state_of(L)->fail = FAIL_MEMORY;
+            if (rc == LUA_OK)
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring returned a %s value)",
+                                      luaL_typename(L, 1), luaL_typename(L, -1));
+            else if (lua_type(L, -1) == LUA_TSTRING)
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring failed: %s)",
+                                      luaL_typename(L, 1), lua_tostring(L, -1));
+            else
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring failed with a %s value)",
+                                      luaL_typename(L, 1), luaL_typename(L, -1));
+        } else {
+            msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+        }
     }
     luaL_traceback(L, L, msg, 1);
     return 1;
