@@ -237,6 +237,42 @@ end
     assert.are.equal(0, field(out, "unexpected frame results"), out)
   end)
 
+  it("holds every Lua thread that runs in a frame to that frame's budget: coroutines made in the main chunk or in the frame, under pcall, many small ones", function()
+    if not have_host() then return end
+    local path = temp_script([[
+expected_failures = {[2] = "budget", [3] = "budget", [4] = "budget", [5] = "budget"}
+local frame = 0
+local function spin() while true do end end
+-- Made by the main chunk, so created under the setup phase's hook.
+local from_setup = coroutine.wrap(spin)
+local stubborn = coroutine.create(function() while true do pcall(spin) end end)
+local generator = coroutine.wrap(function() while true do coroutine.yield(1) end end)
+function on_frame()
+  frame = frame + 1
+  if frame == 2 then from_setup() end
+  if frame == 3 then coroutine.resume(stubborn) spin() end
+  if frame == 4 then local co = coroutine.wrap(function() while true do pcall(spin) end end) while true do pcall(co) end end
+  if frame == 5 then for _ = 1, math.maxinteger do coroutine.wrap(function() for _ = 1, 100 do end end)() end end
+  local sum = 0
+  for _ = 1, 100 do sum = sum + generator() end
+  return sum
+end
+]])
+    for _, setup in ipairs({"", " --setup-budget 0"}) do
+      local out, code = run("--frames 6 --budget 200000" .. setup .. " --script " .. path, 30)
+      local where = path:gsub("%p", "%%%0")
+      assert.are.equal(0, code, setup .. "\n" .. out)
+      assert.truthy(out:find("\nframe 2 failed %(budget%): " .. where .. ":10: " .. where .. ":3: instruction budget of 200000 exceeded\nstack traceback:\n"), out)
+      for f = 3, 5 do
+        assert.truthy(out:find("\nframe " .. f .. " failed %(budget%): " .. where .. ":" .. (8 + f) .. ": instruction budget of 200000 exceeded\nstack traceback:\n"), out)
+      end
+      assert.are.equal(6, field(out, "frames run"), out)
+      assert.are.equal(4, field(out, "frames failed as expected"), out)
+      assert.are.equal(0, field(out, "unexpected frame results"), out)
+    end
+    os.remove(path)
+  end)
+
   it("rejects bad options with a usage message and a non-zero exit, never a crash", function()
     if not have_host() then return end
     local out, code = run("--frames many")
