@@ -705,6 +705,55 @@ case("method apply K mismatch falls to the default's error", function()
     function() valid_method(x, mat(4, 3, {seed = 24})) end
 end, "linear: x dim 2 (3) must match w dim 2 (5)")
 
+-- ---- k3.dist: wrong Lua types get `bad argument`, never a raw Lua error ----------------------------------
+-- The follow-up: a simulated world of 2 that reduces and gathers.
+local function valid_dist()
+  local res = k3.dist.simulate(2, function(r, d)
+    local t = k3.tensor({{r + 1, 2 * r}})
+    d.all_reduce(t)
+    return {t:totable(), d.all_gather(k3.tensor({{r}}), 2):totable()}
+  end)
+  assert.same({{{{3, 2}}, {{0, 1}}}, {{{3, 2}}, {{0, 1}}}}, res)
+end
+-- Exact texts; a rank's error inside simulate is "rank r: " and the rank's own message (with
+-- the position of the rank's call where Lua gives one).
+local function dist_case(name, fn, text)
+  case(name, function() return fn, {}, valid_dist end, text)
+  cases[#cases].exact = true
+end
+dist_case("dist.all_gather a number", function() k3.dist.all_gather(5) end,
+  "bad argument #1 to 'all_gather' (k3.Tensor expected, got number)")
+dist_case("dist.all_gather nil", function() k3.dist.all_gather(nil, 2) end,
+  "bad argument #1 to 'all_gather' (k3.Tensor expected, got nil)")
+dist_case("dist.destroy a string", function() k3.dist.destroy("abort") end,
+  "bad argument #1 to 'destroy' (table expected, got string)")
+dist_case("dist.destroy abort a string", function() k3.dist.destroy({abort = "yes"}) end,
+  "bad argument #1 to 'destroy' (field 'abort' must be a boolean; got string)")
+dist_case("dist.stats a number", function() k3.dist.stats(1) end,
+  "bad argument #1 to 'stats' (table expected, got number)")
+dist_case("dist.stats reset a number", function() k3.dist.stats({reset = 1}) end,
+  "bad argument #1 to 'stats' (field 'reset' must be a boolean; got number)")
+dist_case("dist.simulate fn a number", function() k3.dist.simulate(2, 5) end,
+  "bad argument #2 to 'simulate' (function expected, got number)")
+dist_case("dist.simulate opts a string", function() k3.dist.simulate(2, function() end, "return") end,
+  "bad argument #3 to 'simulate' (table expected, got string)")
+dist_case("dist.simulate errors unknown", function() k3.dist.simulate(2, function() end, {errors = "warn"}) end,
+  "bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got 'warn')")
+dist_case("dist.simulate errors a long string", function()
+  k3.dist.simulate(2, function() end, {errors = ("w"):rep(10000)})
+end, "bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got '" ..
+  ("w"):rep(200) .. "...' (cut at 200 of 10000 bytes))")
+dist_case("dist.simulate rank all_reduce a table", function()
+  k3.dist.simulate(2, function(_, d) d.all_reduce({1, 2}) end)
+end, "rank 0: " .. debug.getinfo(1, "S").short_src .. ":" .. debug.getinfo(1, "l").currentline - 1 ..
+  ": bad argument #1 to 'all_reduce' (k3.Tensor expected, got table)")
+dist_case("dist.simulate rank all_gather a string", function()
+  k3.dist.simulate(2, function(_, d) return d.all_gather("t") end)
+end, "rank 0: bad argument #1 to 'all_gather' (k3.Tensor expected, got string)")
+dist_case("dist.simulate rank stats reset a string", function()
+  k3.dist.simulate(2, function(_, d) return d.stats({reset = "no"}) end)
+end, "rank 0: bad argument #1 to 'stats' (field 'reset' must be a boolean; got string)")
+
 -- ---- the runner ------------------------------------------------------------------------------------------
 local function snapshot(t)
   return {size = t:size(), stride = t:stride(), offset = t:offset(), dtype = t:dtype(),
