@@ -1078,9 +1078,20 @@ k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out) {
     return K3_OK;
 }
 
+/* An allclose tolerance must be >= 0 (+inf allowed): a negative one makes nothing close, a
+ * NaN one makes every comparison false, so either would turn a check into noise. */
+static k3_status allclose_tolerance(const char *what, double v) {
+    if (v >= 0) return K3_OK; /* false for NaN */
+    char b[32];
+    return k3_error(K3_EINVAL, "allclose: %s must be a number >= 0; got %s", what,
+                    k3_fmt_double(b, sizeof b, v));
+}
+
 k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol, int *out) {
     double *x, *y;
     int64_t n;
+    K3_TRY(allclose_tolerance("atol", atol));
+    K3_TRY(allclose_tolerance("rtol", rtol));
     K3_TRY(load_pair("allclose", a, b, &x, &y, &n, out));
     int ok = 1;
     for (int64_t i = 0; i < n && ok; i++) {

@@ -349,6 +349,12 @@ view_case("max_abs_diff with nil", function(t) return k3.max_abs_diff(t, nil) en
   "bad argument #2 to 'max_abs_diff' (k3.Tensor expected, got nil)")
 view_case("allclose with string opts", function(t) return k3.allclose(t, t, "x") end,
   "bad argument #3 to 'allclose' (table expected, got string)")
+exact_view_case("allclose negative atol", function(t) return k3.allclose(t, t, {atol = -1e-3}) end,
+  "allclose: atol must be a number >= 0; got -0.001")
+exact_view_case("allclose NaN rtol", function(t) return k3.allclose(t, t, {rtol = 0 / 0}) end,
+  "allclose: rtol must be a number >= 0; got nan")
+exact_view_case("allclose -inf atol", function(t) return k3.allclose(t, t, {atol = -math.huge, rtol = 0}) end,
+  "allclose: atol must be a number >= 0; got -inf")
 view_case("cosine of different shapes", function(t) return k3.cosine(t, k3.zeros({3})) end,
   "cosine: b shape [3] must match a shape [2, 3]")
 view_case("size of dim 3", function(t) return t:size(3) end, "bad argument #1 to 'size' (dim must be in 1..2; got 3)")
