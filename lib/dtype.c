@@ -28,7 +28,9 @@ k3_status k3_dtype_parse(const char *name, k3_dtype *out) {
             *out = (k3_dtype)i;
             return K3_OK;
         }
-    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)", name);
+    char e[K3_ECHO_SIZE];
+    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)",
+                    k3_echo(e, sizeof e, name));
 }
 
 k3_status k3_device_parse(const char *text, k3_device *out) {
@@ -50,7 +52,9 @@ k3_status k3_device_parse(const char *text, k3_device *out) {
             return K3_OK;
         }
     }
-    return k3_error(K3_EDEVICE, "unknown device '%s' (expected cpu, cuda or cuda:N)", text);
+    char e[K3_ECHO_SIZE];
+    return k3_error(K3_EDEVICE, "unknown device '%s' (expected cpu, cuda or cuda:N)",
+                    k3_echo(e, sizeof e, text));
 }
 
 const char *k3_device_name(k3_device d, char *buf, size_t n) {

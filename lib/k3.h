@@ -78,7 +78,10 @@ typedef struct k3_tensor k3_tensor;
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* The message of the last failed call on this thread ("" if none). Valid until the next
- * k3 call on this thread. */
+ * k3 call on this thread. At most 1023 bytes: a longer message keeps its start and its end
+ * (the reason) with " [... N bytes cut ...] " between them, and user input it echoes (a
+ * dtype, device or kernel name) shows at most 200 bytes, marked "... (cut at 200 of N
+ * bytes)". */
 K3_API const char *k3_last_error(void);
 /* The short name of a status ("K3_ELAYOUT"). Never NULL. */
 K3_API const char *k3_status_name(k3_status s);

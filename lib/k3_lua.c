@@ -79,6 +79,13 @@ static int arg_error(lua_State *L, int arg, const char *fname, const char *fmt, 
 static double opt_number_field(lua_State *L, int idx, const char *field, double dflt, int argn,
                                const char *fname);
 
+/* Pushes user input as a message echoes it (k3_echo: at most 200 bytes, marked when cut) and
+ * returns it; for messages raised right after, so the pushed string needs no popping. */
+static const char *push_echo(lua_State *L, const char *s) {
+    char e[K3_ECHO_SIZE];
+    return lua_pushstring(L, k3_echo(e, sizeof e, s));
+}
+
 /* ---- tensor userdata ------------------------------------------------------------------------ */
 
 /* A new userdata in the closed (NULL) state, pushed before anything is allocated, so an
@@ -173,13 +180,15 @@ typedef struct {
 static void check_dtype_str(lua_State *L, const char *s, int argn, const char *fname,
                             k3_dtype *out) {
     if (k3_dtype_parse(s, out) != K3_OK)
-        arg_error(L, argn, fname, "unknown dtype '%s'; expected bf16, f16, f32 or f64", s);
+        arg_error(L, argn, fname, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
+                  push_echo(L, s));
 }
 
 static void check_device_str(lua_State *L, const char *s, int argn, const char *fname,
                              k3_device *out) {
     if (k3_device_parse(s, out) != K3_OK)
-        arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N", s);
+        arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N",
+                  push_echo(L, s));
 }
 
 /* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated):
@@ -201,9 +210,11 @@ static void check_option_keys(lua_State *L, int idx, const char *const *allowed,
                 luaL_addstring(&b, *a);
             }
             luaL_pushresult(&b);
-            arg_error(L, argn, fname, "unknown option '%s' (expected %s)",
-                      lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2),
-                      lua_tostring(L, -1));
+            const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
+                                                             : luaL_typename(L, -2);
+            const char *expected = lua_tostring(L, -1);
+            arg_error(L, argn, fname, "unknown option '%s' (expected %s)", push_echo(L, key),
+                      expected);
         }
     }
 }
@@ -321,8 +332,9 @@ static int check_name_in(lua_State *L, int arg, const char *def, const char *con
         luaL_addstring(&b, names[i]);
     }
     luaL_pushresult(&b);
-    return arg_error(L, arg, fname, "unknown %s '%s'; expected %s", what, got,
-                     lua_tostring(L, -1));
+    const char *expected = lua_tostring(L, -1);
+    return arg_error(L, arg, fname, "unknown %s '%s'; expected %s", what, push_echo(L, got),
+                     expected);
 }
 
 /* Walks a nested table: discovers the shape from the first item at each depth. */
@@ -562,7 +574,7 @@ static int m_to(lua_State *L) {
                 L, 2,
                 lua_pushfstring(L, "'%s' is neither a dtype (bf16, f16, f32, f64) nor a device "
                                    "(cpu, cuda, cuda:N)",
-                                s));
+                                push_echo(L, s)));
     } else if (lua_type(L, 2) == LUA_TTABLE) {
         create_opts o = check_create_opts(L, 2, "to");
         lua_getfield(L, 2, "dtype");
@@ -1526,10 +1538,12 @@ static int l_save_safetensors(lua_State *L) {
             return luaL_error(L, "bad argument #2 to 'save_safetensors' (keys must be tensor "
                                  "names; got %s)",
                               luaL_typename(L, -2));
-        if (!luaL_testudata(L, -1, TENSOR_MT))
+        if (!luaL_testudata(L, -1, TENSOR_MT)) {
+            const char *got = luaL_typename(L, -1);
             return luaL_error(L, "bad argument #2 to 'save_safetensors' (field '%s' must be a "
                                  "k3.Tensor; got %s)",
-                              lua_tostring(L, -2), luaL_typename(L, -1));
+                              push_echo(L, lua_tostring(L, -2)), got);
+        }
         check_tensor(L, lua_gettop(L));
         n++;
         size_t len;

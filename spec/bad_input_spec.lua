@@ -711,6 +711,64 @@ case("method apply K mismatch falls to the default's error", function()
     function() valid_method(x, mat(4, 3, {seed = 24})) end
 end, "linear: x dim 2 (3) must match w dim 2 (5)")
 
+-- ---- long input: an echoed string shows its first 200 bytes (cut back to a UTF-8 boundary,
+-- marked with its length); a message longer than k3's 1 KB buffer keeps its start and its end
+-- (the reason), with the cut marked between ----------------------------------------------------
+local function cut200(s)
+  local keep = 200
+  while keep > 0 and (s:byte(keep + 1) or 0) & 0xC0 == 0x80 do keep = keep - 1 end
+  return s:sub(1, keep) .. ("... (cut at %d of %d bytes)"):format(keep, #s)
+end
+-- The core's rule for a message longer than 1023 bytes (ASCII text): the first 479 bytes, the
+-- number of bytes cut, the last 480.
+local function cut_middle(msg)
+  if #msg <= 1023 then return msg end
+  return msg:sub(1, 479) .. (" [... %d bytes cut ...] "):format(#msg - 959) .. msg:sub(-480)
+end
+local LONG = ("x"):rep(10 * 1024 * 1024)
+local function long_case(name, fn, text)
+  exact(name, function() return fn, {} end, text)
+end
+long_case("zeros with a 10 MB dtype", function() k3.zeros({2}, {dtype = LONG}) end,
+  "bad argument #2 to 'zeros' (unknown dtype '" .. cut200(LONG) .. "'; expected bf16, f16, f32 or f64)")
+long_case("zeros with a 10 MB device", function() k3.zeros({2}, {device = LONG}) end,
+  "bad argument #2 to 'zeros' (unknown device '" .. cut200(LONG) .. "'; expected cpu, cuda or cuda:N)")
+long_case("zeros with a 10 MB option name", function() k3.zeros({2}, {[LONG] = 1}) end,
+  "bad argument #2 to 'zeros' (unknown option '" .. cut200(LONG) .. "' (expected dtype, device or seed))")
+long_case("to a 10 MB string", function() k3.zeros({2}):to(LONG) end,
+  "bad argument #1 to 'to' ('" .. cut200(LONG) .. "' is neither a dtype (bf16, f16, f32, f64) nor a device (cpu, cuda, cuda:N))")
+long_case("explain a 10 MB op", function() k3.explain(LONG) end,
+  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm or silu_mul)")
+long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat(2, 2), {kernel = LONG}) end,
+  "linear: unknown kernel '" .. cut200(LONG) .. "'")
+long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,
+  "set_policy: unknown linear kernel '" .. cut200(LONG) .. "' (known: cpu.linear.blas, cpu.linear.reference, " ..
+  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
+long_case("save_safetensors with a 10 MB name for a number", function() k3.save_safetensors("/nonexistent/x", {[LONG] = 1}) end,
+  "bad argument #2 to 'save_safetensors' (field '" .. cut200(LONG) .. "' must be a k3.Tensor; got number)")
+do
+  local euro = ("\u{20AC}"):rep(100) -- 300 bytes of 3-byte characters: cut at 198, a whole character
+  long_case("zeros with a long UTF-8 dtype", function() k3.zeros({2}, {dtype = euro}) end,
+    "bad argument #2 to 'zeros' (unknown dtype '" .. ("\u{20AC}"):rep(66) ..
+    "... (cut at 198 of 300 bytes)'; expected bf16, f16, f32 or f64)")
+end
+do
+  -- A 1,100-byte path: the message is longer than the buffer, and still ends with its reason.
+  local path = ("/nonexistent" .. ("/" .. ("d"):rep(99)):rep(11)) .. "/k3.safetensors"
+  local core = cut_middle("safetensors: " .. path .. ": cannot open: No such file or directory")
+  case("load_safetensors of a 1,100-byte path keeps the reason", function()
+    return function() k3.load_safetensors(path) end, {},
+      function() valid_safetensors(mat(2, 3, {seed = 5})) end
+  end, "load_safetensors" .. core:sub(#"safetensors" + 1))
+  cases[#cases].exact = true
+  local t = mat(2, 3)
+  case("save_safetensors to a 1,100-byte path keeps the reason", function()
+    return function() k3.save_safetensors(path, {w = t}) end, {t}, function() valid_safetensors(t) end
+  end, "save_safetensors: " .. cut_middle("safetensors_save: " .. path ..
+    ": cannot open for writing: No such file or directory"):sub(#"safetensors_save: " + 1))
+  cases[#cases].exact = true
+end
+
 -- ---- k3.dist: wrong Lua types get `bad argument`, never a raw Lua error ----------------------------------
 -- The follow-up: a simulated world of 2 that reduces and gathers.
 local function valid_dist()
@@ -748,7 +806,7 @@ dist_case("dist.simulate errors unknown", function() k3.dist.simulate(2, functio
 dist_case("dist.simulate errors a long string", function()
   k3.dist.simulate(2, function() end, {errors = ("w"):rep(10000)})
 end, "bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got '" ..
-  ("w"):rep(200) .. "...' (cut at 200 of 10000 bytes))")
+  ("w"):rep(200) .. "... (cut at 200 of 10000 bytes)')")
 dist_case("dist.simulate rank all_reduce a table", function()
   k3.dist.simulate(2, function(_, d) d.all_reduce({1, 2}) end)
 end, "rank 0: " .. debug.getinfo(1, "S").short_src .. ":" .. debug.getinfo(1, "l").currentline - 1 ..

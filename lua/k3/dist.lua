@@ -15,12 +15,15 @@ local function type_name(v)
   return type(v)
 end
 
--- A value as a message shows it: a string quoted, its first 200 bytes only when longer
--- (marked as cut, with its length), anything else by its type name.
+-- A value as a message shows it: a string quoted, only its first 200 bytes when longer (cut
+-- back to a UTF-8 character boundary and marked with its length, as the C core echoes user
+-- input), anything else by its type name.
 local function shown(v)
   if type(v) ~= "string" then return type_name(v) end
-  if #v <= 200 then return string.format("'%s'", v) end
-  return string.format("'%s...' (cut at 200 of %d bytes)", v:sub(1, 200), #v)
+  if #v <= 200 then return "'" .. v .. "'" end
+  local keep = 200
+  while keep > 0 and v:byte(keep + 1) & 0xC0 == 0x80 do keep = keep - 1 end
+  return string.format("'%s... (cut at %d of %d bytes)'", v:sub(1, keep), keep, #v)
 end
 
 -- Raises Lua's `bad argument #n to 'fname' (why)` at the caller of the k3.dist function
