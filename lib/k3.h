@@ -384,7 +384,13 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
  * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
  * has S = 0 slots; got 0". A non-finite or negative eps or output_eps is K3_EINVAL naming
- * it ("attn_res: output_eps must be a finite number >= 0; got nan"). a NULL: K3_EINVAL. */
+ * it ("attn_res: output_eps must be a finite number >= 0; got nan"). a NULL: K3_EINVAL.
+ * A write_block whose rows blocks[t, write_block, :] share an element with a row the call
+ * reads from blocks (another slot, another token's slot: a view whose rows overlap) is
+ * K3_ELAYOUT naming one such pair and the strides ("attn_res: write_block 1 would overwrite
+ * memory the call reads: blocks[0, 1, :] shares elements with blocks[1, 0, :] (blocks strides
+ * [4, 4, 1], hidden_size 4)"); the test is exact. blocks with a write_block, and prefix with a
+ * delta, must not overlap any other argument at all (a test on their extents). */
 typedef struct k3_attn_res_args {
     k3_tensor *prefix;                /* [T,H]; updated in place when delta is given */
     const k3_tensor *delta;           /* [T,H] or NULL */

@@ -574,6 +574,20 @@ ar_case("attn_res prefix inside blocks with write_block", function(a)
   a.prefix = a.blocks:select(2, 1)
   a.write_block = 2
 end, "attn_res: blocks (write_block) overlaps prefix")
+-- T = 2, S = 3, H = 4 over one 12-element storage: slots sharing memory (slot stride 0), and
+-- token 1's slot 2 being token 2's slot 1 (token stride = slot stride = H).
+ar_case("attn_res write_block into slots that share memory", function(a)
+  a.blocks = k3.randn({12}, {seed = 15}):as_strided({2, 3, 4}, {4, 0, 1}, 0)
+  a.write_block = 2
+end, "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+  "elements with blocks[1, 1, :] (blocks strides [4, 0, 1], hidden_size 4)")
+cases[#cases].exact = true
+ar_case("attn_res write_block into another token's slot", function(a)
+  a.blocks = k3.randn({16}, {seed = 15}):as_strided({2, 3, 4}, {4, 4, 1}, 0)
+  a.write_block = 2
+end, "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+  "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+cases[#cases].exact = true
 ar_case("attn_res out wrong shape", function(a) a.out = k3.zeros({4, 2}) end,
   "attn_res: out must be [2, 4]; got [4, 2]")
 -- Padded prefix rows forced onto cuda.attn_res.packed. Where CUDA runs, the arguments are ones

@@ -299,6 +299,103 @@ describe("attn_res", function()
   end)
 end)
 
+-- write_block into blocks whose rows share memory (as_strided views): the written slot may not
+-- touch any row the call reads (another slot, another token's slot), or the result would
+-- depend on the order tokens run in; a layout where it does not is accepted and gives
+-- DESIGN.md's answer.
+describe("attn_res write_block aliasing", function()
+  -- blocks [T, S, H] with strides {s0, s1, 1} over one storage of f64 values; the rest fresh.
+  local function aliased(T, S, Hd, s0, s1, nb, wb)
+    local storage = k3.randn({(T - 1) * s0 + (S - 1) * s1 + Hd}, {dtype = "f64", seed = 41})
+    local a = {
+      prefix = k3.randn({T, Hd}, {dtype = "f64", seed = 42}),
+      blocks = storage:as_strided({T, S, Hd}, {s0, s1, 1}, 0),
+      num_blocks = nb, write_block = wb,
+      norm_weight = k3.randn({Hd}, {dtype = "f64", seed = 43}) * 0.5 + 1,
+      qk_weight = k3.randn({Hd}, {dtype = "f64", seed = 44}),
+    }
+    return a, storage
+  end
+
+  it("refuses the two layouts where token order changed the result, naming the strides", function()
+    local a, storage = aliased(1, 3, 4, 12, 0, 2, 2)
+    local before = storage:clone()
+    H.raises_exact(function() k3.attn_res(a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[1, 1, :] (blocks strides [12, 0, 1], hidden_size 4)")
+    assert.equal(0, k3.max_abs_diff(before, storage))
+    a, storage = aliased(2, 3, 4, 4, 4, 1, 2)
+    H.raises_exact(function() k3.attn_res(a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+    -- k3.explain validates the same way before it asks any kernel
+    H.raises_exact(function() k3.explain("attn_res", a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+  end)
+
+  it("is exact on every small layout: refused iff the written slot meets a read row (brute force); accepted ones match the fp64 formula", function()
+    local refused, accepted = 0, 0
+    for T = 1, 3 do
+      for S = 1, 3 do
+        for Hd = 1, 3 do
+          for _, s0 in ipairs({0, 1, 2, 3, 5, 9}) do
+            for _, s1 in ipairs({0, 1, 2, 3, 4, 7}) do
+              for nb = 0, S do
+                for wb = 1, S do
+                  -- brute force over element addresses (0-based t, s, d)
+                  local function addr(t, sl, d) return t * s0 + sl * s1 + d end
+                  local written_twice, hit = false, false
+                  local seen = {}
+                  for t = 0, T - 1 do
+                    for d = 0, Hd - 1 do
+                      local x = addr(t, wb - 1, d)
+                      if seen[x] then written_twice = true end
+                      seen[x] = true
+                      for t2 = 0, T - 1 do
+                        for sl = 0, nb - 1 do
+                          for d2 = 0, Hd - 1 do
+                            if addr(t2, sl, d2) == x and not (t2 == t and sl == wb - 1 and d2 == d) then
+                              hit = true
+                            end
+                          end
+                        end
+                      end
+                    end
+                  end
+                  local a = aliased(T, S, Hd, s0, s1, nb, wb)
+                  local what = ("T=%d S=%d H=%d strides {%d, %d, 1} nb=%d wb=%d"):format(T, S, Hd, s0, s1, nb, wb)
+                  local want = not written_twice and not hit and oracle(copy_args(a)) or nil
+                  local ok, y = pcall(k3.attn_res, a)
+                  if written_twice then
+                    assert(not ok and tostring(y):find("is written but its elements overlap", 1, true), what .. ": " .. tostring(y))
+                  elseif hit then
+                    assert(not ok, what .. ": accepted")
+                    local w1, w2, r1, r2 = tostring(y):match(
+                      "would overwrite memory the call reads: blocks%[(%d+), (%d+), :%] shares elements with blocks%[(%d+), (%d+), :%]")
+                    assert(w1, what .. ": " .. tostring(y))
+                    w1, w2, r1, r2 = tonumber(w1) - 1, tonumber(w2) - 1, tonumber(r1) - 1, tonumber(r2) - 1
+                    -- the named witness is real: a read row other than the written one, sharing an element
+                    assert(w2 == wb - 1 and r2 < nb and (r1 ~= w1 or r2 ~= w2), what)
+                    assert(math.abs(addr(w1, w2, 0) - addr(r1, r2, 0)) < Hd, what)
+                    assert(tostring(y):find(("(blocks strides [%d, %d, 1], hidden_size %d)"):format(s0, s1, Hd), 1, true), what)
+                    refused = refused + 1
+                  else
+                    assert(ok, what .. ": " .. tostring(y))
+                    assert(k3.max_abs_diff(y, want) < 1e-12, what)
+                    accepted = accepted + 1
+                  end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+    assert.is_true(refused > 100 and accepted > 100, refused .. " refused, " .. accepted .. " accepted")
+  end)
+end)
+
 describe("attn_res packed kernel #gpu", function()
   it("raises its layout error on padded rows under policy 'error', falls back under 'fallback'", function()
     if not H.need_gpu(pending) then return end
