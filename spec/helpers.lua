@@ -131,7 +131,7 @@ function H.rms_norm_f64(x, w, eps)
 end
 
 --- H.silu_mul_f64(x, I) -> rows: silu(x[:, :I]) * x[:, I+1:2I] in plain-Lua fp64 (nested lists;
---- I defaults to half of x's row).
+--- I defaults to half of x's row). silu(-inf) is its limit, 0.
 function H.silu_mul_f64(x, I)
   local xs = x:to("f64"):totable()
   local out = {}
@@ -140,7 +140,7 @@ function H.silu_mul_f64(x, I)
     out[i] = {}
     for j = 1, n do
       local g = row[j]
-      out[i][j] = g / (1 + math.exp(-g)) * row[n + j]
+      out[i][j] = (g == -math.huge and 0 or g / (1 + math.exp(-g))) * row[n + j]
     end
   end
   return out

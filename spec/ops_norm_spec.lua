@@ -109,3 +109,36 @@ describe("silu_mul", function()
     end)
   end)
 end)
+
+-- Edge values, the same cases on every rms_norm and silu_mul kernel: the CPU ones here, the
+-- CUDA ones in the #gpu block below.
+local function edge_silu_mul(device, kernel)
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    -- gates: -inf (the limit 0), very negative, +inf, NaN; the up halves finite
+    local x = k3.tensor({{-math.huge, -1e4, math.huge, 0 / 0, -math.huge, 1, 2, 3, -4, 5}},
+                        {dtype = dt}):to(device)
+    local y = k3.silu_mul(x, {kernel = kernel}):to("cpu"):to("f64")
+    local v = y:totable()[1]
+    local what = dt .. " " .. kernel
+    assert.are.equal(0, v[1], what)          -- silu(-inf) * 1 = 0 * 1
+    assert.are.equal(0, v[2], what)          -- silu(-1e4) underflows to -0
+    assert.are.equal(math.huge, v[3], what)  -- silu(inf) * 3 = inf
+    assert.is_true(v[4] ~= v[4], what)       -- NaN stays NaN
+    assert.are.equal(0, v[5], what)          -- silu(-inf) * 5 = 0
+    local want = H.silu_mul_f64(x)[1]         -- the fp64 oracle agrees, its limit included
+    for _, j in ipairs({1, 2, 3, 5}) do assert.are.equal(want[j], v[j], what .. " column " .. j) end
+  end
+end
+
+describe("edge values", function()
+  it("silu_mul(-inf) is 0, the limit, on cpu.silu_mul.reference", function()
+    edge_silu_mul("cpu", "cpu.silu_mul.reference")
+  end)
+end)
+
+describe("edge values on the CUDA kernels #gpu", function()
+  if not H.require_gpu() then return end
+  it("silu_mul(-inf) is 0, the limit, on cuda.silu_mul.generic", function()
+    edge_silu_mul("cuda", "cuda.silu_mul.generic")
+  end)
+end)
