@@ -396,6 +396,139 @@ describe("attn_res write_block aliasing", function()
   end)
 end)
 
+-- Edge values: prefix, delta and blocks scaled far past where the fp32 (fp64 for f64) sums of
+-- squares of the key norms and the output norm overflow or underflow. The formula in fp64
+-- with norms that cannot overflow themselves: a row's mean square and dot taken on z = v / m,
+-- m = max |v|, with eps / m^2 (eps outweighing the squares entirely when that overflows).
+local function oracle_safe(a)
+  local prefix, blocks = a.prefix:to("cpu"):to("f64"):totable(), a.blocks:to("cpu"):to("f64"):totable()
+  local delta = a.delta and a.delta:to("cpu"):to("f64"):totable()
+  local nw, qk = a.norm_weight:to("cpu"):to("f64"):totable(), a.qk_weight:to("cpu"):to("f64"):totable()
+  local onw = a.output_norm_weight and a.output_norm_weight:to("cpu"):to("f64"):totable()
+  local eps, oeps = a.eps or 1e-5, a.output_eps or 1e-5
+  local Hd = #prefix[1]
+  -- for one row v: (s, r) such that the normalised row is (v / s) * r
+  local function scaled(v, e)
+    local m = 0
+    for _, x in ipairs(v) do m = math.max(m, math.abs(x)) end
+    local ss = 0
+    for _, x in ipairs(v) do ss = ss + (x / m) ^ 2 end
+    local t = e / m / m
+    if t == math.huge then return 1, 1 / math.sqrt(e) end
+    return m, 1 / math.sqrt(ss / Hd + t)
+  end
+  local out = {}
+  for t = 1, #prefix do
+    local p = prefix[t]
+    if delta then
+      local row = {}
+      for d = 1, Hd do row[d] = p[d] + delta[t][d] end
+      p = k3.tensor({row}, {dtype = a.prefix:dtype()}):to("f64"):totable()[1]
+    end
+    if a.write_block then blocks[t][a.write_block] = p end
+    local src = {}
+    for sl = 1, a.num_blocks do src[sl] = blocks[t][sl] end
+    src[#src + 1] = p
+    local logits, mx = {}, -math.huge
+    for sl, v in ipairs(src) do
+      local m, r = scaled(v, eps)
+      local dot = 0
+      for d = 1, Hd do dot = dot + v[d] / m * nw[d] * qk[d] end
+      logits[sl] = dot * r
+      mx = math.max(mx, logits[sl])
+    end
+    local sum = 0
+    for sl = 1, #src do logits[sl] = math.exp(logits[sl] - mx); sum = sum + logits[sl] end
+    local mixed = {}
+    for d = 1, Hd do
+      local m = 0
+      for sl, v in ipairs(src) do m = m + logits[sl] / sum * v[d] end
+      mixed[d] = m
+    end
+    if onw then
+      local m, r = scaled(mixed, oeps)
+      for d = 1, Hd do mixed[d] = mixed[d] / m * r * onw[d] end
+    end
+    out[t] = mixed
+  end
+  return k3.tensor(out, {dtype = "f64"})
+end
+
+local AR_SCALES = {
+  f32 = {2 ^ 70, 2 ^ 100, 2 ^ 124, 2 ^ -70, 2 ^ -100, 2 ^ -135},
+  bf16 = {2 ^ 70, 2 ^ 124, 2 ^ -70, 2 ^ -120},
+  f64 = {2 ^ 520, 2 ^ 1000, 2 ^ -520, 2 ^ -1060},
+}
+local AR_TOL = {f32 = {1e-4, 1e-4}, bf16 = {8e-2, 3e-2}, f64 = {1e-10, 1e-10}}
+
+-- attn_res on `kernel` (tensors moved to `device`) for every scale of dtypes `dts`, eps 0 and
+-- 1e-5: finite, equal to oracle_safe, and with eps 0 (every norm scale-invariant) equal to
+-- the unscaled inputs' result wherever the scaled inputs are exact.
+local function edge_attn_res(device, kernel, dts, o)
+  o = o or {}
+  for _, dt in ipairs(dts) do
+    local T, S, Hd, nb = 3, 4, 64, 3
+    local base = {
+      prefix = k3.randn({T, Hd}, {dtype = dt, seed = 51}),
+      delta = k3.randn({T, Hd}, {dtype = dt, seed = 52}),
+      blocks = k3.randn({T, S, Hd}, {dtype = dt, seed = 53}),
+    }
+    local weights = {
+      norm_weight = k3.randn({Hd}, {dtype = dt, seed = 54}) * 0.5 + 1,
+      qk_weight = k3.randn({Hd}, {dtype = dt, seed = 55}) * 0.3,
+      output_norm_weight = k3.randn({Hd}, {dtype = dt, seed = 56}) * 0.1 + 1,
+    }
+    local function args(sc, eps)
+      local a = {num_blocks = nb, eps = eps, output_eps = eps, kernel = kernel,
+                 write_block = o.write_block}
+      for k, v in pairs(base) do a[k] = (v * sc):to(device) end
+      for k, v in pairs(weights) do a[k] = v:to(device) end
+      return a
+    end
+    local plain = k3.attn_res(args(1, 0)):to("cpu"):to("f64")
+    for _, sc in ipairs(AR_SCALES[dt]) do
+      for _, eps in ipairs({0, 1e-5}) do
+        local a = args(sc, eps)
+        local what = ("%s %s scale 2^%d eps %g"):format(kernel, dt, math.floor(math.log(sc, 2) + 0.5), eps)
+        local want = oracle_safe(a) -- on the inputs before the call updates prefix (and blocks)
+        local y = k3.attn_res(a):to("cpu"):to("f64")
+        assert(k3.max_abs_diff(y, y) == 0, what .. ": output not finite")
+        local t = AR_TOL[dt]
+        assert(k3.allclose(y, want, {atol = t[1], rtol = t[2]}), what .. ": max abs diff " .. k3.max_abs_diff(y, want))
+        local exact = true
+        for k, v in pairs(base) do
+          exact = exact and k3.max_abs_diff((v * sc):to("f64") * (1 / sc), v:to("f64")) == 0
+        end
+        if eps == 0 and exact then
+          assert(k3.allclose(y, plain, {atol = t[1], rtol = t[2]}), what .. ": not scale-invariant")
+        end
+      end
+    end
+  end
+end
+
+describe("attn_res edge values", function()
+  it("key and output norms stay scale-invariant past the sums of squares' overflow and underflow on cpu.attn_res.reference", function()
+    edge_attn_res("cpu", "cpu.attn_res.reference", {"f32", "bf16", "f64"})
+    edge_attn_res("cpu", "cpu.attn_res.reference", {"f32"}, {write_block = 2})
+  end)
+end)
+
+describe("attn_res edge values on the CUDA kernels #gpu", function()
+  if not H.require_gpu() then return end
+  it("cuda.attn_res.generic: the same cases", function()
+    edge_attn_res("cuda", "cuda.attn_res.generic", {"f32", "bf16", "f64"})
+    edge_attn_res("cuda", "cuda.attn_res.generic", {"f32"}, {write_block = 2})
+  end)
+  it("cuda.attn_res.packed: the same cases in bf16", function()
+    if not k3.has_kernel("cuda.attn_res.packed") then
+      pending("cuda.attn_res.packed is not registered in this build")
+      return
+    end
+    edge_attn_res("cuda", "cuda.attn_res.packed", {"bf16"})
+  end)
+end)
+
 describe("attn_res packed kernel #gpu", function()
   it("raises its layout error on padded rows under policy 'error', falls back under 'fallback'", function()
     if not H.need_gpu(pending) then return end
