@@ -269,7 +269,9 @@ K3_API k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_
  * (a, b or out NULL: "max_abs_diff: out is NULL"), K3_EFREED, K3_ESHAPE, K3_ENOMEM; the same
  * for k3_allclose and k3_cosine under their names. */
 K3_API k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out);
-/* *out = 1 when |a-b| <= atol + rtol*|b| everywhere (NaN never close), else 0. Errors as
+/* *out = 1 when |a-b| <= atol + rtol*|b| everywhere, else 0 (b is the reference, as in
+ * NumPy). NaN is never close; an infinity is close only to the same infinity, in a or in b
+ * (so allclose(0, inf) and allclose(-inf, inf) are 0 both ways round). Errors as
  * k3_max_abs_diff, and K3_EINVAL for a negative or NaN atol or rtol ("allclose: atol must be
  * a number >= 0; got -1"). */
 K3_API k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol,

@@ -701,8 +701,9 @@ static int l_max_abs_diff(lua_State *L) {
     return 1;
 }
 
-/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|; a
- * negative or NaN tolerance is an error. */
+/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|; NaN is
+ * never close, an infinity only to the same infinity; a negative or NaN tolerance is an
+ * error. */
 static int l_allclose(lua_State *L) {
     k3_tensor *a = check_tensor(L, 1), *b = check_tensor(L, 2);
     double atol = 1e-8, rtol = 1e-5;

@@ -1095,8 +1095,11 @@ k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, doubl
     K3_TRY(load_pair("allclose", a, b, &x, &y, &n, out));
     int ok = 1;
     for (int64_t i = 0; i < n && ok; i++) {
-        if (x[i] == y[i]) continue; /* equal infinities */
-        if (!(fabs(x[i] - y[i]) <= atol + rtol * fabs(y[i]))) ok = 0;
+        if (x[i] == y[i]) continue; /* equal infinities included */
+        /* An infinity is close only to itself, whichever side it is on: rtol * |inf| would
+         * call every value close to an infinity in b, and a kernel writing inf pass. */
+        if (isinf(x[i]) || isinf(y[i]) || !(fabs(x[i] - y[i]) <= atol + rtol * fabs(y[i])))
+            ok = 0;
     }
     free_pair(x, y, n);
     *out = ok;

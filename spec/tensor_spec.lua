@@ -284,6 +284,28 @@ describe("arithmetic and comparisons", function()
     assert.is_false(k3.allclose(nan, nan))
     assert.equal(0, k3.max_abs_diff(k3.tensor({math.huge}), k3.tensor({math.huge})))
   end)
+
+  it("allclose: an infinity is close only to the same infinity, in either argument", function()
+    local inf = math.huge
+    local function close(a, b, opts)
+      return k3.allclose(k3.tensor({a}, {dtype = "f64"}), k3.tensor({b}, {dtype = "f64"}), opts)
+    end
+    for _, v in ipairs({0, 1, -1, 1e308, -1e308, -inf, 0 / 0}) do
+      for _, opts in ipairs({{}, {rtol = 1}, {atol = 1e300, rtol = 10}}) do
+        assert.is_false(close(v, inf, opts), tostring(v) .. " vs inf")
+        assert.is_false(close(inf, v, opts), "inf vs " .. tostring(v))
+        assert.is_false(close(-v, -inf, opts), tostring(-v) .. " vs -inf")
+        assert.is_false(close(-inf, -v, opts), "-inf vs " .. tostring(-v))
+      end
+    end
+    assert.is_true(close(inf, inf))
+    assert.is_true(close(-inf, -inf))
+    -- a kernel that writes inf everywhere does not pass a spec that uses allclose
+    local want = k3.randn({4, 8}, {dtype = "f64"})
+    local got = k3.full({4, 8}, inf, {dtype = "f64"})
+    assert.is_false(k3.allclose(got, want, {rtol = 1}))
+    assert.is_false(k3.allclose(want, got, {rtol = 1}))
+  end)
 end)
 
 describe("printing", function()
