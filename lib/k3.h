@@ -276,7 +276,9 @@ K3_API k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double 
  * a number >= 0; got -1"). */
 K3_API k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol,
                              int *out);
-/* *out = <a,b> / (|a| |b|), computed in f64; 1 when both are all-zero, NaN when one is. */
+/* *out = <a,b> / (|a| |b|), computed in f64 (scaled so that huge values do not overflow);
+ * NaN when a or b is all zeros (both, and two empty tensors, included): a zero vector has no
+ * direction, and NaN fails a check like cosine >= 0.999 where 1 would pass it. */
 K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 
 

@@ -720,7 +720,7 @@ static int l_allclose(lua_State *L) {
     return 1;
 }
 
-/* k3.cosine(a, b) -> cosine similarity computed in f64. */
+/* k3.cosine(a, b) -> cosine similarity computed in f64; NaN when a or b is all zeros. */
 static int l_cosine(lua_State *L) {
     double v;
     CHECK_K3(L, k3_cosine(check_tensor(L, 1), check_tensor(L, 2), &v));

@@ -1125,9 +1125,10 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
         ny += b * b;
     }
     free_pair(x, y, n);
-    if (nx == 0 && ny == 0)
-        *out = 1.0;
-    else if (nx == 0 || ny == 0)
+    /* A zero vector has no direction: its cosine with anything, itself and another zero
+     * vector included (and two empty tensors), is undefined, NaN, which fails any check
+     * such as cosine >= 0.999 instead of passing it as a 1 would. */
+    if (nx == 0 || ny == 0)
         *out = NAN;
     else
         *out = dot / (sqrt(nx) * sqrt(ny));

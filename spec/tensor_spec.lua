@@ -285,6 +285,16 @@ describe("arithmetic and comparisons", function()
     assert.equal(0, k3.max_abs_diff(k3.tensor({math.huge}), k3.tensor({math.huge})))
   end)
 
+  it("cosine of a zero vector is NaN, with a zero vector too: it has no direction", function()
+    local z = k3.zeros({3}, {dtype = "f64"})
+    for _, pair in ipairs({{z, z}, {z, k3.tensor({1, 2, 3})}, {k3.tensor({1, 2, 3}), z},
+                           {k3.zeros({0}), k3.zeros({0})}}) do
+      local c = k3.cosine(pair[1], pair[2])
+      assert.is_true(c ~= c, tostring(c))
+    end
+    assert.is_true(math.abs(k3.cosine(k3.tensor({1e-300, 0}, {dtype = "f64"}), k3.tensor({1, 0})) - 1) < 1e-15)
+  end)
+
   it("allclose: an infinity is close only to the same infinity, in either argument", function()
     local inf = math.huge
     local function close(a, b, opts)
