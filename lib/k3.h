@@ -126,6 +126,12 @@ K3_API float k3_f16_to_f32(uint16_t x);
 /* f64 -> f16/bf16 rounded once (not through f32: no double rounding). */
 K3_API uint16_t k3_f64_to_bf16(double x);
 K3_API uint16_t k3_f64_to_f16(double x);
+/* An integer rounded once (to nearest, ties to even) to dtype dt, returned as the double that
+ * holds exactly that value, so k3_tensor_full, k3_tensor_fill, k3_tensor_set and
+ * k3_tensor_from_f64 store it unchanged. Converting an integer above 2^53 to double first
+ * would round twice: 2^55 + 2^31 + 1 gives 2^55 + 2^31 as a double, then 2^55 in f32 (a tie
+ * to even), where rounding once gives 2^55 + 2^32. Beyond f16's range the result is inf. */
+K3_API double k3_int64_to_dtype(int64_t v, k3_dtype dt);
 
 /* ---- tensors ------------------------------------------------------------------------- */
 

@@ -237,6 +237,8 @@ local checks = {
     {"add scalar first f32", "K3_OK", "0x1.000002p+0"},
     {"mul scalar f64", "K3_OK", "0x1.0000000000001p+0"},
     {"add scalar first f64", "K3_OK", "0x1.0000000000001p+0"},
+    {"int64_to_dtype f32", "K3_OK", "0x1.000002p+55"},
+    {"int64_to_dtype bf16", "K3_OK", "0x1.02p+60"},
   },
 }
 

@@ -128,6 +128,47 @@ describe("bf16 and f16 rounding", function()
   end)
 end)
 
+-- Lua integers past 2^53 rounded once to the tensor's dtype by k3.tensor, full, fill and set
+-- (through a double they would round twice). Each case: integer, dtype, the value once rounded.
+local BIG_INTEGERS = {
+  {(1 << 55) + (1 << 31) + 1, "f32", 2.0 ^ 55 + 2.0 ^ 32}, -- through a double: 2^55 (a tie, to even)
+  {-((1 << 55) + (1 << 31) + 1), "f32", -(2.0 ^ 55 + 2.0 ^ 32)},
+  {(1 << 60) + (1 << 52) + 1, "bf16", 2.0 ^ 60 + 2.0 ^ 53}, -- through a double: 2^60
+  {(1 << 53) + 1, "f64", 2.0 ^ 53},                          -- one tie, to even
+  {(1 << 53) + 3, "f64", 2.0 ^ 53 + 4},
+  {math.maxinteger, "f32", 2.0 ^ 63},
+  {math.mininteger, "bf16", -(2.0 ^ 63)},
+  {65519, "f16", 65504},
+  {65520, "f16", math.huge},
+}
+local function check_big_integers(device)
+  for _, c in ipairs(BIG_INTEGERS) do
+    local v, dt, want = c[1], c[2], c[3]
+    local what = ("%d to %s on %s"):format(v, dt, device)
+    local o = {dtype = dt, device = device}
+    assert.are.equal(want, k3.tensor({v, 1}, o):get(1), "tensor: " .. what)
+    assert.are.equal(want, k3.full({2}, v, o):get(2), "full: " .. what)
+    assert.are.equal(want, k3.zeros({2}, o):fill(v):get(1), "fill: " .. what)
+    assert.are.equal(want, k3.zeros({2, 2}, o):set(2, 1, v):get(2, 1), "set: " .. what)
+  end
+  -- floats keep their single rounding; small integers are exact
+  assert.are.equal(0.5, k3.full({1}, 0.5, {device = device}):get(1))
+  assert.are.equal(3, k3.tensor({3}, {dtype = "bf16", device = device}):get(1))
+end
+
+describe("integers above 2^53", function()
+  it("are rounded once to the dtype by k3.tensor, full, fill and set", function()
+    check_big_integers("cpu")
+  end)
+end)
+
+describe("integers above 2^53 on a CUDA device #gpu", function()
+  if not H.require_gpu() then return end
+  it("are rounded once to the dtype by k3.tensor, full, fill and set", function()
+    check_big_integers("cuda")
+  end)
+end)
+
 describe("views", function()
   it("narrow, select and transpose share storage", function()
     local t = k3.tensor({{1, 2, 3}, {4, 5, 6}})

@@ -492,6 +492,11 @@ int main(void) {
         k3_safetensors *st = NULL;
         CASE("safetensors_load 1,100-byte path", k3_safetensors_load(path, &st));
     }
+    /* k3_int64_to_dtype rounds an integer past 2^53 once (a double first would round twice) */
+    printf("int64_to_dtype f32\tK3_OK\t%a\n",
+           k3_int64_to_dtype(((int64_t)1 << 55) + ((int64_t)1 << 31) + 1, K3_DTYPE_F32));
+    printf("int64_to_dtype bf16\tK3_OK\t%a\n",
+           k3_int64_to_dtype(((int64_t)1 << 60) + ((int64_t)1 << 52) + 1, K3_DTYPE_BF16));
     /* ---- 8. the last error is per thread (see thread_a/thread_b) ---- */
     {
         thread_case ca = {a, K3_OK, ""}, cb = {a, K3_OK, ""};
