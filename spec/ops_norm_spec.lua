@@ -130,53 +130,28 @@ local function edge_silu_mul(device, kernel)
   end
 end
 
--- RMSNorm in fp64 that itself neither overflows nor underflows: x / sqrt(mean(x^2) + eps) as
--- z / sqrt(mean(z^2) + eps / m^2) with z = x / m, m = max |x| (x / sqrt(eps) when eps / m^2
--- overflows, where the squares are negligible beside eps).
-local function rms_norm_safe_f64(x, w, eps)
-  local xs, ws, out = x:to("f64"):totable(), w:to("f64"):totable(), {}
-  for i, row in ipairs(xs) do
-    local m = 0
-    for _, v in ipairs(row) do m = math.max(m, math.abs(v)) end
-    local ss = 0
-    for _, v in ipairs(row) do ss = ss + (v / m) ^ 2 end
-    local t = eps / m / m
-    out[i] = {}
-    for d, v in ipairs(row) do
-      out[i][d] = (t == math.huge) and v / math.sqrt(eps) * ws[d]
-        or (v / m) / math.sqrt(ss / #row + t) * ws[d]
-    end
-  end
-  return k3.tensor(out, {dtype = "f64"})
-end
-
--- Rows scaled far past where the fp32 (fp64 for f64) sum of squares overflows or underflows,
--- with eps 0 and 1e-5: every output finite and equal to the scale-safe fp64 formula; with
--- eps = 0 the result is the unscaled row's (RMSNorm is scale-invariant).
-local SCALES = {
-  f32 = {2 ^ 70, 2 ^ 100, 2 ^ 125, 2 ^ -70, 2 ^ -100, 2 ^ -135},
-  bf16 = {2 ^ 70, 2 ^ 125, 2 ^ -70, 2 ^ -120},
-  f16 = {2 ^ 12, 2 ^ -20},
-  f64 = {2 ^ 520, 2 ^ 1000, 2 ^ -520, 2 ^ -1060},
-}
+-- Rows scaled far past where the fp32 (fp64 for f64) sum of squares overflows or underflows
+-- (H.EDGE_SCALES), with eps 0 and 1e-5: every output finite and equal to the fp64 formula
+-- (H.rms_norm_f64 cannot overflow itself); with eps = 0 the result is the unscaled row's
+-- (RMSNorm is scale-invariant).
 local function edge_rms_norm(device, kernel, tol)
   for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
     for _, Hd in ipairs({33, 260}) do
       local base = k3.randn({3, Hd}, {dtype = dt, seed = Hd})
       local w = (k3.randn({Hd}, {dtype = dt, seed = 5}) * 0.2 + 1)
       local plain = k3.rms_norm(base, w, 0, {kernel = "cpu.rms_norm.reference"}):to("f64")
-      for _, sc in ipairs(SCALES[dt]) do
+      for _, sc in ipairs(H.EDGE_SCALES[dt]) do
         for _, eps in ipairs({0, 1e-5}) do
           local x = base * sc
           local what = ("%s %s H=%d scale 2^%d eps %g"):format(kernel, dt, Hd, math.floor(math.log(sc, 2) + 0.5), eps)
           local y = k3.rms_norm(x:to(device), w:to(device), eps, {kernel = kernel}):to("cpu"):to("f64")
           local m = k3.max_abs_diff(y, y) -- NaN when any element is NaN or infinite
           assert(m == 0, what .. ": output not finite")
-          local want = rms_norm_safe_f64(x, w, eps)
+          local want = rms_oracle(x, w, eps)
           assert(k3.allclose(y, want, {atol = tol[dt], rtol = tol[dt]}),
             what .. ": max abs diff " .. k3.max_abs_diff(y, want))
-          -- where the scaled row is exact (no subnormal rounding), eps = 0 gives the row's own result
-          if eps == 0 and k3.max_abs_diff(x:to("f64") * (1 / sc), base:to("f64")) == 0 then
+          -- where the scaled row is exact, eps = 0 gives the row's own result
+          if eps == 0 and H.scales_exactly(base, sc) then
             assert(k3.allclose(y, plain, {atol = tol[dt], rtol = tol[dt]}), what .. ": not scale-invariant")
           end
         end
