@@ -111,10 +111,12 @@ static k3_status set_list(k3_policy *p, int list, const char *fname, const char 
     if (!p) return k3_error(K3_EINVAL, "%s: p is NULL", fname);
     if (!op) return k3_error(K3_EINVAL, "%s: op is NULL", fname);
     int o = op_parse(op);
+    char e[K3_ECHO_SIZE];
     if (o < 0) {
         char ops[128];
         op_names(ops, sizeof ops);
-        return k3_error(K3_EINVAL, "policy: unknown op '%s' (expected %s)", op, ops);
+        return k3_error(K3_EINVAL, "policy: unknown op '%s' (expected %s)", k3_echo(e, sizeof e, op),
+                        ops);
     }
     if (n < 0 || n > K3_MAX_CANDIDATES)
         return k3_error(K3_EINVAL, "policy: %s has %d candidates; expected 0..%d", op, n,
@@ -134,7 +136,7 @@ static k3_status set_list(k3_policy *p, int list, const char *fname, const char 
                                 "kernels: %s)",
                                 names[i], k3_op_name(kop), op, op, known);
             return k3_error(K3_EINVAL, "policy: unknown %s kernel '%s' (known: %s)", op,
-                            names[i], known);
+                            k3_echo(e, sizeof e, names[i]), known);
         }
         idx[i] = k;
     }
@@ -456,7 +458,10 @@ static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
         k3_op kop;
         k3_device_type kdev;
         int idx = k3_known_lookup(call->kernel, &kop, &kdev);
-        if (idx < 0) return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn, call->kernel);
+        char e[K3_ECHO_SIZE];
+        if (idx < 0)
+            return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn,
+                            k3_echo(e, sizeof e, call->kernel));
         if (kop != a->op)
             return k3_error(K3_EINVAL, "%s: kernel '%s' is for op %s, not %s", opn,
                             call->kernel, k3_op_name(kop), opn);

@@ -1,7 +1,8 @@
 /*
  * k3_embed.h — what a language front end needs of the core beyond k3.h: messages numbered
- * the way the language counts, a policy held in the front end's own memory, counters per
- * interpreter state, and the configuration warnings to show when no log hook is set.
+ * the way the language counts, user input echoed in messages at a bounded length, a policy
+ * held in the front end's own memory, counters per interpreter state, and the configuration
+ * warnings to show when no log hook is set.
  * Internal (not installed): the Lua binding (lib/lua/) is built on k3.h and this header.
  */
 #ifndef K3_EMBED_H
@@ -23,6 +24,16 @@ extern "C" {
  * host and a Lua state on one thread each get their own numbering as long as the front end
  * restores the previous value after its call: returns the previous value. */
 K3_API int k3_set_message_base(int base);
+
+/* ---- user input in messages ------------------------------------------------------------- */
+
+/* Echoed user input in a message (a dtype or device name, a kernel name, a key): at most
+ * K3_ECHO_MAX bytes of it, cut back to a UTF-8 character boundary and marked
+ * "... (cut at 200 of 10485760 bytes)" when longer. Writes into buf (n bytes; K3_ECHO_SIZE
+ * holds any result) and returns buf. The core's own messages echo through it too. */
+#define K3_ECHO_MAX 200
+#define K3_ECHO_SIZE 256
+K3_API const char *k3_echo(char *buf, size_t n, const char *s);
 
 /* ---- a policy in the caller's memory ------------------------------------------------------- */
 

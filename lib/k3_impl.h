@@ -42,8 +42,11 @@ struct k3_tensor {
 
 /* Sets this thread's message (printf format) and returns s. The one way k3 reports errors. */
 K3_API k3_status k3_error(k3_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Prefixes the current message with "<prefix>: " (used to add context). Returns s. */
+/* Prefixes the current message with "<prefix>: " (used to add context; a prefix is echoed
+ * as k3_echo shows it). Returns s. A message longer than the 1 KB buffer keeps its start and
+ * its end (the reason), with " [... N bytes cut ...] " between them. */
 K3_API k3_status k3_error_prefix(k3_status s, const char *prefix);
+/* k3_echo (k3_embed.h) shows user input in messages. */
 K3_API void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagates a non-OK status. */

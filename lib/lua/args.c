@@ -28,6 +28,16 @@ int k3l_raise_as(lua_State *L, const char *fname) {
     return luaL_error(L, "%s", msg);
 }
 
+const char *k3l_push_echo(lua_State *L, const char *s) {
+    char e[K3_ECHO_SIZE];
+    return lua_pushstring(L, k3_echo(e, sizeof e, s));
+}
+
+double k3l_check_value(lua_State *L, int idx, k3_dtype dt) {
+    if (lua_isinteger(L, idx)) return k3_int64_to_dtype((int64_t)lua_tointeger(L, idx), dt);
+    return luaL_checknumber(L, idx);
+}
+
 /* "an integer" readers name what they got: a float that is no integer, or the Lua type. */
 static const char *not_integer(lua_State *L, int idx) {
     return lua_type(L, idx) == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, idx);
@@ -49,10 +59,11 @@ void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, in
                 luaL_addstring(&b, *a);
             }
             luaL_pushresult(&b);
-            k3l_arg_error(L, argn, "unknown option '%s' (expected %s)",
-                          lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
-                                                         : luaL_typename(L, -2),
-                          lua_tostring(L, -1));
+            const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
+                                                             : luaL_typename(L, -2);
+            const char *expected = lua_tostring(L, -1);
+            k3l_arg_error(L, argn, "unknown option '%s' (expected %s)", k3l_push_echo(L, key),
+                          expected);
         }
     }
 }
@@ -99,7 +110,9 @@ int k3l_check_name(lua_State *L, int arg, const char *def, const char *const nam
         luaL_addstring(&b, names[i]);
     }
     luaL_pushresult(&b);
-    return k3l_arg_error(L, arg, "unknown %s '%s'; expected %s", what, got, lua_tostring(L, -1));
+    const char *expected = lua_tostring(L, -1);
+    return k3l_arg_error(L, arg, "unknown %s '%s'; expected %s", what, k3l_push_echo(L, got),
+                         expected);
 }
 
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg) {
@@ -132,7 +145,7 @@ k3l_create_opts k3l_check_create_opts(lua_State *L, int idx) {
             k3l_arg_error(L, idx, "dtype must be a string; got %s", luaL_typename(L, -1));
         if (k3_dtype_parse(lua_tostring(L, -1), &o.dtype) != K3_OK)
             k3l_arg_error(L, idx, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
-                          lua_tostring(L, -1));
+                          k3l_push_echo(L, lua_tostring(L, -1)));
     }
     lua_pop(L, 1);
     if (lua_getfield(L, idx, "device") != LUA_TNIL) {
@@ -140,7 +153,7 @@ k3l_create_opts k3l_check_create_opts(lua_State *L, int idx) {
             k3l_arg_error(L, idx, "device must be a string; got %s", luaL_typename(L, -1));
         if (k3_device_parse(lua_tostring(L, -1), &o.device) != K3_OK)
             k3l_arg_error(L, idx, "unknown device '%s'; expected cpu, cuda or cuda:N",
-                          lua_tostring(L, -1));
+                          k3l_push_echo(L, lua_tostring(L, -1)));
     }
     lua_pop(L, 1);
     if (lua_getfield(L, idx, "seed") != LUA_TNIL) {

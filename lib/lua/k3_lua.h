@@ -61,6 +61,15 @@ int k3l_raise_as(lua_State *L, const char *fname);
 
 /* ---- argument readers (args.c) ---------------------------------------------------------------- */
 
+/* Pushes user input as a message echoes it (k3_echo: at most K3_ECHO_MAX bytes, marked when
+ * cut) and returns it; for messages raised right after, so the pushed string needs no
+ * popping. */
+const char *k3l_push_echo(lua_State *L, const char *s);
+/* A value for a tensor of dtype dt: a Lua integer rounded once to dt (k3_int64_to_dtype:
+ * through a double it would round twice above 2^53), a float as it is (the core rounds it
+ * once). Anything else is a bad argument. */
+double k3l_check_value(lua_State *L, int idx, k3_dtype dt);
+
 /* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated): a
  * misspelt option ({dtyp = "f64"}) must not silently fall back to a default. argn is the
  * argument reported. */

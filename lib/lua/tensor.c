@@ -82,11 +82,14 @@ static int64_t zero_based(lua_Integer i) { return (int64_t)((uint64_t)i - 1); }
 
 enum { CREATE_EMPTY, CREATE_FULL, CREATE_RANDN };
 
+/* value_idx: the stack slot of k3.full's value (0 for the other constructors, which pass
+ * `value`), rounded once to the dtype the options give. */
 static int create(lua_State *L, const char *fname, int shape_idx, int opts_idx, int kind,
-                  double value) {
+                  double value, int value_idx) {
     int64_t shape[K3_MAX_DIMS];
     int nd = k3l_check_shape(L, shape_idx, shape, 0);
     k3l_create_opts o = k3l_check_create_opts(L, opts_idx);
+    if (value_idx) value = k3l_check_value(L, value_idx, o.dtype);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     if (kind == CREATE_EMPTY)
         CHECK_K3_AS(L, fname, k3_tensor_empty(&u->t, nd, shape, o.dtype, o.device));
@@ -98,18 +101,18 @@ static int create(lua_State *L, const char *fname, int shape_idx, int opts_idx, 
 }
 
 /* k3.empty(shape, opts) -> uninitialised tensor; opts {dtype =, device =}. */
-static int l_empty(lua_State *L) { return create(L, "empty", 1, 2, CREATE_EMPTY, 0); }
+static int l_empty(lua_State *L) { return create(L, "empty", 1, 2, CREATE_EMPTY, 0, 0); }
 /* k3.zeros(shape, opts) */
-static int l_zeros(lua_State *L) { return create(L, "zeros", 1, 2, CREATE_FULL, 0); }
+static int l_zeros(lua_State *L) { return create(L, "zeros", 1, 2, CREATE_FULL, 0, 0); }
 /* k3.ones(shape, opts) */
-static int l_ones(lua_State *L) { return create(L, "ones", 1, 2, CREATE_FULL, 1); }
+static int l_ones(lua_State *L) { return create(L, "ones", 1, 2, CREATE_FULL, 1, 0); }
 /* k3.full(shape, value, opts) */
 static int l_full(lua_State *L) {
-    double v = luaL_checknumber(L, 2);
-    return create(L, "full", 1, 3, CREATE_FULL, v);
+    luaL_checknumber(L, 2); /* its type first, as before the shape */
+    return create(L, "full", 1, 3, CREATE_FULL, 0, 2);
 }
 /* k3.randn(shape, opts): standard normal, counter-based (opts.seed, default 0). */
-static int l_randn(lua_State *L) { return create(L, "randn", 1, 2, CREATE_RANDN, 0); }
+static int l_randn(lua_State *L) { return create(L, "randn", 1, 2, CREATE_RANDN, 0, 0); }
 
 /* A list of k3.tensor's nested table at idx: its raw length, after checking that its keys are
  * exactly 1..n (a hole or a named field would otherwise be dropped without a word). Raw
@@ -147,14 +150,14 @@ static void nested_shape(lua_State *L, int idx, int depth, int *nd, int64_t *sha
 
 /* Fills out (numel values, row-major) and checks every list against the shape. */
 static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t *shape,
-                        double *out, int64_t *pos) {
+                        k3_dtype dt, double *out, int64_t *pos) {
     for (lua_Integer i = 1; i <= shape[depth]; i++) {
         lua_rawgeti(L, idx, i);
         if (depth == nd - 1) {
             if (lua_type(L, -1) != LUA_TNUMBER)
                 k3l_arg_error(L, 1, "expected a number at depth %d; got %s", depth + 1,
                               luaL_typename(L, -1));
-            out[(*pos)++] = lua_tonumber(L, -1);
+            out[(*pos)++] = k3l_check_value(L, -1, dt);
         } else {
             if (!lua_istable(L, -1))
                 k3l_arg_error(L, 1, "expected a list at depth %d; got %s", depth + 2,
@@ -163,7 +166,7 @@ static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t 
             if (n != shape[depth + 1])
                 k3l_arg_error(L, 1, "ragged nesting: a list at depth %d has %I items, expected %I",
                               depth + 2, (LUA_INTEGER)n, (LUA_INTEGER)shape[depth + 1]);
-            nested_fill(L, lua_gettop(L), depth + 1, nd, shape, out, pos);
+            nested_fill(L, lua_gettop(L), depth + 1, nd, shape, dt, out, pos);
         }
         lua_pop(L, 1);
     }
@@ -189,7 +192,7 @@ static int l_tensor(lua_State *L) {
     /* The value buffer is a userdata so a Lua error while filling cannot leak it. */
     double *vals = lua_newuserdatauv(L, (size_t)(numel ? numel : 1) * sizeof(double), 0);
     int64_t pos = 0;
-    nested_fill(L, 1, 0, nd, shape, vals, &pos);
+    nested_fill(L, 1, 0, nd, shape, o.dtype, vals, &pos);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3_AS(L, "tensor", k3_tensor_from_f64(&u->t, nd, shape, o.dtype, o.device, vals));
     return 1;
@@ -363,7 +366,7 @@ static int m_to(lua_State *L) {
             return k3l_arg_error(L, 2,
                                  "'%s' is neither a dtype (bf16, f16, f32, f64) nor a device "
                                  "(cpu, cuda, cuda:N)",
-                                 s);
+                                 k3l_push_echo(L, s));
     } else if (lua_type(L, 2) == LUA_TTABLE) {
         k3l_create_opts o = k3l_check_create_opts(L, 2);
         lua_getfield(L, 2, "dtype");
@@ -391,7 +394,7 @@ static int m_copy(lua_State *L) {
 /* t:fill(value): every element set to value (rounded to dtype); returns t. */
 static int m_fill(lua_State *L) {
     k3_tensor *t = k3l_check_tensor(L, 1);
-    double v = luaL_checknumber(L, 2);
+    double v = k3l_check_value(L, 2, k3_tensor_dtype(t));
     CHECK_K3_AS(L, "fill", k3_tensor_fill(t, v));
     lua_settop(L, 1);
     return 1;
@@ -425,7 +428,7 @@ static int m_set(lua_State *L) {
     k3_tensor *t = k3l_check_tensor(L, 1);
     int top = lua_gettop(L);
     int64_t idx[K3_MAX_DIMS];
-    double v = luaL_checknumber(L, top);
+    double v = k3l_check_value(L, top, k3_tensor_dtype(t));
     check_indices(L, t, 2, top - 2, "set", idx);
     CHECK_K3_AS(L, "set", k3_tensor_set(t, idx, v));
     lua_settop(L, 1);
@@ -498,7 +501,9 @@ static int l_max_abs_diff(lua_State *L) {
     return 1;
 }
 
-/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|. */
+/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|; NaN is
+ * never close, an infinity only to the same infinity; a negative or NaN tolerance is an
+ * error. */
 static int l_allclose(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
     double atol = 1e-8, rtol = 1e-5;
@@ -515,7 +520,7 @@ static int l_allclose(lua_State *L) {
     return 1;
 }
 
-/* k3.cosine(a, b) -> cosine similarity computed in f64. */
+/* k3.cosine(a, b) -> cosine similarity computed in f64; NaN when a or b is all zeros. */
 static int l_cosine(lua_State *L) {
     double v;
     k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
