@@ -888,3 +888,14 @@ describe("bad input", function()
     end)
   end
 end)
+
+describe("options tables", function()
+  it("a misspelt option raises instead of falling back to a default", function()
+    H.raises(function() k3.zeros({2}, {dtyp = "f64"}) end,
+      "bad argument #2 to 'zeros' (unknown option 'dtyp' (expected dtype, device or seed))")
+    H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
+      "unknown option 'bais'")
+    H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
+      "unknown option 'thread' (expected threads, rows, unroll, vec or split_k)")
+  end)
+end)

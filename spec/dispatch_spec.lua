@@ -470,3 +470,61 @@ describe("explain when dispatch would fail", function()
     H.raises(function() k3.explain("linear", x, k3.ones({2, 5})) end, "linear: x dim 2 (4) must match w dim 2 (5)")
   end)
 end)
+
+describe("dispatch at the edges", function()
+  it("K3_DISABLE_KERNELS is matched by whole entries in the not-registered detail", function()
+    local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
+    local cmd = string.format("cd %q && K3_DISABLE_KERNELS=xx-cpu.linear.blas-xx scripts/k3 -e %q 2>/dev/null",
+      root, 'print(select(2, pcall(k3.linear, k3.ones({1,2}), k3.ones({1,2}), {kernel = "cpu.linear.blas"})))')
+    local f = io.popen(cmd)
+    local out = f:read("a")
+    f:close()
+    assert.equal("k3.Tensor [1, 1] f32 cpu\n[[2]]\n", out)
+  end)
+
+  it("set_policy rejects unknown keys, holes and empty lists at the caller's line", function()
+    local before = k3.inspect(k3.policy)
+    H.raises(function() k3.set_policy({bogus = {}}) end, "set_policy: unknown key \"bogus\"")
+    H.raises(function() k3.set_policy({linear = {}}) end, "set_policy: linear lists no kernels")
+    local err = H.raises(function() k3.set_policy({linear = {"nope"}}) end,
+      "set_policy: unknown linear kernel 'nope'")
+    assert.is_nil(err:find("init.lua", 1, true))
+    assert.equal(before, k3.inspect(k3.policy))
+    k3.set_policy({linear = {"cpu.linear.reference"}})
+    assert.same({"cpu.linear.reference"}, k3.policy.linear)
+    assert.same({"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, k3.policy.rms_norm)
+    k3.set_policy(require "k3.policy.default")
+  end)
+
+  it("set_batch_invariant takes a boolean only: 'off' and 0 are refused, the mode unchanged", function()
+    local before = k3.batch_invariant()
+    for _, v in ipairs{"off", 0, "false"} do
+      H.raises(function() k3.set_batch_invariant(v) end,
+               "set_batch_invariant' (boolean expected, got " .. type(v) .. ")")
+      assert.equal(before, k3.batch_invariant())
+    end
+    H.raises(function() k3.set_batch_invariant() end, "(boolean expected, got no value)")
+    k3.set_batch_invariant(not before)
+    assert.equal(not before, k3.batch_invariant())
+    k3.set_batch_invariant(before)
+  end)
+
+  it("an op's output allocation failure names the op", function()
+    -- 2^46 rows: more bytes than any address space, so the allocation fails on any machine.
+    local rows = 2 ^ 46
+    local x = k3.zeros({1, 4}):expand({rows, 4})
+    H.raises(function() k3.rms_norm(x, k3.ones({4}), 1e-5) end,
+      "rms_norm: out of host memory allocating " .. math.tointeger(rows * 16) .. " bytes")
+    H.raises(function() k3.silu_mul(x) end,
+      "silu_mul: out of host memory allocating " .. math.tointeger(rows * 8) .. " bytes")
+    H.raises(function() k3.linear(x, k3.ones({1, 4})) end,
+      "linear: out of host memory allocating " .. math.tointeger(rows * 4) .. " bytes")
+    H.raises(function() k3.method.default():apply(x, k3.ones({1, 4})) end,
+      "linear: out of host memory allocating ")
+    local w = k3.ones({4})
+    H.raises(function()
+      k3.attn_res{prefix = x, blocks = k3.zeros({1, 1, 4}):expand({rows, 1, 4}), num_blocks = 1,
+                  norm_weight = w, qk_weight = w}
+    end, "attn_res: out of host memory allocating " .. math.tointeger(rows * 16) .. " bytes")
+  end)
+end)

@@ -324,3 +324,26 @@ describe("Kimi-K3 stack", function()
     end
   end)
 end)
+
+describe("AttnRes stream and errors", function()
+  it("the AttnRes stream is unchanged by a read that raises", function()
+    local Stream = require "k3.model.attn_res_stream"
+    local Hd = 4
+    local st = Stream.new{tokens = 1, hidden_size = Hd, num_layers = 4, block_size = 2,
+                          dtype = "f32"}
+    st:begin(k3.ones({1, Hd}))
+    local good = {norm_weight = k3.ones({Hd}), qk_weight = k3.ones({Hd})}
+    local bad = {norm_weight = k3.ones({Hd + 1}), qk_weight = k3.ones({Hd})}
+    st:pre_attention(0, good)
+    st:post_attention(0, good, k3.ones({1, Hd}))
+    st:pre_attention(1, good, k3.ones({1, Hd}))
+    st:post_attention(1, good, k3.ones({1, Hd}))
+    local before = st.num_sealed
+    -- layer 2 seals: the bad query raises, and the seal must not be recorded
+    H.raises(function() st:pre_attention(2, bad, k3.ones({1, Hd})) end, "norm_weight")
+    assert.equal(before, st.num_sealed)
+    local out = st:pre_attention(2, good, k3.ones({1, Hd}))
+    assert.same({1, Hd}, out:size())
+    assert.equal(before + 1, st.num_sealed)
+  end)
+end)

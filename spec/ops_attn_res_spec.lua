@@ -506,3 +506,58 @@ describe("attn_res packed kernel #gpu", function()
     assert.equal("cuda.attn_res.packed", e.declined[1].kernel)
   end)
 end)
+
+describe("attn_res arguments at the edges", function()
+  it("tensors made by a proxy table's __index stay alive through the op", function()
+    local mk = {
+      prefix = function() return k3.ones({2, 4}) end,
+      blocks = function() return k3.ones({2, 1, 4}) end,
+      norm_weight = function() return k3.ones({4}) end,
+      qk_weight = function() return k3.ones({4}) end,
+      num_blocks = function() return 0 end,
+    }
+    local proxy = setmetatable({}, {__index = function(_, k)
+      if k == "kernel" then collectgarbage(); collectgarbage(); return nil end
+      return mk[k] and mk[k]()
+    end})
+    assert.same({{1, 1, 1, 1}, {1, 1, 1, 1}}, k3.attn_res(proxy):totable())
+  end)
+
+  it("a CPU attn_res whose scratch size overflows is refused, not written out of bounds", function()
+    local Hd, S = (1 << 22) - 1, 1 << 40
+    local b = k3.zeros({1, 1, Hd}, {dtype = "bf16"}):expand({1, S, Hd})
+    local p = k3.ones({1, Hd}, {dtype = "bf16"})
+    local w = k3.ones({Hd}, {dtype = "bf16"})
+    H.raises(function()
+      k3.attn_res{prefix = p, blocks = b, num_blocks = S - 1, norm_weight = w, qk_weight = w}
+    end, "attn_res: cpu.attn_res.reference: scratch size overflows for num_blocks 1099511627775")
+  end)
+
+  it("num_blocks = 0 returns the prefix even when its logit is not finite", function()
+    local out = k3.attn_res{prefix = k3.tensor({{3e38, 3e38, 1}}), blocks = k3.zeros({1, 1, 3}),
+                            num_blocks = 0, norm_weight = k3.ones({3}), qk_weight = k3.ones({3})}
+    assert.same(k3.tensor({{3e38, 3e38, 1}}):totable(), out:totable())
+  end)
+
+  it("write_block messages count from 1, as Lua does (the C core counts from 0)", function()
+    local w = k3.ones({4})
+    local args = {prefix = k3.ones({1, 4}), blocks = k3.ones({1, 3, 4}), num_blocks = 0,
+                  norm_weight = w, qk_weight = w}
+    args.write_block = 4
+    H.raises(function() k3.attn_res(args) end, "attn_res: write_block must be in 1..3 (blocks dim 2); got 4")
+    args.blocks, args.write_block = k3.ones({1, 0, 4}), 1
+    H.raises(function() k3.attn_res(args) end, "attn_res: write_block must be nil: blocks dim 2 is 0; got 1")
+  end)
+
+  it("a NaN in a message prints as nan, whatever its sign bit", function()
+    local w = k3.ones({4})
+    local args = {prefix = k3.ones({1, 4}), blocks = k3.ones({1, 1, 4}), num_blocks = 1,
+                  norm_weight = w, qk_weight = w}
+    args.output_eps = 0 / 0
+    local err = H.raises(function() k3.attn_res(args) end,
+      "attn_res: output_eps must be a finite number >= 0; got nan")
+    assert.is_nil(err:find("-nan", 1, true))
+    args.output_eps, args.eps = nil, -(0 / 0)
+    H.raises(function() k3.attn_res(args) end, "attn_res: eps must be a finite number >= 0; got nan")
+  end)
+end)

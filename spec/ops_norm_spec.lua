@@ -186,3 +186,10 @@ describe("edge values on the CUDA kernels #gpu", function()
     edge_silu_mul("cuda", "cuda.silu_mul.generic")
   end)
 end)
+
+describe("rms_norm messages", function()
+  it("a non-finite eps prints as -inf", function()
+    H.raises(function() k3.rms_norm(k3.ones({1, 4}), k3.ones({4}), -math.huge) end,
+      "rms_norm: eps must be a finite number >= 0; got -inf")
+  end)
+end)

@@ -202,3 +202,71 @@ describe("scripts/fuzz-smoke", function()
     assert.truthy(out:find("fuzz ops: FAILED (exit 77, seed 1)", 1, true), out)
   end)
 end)
+
+describe("scripts/demo.lua", function()
+  it("scripts/demo.lua checks --device with the other options, before generating any weight", function()
+    for dev, msg in pairs({tpu = "demo: --device: unknown device 'tpu'; expected cpu, cuda or cuda:N\n",
+                           ["cuda:x"] = "demo: --device: unknown device 'cuda:x'; expected cpu, cuda or cuda:N\n"}) do
+      local out, code = sh(string.format("cd %q && env K3_PROGRESS=plain scripts/k3 scripts/demo.lua --device %s 2>&1",
+                                         root, dev))
+      assert.equal(2, code, out)
+      assert.equal(msg, out:sub(1, #msg), out)
+      assert.truthy(out:find("\nusage: scripts/k3 scripts/demo.lua", 1, true), out)
+      assert.is_nil(out:find("generating weights", 1, true), out)
+    end
+    if not k3.backends().cuda.available then
+      local out, code = sh(string.format("cd %q && scripts/k3 scripts/demo.lua --device cuda:1 2>&1", root))
+      assert.equal(2, code, out)
+      assert.truthy(out:find("^demo: %-%-device: device cuda:1 is not available: "), out)
+    end
+  end)
+
+  it("scripts/demo.lua logs plain progress lines to a file, and none with K3_PROGRESS=0", function()
+    local err = os.tmpname()
+    -- K3_PROGRESS is set for the script only (unset: chosen from the stream).
+    local function demo(setting)
+      local _, code = sh(string.format("(cd %q && %s scripts/k3 scripts/demo.lua --m 1,2 --steps 2 2>%s >/dev/null)",
+                                       root, setting and "env K3_PROGRESS=" .. setting or "env -u K3_PROGRESS", err))
+      assert.equal(0, code)
+      local f = io.open(err)
+      local text = f:read("a")
+      f:close()
+      return text
+    end
+    local text = demo(nil)
+    assert.is_nil(text:find("[\r\27]"), text)
+    assert.truthy(text:find("^generating weights "), text)
+    assert.truthy(text:find("\nM=2  step 2/2\n$"), text)
+    assert.equal("", demo("0"))
+    assert.truthy(demo("1"):find("\r\27[K", 1, true))
+    os.remove(err)
+  end)
+
+  it("demo.lua: an empty --m item and a backwards range are named", function()
+    local demo = string.format("%q %q ", root .. "/scripts/k3", root .. "/scripts/demo.lua")
+    local out, code = H.sh(demo .. "--m 1,,2")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("demo: --m: empty item in '1,,2'", 1, true), out)
+    out, code = H.sh(demo .. "--m 3-1")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("demo: --m: range '3-1' runs backwards (write 1-3)", 1, true), out)
+    out = H.sh(demo .. "--help")
+    assert.truthy(out:find("--tp N", 1, true), out)
+  end)
+
+  it("demo.lua --tp N without N CUDA devices says so in one line before starting any rank", function()
+    -- The backend as scripts/k3 sees it (under make test-asan this process loads another build).
+    local k3sh = string.format("%q ", root .. "/scripts/k3")
+    local info = H.sh(k3sh .. [[-e 'local c = k3.backends().cuda; io.write(tostring(c.available), "\t", tostring(c.devices or 0), "\t", tostring(c.reason))']])
+    local avail, devices, reason = info:match("^(%a+)\t(%d+)\t(.*)$")
+    local cuda = {available = avail == "true", devices = tonumber(devices), reason = reason}
+    local n = math.max(2, (cuda.available and cuda.devices or 0) + 1)
+    local out, code = H.sh(string.format("%s%q --tp %d", k3sh, root .. "/scripts/demo.lua", n))
+    assert.equal(1, code, out)
+    local want = cuda.available
+      and string.format("demo: --tp %d needs %d CUDA devices; this machine has %d\n", n, n, n - 1)
+      or string.format("demo: --tp %d needs %d CUDA devices; the CUDA backend is not available: %s\n",
+                       n, n, tostring(cuda.reason))
+    assert.equal(want, out)
+  end)
+end)

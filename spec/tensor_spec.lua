@@ -508,3 +508,244 @@ describe("errors", function()
     H.raises(function() k3.tensor({{1, "a"}}) end, "expected a number at depth 2; got string")
   end)
 end)
+
+describe("arguments and messages", function()
+  it("messages stay 1-based in Lua while the C core counts from 0", function()
+    local t = k3.zeros({2, 3})
+    H.raises(function() t:narrow(2, 3, 2) end, "narrow: start 3 and length 2 out of range for dim 2 of size 3")
+    H.raises(function() t:select(1, 3) end, "select: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:get(1, 4) end, "get: index 4 out of range for dim 2 of size 3")
+    H.raises(function() t:set(3, 1, 0) end, "set: index 3 out of range for dim 1 of size 2")
+    H.raises(function() t:view({-1, -1}) end, "view: only one size may be -1 (dims 1 and 2)")
+    H.raises(function() t:expand({3, 3}) end, "expand: dim 1 of size 2 cannot expand to 3")
+    H.raises(function() t:as_strided({2, 3}, {3, -1}) end, "as_strided: stride of dim 2 must be >= 0; got -1")
+    H.raises(function() k3.zeros({2 ^ 31, 2 ^ 31, 4}) end, "zeros: element count overflows at dim 3")
+    H.raises(function() k3.zeros({1, 3}):expand({2, 3}):copy(t) end,
+      "copy: destination dim 1 has stride 0 (a broadcast view); it cannot be written")
+  end)
+
+  it("allclose names its options argument", function()
+    H.raises(function() k3.allclose(k3.ones({2}), k3.ones({2}), {atol = "x"}) end,
+      "bad argument #3 to 'allclose' (field 'atol' must be a number; got string)")
+  end)
+
+  it("k3.tensor refuses lists with holes or named fields instead of dropping values", function()
+    H.raises(function() k3.tensor({[1] = 1, [3] = 3}) end,
+             "bad argument #1 to 'tensor' (a list at depth 1 has key 3; expected only the indices 1..1")
+    H.raises(function() k3.tensor({1, x = 2}) end, "a list at depth 1 has key 'x'")
+    H.raises(function() k3.tensor({{1, 2}, {3, 4, n = 1}}) end, "a list at depth 2 has key 'n'")
+    H.raises(function() k3.tensor({[1.5] = 1}) end, "a list at depth 1 has key 1.5")
+    H.raises(function() k3.tensor({{1, 2}, 3}) end, "expected a list at depth 2; got number")
+    H.raises(function() k3.tensor({{1, 2}, {3}}) end,
+             "ragged nesting: a list at depth 2 has 1 items, expected 2")
+    -- Metamethods are not consulted: the shape is what the table holds.
+    local proxy = setmetatable({}, {__len = function() return 3 end, __index = function() return 7 end})
+    assert.same({0}, k3.tensor(proxy):size())
+    assert.same({{1, 2}, {3, 4}}, k3.tensor({{1, 2}, {3, 4}}):totable())
+  end)
+
+  it("k3.tensor over shared sub-lists whose element count overflows is refused, not a heap overflow", function()
+    -- 65536 items nested 4 deep (each level the same list) is 2^64 elements: the count wraps to 0.
+    local t = {}
+    for i = 1, 65536 do t[i] = 0 end
+    for _ = 2, 4 do
+      local u = {}
+      for i = 1, 65536 do u[i] = t end
+      t = u
+    end
+    H.raises(function() k3.tensor(t) end,
+             "bad argument #1 to 'tensor' (the nested lists' shape has more elements than memory can hold: sizes overflow at depth 4)")
+  end)
+end)
+
+describe("writes through views", function()
+  it("a copy into a destination whose elements overlap is refused, whatever makes them overlap", function()
+    local base = k3.tensor({1, 2, 3, 4})
+    local ov = base:as_strided({2, 2}, {1, 1}, 0) -- elements at offsets 0, 1, 1, 2
+    H.raises(function() ov:copy(k3.tensor({{5, 6}, {7, 8}})) end,
+      "copy: destination is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    assert.same({1, 2, 3, 4}, base:totable()) -- nothing was written
+    -- The same rule as the ops' out.
+    H.raises(function() k3.rms_norm(k3.ones({2, 2}), k3.ones({2}), 1e-5, {out = ov}) end,
+      "rms_norm: out is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    H.raises(function() k3.silu_mul(k3.ones({2, 4}), {out = ov}) end,
+      "silu_mul: out is written but its elements overlap (shape [2, 2], strides [1, 1])")
+    -- The test is conservative for interleaved views: offsets 0, 3, 2, 5, 4, 7 share nothing,
+    -- but the dims interleave, so the view is refused as a destination (k3.h documents it).
+    local il = k3.zeros({8}):as_strided({3, 2}, {2, 3}, 0)
+    H.raises(function() il:copy(k3.ones({3, 2})) end,
+      "copy: destination is written but its elements overlap (shape [3, 2], strides [2, 3])")
+    -- Disjoint strided destinations are still written.
+    local pad = k3.zeros({2, 5})
+    pad:as_strided({2, 2}, {5, 2}, 1):copy(k3.tensor({{1, 2}, {3, 4}}))
+    assert.same({{0, 1, 0, 2, 0}, {0, 3, 0, 4, 0}}, pad:totable())
+  end)
+
+  it("fill and set write through overlapping views; a view copied onto itself is a no-op", function()
+    local base = k3.tensor({1, 2, 3, 4})
+    local ov = base:as_strided({2, 2}, {1, 1}, 0)
+    ov:fill(7)
+    assert.same({7, 7, 7, 4}, base:totable())
+    ov:set(2, 1, 9) -- offset 1, shared with ov[1][2]
+    assert.equal(9, ov:get(1, 2))
+    assert.same({7, 9, 7, 4}, base:totable())
+    ov:copy(ov)
+    assert.same({7, 9, 7, 4}, base:totable())
+    local b = k3.zeros({1, 3}):expand({2, 3})
+    b:fill(2)
+    assert.same({{2, 2, 2}, {2, 2, 2}}, b:totable())
+  end)
+
+  it("fill of a broadcast view stores each distinct element once", function()
+    local base = k3.zeros({3, 1})
+    local huge = base:expand({3, 1 << 40}) -- 3 x 2^40 elements, 3 in memory
+    huge:fill(5)
+    assert.same({{5}, {5}, {5}}, base:totable())
+    assert.equal(5, huge:get(2, (1 << 40) - 7))
+  end)
+
+  it("get/set on an empty view with huge strides report the index, with no overflow", function()
+    -- An empty view's strides are never needed, so they may be anything; element access must
+    -- reject the out-of-range index before it multiplies an index by a stride (found by
+    -- fuzz_tensor under UBSan; make test-asan runs this).
+    local t = k3.zeros({4})
+    local v = t:as_strided({2, 0}, {2^61, 1}, 0)
+    H.raises(function() return v:get(2, 1) end, "get: index 1 out of range for dim 2 of size 0")
+    H.raises(function() v:set(2, 1, 5) end, "set: index 1 out of range for dim 2 of size 0")
+    assert.same({0, 0, 0, 0}, t:totable())
+  end)
+end)
+
+describe("scalar arithmetic", function()
+  it("scalar arithmetic rounds each element once, for every dtype and operand order", function()
+    -- The review's case: 1 * (1 + 2^-8 + 2^-40) lies just above bf16's tie 1 + 2^-8, so it
+    -- rounds up; the scalar rounded to f32 first (1 + 2^-8) would tie to even, 1.
+    assert.equal(1 + 2 ^ -7, (k3.full({1}, 1, {dtype = "bf16"}) * (1 + 2 ^ -8 + 2 ^ -40)):get(1))
+    -- Each dtype: operands whose exact result a double holds (so rounding that double once,
+    -- as k3.full does, is the oracle), straddling the dtype's ties by 2^-40 and less.
+    local ulp = {bf16 = 2 ^ -7, f16 = 2 ^ -10, f32 = 2 ^ -23, f64 = 2 ^ -52}
+    for dt, u in pairs(ulp) do
+      local tiny = dt == "f64" and 0 or 2 ^ -40
+      local xs = {1, -1.5, 3, 0.75, 2 ^ 10 + 2 ^ 3, -(2 ^ -3)}
+      local ss = {1 + u / 2 + tiny, 1 + u / 2 - tiny, 1 + 3 * u / 2 + tiny, -(1 + u / 2 + tiny),
+                  u / 2 + tiny, u / 2 - tiny, -(u / 2) - tiny, 3 * u / 2 + tiny, 0.1, 1 / 3}
+      local x = k3.tensor(xs, {dtype = dt})
+      local xv = x:to("f64"):totable()
+      -- A strided view too: every element of x, read with stride 2.
+      local strided = k3.zeros({#xs, 2}, {dtype = dt}):select(2, 1)
+      strided:copy(x)
+      for _, s in ipairs(ss) do
+        for _, case in ipairs{
+          {"x*s", function(t) return t * s end, function(a) return a * s end},
+          {"s*x", function(t) return s * t end, function(a) return s * a end},
+          {"x+s", function(t) return t + s end, function(a) return a + s end},
+          {"s+x", function(t) return s + t end, function(a) return s + a end},
+          {"x-s", function(t) return t - s end, function(a) return a - s end},
+          {"s-x", function(t) return s - t end, function(a) return s - a end},
+        } do
+          local want = {}
+          for i, a in ipairs(xv) do
+            local exact = case[3](a)
+            -- 0.1 and 1/3 have 53 bits: their products need more, so skip those oracles.
+            if (s == 0.1 or s == 1 / 3) and case[1]:find("*", 1, true) then exact = nil end
+            want[i] = exact and k3.full({1}, exact, {dtype = dt}):get(1)
+          end
+          for _, t in ipairs{x, strided} do
+            local got = case[2](t):totable()
+            for i = 1, #xs do
+              if want[i] and got[i] ~= want[i] then
+                error(string.format("%s %s with x = %a, s = %a: got %a, want %a", dt, case[1],
+                                    xv[i], s, got[i], want[i]))
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+end)
+
+describe("0-dim tensors", function()
+  it("a 0-dim tensor prints as a scalar", function()
+    local s = k3.tensor({{1, 2}, {3, 4}}):select(1, 2):select(1, 1)
+    assert.equal("k3.Tensor [] f32 cpu offset 2\n3", tostring(s))
+    assert.equal("{k3.Tensor [] f32 cpu offset 2}", k3.inspect({s}))
+  end)
+end)
+
+-- Findings of the libFuzzer targets (spec/fuzz/), reproduced through the Lua API.
+describe("fuzzer findings", function()
+  -- 8bcf977: k3_tensor_extent multiplied (size - 1) * stride for the dims before a zero size, so an
+  -- empty view with huge strides there overflowed int64 (undefined behaviour; UBSan under
+  -- `make test-asan`). An empty view reaches no element: its extent is 0.
+  it("an empty view with huge strides before its zero dim (8bcf977: k3_tensor_extent)", function()
+    local base = k3.zeros({4})
+    for _, l in ipairs({{{3, 0}, {2 ^ 62, 1}}, {{3, 0, 5}, {2 ^ 62, 1, 2 ^ 61}}, {{2, 2, 0}, {2 ^ 62, 2 ^ 62, 1}}}) do
+      local v = base:as_strided(l[1], l[2], 1)
+      assert.same(l[1], v:size())
+      assert.same(l[2], v:stride())
+      assert.equal(0, v:numel())
+      assert.same(l[1], v:clone():size())
+      assert.equal("f64", v:to("f64"):dtype())
+      assert.same(l[1], (v + v):size())
+      assert.same(l[1], (-v):size())
+      v:copy(k3.zeros(l[1]))
+      v:fill(1)
+      assert.equal(0, k3.max_abs_diff(v, v))
+    end
+    -- an op's overlap check measures the extents of an out and an input of one storage
+    local out = base:as_strided({3, 0}, {2 ^ 62, 1}, 0)
+    local y = k3.linear(base:as_strided({3, 1}, {1, 1}, 0), k3.zeros({0, 1}), {out = out})
+    assert.same({3, 0}, y:size())
+    local v = base:as_strided({3, 0}, {2 ^ 62, 1}, 0)
+    v:copy(base:as_strided({3, 0}, {1, 2 ^ 62}, 0))
+    -- nothing was written: base is as it was
+    assert.same({0, 0, 0, 0}, base:totable())
+    -- and the 1-based index messages of the same change at the INT64 extremes (wrapping)
+    local t = k3.zeros({2, 3})
+    H.raises_exact(function() t:select(1, math.mininteger) end,
+      "select: index -9223372036854775808 out of range for dim 1 of size 2")
+    H.raises_exact(function() t:narrow(2, math.maxinteger, 1) end,
+      "narrow: start 9223372036854775807 and length 1 out of range for dim 2 of size 3")
+  end)
+
+  -- An expand of an empty tensor can make an empty view whose row-major strides would overflow
+  -- ([0, 2^62, 4]: 2^62 * 4); k3.empty refuses that shape, so a new tensor of it must be refused
+  -- too (K3_EOVERFLOW), not allocated with wrapped strides. From Lua the dim is counted from
+  -- 1, as in k3.empty's message for the same shape.
+  local function overflowing_empty_view()
+    local e = k3.zeros({1}):expand({0, 2 ^ 62, 4})
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    assert.equal(0, e:numel())
+    return e
+  end
+  local function refused(fn, name)
+    H.raises(fn, name .. ": stride computation overflows at dim 3 (size 4)")
+  end
+
+  it("to / clone of an empty view whose row-major strides overflow is refused (5e8f823)", function()
+    H.raises_exact(function() k3.empty({0, 2 ^ 62, 4}) end, "empty: stride computation overflows at dim 3 (size 4)")
+    local e = overflowing_empty_view()
+    refused(function() return e:to("f64") end, "to")
+    refused(function() return e:to({dtype = "f16"}) end, "to")
+    refused(function() return e:clone() end, "clone")
+    -- the view itself is unharmed and usable
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    assert.same({0, 0, 0}, e:stride())
+    assert.same({0, 2, 4}, e:narrow(2, 1, 2):clone():size())
+    assert.equal(0, k3.max_abs_diff(e, e))
+  end)
+
+  it("binary ops on an empty view whose row-major strides overflow are refused (f2f014c)", function()
+    local e = overflowing_empty_view()
+    refused(function() return e + e end, "add")
+    refused(function() return e - e end, "sub")
+    refused(function() return e * e end, "mul")
+    refused(function() return e * 2 end, "mul")
+    refused(function() return 2 - e end, "sub")
+    refused(function() return -e end, "unm")
+    assert.same({0, 2 ^ 62, 4}, e:size())
+    local small = e:narrow(2, 1, 3)
+    assert.same({0, 3, 4}, (small + small):size())
+  end)
+end)

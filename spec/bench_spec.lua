@@ -1,0 +1,94 @@
+-- The benchmarks' own code (lua/k3/bench/, scripts/bench) where it runs without a GPU: the JSON
+-- of their result files.
+local H = require "spec.helpers"
+
+-- scripts/bench's JSON goes through Debian's lua-dkjson (the project takes libraries over
+-- home-made code): keys sorted in every object, NaN and infinities as null, and the benchmark
+-- files, written twice, identical but for the date.
+describe("bench JSON (lua-dkjson)", function()
+  local U = require "k3.bench.util"
+  local dkjson = require "dkjson"
+  local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
+
+  local sh = H.sh
+
+  local function read(path)
+    local f = assert(io.open(path))
+    local s = f:read("a")
+    f:close()
+    return s
+  end
+
+  it("encodes through dkjson with sorted keys; NaN, infinities and U.null become null", function()
+    assert.equal(dkjson.null, U.null)
+    local doc = {zeta = 1, alpha = {b = 0 / 0, a = math.huge, c = U.null}, mid = {3, 2.5, -math.huge},
+                 empty = {}, text = "q\"\n"}
+    assert.equal('{\n  "alpha":{\n    "a":null,\n    "b":null,\n    "c":null\n  },\n  "empty":[],\n' ..
+                 '  "mid":[3,2.5,null],\n  "text":"q\\"\\n",\n  "zeta":1\n}', U.json_encode(doc))
+    -- The order does not depend on how the tables were built.
+    local a, b = {}, {}
+    for i = 1, 40 do a["k" .. i] = i end
+    for i = 40, 1, -1 do b["k" .. i] = i end
+    assert.equal(U.json_encode(a), U.json_encode(b))
+  end)
+
+  it("decodes with dkjson: null is nil; malformed input raises 'json: ...'", function()
+    local v = U.json_decode('{"a": [1, 2.5, "x"], "b": null, "c": {"d": true}}')
+    assert.same({1, 2.5, "x"}, {v.a[1], v.a[2], v.a[3]})
+    assert.is_nil(v.b)
+    assert.is_true(v.c.d)
+    H.raises(function() U.json_decode('{"a": 1,') end, "json: unterminated object at line 1, column 1")
+    H.raises(function() U.json_decode('[1, 2] x') end, "json: trailing characters at byte 8")
+    local c = {}
+    c.self = c
+    H.raises(function() U.json_encode(c) end, "json: reference cycle")
+    -- Keys JSON cannot hold are an error of ours, not a crash inside dkjson.
+    H.raises(function() U.json_encode({[true] = 1}) end,
+      "json: object keys must be strings or numbers; got a boolean key")
+    -- Floats survive a write and a read exactly (dkjson alone writes %.14g); integers stay
+    -- integers and integral floats stay floats.
+    local doc = {t = 1030.0123456789012, e = 2 ^ 53, tenth = 0.1, i = 3, f = 2.0, big = 1e300}
+    local back = U.json_decode(U.json_encode(doc))
+    for k, x in pairs(doc) do
+      assert.equal(x, back[k], k)
+      assert.equal(math.type(x), math.type(back[k]), k)
+    end
+    assert.truthy(U.json_encode({x = 0.1}):find('"x":0.1', 1, true))
+  end)
+
+  it("scripts/bench --dry-run writes the same sorted JSON twice and reads a --peers file", function()
+    local dirs = {os.tmpname(), os.tmpname()}
+    local peers = os.tmpname()
+    local f = assert(io.open(peers, "w"))
+    f:write('{"date": "2026-11-30", "device": "spec", "torch": "none", "copy_GBps": null,\n' ..
+            ' "notes": ["from the bench spec"], "attn_res": [],\n' ..
+            ' "linear": [{"N": 1536, "K": 7168, "M": 1, "graph_us": 9.5, "eager_us": null}]}\n')
+    f:close()
+    local texts, err = {}, os.tmpname()
+    for i, dir in ipairs(dirs) do
+      os.remove(dir)
+      local out, code = sh(string.format("(cd %q && env -u K3_PROGRESS scripts/bench linear --dry-run --quick " ..
+                                         "--peers %s --out %s 2>%s)", root, peers, dir, err))
+      assert.equal(0, code, out)
+      assert.truthy(out:find("peers note: from the bench spec", 1, true), out)
+      texts[i] = read(dir .. "/linear.json")
+      -- dkjson's own decoding of the file re-encodes to the same text: sorted and stable.
+      assert.equal(texts[i], U.json_encode(dkjson.decode(texts[i])) .. "\n")
+      assert.truthy(texts[i]:find('\n  "meta":{\n', 1, true))
+      -- The progress went to a file: plain lines, no carriage returns.
+      assert.is_nil(read(err):find("\r", 1, true))
+    end
+    local function undated(s) return (s:gsub('"date":"[^"]*"', ""):gsub('"command":"[^"]*"', "")) end
+    assert.equal(undated(texts[1]), undated(texts[2]))
+    f = assert(io.open(peers, "w"))
+    f:write('{"linear": [')
+    f:close()
+    local out, code = sh(string.format("cd %q && scripts/bench linear --dry-run --quiet --peers %s --out %s 2>&1",
+                                       root, peers, dirs[1]))
+    assert.equal(1, code, out)
+    assert.truthy(out:find("bench: --peers " .. peers .. ": json: unterminated array at line 1, column 12", 1, true), out)
+    os.remove(err)
+    for _, dir in ipairs(dirs) do os.execute("rm -rf " .. dir) end
+    os.remove(peers)
+  end)
+end)

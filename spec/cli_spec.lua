@@ -1,0 +1,109 @@
+-- lua/k3/cli.lua, what k3's scripts share: the progress reporter (k3.cli.progress, used by
+-- scripts/demo.lua, the --tp demo and scripts/bench) and the k3.isatty it asks.
+local k3 = require "k3"
+local H = require "spec.helpers"
+
+-- Progress output (k3.cli.progress, used by scripts/demo.lua, the --tp demo and scripts/bench):
+-- a live "\r\27[K" line only on a terminal; in a log, plain lines and no escape sequences.
+describe("progress output", function()
+  local cli = require "k3.cli"
+  local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
+
+  -- A stream that records what is written, and a clock the spec moves by hand.
+  local function capture()
+    local s = {text = ""}
+    function s:write(...) for _, v in ipairs({...}) do self.text = self.text .. v end return self end
+    function s:flush() end
+    return s
+  end
+
+  local sh = H.sh
+
+  it("k3.isatty tells a terminal from a file and names its argument", function()
+    local f = io.tmpfile()
+    assert.is_false(k3.isatty(f))
+    f:close()
+    H.raises(function() k3.isatty(f) end, "bad argument #1 to 'isatty' (file is closed)")
+    H.raises(function() k3.isatty(2) end, "(FILE* expected, got number)")
+    local out = sh(string.format("cd %q && scripts/k3 -e 'print(k3.isatty(io.stderr))' 2>&1 </dev/null | cat", root))
+    assert.equal("false\n", out)
+    if not os.execute("command -v script >/dev/null 2>&1") then
+      return pending("util-linux `script` is missing: the terminal case is not run")
+    end
+    out = sh(string.format("cd %q && script -qec \"scripts/k3 -e 'print(k3.isatty(io.stdout))'\" /dev/null </dev/null", root))
+    assert.equal("true", (out:gsub("%s+$", "")))
+  end)
+
+  it("K3_PROGRESS overrides; otherwise a file gets plain lines", function()
+    local f = io.tmpfile()
+    assert.equal("off", cli.progress_mode(f, "0"))
+    assert.equal("tty", cli.progress_mode(f, "1"))
+    assert.equal("plain", cli.progress_mode(f, "plain"))
+    assert.equal("plain", cli.progress_mode(f, ""))
+    f:close()
+  end)
+
+  it("K3_PROGRESS accepts 0, 1, plain and off/on, false/true, no/yes; anything else is reported once", function()
+    local f = io.tmpfile()
+    for value, mode in pairs({["0"] = "off", off = "off", OFF = "off", ["false"] = "off", no = "off",
+                              ["1"] = "tty", on = "tty", ["true"] = "tty", Yes = "tty",
+                              plain = "plain", [" plain "] = "plain", PLAIN = "plain"}) do
+      assert.equal(mode, cli.progress_mode(f, value), "K3_PROGRESS=" .. value)
+    end
+    f:close()
+    -- Three reporters ask for the mode; a typo is reported once (on stderr), then treated as
+    -- unset: a file gets plain lines.
+    local chunk = 'local cli = require "k3.cli"; local f = io.tmpfile(); ' ..
+                  'print(cli.progress_mode(f), cli.progress_mode(f), cli.progress{stream = f}.mode)'
+    local function run(env)
+      return sh(string.format("cd %q && env %s scripts/k3 -e '%s' 2>&1", root, env, chunk))
+    end
+    local out, code = run("K3_PROGRESS=fast")
+    assert.equal(0, code, out)
+    assert.equal("k3: warning: K3_PROGRESS: unrecognised value 'fast' (expected 0, 1, plain, " ..
+                 "true, false, yes, no, on or off); progress is shown as when it is unset\n" ..
+                 "plain\tplain\tplain\n", out)
+    assert.equal("off\toff\toff\n", (run("K3_PROGRESS=off")))
+    assert.equal("tty\ttty\ttty\n", (run("K3_PROGRESS=yes")))
+    assert.equal("plain\tplain\tplain\n", (run("K3_PROGRESS=")))
+    assert.equal("plain\tplain\tplain\n", (run("-u K3_PROGRESS")))
+  end)
+
+  it("plain mode: the first line at once, then at most one per interval, the last at done", function()
+    local s, now = capture(), 100
+    local r = cli.progress{stream = s, mode = "plain", interval = 5, clock = function() return now end}
+    r:update("step %d/%d", 1, 4)
+    now = 102
+    r:update("step %d/%d", 2, 4)
+    now = 106
+    r:update("step %d/%d", 3, 4)
+    now = 107
+    r:update("step %d/%d", 4, 4)
+    r:done()
+    r:done()
+    r:update("next phase")
+    assert.equal("step 1/4\nstep 3/4\nstep 4/4\nnext phase\n", s.text)
+    r:clear()
+    assert.equal("step 1/4\nstep 3/4\nstep 4/4\nnext phase\n", s.text)
+  end)
+
+  it("tty mode rewrites one line; off and quiet write nothing", function()
+    local s = capture()
+    local r = cli.progress{stream = s, mode = "tty"}
+    r:update("a %d", 1)
+    r:update("b")
+    r:done()
+    assert.equal("\r\27[Ka 1\r\27[Kb\r\27[K", s.text)
+    for _, o in ipairs({{mode = "off"}, {mode = "tty", quiet = true}}) do
+      local q = capture()
+      o.stream = q
+      local rq = cli.progress(o)
+      rq:update("x")
+      rq:done()
+      rq:clear()
+      assert.equal("", q.text)
+    end
+    H.raises(function() cli.progress{mode = "fancy"} end,
+      "bad argument #1 to 'progress' (mode must be \"tty\", \"plain\" or \"off\"; got fancy)")
+  end)
+end)
