@@ -161,7 +161,7 @@ fuzz-smoke: fuzz
 fuzz-explore: fuzz
 	@FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_TIME="$(FUZZ_TIME)" scripts/fuzz-smoke --explore $(FUZZ_NAMES)
 
-# ==== embedding: example host, install, pkg-config (helper E, issue 7) ==========================
+# ==== embedding: example host, install, pkg-config ===============================================
 #   make host                       build/examples/host/k3-host (the game-loop host example)
 #   make capi                       build/examples/capi/attn_res (C API example, in-tree flags)
 #   make install PREFIX=/opt/k3     libk3.so, libk3lua.so, k3.h, the library's Lua files (not the

@@ -519,7 +519,7 @@ typedef struct k3_time_result {
 K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
                               k3_time_result *out);
 
-/* ---- safetensors files (lib/safetensors.c; helper D) -------------------------------------- */
+/* ---- safetensors files (lib/safetensors.c) -------------------------------------------------- */
 
 /* A loaded safetensors file: its tensors, in header order, each a contiguous CPU tensor
  * holding a copy of the file's data (the file is closed when load returns). The header
@@ -558,7 +558,7 @@ K3_API void k3_safetensors_free(k3_safetensors *st);
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 
-/* ---- tensor parallelism (lib/dist.c, kernels/dist.cu; helper H, issue 10) ----------------- */
+/* ---- tensor parallelism (lib/dist.c, kernels/dist.cu) -------------------------------------- */
 
 /* One communicator per process (one process per GPU, started by `scripts/k3 --nproc N`).
  * At world size 1 nothing is loaded and the collectives are checked no-ops on any device;
@@ -620,7 +620,7 @@ typedef struct k3_dist_stats {
 } k3_dist_stats;
 K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
 
-/* ---- Lua embedding (libk3lua; helper E) ------------------------------------------------------ */
+/* ---- Lua embedding (libk3lua) --------------------------------------------------------------- */
 
 /* Defined in libk3lua.so (link -lk3lua -lk3, or `pkg-config --libs k3-lua`), not in libk3;
  * lua.h is not needed to declare them. A host that owns a lua_State loads the module with

@@ -266,8 +266,8 @@ typedef struct k3_backend {
     k3_status (*synchronize)(void);
     const k3_kernel *const *kernels;
     int nkernels;
-    /* Timing for benchmarks: records an event on this thread's stream of `dev`; elapsed ms
-     * between two such marks after synchronising. Handles are opaque. */
+    /* Timing (k3_cuda_time, lib/timing.c): records an event on this thread's stream of
+     * `dev`; elapsed ms between two such marks after synchronising. Handles are opaque. */
     k3_status (*event_record)(int dev, void **event);
     k3_status (*event_elapsed)(void *start, void *end, float *ms);
     void (*event_free)(void *event);
@@ -278,9 +278,9 @@ typedef struct k3_backend {
     k3_status (*graph_end)(int dev, void **graph);
     k3_status (*graph_replay)(void *graph, int n);
     void (*graph_free)(void *graph);
-    /* Tensor parallelism (kernels/dist.cu, helper H; filled by k3c_dist_fill). NCCL is loaded
-     * with dlopen on first use; NULL entries (an older backend) make k3_dist_init fail with a
-     * reason. One communicator per process, on device `dev`; every wait is bounded by
+    /* Tensor parallelism (kernels/dist.cu; filled by k3c_dist_fill). NCCL is loaded with
+     * dlopen on first use; NULL entries (a backend built without nccl.h) make k3_dist_init
+     * fail with a reason. One communicator per process, on device `dev`; every wait is bounded by
      * timeout_s, and stops early when `abort_file` exists (the launcher's failed-rank
      * note; this rank writes it first when it times out). op: k3_dist_op, plus
      * K3_DIST_INTERNAL for the shape checks (counted apart). Tensors are contiguous on dev. */
@@ -303,7 +303,7 @@ typedef k3_status (*k3_backend_open_fn)(int core_abi, k3_backend *out, char *rea
 /* The loaded CUDA backend, or NULL (then *reason says why). Loads on first use, once. */
 const k3_backend *k3_cuda_backend(const char **reason);
 
-/* ---- registry, dispatch and op internals (helper A: registry.c, dispatch.c, ops.c) -------- */
+/* ---- registry, dispatch and op internals (registry.c, dispatch.c, ops.c) ------------------ */
 /* Exported (K3_API) because the binding and the CUDA backend are separate shared objects. */
 
 /* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries
@@ -385,7 +385,7 @@ K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tenso
                                const k3_call *call, const k3_skinny_config *config,
                                const k3_dispatch_ext *ext);
 
-/* ---- core functions the CUDA backend calls (helper B) ----------------------------------- */
+/* ---- core functions the CUDA backend calls ---------------------------------------------- */
 /* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these
  * redeclarations export the internal helpers the backend uses (reporting errors, staging
  * host buffers through the pluggable allocator). */

@@ -216,7 +216,7 @@ function k3.plan_for(w)
   return tbl.plans[string.format("%dx%d", w:size(1), w:size(2))]
 end
 
--- ---- tensor parallelism (issue 10, helper H: lua/k3/dist.lua) ------------------------------------
+-- ---- tensor parallelism (lua/k3/dist.lua) ------------------------------------------------------
 
 --- k3.dist: init(), rank(), world_size(), device(), all_reduce(t), all_gather(t, dim), barrier(),
 --- synchronize(), destroy(), stats(), simulate(W, fn). Its C functions stay out of k3 itself.
