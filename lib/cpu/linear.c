@@ -246,29 +246,22 @@ const k3_kernel k3_cpu_linear_reference =
  * the same order in fp64. */
 #define BI_LANES 32
 
-static float bi_row_f32(const float *xr, const float *wr, int64_t K) {
-    float acc[BI_LANES];
-    for (int j = 0; j < BI_LANES; j++) {
-        float s = 0.0f;
-        for (int64_t k = j; k < K; k += BI_LANES) s = fmaf(xr[k], wr[k], s);
-        acc[j] = s;
+/* One output's dot product in that order, written once per accumulator type T. */
+#define DEFINE_BI_ROW(NAME, T, FMA)                                                          \
+    static T NAME(const T *xr, const T *wr, int64_t K) {                                     \
+        T acc[BI_LANES];                                                                     \
+        for (int j = 0; j < BI_LANES; j++) {                                                 \
+            T s = 0;                                                                         \
+            for (int64_t k = j; k < K; k += BI_LANES) s = FMA(xr[k], wr[k], s);              \
+            acc[j] = s;                                                                      \
+        }                                                                                    \
+        for (int off = BI_LANES / 2; off >= 1; off /= 2)                                     \
+            for (int j = 0; j < off; j++) acc[j] = acc[j] + acc[j + off];                    \
+        return acc[0];                                                                       \
     }
-    for (int off = BI_LANES / 2; off >= 1; off /= 2)
-        for (int j = 0; j < off; j++) acc[j] = acc[j] + acc[j + off];
-    return acc[0];
-}
 
-static double bi_row_f64(const double *xr, const double *wr, int64_t K) {
-    double acc[BI_LANES];
-    for (int j = 0; j < BI_LANES; j++) {
-        double s = 0.0;
-        for (int64_t k = j; k < K; k += BI_LANES) s = fma(xr[k], wr[k], s);
-        acc[j] = s;
-    }
-    for (int off = BI_LANES / 2; off >= 1; off /= 2)
-        for (int j = 0; j < off; j++) acc[j] = acc[j] + acc[j + off];
-    return acc[0];
-}
+DEFINE_BI_ROW(bi_row_f32, float, fmaf)
+DEFINE_BI_ROW(bi_row_f64, double, fma)
 
 static k3_status run_batch_invariant(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;

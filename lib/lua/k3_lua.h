@@ -126,12 +126,13 @@ typedef struct k3l_call {
 } k3l_call;
 /* explain's mode: k3.explain (an op's) or m:explain (a method's). */
 enum { K3L_EXPLAIN_OP = 1, K3L_EXPLAIN_METHOD = 2 };
-void k3l_call_init(lua_State *L, k3l_call *c, const char *kernel, int explain);
-/* The stack index of opts.out (left on the stack), or 0; opts 0 means no options table. */
-int k3l_opt_out(lua_State *L, int opts, int argn);
-/* Pushes the result slot: the out userdata at out_idx when given, else a fresh tensor; none
- * in explain mode (NULL returned then, and for out). */
-k3l_tensor_ud *k3l_result_slot(lua_State *L, int out_idx, int explain);
+/* The common tail of an op's arguments, from the options table at opts (0: none; argn is the
+ * argument reported): opts.out (checked, left on the stack) into *out, opts.kernel and the
+ * state's policy into c, and the result slot pushed: the out userdata when given, else a fresh
+ * tensor, none in explain mode. *y is the slot's handle for the core to fill (NULL when out
+ * is given or in explain mode). */
+void k3l_op_prepare(lua_State *L, int opts, int argn, int explain, k3l_call *c, k3_tensor **out,
+                    k3_tensor ***y);
 /* Ends an op or method call: raises on failure, pushes the explain record, or counts the call
  * in the state's counters and the active trace. Returns the number of results. */
 int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain);

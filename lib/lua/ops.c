@@ -38,7 +38,7 @@ static void push_dispatch(lua_State *L, const k3_dispatch *d) {
     lua_setfield(L, -2, "declined");
 }
 
-void k3l_call_init(lua_State *L, k3l_call *c, const char *kernel, int explain) {
+static void call_init(lua_State *L, k3l_call *c, const char *kernel, int explain) {
     memset(c, 0, sizeof *c);
     c->call.policy = k3l_state_policy(L);
     c->call.kernel = kernel;
@@ -66,15 +66,6 @@ static const char *opt_kernel(lua_State *L, int idx, int argn) {
         k3l_arg_error(L, argn, "field 'kernel' must be a string; got %s", luaL_typename(L, -1));
     lua_pop(L, 1);
     return NULL;
-}
-
-k3l_tensor_ud *k3l_result_slot(lua_State *L, int out_idx, int explain) {
-    if (explain) return NULL;
-    if (out_idx) {
-        lua_pushvalue(L, out_idx);
-        return NULL;
-    }
-    return k3l_push_tensor(L);
 }
 
 /* Statuses by which an op refuses its arguments (validation), as opposed to a failure of the
@@ -109,7 +100,8 @@ int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain) {
     return 1;
 }
 
-int k3l_opt_out(lua_State *L, int opts, int argn) {
+/* The stack index of opts.out (left on the stack), or 0. */
+static int opt_out(lua_State *L, int opts, int argn) {
     if (!opts || !lua_istable(L, opts)) return 0;
     if (lua_getfield(L, opts, "out") == LUA_TNIL) {
         lua_pop(L, 1);
@@ -119,6 +111,17 @@ int k3l_opt_out(lua_State *L, int opts, int argn) {
         k3l_arg_error(L, argn, "field 'out' must be a k3.Tensor; got %s", luaL_typename(L, -1));
     k3l_check_tensor(L, lua_gettop(L));
     return lua_gettop(L);
+}
+
+void k3l_op_prepare(lua_State *L, int opts, int argn, int explain, k3l_call *c, k3_tensor **out,
+                    k3_tensor ***y) {
+    int out_idx = opt_out(L, opts, argn);
+    *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
+    call_init(L, c, opt_kernel(L, opts, argn), explain);
+    *y = NULL;
+    if (explain) return;
+    if (out_idx) lua_pushvalue(L, out_idx);
+    else *y = &k3l_push_tensor(L)->t;
 }
 
 /* The options table at idx (checked against keys), or 0 when it is absent. */
@@ -139,13 +142,11 @@ static int linear_impl(lua_State *L, int base, int explain) {
     int opts = opt_table(L, base + 2, keys);
     k3_tensor *bias = opts ? k3l_tensor_field(L, opts, "bias", 0, opts) : NULL;
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, opts) : NULL;
-    int out_idx = k3l_opt_out(L, opts, opts);
-    k3_tensor *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
     k3l_call c;
-    k3l_call_init(L, &c, opt_kernel(L, opts, opts), explain);
-    k3l_tensor_ud *u = k3l_result_slot(L, out_idx, explain);
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_linear(u ? &u->t : NULL, x, w, bias, res, out, &c.call));
+    K3L_RUN(s, k3_linear(y, x, w, bias, res, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 
@@ -166,13 +167,11 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
         opts = opt_table(L, base + 2, keys);
         eps = k3l_number_field(L, opts, "eps", eps, opts);
     }
-    int out_idx = k3l_opt_out(L, opts, opts);
-    k3_tensor *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
     k3l_call c;
-    k3l_call_init(L, &c, opt_kernel(L, opts, opts), explain);
-    k3l_tensor_ud *u = k3l_result_slot(L, out_idx, explain);
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_rms_norm(u ? &u->t : NULL, x, w, eps, out, &c.call));
+    K3L_RUN(s, k3_rms_norm(y, x, w, eps, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 
@@ -181,13 +180,11 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
     static const char *const keys[] = {"out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base);
     int opts = opt_table(L, base + 1, keys);
-    int out_idx = k3l_opt_out(L, opts, opts);
-    k3_tensor *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
     k3l_call c;
-    k3l_call_init(L, &c, opt_kernel(L, opts, opts), explain);
-    k3l_tensor_ud *u = k3l_result_slot(L, out_idx, explain);
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_silu_mul(u ? &u->t : NULL, x, out, &c.call));
+    K3L_RUN(s, k3_silu_mul(y, x, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 
@@ -220,13 +217,11 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     lua_pop(L, 1);
     a.eps = k3l_number_field(L, base, "eps", 1e-5, base);
     a.output_eps = k3l_number_field(L, base, "output_eps", 1e-5, base);
-    int out_idx = k3l_opt_out(L, base, base);
-    k3_tensor *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
     k3l_call c;
-    k3l_call_init(L, &c, opt_kernel(L, base, base), explain);
-    k3l_tensor_ud *u = k3l_result_slot(L, out_idx, explain);
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, base, base, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_attn_res(u ? &u->t : NULL, &a, out, &c.call));
+    K3L_RUN(s, k3_attn_res(y, &a, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 

@@ -396,13 +396,11 @@ static int method_call(lua_State *L, int explain) {
         k3l_check_option_keys(L, opts, keys, opts);
     }
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, 5) : NULL;
-    int out_idx = k3l_opt_out(L, opts, 5);
-    k3_tensor *out = out_idx ? k3l_check_tensor(L, out_idx) : NULL;
     k3l_call c;
-    k3l_call_init(L, &c, NULL, explain);
-    k3l_tensor_ud *u = k3l_result_slot(L, out_idx, explain);
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, 5, explain, &c, &out, &y); /* opts has no kernel: its keys say so */
     k3_status s;
-    K3L_RUN(s, k3_method_apply(m, u ? &u->t : NULL, x, w, bias, res, out, &c.call));
+    K3L_RUN(s, k3_method_apply(m, y, x, w, bias, res, out, &c.call));
     return k3l_op_finish(L, s, &c, explain ? K3L_EXPLAIN_METHOD : 0);
 }
 static int method_apply(lua_State *L) { return method_call(L, 0); }

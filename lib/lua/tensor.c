@@ -492,14 +492,17 @@ static int t_unm(lua_State *L) {
 
 /* ---- comparisons --------------------------------------------------------------------------- */
 
-/* k3.max_abs_diff(a, b) -> number (any dtypes and devices; same shape). */
-static int l_max_abs_diff(lua_State *L) {
+/* A comparison of tensors 1 and 2 into a number. */
+static int compare(lua_State *L, k3_status (*fn)(const k3_tensor *, const k3_tensor *, double *)) {
     double v;
     k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
-    CHECK_K3(L, k3_max_abs_diff(a, b, &v));
+    CHECK_K3(L, fn(a, b, &v));
     lua_pushnumber(L, v);
     return 1;
 }
+
+/* k3.max_abs_diff(a, b) -> number (any dtypes and devices; same shape). */
+static int l_max_abs_diff(lua_State *L) { return compare(L, k3_max_abs_diff); }
 
 /* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|; NaN is
  * never close, an infinity only to the same infinity; a negative or NaN tolerance is an
@@ -521,13 +524,7 @@ static int l_allclose(lua_State *L) {
 }
 
 /* k3.cosine(a, b) -> cosine similarity computed in f64; NaN when a or b is all zeros. */
-static int l_cosine(lua_State *L) {
-    double v;
-    k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
-    CHECK_K3(L, k3_cosine(a, b, &v));
-    lua_pushnumber(L, v);
-    return 1;
-}
+static int l_cosine(lua_State *L) { return compare(L, k3_cosine); }
 
 static int l_is_tensor(lua_State *L) {
     lua_pushboolean(L, luaL_testudata(L, 1, K3L_TENSOR_MT) != NULL);
