@@ -403,7 +403,7 @@ typedef struct prepared {
 
 /* The kernel prologue: once per call, before any kernel is asked (supports) or run, whatever
  * the entry (an op, a method, a kernel forced by name). The op tag, the op's validation
- * (lib/ops.c: inputs, then out) and the out the kernel writes: the caller's, checked; a new
+ * (lib/validate.c: inputs, then out) and the out the kernel writes: the caller's, checked; a new
  * tensor; or, under explain_only, a stand-in without memory. p->device is the device the
  * call runs on, which the chosen kernel must run on (runs_on). */
 static k3_status prologue(k3_op_args *a, k3_tensor **y, const k3_call *call, prepared *p) {

@@ -331,7 +331,7 @@ const k3_kernel *k3_known_kernel_at(int i);
 /* "linear", "attn_res", "rms_norm", "silu_mul". */
 K3_API const char *k3_op_name(k3_op op);
 
-/* Each op's half of dispatch's prologue (lib/ops.c), for a valid op tag in a->op:
+/* Each op's half of dispatch's prologue (lib/validate.c), for a valid op tag in a->op:
  * k3_op_check_inputs checks everything but out (required tensors present and live, shapes,
  * dtypes, devices, unit last strides, ranges, what it writes) and then gives the result's
  * shape, dtype and device; k3_op_check_out checks a given out against that (and its overlaps);
