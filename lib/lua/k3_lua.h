@@ -112,10 +112,14 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
 
-/* ---- the state's policy (policy.c) ----------------------------------------------------------- */
+/* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 
-/* The compiled policy this state's ops dispatch with (k3.set_policy, k3.set_batch_invariant). */
+/* The compiled policy this state's ops dispatch with (k3.set_policy, k3.set_batch_invariant);
+ * a new one, the built-in default, pushed (in Lua memory); the one on top of the stack made
+ * the state's (popped). */
 k3_policy *k3l_state_policy(lua_State *L);
+k3_policy *k3l_new_policy(lua_State *L);
+void k3l_set_state_policy(lua_State *L);
 
 /* ---- one op call (ops.c; also the methods of policy.c) ------------------------------------------ */
 

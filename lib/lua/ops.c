@@ -1,11 +1,35 @@
 /*
  * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res), k3.explain and k3.trace,
- * the state's counters (k3.stats), what is registered and available (k3.kernels, k3.backends,
- * ...), and the device: k3.synchronize, k3.empty_cache, k3.cuda_time.
+ * the state's dispatch data (its compiled policy, its counters: k3.stats), what is registered
+ * and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
+ * k3.empty_cache, k3.cuda_time.
  */
 #include "k3_lua.h"
 
 #include <string.h>
+
+/* ---- the state's dispatch data: its policy and its counters --------------------------------- */
+
+/* The compiled policy of this Lua state: made when the module is opened (the built-in default
+ * candidates, and the process default of batch-invariant mode), replaced by k3.set_policy,
+ * its batch-invariant mode set by k3.set_batch_invariant. It lives in Lua's memory
+ * (k3_policy_init): opening k3 makes no host allocation, so a host may still call
+ * k3_set_allocator before its first tensor. */
+k3_policy *k3l_new_policy(lua_State *L) {
+    k3_policy *p = lua_newuserdatauv(L, k3_policy_size(), 0);
+    k3_policy_init(p);
+    luaL_setmetatable(L, K3L_POLICY_MT);
+    return p;
+}
+
+void k3l_set_state_policy(lua_State *L) { lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY); }
+
+k3_policy *k3l_state_policy(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
+    k3_policy *p = luaL_testudata(L, -1, K3L_POLICY_MT);
+    lua_pop(L, 1);
+    return p;
+}
 
 /* This state's counters (k3.stats): every dispatch an op or method of the state ran is counted
  * here as well as in the process-wide totals (k3_stats). */
@@ -504,10 +528,17 @@ static const luaL_Reg ops_funcs[] = {
     {NULL, NULL}};
 
 void k3l_open_ops(lua_State *L) {
-    luaL_newmetatable(L, K3L_STATS_MT); /* plain memory: nothing to free */
+    luaL_newmetatable(L, K3L_POLICY_MT); /* Lua memory: nothing to free */
+    lua_pop(L, 1);
+    luaL_newmetatable(L, K3L_STATS_MT);
     lua_pop(L, 1);
     /* Made once: luaopen_k3_core may run again in the same state (busted insulation), which
-     * must not reset the counters. */
+     * must not reset the policy or the counters. */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY) == LUA_TNIL) {
+        k3l_new_policy(L);
+        k3l_set_state_policy(L);
+    }
+    lua_pop(L, 1);
     if (lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_STATS) == LUA_TNIL) {
         k3_stats_sink *sink = lua_newuserdatauv(L, k3_stats_sink_size(), 0);
         k3_stats_sink_reset(sink);

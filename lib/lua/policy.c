@@ -1,32 +1,13 @@
 /*
- * policy.c — the state's dispatch policy (k3.set_policy compiles a table into it, k3.policy
- * reads it back), its batch-invariant mode, and the linear methods (k3.method.default,
- * k3.method.low_latency, m:apply, m:explain). Each lua_State owns its policy, so neither
- * setting reaches another state.
+ * policy.c — policy tables (k3.set_policy compiles one into the state's policy, k3.policy
+ * reads it back), the state's batch-invariant mode, and the linear methods (k3.method.default,
+ * k3.method.low_latency, m:apply, m:explain). Each lua_State owns its policy (lib/lua/ops.c
+ * keeps it with the state's counters), so neither setting reaches another state.
  */
 #include "k3_lua.h"
 
 #include <limits.h>
 #include <string.h>
-
-/* The compiled policy of this Lua state: made when the module is opened (the built-in default
- * candidates, and the process default of batch-invariant mode), replaced by k3.set_policy,
- * its batch-invariant mode set by k3.set_batch_invariant. It lives in Lua's memory
- * (k3_policy_init): opening k3 makes no host allocation, so a host may still call
- * k3_set_allocator before its first tensor. */
-static k3_policy *new_policy(lua_State *L) {
-    k3_policy *p = lua_newuserdatauv(L, k3_policy_size(), 0);
-    k3_policy_init(p);
-    luaL_setmetatable(L, K3L_POLICY_MT);
-    return p;
-}
-
-k3_policy *k3l_state_policy(lua_State *L) {
-    lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
-    k3_policy *p = luaL_testudata(L, -1, K3L_POLICY_MT);
-    lua_pop(L, 1);
-    return p;
-}
 
 /* k3.set_batch_invariant(on): on a boolean (anything else is a bad argument); batch-invariant
  * mode of this Lua state: linear's low-latency plans decline and linear runs its fixed-order
@@ -192,7 +173,7 @@ static int l_set_policy(lua_State *L) {
             luaL_error(L, "set_policy: unknown key %s (expected %s)", key, expected);
         }
     }
-    k3_policy *p = new_policy(L); /* 2 */
+    k3_policy *p = k3l_new_policy(L); /* 2 */
     CHECK_K3_AS(L, "set_policy",
                 k3_policy_set_batch_invariant(p, k3_policy_batch_invariant(k3l_state_policy(L))));
     int src = 1;
@@ -238,7 +219,7 @@ static int l_set_policy(lua_State *L) {
         CHECK_K3_AS(L, "set_policy", k3_policy_set_layout_fallback(p, strcmp(v, "fallback") == 0));
     }
     lua_settop(L, 2);
-    lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
+    k3l_set_state_policy(L);
     return 0;
 }
 
@@ -421,15 +402,6 @@ static const luaL_Reg policy_funcs[] = {
     {NULL, NULL}};
 
 void k3l_open_policy(lua_State *L) {
-    luaL_newmetatable(L, K3L_POLICY_MT); /* Lua memory: nothing to free */
-    lua_pop(L, 1);
-    /* This state's policy, made once: luaopen_k3_core may run again in the same state (busted
-     * insulation), which must not reset it. */
-    if (lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY) == LUA_TNIL) {
-        new_policy(L);
-        lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_POLICY);
-    }
-    lua_pop(L, 1);
     if (luaL_newmetatable(L, K3L_METHOD_MT)) {
         lua_pushcfunction(L, method_gc);
         lua_setfield(L, -2, "__gc");
