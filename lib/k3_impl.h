@@ -1,7 +1,8 @@
 /*
- * k3_impl.h — internal structures shared by the C core, the binding and the CUDA backend:
- * the tensor and storage layout, error helpers, op argument blocks, the kernel record and
- * the backend function table. Not installed; not part of the public contract.
+ * k3_impl.h — internal structures shared by the C core and the CUDA backend: the tensor and
+ * storage layout, error helpers, op argument blocks, the kernel catalogue's records and the
+ * backend function table. Not installed; not part of the public contract. The Lua binding sees
+ * the core through k3.h and k3_embed.h only.
  */
 #ifndef K3_IMPL_H
 #define K3_IMPL_H
@@ -304,7 +305,7 @@ typedef k3_status (*k3_backend_open_fn)(int core_abi, k3_backend *out, char *rea
 const k3_backend *k3_cuda_backend(const char **reason);
 
 /* ---- registry, dispatch and op internals (registry.c, dispatch.c, ops.c) ------------------ */
-/* Exported (K3_API) because the binding and the CUDA backend are separate shared objects. */
+/* Exported (K3_API) where the CUDA backend, a separate shared object, calls them. */
 
 /* True when K3_DISABLE_KERNELS lists `name` as one of its comma-separated entries
  * (whitespace around an entry is ignored). */
