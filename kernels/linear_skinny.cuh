@@ -440,4 +440,322 @@ static cudaError_t k3_skinny_launch_split(int threads, int rows, int unroll, int
 }
 
 #endif /* __CUDACC__ */
+
+/* ---- the stream kernel: a persistent grid with an even split of rows x K ----------------
+ *
+ * Work is the grid of (tile, chunk) pairs: a tile is ROWS = 8 * RG rows of w, a chunk 32 k
+ * (64 bytes of each row); T = tiles * chunks pairs in tile-major order. The grid holds
+ * ctas_per_sm CTAs per SM, all resident at once (no second wave), and warp p of the P warps
+ * of the grid streams pairs [p * T / P, (p + 1) * T / P): every warp gets the same number of
+ * chunks to within one, whatever N and K are, so no SM idles while another finishes a tile.
+ * A warp's range is a run of segments, one per tile it touches; in each it does, per step of
+ * UNROLL chunks, UNROLL x RG 16-byte loads of w (lane 4g + t: row g of each 8-row group,
+ * k = 8t..8t+7 of the chunk) and UNROLL (MT = 2: 2 x UNROLL) 16-byte loads of x (tokens g
+ * and g + 8), then RG x UNROLL pairs of mma.m16n8k16 with the tokens as the MMA's M and the
+ * 8 rows as its N (the k permutation is the same for x and w, so each dot product is an
+ * exact sum of the right products). The next step's w loads are issued before this step's
+ * MMAs (two register stages), so a lane keeps UNROLL x RG x 16 bytes of w in flight.
+ *
+ * Reduction, in a fixed order (deterministic, whoever finishes first):
+ *   - a tile one warp covers whole: that warp adds the residual, rounds and writes y;
+ *   - a tile split between warps of one CTA (only a warp's first and last segment can be
+ *     partial): each warp leaves its fp32 fragment in shared memory (2 slots per warp), and
+ *     after the CTA's barrier one warp sums them in warp order and writes y;
+ *   - a tile split between CTAs (only a CTA's first and last tile): each CTA writes its sum
+ *     (in warp order) to ws[cta][slot] (2 slots of 8 * RG * 16 floats per CTA), fences and
+ *     counts on counters[tile]; the CTA that arrives last sums the CTAs' partials in CTA
+ *     order, writes y and resets the counter to 0 (so the counters stay zero between
+ *     launches: re-launchable, CUDA-graph safe).
+ *
+ * Programmatic dependent launch (args.pdl): the kernel lets its dependents launch at entry
+ * (griddepcontrol.launch_dependents) and waits for its predecessor (griddepcontrol.wait)
+ * before it reads x or res, touches ws or counters or writes y. With args.static_w the
+ * caller promises that no kernel before this one in the stream writes w while it may still
+ * be running, and the first step's w loads are issued BEFORE that wait, so the HBM stream
+ * starts while the previous kernel drains. Without PDL both instructions are no-ops.
+ */
+
+/* Instantiated stream configurations: X(threads, rg, unroll, minb); rows per tile = 8 * rg;
+ * minb = the CTAs per SM the registers are capped for (__launch_bounds__): 2 leaves room for
+ * a CTA of the next kernel while one of this kernel runs (what PDL overlaps). */
+#define K3_SKINNY_STREAM_CONFIGS(X)                                                       \
+    X(256, 1, 8, 2) X(256, 2, 4, 2) X(256, 4, 2, 2) X(512, 1, 4, 2)                      \
+    X(256, 2, 8, 1) X(256, 4, 4, 1) X(512, 1, 8, 1) X(512, 2, 4, 1)
+
+struct k3_skinny_stream_args {
+    const uint4 *x, *w;
+    const uint16_t *res;
+    int64_t res_s0, res_s1;
+    uint16_t *y;
+    int64_t y_s0, y_s1;
+    int M, N, K;
+    float *ws;          /* >= k3_skinny_stream_ws_bytes(rg, grid) bytes */
+    unsigned *counters; /* >= tiles, all zero */
+    int pdl, static_w;
+};
+
+/* Bytes of dynamic shared memory one CTA uses: 2 fragment slots per warp. */
+static inline size_t k3_skinny_stream_smem(int threads, int rg) {
+    return (size_t)(threads / 32) * 2u * (size_t)rg * 4u * 32u * sizeof(float);
+}
+/* Bytes of cross-CTA partials a grid of `grid` CTAs needs (2 slots per CTA). */
+static inline size_t k3_skinny_stream_ws_bytes(int rg, int64_t grid) {
+    return (size_t)grid * 2u * (size_t)rg * 4u * 32u * sizeof(float);
+}
+static inline int64_t k3_skinny_stream_tiles(int rg, int N) {
+    return rg > 0 && N > 0 ? ((int64_t)N + 8 * rg - 1) / (8 * rg) : 0;
+}
+
+#if defined(__CUDACC__)
+
+/* Writes one tile's fragment (tokens g, g + 8 x rows 2t, 2t + 1 of each 8-row group) to y,
+ * adding the residual, rounding once. */
+template <int RG>
+static __device__ __forceinline__ void k3sks_store(const k3_skinny_stream_args &a, int64_t tile,
+                                                   const float (&acc)[RG][4], int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < RG; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int m = g + (r >> 1) * 8;
+            const int64_t n = tile * (8 * RG) + j * 8 + 2 * t + (r & 1);
+            if (m >= a.M || n >= a.N) continue;
+            float s = acc[j][r];
+            if (a.res) s += k3sk_bf16_to_f32(a.res[m * a.res_s0 + n * a.res_s1]);
+            a.y[m * a.y_s0 + n * a.y_s1] = k3sk_f32_to_bf16(s);
+        }
+}
+
+template <int THREADS, int RG, int UNROLL, int MINB, int MT>
+__global__ void __launch_bounds__(THREADS, MINB) k3_skinny_stream_kernel(const k3_skinny_stream_args a) {
+    constexpr int W = THREADS / 32, FRAG = RG * 4 * 32;
+    static_assert(THREADS % 32 == 0 && RG >= 1 && UNROLL >= 1 && (MT == 1 || MT == 2),
+                  "bad stream configuration");
+    extern __shared__ float4 k3sks_smem[];
+    float *part = reinterpret_cast<float *>(k3sks_smem); /* [W][2][RG][4][32] */
+
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const int nvec = a.K >> 3, NC = (nvec + 3) >> 2;
+    /* T = tiles * chunks < 2^31 (the launcher checks); products with P or B need 64 bits */
+    const int NT = (a.N + 8 * RG - 1) / (8 * RG), T = NT * NC;
+    const int64_t B = gridDim.x, P = B * W;
+    const int64_t p = (int64_t)blockIdx.x * W + warp;
+    const int ia = (int)(p * T / P), ie = (int)((p + 1) * T / P);
+    const int tfirst = ia / NC;
+
+    const bool x0_ok = g < a.M, x1_ok = MT == 2 && g + 8 < a.M;
+    const uint4 *x0 = a.x + (x0_ok ? g : 0) * (int64_t)nvec + tq;
+    const uint4 *x1 = a.x + (x1_ok ? g + 8 : 0) * (int64_t)nvec + tq;
+
+    float acc[RG][4];
+#pragma unroll
+    for (int j = 0; j < RG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    uint4 wv[UNROLL][RG];
+
+    /* The step cursor: pair i = (tile, chunk c); this step does n <= UNROLL chunks of the
+     * segment [segbeg, segend) (this warp's pairs in `tile`). */
+    int i = ia, tile = tfirst, c = ia - tfirst * NC;
+    int segbeg = ia, segend = min(ie, (tile + 1) * NC);
+    int n = min(UNROLL, segend - i);
+    /* w loads of the step at the cursor (chunks past n, rows >= N, k >= K: zero, unread) */
+    auto load_w = [&]() {
+#pragma unroll
+        for (int j = 0; j < RG; ++j) {
+            const int row = tile * (8 * RG) + j * 8 + g;
+            const bool rok = row < a.N;
+            const uint4 *wr = a.w + (int64_t)(rok ? row : 0) * nvec + tq;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int v = (c + u) * 4;
+                const bool kin = u < n && v + tq < nvec;
+                wv[u][j] = k3sk_load_w_v(wr + (kin ? v : 0), rok && kin);
+            }
+        }
+    };
+    if (a.pdl && !a.static_w) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (i < ie) load_w();
+    if (a.pdl && a.static_w) asm volatile("griddepcontrol.wait;" ::: "memory");
+
+    while (i < ie) {
+        uint4 xa[UNROLL], xb[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = (c + u) * 4;
+            const bool kin = u < n && v + tq < nvec;
+            xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
+            if (MT == 2)
+                xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
+            else
+                xb[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < RG; ++j) {
+                k3sk_mma(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
+                k3sk_mma(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
+            }
+        i += n;
+        c += n;
+        if (i == segend) {
+            if (segbeg == tile * NC && segend == (tile + 1) * NC) {
+                k3sks_store<RG>(a, tile, acc, lane);
+            } else {
+                float *dst = part + (warp * 2 + (tile == tfirst ? 0 : 1)) * FRAG;
+#pragma unroll
+                for (int j = 0; j < RG; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) dst[(j * 4 + r) * 32 + lane] = acc[j][r];
+            }
+#pragma unroll
+            for (int j = 0; j < RG; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+            ++tile;
+            c = 0;
+            segbeg = i;
+            segend = min(ie, (tile + 1) * NC);
+        }
+        n = min(UNROLL, segend - i);
+        if (i < ie) load_w();
+    }
+    __syncthreads();
+
+    /* Tiles of this CTA that no single warp covered: sum the warps' slots in warp order. */
+    const int64_t sb = (int64_t)blockIdx.x * T / B, eb = ((int64_t)blockIdx.x + 1) * T / B;
+    /* (64-bit from here: the products of pair indices with P and B) */
+    if (sb >= eb) return;
+    const int64_t tb0 = sb / NC, tb1 = (eb - 1) / NC;
+    for (int64_t tt = tb0 + warp; tt <= tb1; tt += W) {
+        const int64_t lo = max(tt * NC, sb), hi = min((tt + 1) * NC, (int64_t)eb);
+        /* warp of the grid holding pair q: the largest p with p * T / P <= q */
+        const int64_t plo = ((lo + 1) * P - 1) / T, phi = (hi * P - 1) / T;
+        if (plo == phi && lo == tt * NC && hi == (tt + 1) * NC) continue; /* written whole */
+        float s[RG][4];
+#pragma unroll
+        for (int j = 0; j < RG; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int64_t q = plo; q <= phi; ++q) {
+            const int64_t qa = q * T / P;
+            if (qa >= (q + 1) * T / P) continue; /* an empty warp range */
+            const int slot = tt == qa / NC ? 0 : 1;
+            const float *src = part + ((int)(q - (int64_t)blockIdx.x * W) * 2 + slot) * FRAG;
+#pragma unroll
+            for (int j = 0; j < RG; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) s[j][r] += src[(j * 4 + r) * 32 + lane];
+        }
+        if (lo == tt * NC && hi == (tt + 1) * NC) {
+            k3sks_store<RG>(a, tt, s, lane);
+            continue;
+        }
+        /* Split between CTAs: publish, count, and the last CTA sums in CTA order. */
+        float *mine = a.ws + ((int64_t)blockIdx.x * 2 + (tt == tb0 ? 0 : 1)) * FRAG;
+#pragma unroll
+        for (int j = 0; j < RG; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) __stcg(mine + (j * 4 + r) * 32 + lane, s[j][r]);
+        __threadfence();
+        __syncwarp();
+        const int64_t blo = ((tt * NC + 1) * B - 1) / T, bhi = (((tt + 1) * NC) * B - 1) / T;
+        int ncta = 0;
+        for (int64_t b = blo; b <= bhi; ++b) ncta += b * T / B < (b + 1) * T / B;
+        unsigned prev = 0;
+        if (lane == 0) prev = atomicAdd(&a.counters[tt], 1u);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != (unsigned)(ncta - 1)) continue;
+        __threadfence();
+#pragma unroll
+        for (int j = 0; j < RG; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int64_t b = blo; b <= bhi; ++b) {
+            const int64_t ba = b * T / B;
+            if (ba >= (b + 1) * T / B) continue;
+            const float *src = a.ws + (b * 2 + (tt == ba / NC ? 0 : 1)) * FRAG;
+#pragma unroll
+            for (int j = 0; j < RG; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) s[j][r] += __ldcg(src + (j * 4 + r) * 32 + lane);
+        }
+        k3sks_store<RG>(a, tt, s, lane);
+        if (lane == 0) a.counters[tt] = 0u;
+    }
+}
+
+template <int THREADS, int RG, int UNROLL, int MINB>
+static cudaError_t k3_skinny_stream_launch_t(const k3_skinny_stream_args &a, int grid,
+                                             cudaStream_t stream) {
+    const size_t smem = k3_skinny_stream_smem(THREADS, RG);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)grid);
+    lc.blockDim = dim3(THREADS);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = stream;
+    lc.attrs = a.pdl ? attr : nullptr;
+    lc.numAttrs = a.pdl ? 1 : 0;
+    cudaError_t e;
+    if (a.M <= 8) {
+        auto *k = k3_skinny_stream_kernel<THREADS, RG, UNROLL, MINB, 1>;
+        if (smem > 48 * 1024 &&
+            (e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem)) != cudaSuccess)
+            return e;
+        e = cudaLaunchKernelEx(&lc, k, a);
+    } else {
+        auto *k = k3_skinny_stream_kernel<THREADS, RG, UNROLL, MINB, 2>;
+        if (smem > 48 * 1024 &&
+            (e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem)) != cudaSuccess)
+            return e;
+        e = cudaLaunchKernelEx(&lc, k, a);
+    }
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/* CTAs of one stream configuration that fit on one SM at once (0: not instantiated or the
+ * query failed), for the M <= 8 (mt = 1) or M <= 16 (mt = 2) instantiation. */
+static int k3_skinny_stream_resident(int threads, int rg, int unroll, int minb, int mt) {
+    int n = 0;
+#define K3_SKS_OCC(T_, R_, U_, B_)                                                         \
+    if (threads == (T_) && rg == (R_) && unroll == (U_) && minb == (B_)) {                 \
+        const size_t smem = k3_skinny_stream_smem(T_, R_);                                 \
+        auto *k = mt == 1 ? k3_skinny_stream_kernel<T_, R_, U_, B_, 1>                     \
+                          : k3_skinny_stream_kernel<T_, R_, U_, B_, 2>;                    \
+        if (smem > 48 * 1024)                                                              \
+            (void)cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                       (int)smem);                                         \
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, T_, smem) != cudaSuccess) \
+            n = 0;                                                                         \
+        (void)cudaGetLastError();                                                          \
+        return n;                                                                          \
+    }
+    K3_SKINNY_STREAM_CONFIGS(K3_SKS_OCC)
+#undef K3_SKS_OCC
+    return 0;
+}
+
+/* Launches one stream configuration with `grid` CTAs (the caller sizes it: at most the CTAs
+ * resident at once, k3_skinny_stream_resident x SMs, so the grid is one wave).
+ * cudaErrorInvalidValue when the triple is not instantiated or the problem is out of range
+ * (M 1..16, K % 8, x and w 16-byte aligned, ws and counters present, grid >= 1). */
+static cudaError_t k3_skinny_stream_launch(int threads, int rg, int unroll, int minb, int grid,
+                                           const k3_skinny_stream_args &a, cudaStream_t stream) {
+    if (a.M < 1 || a.M > K3_SKINNY_MAX_M || a.N < 0 || a.K < 0 || a.K % K3_SKINNY_VEC ||
+        ((uintptr_t)a.x & 15) || ((uintptr_t)a.w & 15) || !a.y || !a.ws || !a.counters ||
+        grid < 1 || rg < 1 ||
+        k3_skinny_stream_tiles(rg, a.N) * ((a.K / 8 + 3) / 4) > INT32_MAX)
+        return cudaErrorInvalidValue;
+    if (a.N == 0 || a.K == 0) return cudaSuccess;
+#define K3_SKS_LAUNCH(T_, R_, U_, B_)                                                      \
+    if (threads == (T_) && rg == (R_) && unroll == (U_) && minb == (B_))                   \
+        return k3_skinny_stream_launch_t<T_, R_, U_, B_>(a, grid, stream);
+    K3_SKINNY_STREAM_CONFIGS(K3_SKS_LAUNCH)
+#undef K3_SKS_LAUNCH
+    return cudaErrorInvalidValue;
+}
+
+#endif /* __CUDACC__ (stream kernel) */
 #endif /* K3_LINEAR_SKINNY_CUH */
