@@ -412,6 +412,12 @@ typedef struct k3_plan_entry {
     int m;              /* token count 1..K3_PLAN_MAX_M */
     const char *kernel; /* "skinny" or a full kernel name */
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
+    int ctas_per_sm;    /* skinny stream kernel: CTAs per SM of its one-wave grid (0 = default) */
+    /* 1: the caller promises that no kernel still in flight when this method's kernel starts
+     * writes w (weights loaded once, never rewritten during a decode step), so the skinny
+     * kernel may load w before it waits for the previous kernel (programmatic dependent
+     * launch); 0: w is read only after that wait, like every other input. */
+    int static_weights;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

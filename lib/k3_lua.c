@@ -1379,12 +1379,26 @@ static int l_method_default(lua_State *L) {
 }
 
 #define MAX_PLAN 64
-/* k3.method.low_latency(plan): plan = {[M] = {kernel = "skinny", config = {threads =, rows =,
- * unroll =, vec =, split_k =}}, ...}. Declined calls run the owned default method. */
+/* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
+ * rows =, unroll =, vec =, split_k =, ctas_per_sm =}}, ...}; opts.static_weights = true
+ * promises that no kernel in flight writes the weights (k3_plan_entry.static_weights).
+ * Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
     const char *fname = "low_latency";
     k3_plan_entry e[MAX_PLAN];
-    int n = 0;
+    int n = 0, static_weights = 0;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        static const char *const opt_keys[] = {"static_weights", NULL};
+        check_option_keys(L, 2, opt_keys, 2, fname);
+        lua_getfield(L, 2, "static_weights");
+        if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+            return luaL_error(L, "bad argument #2 to '%s' (static_weights must be a boolean; "
+                                 "got %s)",
+                              fname, luaL_typename(L, -1));
+        static_weights = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     if (!lua_isnoneornil(L, 1)) {
         luaL_checktype(L, 1, LUA_TTABLE);
         lua_settop(L, 1);
@@ -1410,6 +1424,7 @@ static int l_method_low_latency(lua_State *L) {
                                   MAX_PLAN);
             memset(&e[n], 0, sizeof e[n]);
             e[n].m = (int)m;
+            e[n].static_weights = static_weights;
             int entry = lua_gettop(L);
             static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
             check_option_keys(L, entry, entry_keys, 1, fname);
@@ -1422,13 +1437,14 @@ static int l_method_low_latency(lua_State *L) {
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
                 static const char *const cfg_keys[] = {"threads", "rows", "unroll", "vec",
-                                                       "split_k", NULL};
+                                                       "split_k", "ctas_per_sm", NULL};
                 check_option_keys(L, cfg, cfg_keys, 1, fname);
                 e[n].threads = (int)int_field(L, cfg, "threads", 0, 0, 1, fname);
                 e[n].rows = (int)int_field(L, cfg, "rows", 0, 0, 1, fname);
                 e[n].unroll = (int)int_field(L, cfg, "unroll", 0, 0, 1, fname);
                 e[n].vec = (int)int_field(L, cfg, "vec", 0, 0, 1, fname);
                 e[n].split_k = (int)int_field(L, cfg, "split_k", 0, 0, 1, fname);
+                e[n].ctas_per_sm = (int)int_field(L, cfg, "ctas_per_sm", 0, 0, 1, fname);
             } else if (!lua_isnil(L, -1)) {
                 return luaL_error(L, "bad argument #1 to '%s' (plan[%I].config must be a table; "
                                      "got %s)",

@@ -240,8 +240,10 @@ refresh_policy_view()
 -- ---- linear methods and plans -----------------------------------------------------------------
 
 --- k3.method.default() -> the default linear method (the policy's linear candidates).
---- k3.method.low_latency(plan) -> a low-latency method over plan {[M] = {kernel = "skinny",
---- config = {...}}}; it owns a default method that serves every call it declines.
+--- k3.method.low_latency(plan[, {static_weights = true}]) -> a low-latency method over plan
+--- {[M] = {kernel = "skinny", config = {...}}}; it owns a default method that serves every call
+--- it declines. static_weights: no kernel still running when the method's kernel starts writes
+--- w, so the skinny kernel may start streaming w before the previous kernel ends.
 --- m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> {op =, chosen =,
 --- declined =}: where apply would raise (invalid arguments, or no kernel accepts the call),
 --- explain returns chosen = nil, the method's declines and error = apply's message.
