@@ -453,8 +453,9 @@ static cudaError_t k3_skinny_launch_split(int threads, int rows, int unroll, int
  * k = 8t..8t+7 of the chunk) and UNROLL (MT = 2: 2 x UNROLL) 16-byte loads of x (tokens g
  * and g + 8), then RG x UNROLL pairs of mma.m16n8k16 with the tokens as the MMA's M and the
  * 8 rows as its N (the k permutation is the same for x and w, so each dot product is an
- * exact sum of the right products). The next step's w loads are issued before this step's
- * MMAs (two register stages), so a lane keeps UNROLL x RG x 16 bytes of w in flight.
+ * exact sum of the right products). A step's w loads are issued right after the previous
+ * step's MMAs and all its loads before its own MMAs, so a lane keeps UNROLL x RG x 16 bytes
+ * of w in flight while its warp waits.
  *
  * Reduction, in a fixed order (deterministic, whoever finishes first):
  *   - a tile one warp covers whole: that warp adds the residual, rounds and writes y;
@@ -504,6 +505,20 @@ static inline size_t k3_skinny_stream_ws_bytes(int rg, int64_t grid) {
 }
 static inline int64_t k3_skinny_stream_tiles(int rg, int N) {
     return rg > 0 && N > 0 ? ((int64_t)N + 8 * rg - 1) / (8 * rg) : 0;
+}
+
+/* The largest rg and CTAs per SM the scratch of a launch is sized for. */
+#define K3_SKINNY_STREAM_MAX_RG 4
+#define K3_SKINNY_STREAM_MAX_CPS 4
+
+/* Whether (threads, rows = 8 * rg, unroll) is an instantiated stream configuration; *minb =
+ * its register cap's CTAs per SM. */
+static inline bool k3_skinny_stream_instantiated(int threads, int rg, int unroll, int *minb) {
+#define K3_SKS_MATCH(T_, R_, U_, B_)                                                       \
+    if (threads == (T_) && rg == (R_) && unroll == (U_)) return *minb = (B_), true;
+    K3_SKINNY_STREAM_CONFIGS(K3_SKS_MATCH)
+#undef K3_SKS_MATCH
+    return false;
 }
 
 #if defined(__CUDACC__)
