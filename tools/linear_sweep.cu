@@ -8,20 +8,13 @@
  * weight declared static (w loads issued before griddepcontrol.wait). Built and run by
  * scripts/linear-sweep.
  *
- * Method: weights uniform in (-sqrt(3/K), sqrt(3/K)) and activations in (-1, 1), never zero,
- * weights rotated over copies totalling >= 4x L2; every measurement is a CUDA graph of L
- * back-to-back calls in which call j reads w copy j % copies and the x that call j - 1 wrote
- * (each call's y buffer is the next call's x buffer, the decode chain's data dependency; the
- * weight scale keeps the chain's values near unit size), replayed after warm-up, median of
- * the replays / L. Every candidate is checked before it is timed: its output, poisoned with
- * NaN first, against cuBLAS on the same input, twice (bit-identical: deterministic, counters
- * reset); each PDL mode also runs a 4-call chain whose y buffers start as NaN, and each
- * link must match cuBLAS on the x it was given (a link that read x before its predecessor
- * wrote it reads NaN and fails).
+ * Method (tools/linear_bench.cuh): every measurement is a CUDA graph of L back-to-back calls
+ * over rotated weights, each call reading as x what the previous one wrote, replayed after
+ * warm-up, median of the replays / L; every candidate is checked against cuBLAS before it is
+ * timed (NaN-poisoned output, twice, and a NaN-seeded chain for the PDL modes).
  */
 #define K3_TOOL_NAME "linear-sweep"
-#include "../kernels/linear_skinny.cuh"
-#include "bench_common.cuh"
+#include "linear_bench.cuh"
 #include "read_limit.cuh"
 
 #include <cmath>
@@ -69,16 +62,6 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
     return plan;
 }
 
-struct StreamCfg {
-    int threads, rg, unroll, minb, ctas_per_sm;
-};
-static std::string cfg_name(const StreamCfg &c) {
-    char b[64];
-    snprintf(b, sizeof b, "t%dr%du%db%dc%d", c.threads, 8 * c.rg, c.unroll, c.minb, c.ctas_per_sm);
-    return b;
-}
-static const char *MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
-
 static std::vector<int> parse_ms(const char *s) {
     std::vector<int> v;
     while (*s) {
@@ -118,6 +101,13 @@ struct Row {
     double best_us[3];
     std::string best_cfg[3];
 };
+
+/* "t256r16u4c1": a stream candidate's configuration without its launch mode. */
+static std::string cfg_name(const k3t_cand &c) {
+    char b[64];
+    snprintf(b, sizeof b, "t%dr%du%dc%d", c.threads, c.rows, c.unroll, c.ctas_per_sm);
+    return b;
+}
 
 static double geomean(const std::vector<double> &v) {
     if (v.empty()) return 0;
@@ -184,35 +174,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "linear-sweep: cannot write %s/sweep.csv\n", outdir.c_str());
         return 1;
     }
-    fprintf(csv, "N,K,M,kernel,config,mode,us,status\n");
+    fprintf(csv, "N,K,M,candidate,mode,us,status\n");
 
-    /* The stream configurations and their grids: 1 and 2 CTAs per SM where that many fit. */
-    std::vector<StreamCfg> cfgs;
-#define K3_SW_ADD(T_, R_, U_, B_)                                                          \
-    for (int c = 1; c <= 2; c++) {                                                         \
-        const int r1 = k3_skinny_stream_resident(T_, R_, U_, B_, 1);                       \
-        const int r2 = k3_skinny_stream_resident(T_, R_, U_, B_, 2);                       \
-        if (std::min(r1, r2) >= c) cfgs.push_back(StreamCfg{T_, R_, U_, B_, c});           \
-        else fprintf(stderr, "linear-sweep: t%d r%d u%d: %d CTA(s)/SM resident (M<=8), %d (M<=16); no c%d\n", \
-                     T_, 8 * R_, U_, r1, r2, c);                                           \
-    }
-    K3_SKINNY_STREAM_CONFIGS(K3_SW_ADD)
-#undef K3_SW_ADD
-
-    /* Scratch: stream partials and counters, split-K partials and counters for the plan. */
-    const int n_counters = 65536;
-    unsigned *counters = nullptr, *plan_counters = nullptr;
-    float *ws = nullptr, *plan_ws = nullptr;
-    const size_t ws_bytes = k3_skinny_stream_ws_bytes(4, 2 * sms), plan_ws_bytes = 32u << 20;
-    CK(cudaMalloc(&counters, n_counters * sizeof(unsigned)));
-    CK(cudaMalloc(&plan_counters, n_counters * sizeof(unsigned)));
-    CK(cudaMemset(counters, 0, n_counters * sizeof(unsigned)));
-    CK(cudaMemset(plan_counters, 0, n_counters * sizeof(unsigned)));
-    CK(cudaMalloc(&ws, ws_bytes));
-    CK(cudaMalloc(&plan_ws, plan_ws_bytes));
-    const std::vector<k3t_read_shape> rshapes = k3t_read_shapes();
+    const std::vector<k3t_cand> cands = k3t_stream_cands(7u);
+    k3t_scratch scr;
+    k3t_scratch_init(scr, sms);
     int64_t out_words = 0;
-    for (const auto &r : rshapes) out_words = std::max(out_words, k3t_read_out_words(r, sms));
+    for (const auto &r : k3t_read_shapes()) out_words = std::max(out_words, k3t_read_out_words(r, sms));
     unsigned *rl_out = nullptr;
     CK(cudaMalloc(&rl_out, out_words * sizeof(unsigned)));
 
@@ -224,46 +192,29 @@ int main(int argc, char **argv) {
     const time_t t0 = time(nullptr);
 
     for (const Shape &s : shapes) {
-        const size_t wn = (size_t)s.N * s.K, wbytes = wn * 2;
-        const int copies = (int)std::max<size_t>(3, (4 * l2 + wbytes - 1) / wbytes + 1);
-        const int L = std::max(20, copies);
-        const size_t bn = (size_t)K3_SKINNY_MAX_M * std::max(s.N, s.K); /* chain buffer */
-        uint16_t *w = nullptr, *chain = nullptr, *x0 = nullptr, *y = nullptr, *yref = nullptr;
-        CK(cudaMalloc(&w, wbytes * copies));
-        CK(cudaMalloc(&chain, bn * 2 * L));
-        CK(cudaMalloc(&x0, (size_t)K3_SKINNY_MAX_M * s.K * 2));
-        CK(cudaMalloc(&y, bn * 2));
-        CK(cudaMalloc(&yref, bn * 2));
-        k3t_fill(w, wn * copies, 1000 + s.N * 7 + s.K, std::sqrt(3.0f / s.K), t.s);
-        k3t_fill(chain, bn * L, 77 + s.N, 1.0f, t.s);
-        k3t_fill(x0, (size_t)K3_SKINNY_MAX_M * s.K, 7 + s.K, 1.0f, t.s);
-        CK(cudaStreamSynchronize(t.s));
-        auto wcopy = [&](int j) { return w + (size_t)(j % copies) * wn; };
-        auto cbuf = [&](int j) { return chain + (size_t)(((j % L) + L) % L) * bn; };
-
+        k3t_shape b;
+        k3t_shape_alloc(b, s.N, s.K, l2, t.s);
+        const size_t wbytes = b.wn * 2;
+        const int L = b.L;
         /* The read limit of these bytes: best of the sweep, plain and chained with PDL. */
         if (!read_cache.count(wbytes)) {
-            double best[2] = {1e30, 1e30};
+            double best[2];
             for (int pdl = 0; pdl < 2; pdl++)
-                for (const auto &r : rshapes) {
-                    const double us = k3t_time_calls(t, L, [&](int j) {
-                        return k3t_read_launch(r, sms, wcopy(j), wbytes, rl_out, pdl != 0, t.s) ==
-                               cudaSuccess;
+                best[pdl] = k3t_read_limit(
+                    t, sms, b.w, wbytes, b.copies, L, rl_out, pdl != 0, nullptr,
+                    [&](const k3t_read_shape &r, double us) {
+                        fprintf(csv, "%d,%d,0,read %s,%s,%.3f,%s\n", s.N, s.K,
+                                k3t_read_shape_name(r).c_str(), pdl ? "pdl" : "plain", us,
+                                us > 0 ? "ok" : "failed");
                     });
-                    fprintf(csv, "%d,%d,0,read,c%dt%du%d%s,%s,%.3f,%s\n", s.N, s.K, r.ctas_per_sm,
-                            r.threads, r.unroll, r.contig ? "contig" : "stride",
-                            pdl ? "pdl" : "plain", us, us > 0 ? "ok" : "failed");
-                    if (us > 0) best[pdl] = std::min(best[pdl], us);
-                }
             read_cache[wbytes] = {best[0], best[1]};
         }
         const double read_us = read_cache[wbytes].first, read_pdl_us = read_cache[wbytes].second;
         char shape_key[32];
         snprintf(shape_key, sizeof shape_key, "%dx%d", s.N, s.K);
 
-        std::vector<uint16_t> href(bn), hy(bn), hprev(bn);
+        std::vector<uint16_t> href;
         for (int M : ms) {
-            const size_t ny = (size_t)M * s.N;
             Row row;
             row.s = s;
             row.M = M;
@@ -271,99 +222,26 @@ int main(int argc, char **argv) {
             row.read_pdl_us = read_pdl_us;
             row.plan_us = -1;
             for (int k = 0; k < 3; k++) row.best_us[k] = -1;
-            /* reference: cuBLAS on x0 and copy 0 */
-            CK(cudaMemsetAsync(yref, 0xff, ny * 2, t.s));
-            if (!k3t_cublas_linear(h, x0, w, yref, M, s.N, s.K)) {
-                fprintf(stderr, "linear-sweep: cuBLAS failed on %s M=%d\n", shape_key, M);
-                return 1;
-            }
-            CK(cudaMemcpyAsync(href.data(), yref, ny * 2, cudaMemcpyDeviceToHost, t.s));
-            CK(cudaStreamSynchronize(t.s));
-            row.cublas_us = k3t_time_calls(t, L, [&](int j) {
-                return k3t_cublas_linear(h, cbuf(j - 1), wcopy(j), cbuf(j), M, s.N, s.K);
+            k3t_reference(h, b, M, t.s, href);
+            row.cublas_us = k3t_time_chain(t, b, [&](const uint16_t *x, const uint16_t *w, uint16_t *y) {
+                return k3t_cublas_linear(h, x, w, y, M, s.N, s.K) ? cudaSuccess : cudaErrorUnknown;
             });
-            fprintf(csv, "%d,%d,%d,cublas,-,plain,%.3f,ok\n", s.N, s.K, M, row.cublas_us);
+            fprintf(csv, "%d,%d,%d,cublas,plain,%.3f,ok\n", s.N, s.K, M, row.cublas_us);
 
-            /* One candidate: check (twice, bit-identical), chain check for PDL, then time.
-             * launch(x, w, y, mode) enqueues one call. */
-            auto run_candidate = [&](const char *kernel, const std::string &cname, int mode,
-                                     auto launch) -> double {
-                const char *status = "ok";
-                for (int pass = 0; pass < 2 && !strcmp(status, "ok"); pass++) {
-                    CK(cudaMemsetAsync(y, 0xff, ny * 2, t.s));
-                    if (launch(x0, w, y, mode) != cudaSuccess) {
-                        (void)cudaGetLastError();
-                        status = "launch-failed";
-                        break;
-                    }
-                    cudaError_t se = cudaStreamSynchronize(t.s);
-                    if (se != cudaSuccess) {
-                        fprintf(stderr, "linear-sweep: %s %s crashed on %s M=%d: %s\n", kernel,
-                                cname.c_str(), shape_key, M, cudaGetErrorString(se));
-                        exit(1);
-                    }
-                    if (pass) hprev = hy;
-                    CK(cudaMemcpy(hy.data(), y, ny * 2, cudaMemcpyDeviceToHost));
-                    size_t first = 0, bad = k3t_mismatches(hy, href, ny, &first);
-                    if (bad) {
-                        status = "wrong";
-                        fprintf(stderr,
-                                "linear-sweep: WRONG %s %s %s on %s M=%d: %zu of %zu differ from "
-                                "cuBLAS (first [%zu, %zu]: %g vs %g)\n",
-                                kernel, cname.c_str(), MODE_NAME[mode], shape_key, M, bad, ny,
-                                first / s.N, first % s.N, k3t_bf16_to_f32(hy[first]),
-                                k3t_bf16_to_f32(href[first]));
-                    } else if (pass && memcmp(hprev.data(), hy.data(), ny * 2)) {
-                        status = "not-deterministic";
-                        fprintf(stderr, "linear-sweep: %s %s on %s M=%d: two calls differ\n",
-                                kernel, cname.c_str(), shape_key, M);
-                    }
-                }
-                if (!strcmp(status, "ok") && mode > 0) {
-                    /* 4 chained calls, y buffers NaN where the previous link writes them */
-                    uint16_t *links[5] = {x0, cbuf(0), cbuf(1), cbuf(2), cbuf(3)};
-                    for (int k = 1; k <= 4; k++) {
-                        k3t_fill(links[k], bn, 900 + k, 1.0f, t.s);
-                        CK(cudaMemsetAsync(links[k], 0xff, ny * 2, t.s));
-                    }
-                    bool ok = true;
-                    for (int k = 0; k < 4 && ok; k++)
-                        ok = launch(links[k], wcopy(k + 1), links[k + 1], mode) == cudaSuccess;
-                    CK(cudaStreamSynchronize(t.s));
-                    for (int k = 0; k < 4 && ok; k++) {
-                        CK(cudaMemsetAsync(yref, 0xff, ny * 2, t.s));
-                        if (!k3t_cublas_linear(h, links[k], wcopy(k + 1), yref, M, s.N, s.K))
-                            ok = false;
-                        std::vector<uint16_t> r(ny);
-                        CK(cudaMemcpyAsync(r.data(), yref, ny * 2, cudaMemcpyDeviceToHost, t.s));
-                        CK(cudaMemcpyAsync(hy.data(), links[k + 1], ny * 2,
-                                           cudaMemcpyDeviceToHost, t.s));
-                        CK(cudaStreamSynchronize(t.s));
-                        size_t first = 0, bad = k3t_mismatches(hy, r, ny, &first);
-                        if (bad) {
-                            ok = false;
-                            fprintf(stderr,
-                                    "linear-sweep: WRONG in a chain: %s %s %s on %s M=%d, link %d: "
-                                    "%zu of %zu differ (first %g vs %g)\n",
-                                    kernel, cname.c_str(), MODE_NAME[mode], shape_key, M, k + 1,
-                                    bad, ny, k3t_bf16_to_f32(hy[first]),
-                                    k3t_bf16_to_f32(r[first]));
-                        }
-                    }
-                    /* the timing chain starts from fresh data */
-                    k3t_fill(chain, bn * L, 77 + s.N, 1.0f, t.s);
-                    if (!ok) status = "wrong-in-chain";
-                }
+            /* One candidate: checked, then timed over the chain; -1 when it failed. */
+            auto measure = [&](const k3t_cand &c, const std::string &label, int mode) -> double {
+                auto launch = [&](const uint16_t *x, const uint16_t *w, uint16_t *y) {
+                    return k3t_launch(c, scr, x, w, y, M, s.N, s.K, t.s);
+                };
+                const char *status = k3t_check(h, b, M, t.s, href, label, mode != K3T_PLAIN, launch);
                 double us = -1;
                 if (!strcmp(status, "ok")) {
-                    us = k3t_time_calls(t, L, [&](int j) {
-                        return launch(cbuf(j - 1), wcopy(j), cbuf(j), mode) == cudaSuccess;
-                    });
+                    us = k3t_time_chain(t, b, launch);
                     if (us < 0) status = "capture-failed";
                 }
                 if (strcmp(status, "ok")) failures++;
-                fprintf(csv, "%d,%d,%d,%s,%s,%s,%.3f,%s\n", s.N, s.K, M, kernel, cname.c_str(),
-                        MODE_NAME[mode], us, status);
+                fprintf(csv, "%d,%d,%d,%s,%s,%.3f,%s\n", s.N, s.K, M, label.c_str(),
+                        K3T_MODE_NAME[mode], us, status);
                 return us;
             };
 
@@ -373,61 +251,25 @@ int main(int argc, char **argv) {
                 const PlanEntry e = pe->second[M];
                 const int kw = k3_skinny_split_k(e.threads, e.rows);
                 const int kcta = kw ? e.split_k / kw : 0;
-                char b[64];
-                snprintf(b, sizeof b, "t%dr%du%ds%d", e.threads, e.rows, e.unroll, e.split_k);
-                row.plan_cfg = b;
-                row.plan_us = run_candidate(
-                    "plan", row.plan_cfg, 0,
-                    [&](const uint16_t *xx, const uint16_t *ww, uint16_t *yy, int) {
-                        k3_skinny_problem q = {};
-                        q.x = xx;
-                        q.w = ww;
-                        q.y = yy;
-                        q.y_s0 = s.N;
-                        q.y_s1 = 1;
-                        q.M = M;
-                        q.N = s.N;
-                        q.K = s.K;
-                        return kcta > 1 ? k3_skinny_launch_split(e.threads, e.rows, e.unroll,
-                                                                 kcta, q, plan_ws, plan_counters,
-                                                                 t.s)
-                                        : k3_skinny_launch(e.threads, e.rows, e.unroll, q, t.s);
-                    });
+                const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
+                                    e.unroll, kcta, 0, 0, K3T_PLAIN};
+                row.plan_cfg = k3t_cand_name(c);
+                if (k3t_cand_fits(c, scr, M, s.N)) row.plan_us = measure(c, "plan " + row.plan_cfg, K3T_PLAIN);
             }
 
-            for (const StreamCfg &c : cfgs) {
+            for (const k3t_cand &c : cands) {
+                if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                 const std::string cn = cfg_name(c);
-                const int grid = c.ctas_per_sm * sms;
-                for (int mode = 0; mode < 3; mode++) {
-                    const double us = run_candidate(
-                        "stream", cn, mode,
-                        [&](const uint16_t *xx, const uint16_t *ww, uint16_t *yy, int md) {
-                            k3_skinny_stream_args a = {};
-                            a.x = (const uint4 *)xx;
-                            a.w = (const uint4 *)ww;
-                            a.y = yy;
-                            a.y_s0 = s.N;
-                            a.y_s1 = 1;
-                            a.M = M;
-                            a.N = s.N;
-                            a.K = s.K;
-                            a.ws = ws;
-                            a.counters = counters;
-                            a.pdl = md > 0;
-                            a.static_w = md == 2;
-                            return k3_skinny_stream_launch(c.threads, c.rg, c.unroll, c.minb, grid, a,
-                                                           t.s);
-                        });
-                    if (us <= 0) continue;
-                    if (row.best_us[mode] < 0 || us < row.best_us[mode]) {
-                        row.best_us[mode] = us;
-                        row.best_cfg[mode] = cn;
-                    }
-                    char key[96];
-                    snprintf(key, sizeof key, "%s %s M=%d", cn.c_str(), MODE_NAME[mode], M);
-                    by_cfg[key].push_back(row.cublas_us / us);
-                    frac_cfg[key].push_back((mode == 2 ? read_pdl_us : read_us) / us);
+                const double us = measure(c, "stream " + cn, c.mode);
+                if (us <= 0) continue;
+                if (row.best_us[c.mode] < 0 || us < row.best_us[c.mode]) {
+                    row.best_us[c.mode] = us;
+                    row.best_cfg[c.mode] = cn;
                 }
+                char key[96];
+                snprintf(key, sizeof key, "%s %s M=%d", cn.c_str(), K3T_MODE_NAME[c.mode], M);
+                by_cfg[key].push_back(row.cublas_us / us);
+                frac_cfg[key].push_back((c.mode == K3T_PDL_STATIC ? read_pdl_us : read_us) / us);
             }
             rows.push_back(row);
             fflush(csv);
@@ -435,11 +277,7 @@ int main(int argc, char **argv) {
                     (long)(time(nullptr) - t0), shape_key, M, read_us, read_pdl_us,
                     row.cublas_us, row.plan_us, row.best_us[0], row.best_us[1], row.best_us[2]);
         }
-        CK(cudaFree(w));
-        CK(cudaFree(chain));
-        CK(cudaFree(x0));
-        CK(cudaFree(y));
-        CK(cudaFree(yref));
+        k3t_shape_free(b);
     }
     fclose(csv);
 
@@ -492,19 +330,22 @@ int main(int argc, char **argv) {
              100 * vmin(fr[0][1]), 100 * vmin(fr[1][0]), 100 * vmin(fr[1][1]));
     printf("\nper configuration (all shapes): geomean cuBLAS/us, min read-limit fraction\n");
     if (tf) fprintf(tf, "\nper configuration (all shapes): geomean cuBLAS/us, min read-limit fraction\n");
-    for (const StreamCfg &c : cfgs)
+    std::vector<std::string> names;
+    for (const k3t_cand &c : cands)
+        if (c.mode == K3T_PLAIN) names.push_back(cfg_name(c));
+    for (const std::string &cn : names)
         for (int mode = 0; mode < 3; mode++) {
-            std::string line = cfg_name(c) + " " + MODE_NAME[mode] + ":";
+            std::string line = cn + " " + K3T_MODE_NAME[mode] + ":";
             for (int M : ms) {
-                char key[96], b[96];
-                snprintf(key, sizeof key, "%s %s M=%d", cfg_name(c).c_str(), MODE_NAME[mode], M);
-                snprintf(b, sizeof b, "  M=%d %.2fx %.0f%%", M, geomean(by_cfg[key]),
+                char key[96], bb[96];
+                snprintf(key, sizeof key, "%s %s M=%d", cn.c_str(), K3T_MODE_NAME[mode], M);
+                snprintf(bb, sizeof bb, "  M=%d %.2fx %.0f%%", M, geomean(by_cfg[key]),
                          100 * vmin(frac_cfg[key]));
-                line += b;
+                line += bb;
             }
             line += "\n";
             if (tf) fputs(line.c_str(), tf);
-            if (mode != 1) fputs(line.c_str(), stdout);
+            if (mode != K3T_PDL) fputs(line.c_str(), stdout);
         }
     printf("\n%s%d candidate failures (see stderr); full table %s/sweep.txt, every timing %s/sweep.csv\n",
            sum, failures, outdir.c_str(), outdir.c_str());

@@ -16,13 +16,6 @@
 
 #include <string>
 
-static std::string shape_name(const k3t_read_shape &r) {
-    char b[64];
-    snprintf(b, sizeof b, "c%dt%du%d%s", r.ctas_per_sm, r.threads, r.unroll,
-             r.contig ? "contig" : "stride");
-    return b;
-}
-
 int main(int argc, char **argv) {
     std::vector<long long> sizes;
     const char *json_path = nullptr;
@@ -79,19 +72,14 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&buf, bytes * copies));
         k3t_fill(buf, bytes / 2 * copies, 4242 + si, 1.0f, t.s);
         CK(cudaStreamSynchronize(t.s));
-        double best[2] = {1e30, 1e30};
+        double best[2];
         std::string best_name[2];
-        for (int pdl = 0; pdl < 2; pdl++)
-            for (const auto &r : shapes) {
-                const double us = k3t_time_calls(t, L, [&](int j) {
-                    return k3t_read_launch(r, sms, (const char *)buf + (size_t)(j % copies) * bytes,
-                                           bytes, out, pdl != 0, t.s) == cudaSuccess;
-                });
-                if (us > 0 && us < best[pdl]) {
-                    best[pdl] = us;
-                    best_name[pdl] = shape_name(r);
-                }
-            }
+        for (int pdl = 0; pdl < 2; pdl++) {
+            k3t_read_shape r = {};
+            best[pdl] = k3t_read_limit(t, sms, buf, bytes, copies, L, out, pdl != 0, &r,
+                                       [](const k3t_read_shape &, double) {});
+            best_name[pdl] = k3t_read_shape_name(r);
+        }
         CK(cudaFree(buf));
         if (best[0] > 1e29 || best[1] > 1e29) {
             fprintf(stderr, "read-limit: no launch shape could be timed for %zu bytes\n", bytes);

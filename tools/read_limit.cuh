@@ -20,9 +20,12 @@
 #ifndef K3_TOOLS_READ_LIMIT_CUH
 #define K3_TOOLS_READ_LIMIT_CUH
 
+#include "bench_common.cuh"
+
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <string>
 #include <vector>
 
 static __device__ __forceinline__ uint4 k3rl_load(const uint4 *p) {
@@ -115,6 +118,35 @@ static inline cudaError_t k3t_read_launch(const k3t_read_shape &s, int sms, cons
     K3RL_CASE(1024, 4) K3RL_CASE(1024, 8)
 #undef K3RL_CASE
     return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+static inline std::string k3t_read_shape_name(const k3t_read_shape &r) {
+    char b[64];
+    snprintf(b, sizeof b, "c%dt%du%d%s", r.ctas_per_sm, r.threads, r.unroll,
+             r.contig ? "contig" : "stride");
+    return b;
+}
+
+/* The read limit of `bytes`: the best (smallest) median µs per read over k3t_read_shapes(),
+ * each timed as a graph of L reads, read j streaming copy j % copies of base (copies of
+ * `bytes` bytes each, back to back); chained with PDL when pdl. *best = the winning shape;
+ * each(shape, us) sees every timing (us < 0: it failed). 1e30 when none could be timed. */
+template <class F>
+static double k3t_read_limit(k3t_timer &t, int sms, const void *base, size_t bytes, int copies,
+                             int L, unsigned *out, bool pdl, k3t_read_shape *best, F each) {
+    double best_us = 1e30;
+    for (const auto &r : k3t_read_shapes()) {
+        const double us = k3t_time_calls(t, L, [&](int j) {
+            return k3t_read_launch(r, sms, (const char *)base + (size_t)(j % copies) * bytes,
+                                   bytes, out, pdl, t.s) == cudaSuccess;
+        });
+        each(r, us);
+        if (us > 0 && us < best_us) {
+            best_us = us;
+            if (best) *best = r;
+        }
+    }
+    return best_us;
 }
 
 #endif /* K3_TOOLS_READ_LIMIT_CUH */
