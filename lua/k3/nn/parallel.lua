@@ -65,10 +65,11 @@ local function materialize(view, opts)
 end
 
 -- The method for a local weight: the low-latency one when this device has a plan for the
--- local shape (it owns a default method for everything it declines), else the default.
+-- local shape (it owns a default method for everything it declines; the weights static, as
+-- nn.default_method says), else the default.
 function P.method_for(w)
   local plan = k3.plan_for(w)
-  if plan then return k3.method.low_latency(plan) end
+  if plan then return k3.method.low_latency(plan, {static_weights = true}) end
   return k3.method.default()
 end
 
