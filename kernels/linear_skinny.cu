@@ -320,7 +320,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
     if (s != K3_OK) return k3_error(s, "linear: cuda.linear.skinny: %s", why);
 
     k3_skinny_problem p = {};
-    k3_skinny_knobs(&p.pdl, &p.prefetch_bytes);
     p.x = k3_tensor_data(l->x);
     p.w = k3_tensor_data(l->w);
     p.res = l->residual ? k3_tensor_data(l->residual) : NULL;

@@ -14,14 +14,6 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
- * Launch modes (opt-in, unmeasured: K3_SKINNY_PDL=1, K3_SKINNY_PREFETCH_MB=n). With PDL a
- * launch carries the programmatic-dependent-launch attribute: a kernel that follows on the
- * stream and was launched the same way may start while this one drains, and this one, once
- * resident, can ask the L2 to prefetch the head of its rows of w before it waits for its
- * predecessor (griddepcontrol.wait). The aim is a chain of decode projections that streams
- * weights without the launch gap and first-load latency between them (the ~3.5 µs above the
- * floor every shape shows); see k3_skinny_problem for the exact contract.
- *
  * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
  * (16-byte loads) and split_k = the number of K-slices per row group IN TOTAL:
  *   split_k = kw * kcta,  kw = threads / 32 / (rows / 8)  (warps of one CTA on a row group)
@@ -46,7 +38,6 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 /* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
 #define K3_SKINNY_CONFIGS(X)                                                              \
@@ -75,51 +66,7 @@ typedef struct k3_skinny_problem {
     void *y;
     int64_t y_s0, y_s1;
     int M, N, K;
-    /* Launch knobs (k3_skinny_knobs gives the process defaults):
-     * pdl: launch with programmatic dependent launch (PDL). The kernel lets the next PDL
-     *   kernel on the stream start as soon as all its CTAs are running, and it waits for the
-     *   previous kernel (griddepcontrol.wait) before it reads x or res and before it writes
-     *   anything, so the only work that overlaps the previous kernel is the L2 prefetch of w.
-     * prefetch_bytes: bytes of w, over the whole launch, that the CTAs ask the L2 to prefetch
-     *   (cp.async.bulk.prefetch.L2) before that wait: the first min(K * 2, prefetch_bytes / N)
-     *   bytes of each row (of each row's K-slice for split-K across CTAs), rounded down to 16.
-     *   A prefetch is only a cache hint: L2 is coherent, so it is correct whatever the
-     *   previous kernel writes. 0 = none. */
-    int pdl;
-    int64_t prefetch_bytes;
 } k3_skinny_problem;
-
-/* The launch knobs' process defaults, read once: PDL on when K3_SKINNY_PDL=1; a prefetch
- * budget of K3_SKINNY_PREFETCH_MB megabytes (a value under half of the H100/H200's 50-60 MB
- * L2 keeps the prefetched head of one launch from evicting its own tail). Both default to
- * OFF: they were written without device time to measure them (notes/PERF.md, "v3"), and a
- * launch mode enters the defaults only once scripts/autotune and scripts/bench show it wins
- * on the machine. Malformed values (not 0/1, negative or non-numeric MB) count as off. */
-static inline void k3_skinny_knobs(int *pdl, int64_t *prefetch_bytes) {
-    static int s_pdl = -1;
-    static int64_t s_pref = -1;
-    if (s_pdl < 0) {
-        const char *e = getenv("K3_SKINNY_PDL");
-        const char *m = getenv("K3_SKINNY_PREFETCH_MB");
-        char *end = NULL;
-        const double mb = m && *m ? strtod(m, &end) : 0.0;
-        s_pref = m && *m && end && !*end && mb > 0 && mb < 1048576.0
-                     ? (int64_t)(mb * 1048576.0) : 0;
-        s_pdl = e && e[0] == '1' && !e[1] ? 1 : 0;
-    }
-    *pdl = s_pdl;
-    *prefetch_bytes = s_pref;
-}
-
-/* Bytes per row (of a row's K-slice when kcta >= 2) the kernel prefetches; see above. */
-static inline int k3_skinny_prefetch_per_row(const k3_skinny_problem &p, int kcta) {
-    if (p.prefetch_bytes <= 0 || p.N <= 0 || p.K <= 0) return 0;
-    const int64_t slice = ((int64_t)p.K * 2 + kcta - 1) / (kcta > 1 ? kcta : 1);
-    int64_t per = p.prefetch_bytes / p.N;
-    if (per > slice) per = slice + 15; /* the kernel clips to the slice's end */
-    if (per > INT32_MAX) per = INT32_MAX;
-    return (int)(per & ~(int64_t)15);
-}
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
 static inline int k3_skinny_split_k(int threads, int rows) {
@@ -234,8 +181,7 @@ __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
                      uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K, float *__restrict__ ws, unsigned *__restrict__ counters,
-                     int pdl, int prefetch) {
+                     int K, float *__restrict__ ws, unsigned *__restrict__ counters) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -266,26 +212,6 @@ __global__ void __launch_bounds__(THREADS)
         cbeg = (int)((int64_t)nchunk * blockIdx.y / gridDim.y);
         cend = (int)((int64_t)nchunk * (blockIdx.y + 1) / gridDim.y);
     }
-
-    /* PDL (see k3_skinny_problem): let the next kernel launch, prefetch the head of this
-     * CTA's rows of w into L2 (a prefetch is only a cache fill, and L2 is coherent, so it is
-     * right whatever the previous kernel writes), then wait for the previous kernel: nothing
-     * of x, res, y, ws or counters is touched before this wait. Both griddepcontrol
-     * instructions are documented no-ops in a launch without the PDL attribute; the uniform
-     * branches keep the default launch (pdl = prefetch = 0) to the measured instruction
-     * stream. */
-    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (prefetch > 0 && threadIdx.x < ROWS) {
-        const int64_t prow = (int64_t)blockIdx.x * ROWS + threadIdx.x;
-        const int64_t beg = (int64_t)cbeg * 64, end = min((int64_t)cend * 64, (int64_t)K * 2);
-        const int64_t bytes = min((int64_t)prefetch, end - beg) & ~(int64_t)15;
-        if (prow < N && bytes > 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
-                             (const char *)w + prow * (int64_t)K * 2 + beg),
-                         "r"((unsigned)bytes)
-                         : "memory");
-    }
-    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = cbeg + kw * UNROLL; c0 < cend; c0 += KW * UNROLL) {
@@ -378,27 +304,13 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
     const uint16_t *res = (const uint16_t *)p.res;
     uint16_t *y = (uint16_t *)p.y;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = grid;
-    lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = 0;
-    lc.stream = stream;
-    lc.attrs = p.pdl ? attr : nullptr;
-    lc.numAttrs = p.pdl ? 1 : 0;
-    const int pref = k3_skinny_prefetch_per_row(p, SPLIT ? kcta : 1);
-    cudaError_t e;
     if (p.M <= 8)
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, p.pdl ? 1 : 0, pref);
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT><<<grid, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
     else
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, p.pdl ? 1 : 0, pref);
-    return e != cudaSuccess ? e : cudaGetLastError();
+        k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT><<<grid, THREADS, 0, stream>>>(
+            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
+    return cudaGetLastError();
 }
 
 /* Launches one instantiated configuration on `stream`. cudaErrorInvalidValue when the
