@@ -26,6 +26,8 @@ typedef struct k3_storage {
     size_t nbytes;
     k3_device device;
     int released; /* __atomic; 1 once the memory is released */
+    int is_static; /* __atomic; 1 once k3_tensor_mark_static marked it: writes are refused */
+    char static_owner[64]; /* who marked it (set before is_static) */
 } k3_storage;
 
 struct k3_tensor {

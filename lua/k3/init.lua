@@ -287,6 +287,7 @@ local HELP = {
   {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
   {"t:size([d]) t:stride([d]) t:dim() t:numel() t:offset()", "shape, strides (elements), storage offset"},
   {"t:dtype() t:device() t:is_contiguous()", "metadata"},
+  {"t:mark_static([owner]) t:is_static()", "mark the storage static: copy, fill, set and an op's out into it raise (a model's weights)"},
   {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
   {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
   {"t:as_strided(shape, stride, offset)", "any view of the storage (checked against its bounds)"},
