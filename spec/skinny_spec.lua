@@ -587,6 +587,58 @@ describe("cuda.linear.skinny, the stream kernel #gpu", function()
     end
   end)
 end)
+-- Static storage: the weights a low-latency method with static_weights (or a k3.nn layer) may
+-- load before the previous kernel ends. Marked, a storage refuses every write, naming who
+-- marked it, so the contract cannot be broken silently.
+describe("static storage", function()
+  it("refuses copy, fill, set and an op's out into any view of it, naming who marked it", function()
+    local w = k3.randn({4, 8}, {dtype = "bf16", seed = 1})
+    local before = w:totable()
+    assert.is_false(w:is_static())
+    assert.equal(w, w:mark_static("spec weights"))
+    assert.is_true(w:is_static())
+    local view = w:narrow(1, 2, 2)
+    assert.is_true(view:is_static())
+    local why = "is static (marked by spec weights); its storage refuses writes"
+    H.raises(function() w:fill(0) end, "fill: the tensor " .. why)
+    H.raises(function() view:set(1, 1, 3) end, "set: the tensor " .. why)
+    H.raises(function() view:copy(k3.zeros({2, 8}, {dtype = "bf16"})) end, "copy: the destination " .. why)
+    local x = k3.randn({2, 8}, {dtype = "bf16", seed = 2})
+    H.raises(function() k3.linear(x, k3.randn({4, 8}, {dtype = "bf16"}), {out = w:narrow(2, 1, 4):narrow(1, 1, 2)}) end,
+      "linear: out " .. why)
+    assert.same(before, w:totable()) -- nothing was written
+    -- reading it, and copying from it, still work; a copy is not static
+    local c = w:clone()
+    assert.is_false(c:is_static())
+    c:fill(1)
+    assert.equal(4, k3.linear(x, w):size(2))
+    w:mark_static("someone else") -- marking again keeps the first owner
+    H.raises(function() w:fill(0) end, "marked by spec weights")
+    assert.equal(k3.randn({1}):mark_static():is_static(), true)
+    H.raises(function() k3.zeros({1}):mark_static():fill(2) end, "fill: the tensor is static (marked by the caller)")
+  end)
+
+  it("a low-latency method with static_weights marks the weights it runs on; k3.nn.Linear marks its own #gpu", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local cfg = stream_config(STREAM_CONFIGS[2])
+    local w = bf16({264, 1024}, 1600)
+    local x = bf16({2, 1024}, 1601)
+    k3.method.low_latency(all_plan(cfg)):apply(x, w)
+    assert.is_false(w:is_static()) -- no promise, no mark
+    k3.method.low_latency(all_plan(cfg), {static_weights = true}):apply(x, w)
+    assert.is_true(w:is_static())
+    H.raises(function() w:copy(bf16({264, 1024}, 1602)) end,
+      "copy: the destination is static (marked by method.low_latency {static_weights = true})")
+    local w2 = bf16({1536, 7168}, 1603)
+    local layer = require("k3.nn").Linear(w2)
+    if k3.plan_for(w2) then
+      assert.is_true(w2:is_static())
+      H.raises(function() w2:fill(0) end, "marked by k3.nn.Linear weight")
+    end
+    check_rows(layer(bf16({1, 7168}, 1604)), bf16({1, 7168}, 1604), w2, nil, "k3.nn.Linear")
+  end)
+end)
+
 describe("cuda.linear.batch_invariant #gpu", function()
   after_each(function() k3.set_batch_invariant(false) end)
 
