@@ -66,6 +66,11 @@ typedef struct k3_skinny_problem {
     void *y;
     int64_t y_s0, y_s1;
     int M, N, K;
+    /* pdl: launched with programmatic dependent launch (griddepcontrol.launch_dependents at
+     * entry, griddepcontrol.wait before x, res, ws, counters and y are touched); static_w:
+     * the first step's w loads are issued before that wait (the weight is not written by a
+     * kernel in flight). */
+    int pdl, static_w;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
@@ -181,7 +186,8 @@ __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
                      uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K, float *__restrict__ ws, unsigned *__restrict__ counters) {
+                     int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl,
+                     int static_w) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -213,23 +219,39 @@ __global__ void __launch_bounds__(THREADS)
         cend = (int)((int64_t)nchunk * (blockIdx.y + 1) / gridDim.y);
     }
 
+    /* PDL: dependents may launch now; with a static weight this warp's first step of w is
+     * loaded before the wait for the previous kernel, everything else after it. */
+    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int cfirst = cbeg + kw * UNROLL;
+    uint4 wv[UNROLL];
+    if (static_w && cfirst < cend) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = (cfirst + u) * 4 + t;
+            const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
+            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+        }
+    }
+    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int c0 = cbeg + kw * UNROLL; c0 < cend; c0 += KW * UNROLL) {
-        uint4 wv[UNROLL], xa[UNROLL], xb[UNROLL];
+    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
+        uint4 xa[UNROLL], xb[UNROLL];
+        const bool have_w = static_w && c0 == cfirst;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
             if (SPLIT) {
-                wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
                 else
                     xb[u] = make_uint4(0u, 0u, 0u, 0u);
             } else {
-                wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -300,17 +322,29 @@ __global__ void __launch_bounds__(THREADS)
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
-    const dim3 grid((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
     const uint16_t *res = (const uint16_t *)p.res;
     uint16_t *y = (uint16_t *)p.y;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
+    lc.blockDim = dim3(THREADS);
+    lc.stream = stream;
+    lc.attrs = p.pdl ? attr : nullptr;
+    lc.numAttrs = p.pdl ? 1 : 0;
+    const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
+    cudaError_t e;
     if (p.M <= 8)
-        k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT><<<grid, THREADS, 0, stream>>>(
-            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
+        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>, x, w, res,
+                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
+                               counters, pdl, st);
     else
-        k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT><<<grid, THREADS, 0, stream>>>(
-            x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters);
-    return cudaGetLastError();
+        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>, x, w, res,
+                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
+                               counters, pdl, st);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* Launches one instantiated configuration on `stream`. cudaErrorInvalidValue when the
@@ -469,9 +503,13 @@ __global__ void __launch_bounds__(THREADS, MINB) k3_skinny_stream_kernel(const k
     const int nvec = a.K >> 3, NC = (nvec + 3) >> 2;
     /* T = tiles * chunks < 2^31 (the launcher checks); products with P or B need 64 bits */
     const int NT = (a.N + 8 * RG - 1) / (8 * RG), T = NT * NC;
-    const int64_t B = gridDim.x, P = B * W;
-    const int64_t p = (int64_t)blockIdx.x * W + warp;
-    const int ia = (int)(p * T / P), ie = (int)((p + 1) * T / P);
+    /* The balanced split: warp p of P starts at p * q + min(p, r) (q = T / P, r = T % P: the
+     * first r warps get q + 1 pairs); 32-bit throughout (64-bit division is slow). */
+    const int P = (int)gridDim.x * W, q = T / P, r = T % P;
+    auto start = [&](int w) { return w * q + min(w, r); };
+    auto owner = [&](int i) { return i < r * (q + 1) ? i / (q + 1) : r + (i - r * (q + 1)) / q; };
+    const int p = (int)blockIdx.x * W + warp;
+    const int ia = start(p), ie = start(p + 1);
     const int tfirst = ia / NC;
 
     const bool x0_ok = g < a.M, x1_ok = MT == 2 && g + 8 < a.M;
@@ -551,27 +589,25 @@ __global__ void __launch_bounds__(THREADS, MINB) k3_skinny_stream_kernel(const k
     __syncthreads();
 
     /* Tiles of this CTA that no single warp covered: sum the warps' slots in warp order. */
-    const int64_t sb = (int64_t)blockIdx.x * T / B, eb = ((int64_t)blockIdx.x + 1) * T / B;
-    /* (64-bit from here: the products of pair indices with P and B) */
+    const int b0 = (int)blockIdx.x * W;
+    const int sb = start(b0), eb = start(b0 + W);
     if (sb >= eb) return;
-    const int64_t tb0 = sb / NC, tb1 = (eb - 1) / NC;
-    for (int64_t tt = tb0 + warp; tt <= tb1; tt += W) {
-        const int64_t lo = max(tt * NC, sb), hi = min((tt + 1) * NC, (int64_t)eb);
-        /* warp of the grid holding pair q: the largest p with p * T / P <= q */
-        const int64_t plo = ((lo + 1) * P - 1) / T, phi = (hi * P - 1) / T;
+    const int tb0 = sb / NC, tb1 = (eb - 1) / NC;
+    for (int tt = tb0 + warp; tt <= tb1; tt += W) {
+        const int lo = max(tt * NC, sb), hi = min((tt + 1) * NC, eb);
+        const int plo = owner(lo), phi = owner(hi - 1);
         if (plo == phi && lo == tt * NC && hi == (tt + 1) * NC) continue; /* written whole */
         float s[RG][4];
 #pragma unroll
         for (int j = 0; j < RG; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        for (int64_t q = plo; q <= phi; ++q) {
-            const int64_t qa = q * T / P;
-            if (qa >= (q + 1) * T / P) continue; /* an empty warp range */
-            const int slot = tt == qa / NC ? 0 : 1;
-            const float *src = part + ((int)(q - (int64_t)blockIdx.x * W) * 2 + slot) * FRAG;
+        for (int w = plo; w <= phi; ++w) {
+            const int wa = start(w);
+            if (wa >= start(w + 1)) continue; /* an empty warp range */
+            const float *src = part + ((w - b0) * 2 + (tt == wa / NC ? 0 : 1)) * FRAG;
 #pragma unroll
             for (int j = 0; j < RG; ++j)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) s[j][r] += src[(j * 4 + r) * 32 + lane];
+                for (int k = 0; k < 4; ++k) s[j][k] += src[(j * 4 + k) * 32 + lane];
         }
         if (lo == tt * NC && hi == (tt + 1) * NC) {
             k3sks_store<RG>(a, tt, s, lane);
@@ -582,12 +618,12 @@ __global__ void __launch_bounds__(THREADS, MINB) k3_skinny_stream_kernel(const k
 #pragma unroll
         for (int j = 0; j < RG; ++j)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) __stcg(mine + (j * 4 + r) * 32 + lane, s[j][r]);
+            for (int k = 0; k < 4; ++k) __stcg(mine + (j * 4 + k) * 32 + lane, s[j][k]);
         __threadfence();
         __syncwarp();
-        const int64_t blo = ((tt * NC + 1) * B - 1) / T, bhi = (((tt + 1) * NC) * B - 1) / T;
+        const int blo = owner(tt * NC) / W, bhi = owner((tt + 1) * NC - 1) / W;
         int ncta = 0;
-        for (int64_t b = blo; b <= bhi; ++b) ncta += b * T / B < (b + 1) * T / B;
+        for (int b = blo; b <= bhi; ++b) ncta += start(b * W) < start((b + 1) * W);
         unsigned prev = 0;
         if (lane == 0) prev = atomicAdd(&a.counters[tt], 1u);
         prev = __shfl_sync(0xffffffffu, prev, 0);
@@ -595,14 +631,14 @@ __global__ void __launch_bounds__(THREADS, MINB) k3_skinny_stream_kernel(const k
         __threadfence();
 #pragma unroll
         for (int j = 0; j < RG; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        for (int64_t b = blo; b <= bhi; ++b) {
-            const int64_t ba = b * T / B;
-            if (ba >= (b + 1) * T / B) continue;
-            const float *src = a.ws + (b * 2 + (tt == ba / NC ? 0 : 1)) * FRAG;
+        for (int b = blo; b <= bhi; ++b) {
+            const int ba = start(b * W);
+            if (ba >= start((b + 1) * W)) continue;
+            const float *src = a.ws + ((int64_t)b * 2 + (tt == ba / NC ? 0 : 1)) * FRAG;
 #pragma unroll
             for (int j = 0; j < RG; ++j)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) s[j][r] += __ldcg(src + (j * 4 + r) * 32 + lane);
+                for (int k = 0; k < 4; ++k) s[j][k] += __ldcg(src + (j * 4 + k) * 32 + lane);
         }
         k3sks_store<RG>(a, tt, s, lane);
         if (lane == 0) a.counters[tt] = 0u;

@@ -73,6 +73,10 @@ static inline void k3t_fill(uint16_t *p, size_t n, uint64_t seed, float scale, c
     CK(cudaGetLastError());
 }
 
+/* Rotated inputs come in at least this many copies: chained with PDL, several calls are in
+ * flight at once, and no two of them may read the same copy (the second would hit L2). */
+#define K3T_MIN_COPIES 8
+
 struct k3t_timer {
     cudaStream_t s;
     cudaEvent_t e0, e1;

@@ -5,7 +5,7 @@
  * chained timing.
  *
  * Buffers of a shape: weights uniform in (-sqrt(3/K), sqrt(3/K)) (never zero) in copies
- * totalling >= 4x L2 (at least 3), L = max(20, copies) chain buffers of 16 x max(N, K) bf16
+ * totalling >= 4x L2 (at least K3T_MIN_COPIES), L = max(20, copies) chain buffers of 16 x max(N, K) bf16
  * (uniform in (-1, 1)), x0 [16, K] and two output buffers. A timed graph has L calls; call j
  * reads w copy j % copies and, as x, the first M x K elements of chain buffer j - 1, writing
  * its y over the first M x N elements of chain buffer j: each call reads what the previous one
@@ -37,7 +37,7 @@ struct k3t_cand {
     int kcta;        /* split: CTAs along K */
     int ctas_per_sm; /* stream */
     int minb;        /* stream: register cap's CTAs per SM */
-    int mode;        /* stream: k3t_mode */
+    int mode;        /* k3t_mode */
 };
 
 static inline std::string k3t_cand_name(const k3t_cand &c) {
@@ -46,9 +46,11 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
         snprintf(b, sizeof b, "stream t%dr%du%dc%d %s", c.threads, c.rows, c.unroll,
                  c.ctas_per_sm, K3T_MODE_NAME[c.mode]);
     else if (c.kind == K3T_SPLIT)
-        snprintf(b, sizeof b, "split t%dr%du%dk%d", c.threads, c.rows, c.unroll, c.kcta);
+        snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
+                 K3T_MODE_NAME[c.mode]);
     else
-        snprintf(b, sizeof b, "classic t%dr%du%d", c.threads, c.rows, c.unroll);
+        snprintf(b, sizeof b, "classic t%dr%du%d %s", c.threads, c.rows, c.unroll,
+                 K3T_MODE_NAME[c.mode]);
     return b;
 }
 
@@ -145,6 +147,8 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     q.M = M;
     q.N = N;
     q.K = K;
+    q.pdl = c.mode != K3T_PLAIN;
+    q.static_w = c.mode == K3T_PDL_STATIC;
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);
@@ -165,7 +169,7 @@ static inline void k3t_shape_alloc(k3t_shape &b, int N, int K, size_t l2, cudaSt
     b.K = K;
     b.wn = (size_t)N * K;
     const size_t wbytes = b.wn * 2;
-    b.copies = (int)std::max<size_t>(3, (4 * l2 + wbytes - 1) / wbytes + 1);
+    b.copies = (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + wbytes - 1) / wbytes + 1);
     b.L = std::max(20, b.copies);
     b.bn = (size_t)K3_SKINNY_MAX_M * std::max(N, K);
     CK(cudaMalloc(&b.w, wbytes * b.copies));

@@ -97,15 +97,20 @@ struct Row {
     Shape s;
     int M;
     double read_us, read_pdl_us, cublas_us, plan_us; /* plan_us < 0: no skinny entry */
+    double plan_static_us;                           /* the same entry, PDL + static w */
     std::string plan_cfg;
     double best_us[3];
     std::string best_cfg[3];
 };
 
-/* "t256r16u4c1": a stream candidate's configuration without its launch mode. */
+/* A candidate's configuration without its launch mode: "s256r16u4c1" (stream, CTAs per SM)
+ * or "k512r8u2" (classic). */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
-    snprintf(b, sizeof b, "t%dr%du%dc%d", c.threads, c.rows, c.unroll, c.ctas_per_sm);
+    if (c.kind == K3T_STREAM)
+        snprintf(b, sizeof b, "s%dr%du%dc%d", c.threads, c.rows, c.unroll, c.ctas_per_sm);
+    else
+        snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
     return b;
 }
 
@@ -121,7 +126,7 @@ int main(int argc, char **argv) {
     std::vector<int> ms = parse_ms("1,2,4,8,16");
     const char *outdir_env = getenv("OUT");
     std::string outdir = outdir_env && *outdir_env ? outdir_env : "build/sweep";
-    std::string plan_path;
+    std::string plan_path, profile;
     int reps = 15;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -137,10 +142,14 @@ int main(int argc, char **argv) {
         else if (a == "--out") outdir = val();
         else if (a == "--plan") plan_path = val();
         else if (a == "--reps") reps = std::max(3, atoi(val()));
+        else if (a == "--profile") profile = val();
         else {
             fprintf(stderr,
                     "usage: linear-sweep [--shapes NxK,...] [--m 1,2,4,8,16] [--out DIR ($OUT)]\n"
-                    "                    [--plan lua/k3/policy/sm<cc>.lua] [--reps 15]\n");
+                    "                    [--plan lua/k3/policy/sm<cc>.lua] [--reps 15]\n"
+                    "                    [--profile CFG,CFG,...]  (one eager launch of each named\n"
+                    "                    candidate, e.g. k512r8u2,s256r8u8c2, and of the read kernel\n"
+                    "                    c2t512u8stride, per shape and M: for ncu)\n");
             return 2;
         }
     }
@@ -176,13 +185,43 @@ int main(int argc, char **argv) {
     }
     fprintf(csv, "N,K,M,candidate,mode,us,status\n");
 
-    const std::vector<k3t_cand> cands = k3t_stream_cands(7u);
+    /* every stream configuration, and two classic ones, each in the three launch modes */
+    std::vector<k3t_cand> cands = k3t_stream_cands(7u);
+    for (int m = 0; m < 3; m++)
+        for (const k3t_cand c : {k3t_cand{K3T_CLASSIC, 512, 8, 2, 1, 0, 0, m},
+                                 k3t_cand{K3T_CLASSIC, 256, 8, 4, 1, 0, 0, m}})
+            cands.push_back(c);
     k3t_scratch scr;
     k3t_scratch_init(scr, sms);
     int64_t out_words = 0;
     for (const auto &r : k3t_read_shapes()) out_words = std::max(out_words, k3t_read_out_words(r, sms));
     unsigned *rl_out = nullptr;
     CK(cudaMalloc(&rl_out, out_words * sizeof(unsigned)));
+
+    if (!profile.empty()) {
+        /* One eager launch of each named candidate (plain launch) per shape and M, after the
+         * buffers are filled: what `ncu -k regex:k3_` profiles (cold L2 under ncu's default
+         * cache control). */
+        for (const Shape &s : shapes) {
+            k3t_shape b;
+            k3t_shape_alloc(b, s.N, s.K, l2, t.s);
+            for (const k3t_read_shape &r : k3t_read_shapes())
+                if (("," + profile + ",").find("," + k3t_read_shape_name(r) + ",") != std::string::npos)
+                    CK(k3t_read_launch(r, sms, b.w, b.wn * 2, rl_out, false, t.s));
+            for (int M : ms)
+                for (const k3t_cand &c : cands) {
+                    if (c.mode != K3T_PLAIN ||
+                        ("," + profile + ",").find("," + cfg_name(c) + ",") == std::string::npos)
+                        continue;
+                    CK(k3t_launch(c, scr, b.x0, b.w, b.y, M, s.N, s.K, t.s));
+                    CK(cudaStreamSynchronize(t.s));
+                    printf("profiled %s on %dx%d M=%d\n", cfg_name(c).c_str(), s.N, s.K, M);
+                }
+            CK(cudaStreamSynchronize(t.s));
+            k3t_shape_free(b);
+        }
+        return 0;
+    }
 
     std::map<size_t, std::pair<double, double>> read_cache;
     std::map<std::string, std::vector<double>> by_cfg; /* "cfg mode M" -> cuBLAS/us per shape */
@@ -220,7 +259,7 @@ int main(int argc, char **argv) {
             row.M = M;
             row.read_us = read_us;
             row.read_pdl_us = read_pdl_us;
-            row.plan_us = -1;
+            row.plan_us = row.plan_static_us = -1;
             for (int k = 0; k < 3; k++) row.best_us[k] = -1;
             k3t_reference(h, b, M, t.s, href);
             row.cublas_us = k3t_time_chain(t, b, [&](const uint16_t *x, const uint16_t *w, uint16_t *y) {
@@ -245,22 +284,31 @@ int main(int argc, char **argv) {
                 return us;
             };
 
-            /* The plan's skinny entry, as the library launches it today (no PDL). */
+            /* The plan's skinny entry (classic or split-K), launched plain as the library does
+             * today, and with PDL (w after the wait, then the first step before it). */
             auto pe = plan.find(shape_key);
             if (pe != plan.end() && pe->second.count(M)) {
                 const PlanEntry e = pe->second[M];
                 const int kw = k3_skinny_split_k(e.threads, e.rows);
                 const int kcta = kw ? e.split_k / kw : 0;
-                const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
-                                    e.unroll, kcta, 0, 0, K3T_PLAIN};
-                row.plan_cfg = k3t_cand_name(c);
-                if (k3t_cand_fits(c, scr, M, s.N)) row.plan_us = measure(c, "plan " + row.plan_cfg, K3T_PLAIN);
+                for (int mode = 0; mode < 3; mode++) {
+                    const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
+                                        e.unroll, kcta, 0, 0, mode};
+                    if (!k3t_cand_fits(c, scr, M, s.N)) continue;
+                    const double us = measure(c, "plan " + k3t_cand_name(c), mode);
+                    if (mode == K3T_PLAIN) {
+                        row.plan_us = us;
+                        row.plan_cfg = k3t_cand_name(c);
+                    } else if (mode == K3T_PDL_STATIC) {
+                        row.plan_static_us = us;
+                    }
+                }
             }
 
             for (const k3t_cand &c : cands) {
                 if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                 const std::string cn = cfg_name(c);
-                const double us = measure(c, "stream " + cn, c.mode);
+                const double us = measure(c, cn, c.mode);
                 if (us <= 0) continue;
                 if (row.best_us[c.mode] < 0 || us < row.best_us[c.mode]) {
                     row.best_us[c.mode] = us;
@@ -287,7 +335,7 @@ int main(int argc, char **argv) {
     const time_t now = time(nullptr);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *hdr =
-        "shape        M  read rd-pdl  cuBLAS    plan | plain  cfg          | pdl-st cfg         "
+        "shape        M  read rd-pdl  cuBLAS   plan  pl-st | plain  cfg          | pdl-st cfg         "
         "  | %read %rdpdl  xcuBLAS(plain/pdl-st)\n";
     printf("%s  %s\nµs per call (CUDA graph of back-to-back calls, chained through x); %%read = read limit / time "
            "(plain vs read, pdl-static vs read chained with PDL)\n%s",
@@ -298,10 +346,10 @@ int main(int argc, char **argv) {
         char line[320];
         const double plan_us = r.plan_us > 0 ? r.plan_us : r.cublas_us;
         snprintf(line, sizeof line,
-                 "%5dx%-6d %2d %5.2f %6.2f %7.2f %6.2f%s| %6.2f %-12s | %6.2f %-12s | %4.0f%% %5.0f%%  "
+                 "%5dx%-6d %2d %5.2f %6.2f %7.2f %6.2f%s%6.2f | %6.2f %-12s | %6.2f %-12s | %4.0f%% %5.0f%%  "
                  "%5.2f %5.2f\n",
                  r.s.N, r.s.K, r.M, r.read_us, r.read_pdl_us, r.cublas_us, plan_us,
-                 r.plan_us > 0 ? "s " : "c ", r.best_us[0], r.best_cfg[0].c_str(), r.best_us[2],
+                 r.plan_us > 0 ? "s" : "c", r.plan_static_us, r.best_us[0], r.best_cfg[0].c_str(), r.best_us[2],
                  r.best_cfg[2].c_str(), 100 * r.read_us / r.best_us[0],
                  100 * r.read_pdl_us / r.best_us[2], r.cublas_us / r.best_us[0],
                  r.cublas_us / r.best_us[2]);
@@ -320,9 +368,9 @@ int main(int argc, char **argv) {
     };
     char sum[1024];
     snprintf(sum, sizeof sum,
-             "geomean over cuBLAS  M=1 / M=16: plan file %.3f / %.3f; best stream plain %.3f / "
+             "geomean over cuBLAS  M=1 / M=16: plan file %.3f / %.3f; best candidate plain %.3f / "
              "%.3f, pdl %.3f / %.3f, pdl-static %.3f / %.3f\n"
-             "read-limit fraction, min over shapes, M=1 / M=16: stream plain %.0f%% / %.0f%%, "
+             "read-limit fraction, min over shapes, M=1 / M=16: best plain %.0f%% / %.0f%%, "
              "pdl-static (vs read+PDL) %.0f%% / %.0f%%\n",
              geomean(g_plan[0]), geomean(g_plan[1]), geomean(g_best[0][0]),
              geomean(g_best[0][1]), geomean(g_best[1][0]), geomean(g_best[1][1]),

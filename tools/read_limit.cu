@@ -3,7 +3,7 @@
  * of each byte count on the current GPU (tools/read_limit.cuh), for `scripts/bench linear`.
  *
  * For each B (a positive multiple of 16): random non-zero data in copies of B bytes totalling
- * >= 4x the L2 (at least 3), a CUDA graph of L = max(20, copies) back-to-back reads (read j
+ * >= 4x the L2 (at least K3T_MIN_COPIES), a CUDA graph of L = max(20, copies) back-to-back reads (read j
  * streams copy j % copies), median of R replays / L, for every launch shape of
  * k3t_read_shapes(); the read limit is the best shape's time, plain and chained with PDL.
  * Writes one JSON object: {"machine": "...", "method": "...", "results": [{"bytes": B,
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     std::string res = "[";
     for (size_t si = 0; si < sizes.size(); si++) {
         const size_t bytes = (size_t)sizes[si];
-        const int copies = (int)std::max<size_t>(3, (4 * l2 + bytes - 1) / bytes + 1);
+        const int copies = (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + bytes - 1) / bytes + 1);
         const int L = std::max(20, copies);
         uint16_t *buf = nullptr;
         CK(cudaMalloc(&buf, bytes * copies));

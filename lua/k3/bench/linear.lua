@@ -139,7 +139,8 @@ function L.run(env, peers, opts)
     local N, K = sh[1], sh[2]
     local n, k = env:dim(N, 16, 8), env:dim(K, 16, 8)
     local wbytes = 2 * N * K
-    local copies = Env.copies_for(wbytes, 3)
+    -- at least 8 copies: chained with PDL several calls are in flight, never on one copy
+    local copies = Env.copies_for(wbytes, 8)
     local alloc = env:alloc_copies(copies)
     U.progress("linear %d/%d %dx%d: filling %d weight copies (%.0f MB)", si, #shapes, N, K,
                copies, copies * wbytes / 1e6)
