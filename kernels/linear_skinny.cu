@@ -23,19 +23,11 @@
  *    256 KiB per thread and device). */
 #define K3SK_MAX_DEVICES 64
 #define K3SK_COUNTERS 65536 /* row tiles: N <= 65536 * rows */
-/* This thread's scratch on one device: the arrival counters (shared by split-K across CTAs
- * and the stream kernel; both leave them zero) and the stream kernel's cross-CTA partials
- * (k3_skinny_stream_ws_bytes for the largest rg and grid), one allocation. */
+/* This thread's arrival counters on one device (split-K across CTAs leaves them zero). */
 struct k3sk_scratch {
     unsigned *counters;
-    float *ws;
-    size_t bytes;
 };
 static thread_local k3sk_scratch k3sk_scr[K3SK_MAX_DEVICES];
-static size_t k3sk_stream_ws_bytes(int dev) {
-    return k3_skinny_stream_ws_bytes(K3_SKINNY_STREAM_MAX_RG,
-                                     (int64_t)K3_SKINNY_STREAM_MAX_CPS * k3c_sm_count(dev));
-}
 
 static bool k3sk_capturing(cudaStream_t s) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -46,44 +38,22 @@ static bool k3sk_capturing(cudaStream_t s) {
     return st != cudaStreamCaptureStatusNone;
 }
 
-/* This thread's scratch on ctx's device, allocating it and zeroing the counters on first
- * use. */
+/* This thread's counters on ctx's device, allocating and zeroing them on first use. */
 static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     k3sk_scratch &c = k3sk_scr[ctx->dev];
     if (!c.counters) {
-        const size_t cbytes = K3SK_COUNTERS * sizeof(unsigned);
-        const size_t bytes = cbytes + k3sk_stream_ws_bytes(ctx->dev);
+        const size_t bytes = K3SK_COUNTERS * sizeof(unsigned);
         void *p = NULL;
         K3_TRY(k3c_alloc(ctx->dev, bytes, &p));
-        cudaError_t e = cudaMemsetAsync(p, 0, cbytes, ctx->stream);
+        cudaError_t e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
         if (e != cudaSuccess) {
             k3c_free(ctx->dev, p, bytes);
             K3_CHECK(e);
         }
         c.counters = (unsigned *)p;
-        c.ws = (float *)((char *)p + cbytes);
-        c.bytes = bytes;
     }
     *out = &c;
     return K3_OK;
-}
-
-/* CTAs of a stream configuration resident per SM on dev (cached per thread). */
-static int k3sk_stream_resident(int dev, int threads, int rg, int unroll, int minb, int mt) {
-    static thread_local int cache[K3SK_MAX_DEVICES][64][2];
-    static thread_local bool filled[K3SK_MAX_DEVICES][64][2];
-    int idx = 0, i = 0;
-#define K3_SKS_IDX(T_, R_, U_, B_)                                                         \
-    if (threads == (T_) && rg == (R_) && unroll == (U_) && minb == (B_)) idx = i;          \
-    i++;
-    K3_SKINNY_STREAM_CONFIGS(K3_SKS_IDX)
-#undef K3_SKS_IDX
-    if (idx >= 64 || dev < 0 || dev >= K3SK_MAX_DEVICES) return 0;
-    if (!filled[dev][idx][mt - 1]) {
-        cache[dev][idx][mt - 1] = k3_skinny_stream_resident(threads, rg, unroll, minb, mt);
-        filled[dev][idx][mt - 1] = true;
-    }
-    return cache[dev][idx][mt - 1];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -94,74 +64,6 @@ static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
 static bool k3sk_same_cuda(const k3_tensor *t, int dev) {
     k3_device d = k3_tensor_device(t);
     return d.type == K3_DEVICE_CUDA && d.index == dev;
-}
-
-/* The stream kernel's part of the check (config.ctas_per_sm > 0), after the shape, dtype,
- * layout and device checks common to both kernels. */
-static k3_status k3sk_check_stream(const k3_linear_args *l, bool for_run, k3_skinny_config r,
-                                   int dev, int64_t M, int64_t N, int64_t K,
-                                   k3_skinny_config *cfg, char *why, size_t n) {
-    if (!r.threads) r.threads = 256;
-    if (!r.rows) r.rows = 16;
-    if (!r.unroll) r.unroll = 4;
-    if (!r.vec) r.vec = K3_SKINNY_VEC;
-    int minb = 0;
-    const int rg = r.rows / 8;
-    if (r.vec != K3_SKINNY_VEC || r.rows % 8 || r.split_k ||
-        !k3_skinny_stream_instantiated(r.threads, rg, r.unroll, &minb))
-        return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, "
-                        "ctas_per_sm = %d} is not instantiated for the stream kernel%s",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k, r.ctas_per_sm,
-                        r.split_k ? " (it splits K itself: split_k must be 0)" : ""),
-               K3_EINVAL;
-    if (K % r.vec)
-        return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
-                        (long long)K, r.vec),
-               K3_ESHAPE;
-    const k3_tensor *packed[2] = {l->x, l->w};
-    const char *pname[2] = {"x", "w"};
-    for (int i = 0; i < 2; i++)
-        if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
-            return snprintf(why, n,
-                            "%s is not 16-byte aligned (storage offset %lld elements); the "
-                            "kernel loads 16 bytes at a time",
-                            pname[i], (long long)packed[i]->offset),
-                   for_run ? K3_ELAYOUT : K3_ENOKERNEL;
-    const int64_t tiles = k3_skinny_stream_tiles(rg, (int)N);
-    if (tiles > K3SK_COUNTERS || tiles * ((K / 8 + 3) / 4) > INT32_MAX)
-        return snprintf(why, n,
-                        "stream kernel: %lld row tiles of %d x %lld chunks of 32 k exceed its "
-                        "limits (%d tiles, 2^31 pairs)",
-                        (long long)tiles, r.rows, (long long)((K / 8 + 3) / 4), K3SK_COUNTERS),
-               K3_ESHAPE;
-    if (dev < 0 || dev >= K3SK_MAX_DEVICES)
-        return snprintf(why, n, "stream kernel: device index %d is >= %d", dev,
-                        K3SK_MAX_DEVICES),
-               K3_EDEVICE;
-    k3c_ctx *ctx = NULL;
-    k3_status cs = k3c_context(dev, &ctx);
-    if (cs != K3_OK || !ctx)
-        return snprintf(why, n, "stream kernel: no CUDA context for cuda:%d", dev),
-               cs != K3_OK ? cs : K3_EINTERNAL;
-    const int fit = k3sk_stream_resident(dev, r.threads, rg, r.unroll, minb, M <= 8 ? 1 : 2);
-    const int cap = fit < K3_SKINNY_STREAM_MAX_CPS ? fit : K3_SKINNY_STREAM_MAX_CPS;
-    if (r.ctas_per_sm > cap)
-        return snprintf(why, n,
-                        "stream kernel: ctas_per_sm = %d, but %d CTA(s) of this configuration "
-                        "fit on an SM of cuda:%d at once (the grid must be one wave; at most %d)",
-                        r.ctas_per_sm, fit, dev, K3_SKINNY_STREAM_MAX_CPS),
-               K3_EINVAL;
-    if (!k3sk_scr[dev].counters && k3sk_capturing(ctx->stream))
-        return snprintf(why, n,
-                        "stream kernel: this thread's scratch on cuda:%d is not allocated yet "
-                        "and its stream is being captured (run one skinny call outside the "
-                        "capture first)",
-                        dev),
-               K3_ENOKERNEL;
-    (void)M;
-    *cfg = r;
-    return K3_OK;
 }
 
 /* The kernel's eligibility check, in DESIGN.md's order. Writes the reason and returns its
@@ -224,10 +126,8 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                K3_ESHAPE;
 
     k3_skinny_config r = l->config ? *l->config : k3_skinny_config{};
-    if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0 ||
-        r.ctas_per_sm < 0)
+    if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0)
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
-    if (r.ctas_per_sm > 0) return k3sk_check_stream(l, for_run, r, dx.index, M, N, K, cfg, why, n);
     if (!r.threads) r.threads = 256;
     if (!r.rows) r.rows = 8;
     if (!r.unroll) r.unroll = 4;
@@ -320,6 +220,11 @@ static k3_status k3sk_run(const k3_op_args *a) {
     if (s != K3_OK) return k3_error(s, "linear: cuda.linear.skinny: %s", why);
 
     k3_skinny_problem p = {};
+    /* PDL is how the kernel launches (notes/PERF.md, linear v4): the next kernel's CTAs may
+     * start while this one drains; with static weights the first step of w is loaded before
+     * the wait for the previous kernel. */
+    p.pdl = 1;
+    p.static_w = cfg.static_w ? 1 : 0;
     p.x = k3_tensor_data(l->x);
     p.w = k3_tensor_data(l->w);
     p.res = l->residual ? k3_tensor_data(l->residual) : NULL;
@@ -338,32 +243,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    if (cfg.ctas_per_sm > 0) {
-        k3sk_scratch *scr = NULL;
-        K3_TRY(k3sk_get_scratch(ctx, &scr));
-        k3_skinny_stream_args sa = {};
-        sa.x = (const uint4 *)p.x;
-        sa.w = (const uint4 *)p.w;
-        sa.res = (const uint16_t *)p.res;
-        sa.res_s0 = p.res_s0;
-        sa.res_s1 = p.res_s1;
-        sa.y = (uint16_t *)p.y;
-        sa.y_s0 = p.y_s0;
-        sa.y_s1 = p.y_s1;
-        sa.M = p.M;
-        sa.N = p.N;
-        sa.K = p.K;
-        sa.ws = scr->ws;
-        sa.counters = scr->counters;
-        sa.pdl = 1;
-        sa.static_w = cfg.static_w ? 1 : 0;
-        int minb = 0;
-        (void)k3_skinny_stream_instantiated(cfg.threads, cfg.rows / 8, cfg.unroll, &minb);
-        K3_CHECK(k3_skinny_stream_launch(cfg.threads, cfg.rows / 8, cfg.unroll, minb,
-                                         cfg.ctas_per_sm * k3c_sm_count(ctx->dev), sa,
-                                         ctx->stream));
-        return K3_OK;
-    }
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows);
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));

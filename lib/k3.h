@@ -426,7 +426,6 @@ typedef struct k3_plan_entry {
     int m;              /* token count 1..K3_PLAN_MAX_M */
     const char *kernel; /* "skinny" or a full kernel name */
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
-    int ctas_per_sm;    /* skinny stream kernel: CTAs per SM of its one-wave grid (0 = default) */
     /* 1: the caller promises that no kernel still in flight when this method's kernel starts
      * writes w (weights loaded once, never rewritten during a decode step), so the skinny
      * kernel may load w before it waits for the previous kernel (programmatic dependent

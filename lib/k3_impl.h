@@ -193,7 +193,6 @@ typedef struct k3_skinny_config {
     int unroll;      /* K unroll (16-byte vectors per thread per step) */
     int vec;         /* elements per load: 8 = 16 bytes of bf16 */
     int split_k;     /* 1 = no split */
-    int ctas_per_sm; /* the stream kernel's grid: CTAs per SM (0 = its default) */
     int static_w;    /* k3_plan_entry.static_weights: w may be loaded before the PDL wait */
 } k3_skinny_config;
 

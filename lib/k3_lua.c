@@ -1394,7 +1394,7 @@ static int l_method_default(lua_State *L) {
 
 #define MAX_PLAN 64
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
- * rows =, unroll =, vec =, split_k =, ctas_per_sm =}}, ...}; opts.static_weights = true
+ * rows =, unroll =, vec =, split_k =}}, ...}; opts.static_weights = true
  * promises that no kernel in flight writes the weights (k3_plan_entry.static_weights).
  * Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
@@ -1451,14 +1451,13 @@ static int l_method_low_latency(lua_State *L) {
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
                 static const char *const cfg_keys[] = {"threads", "rows", "unroll", "vec",
-                                                       "split_k", "ctas_per_sm", NULL};
+                                                       "split_k", NULL};
                 check_option_keys(L, cfg, cfg_keys, 1, fname);
                 e[n].threads = (int)int_field(L, cfg, "threads", 0, 0, 1, fname);
                 e[n].rows = (int)int_field(L, cfg, "rows", 0, 0, 1, fname);
                 e[n].unroll = (int)int_field(L, cfg, "unroll", 0, 0, 1, fname);
                 e[n].vec = (int)int_field(L, cfg, "vec", 0, 0, 1, fname);
                 e[n].split_k = (int)int_field(L, cfg, "split_k", 0, 0, 1, fname);
-                e[n].ctas_per_sm = (int)int_field(L, cfg, "ctas_per_sm", 0, 0, 1, fname);
             } else if (!lua_isnil(L, -1)) {
                 return luaL_error(L, "bad argument #1 to '%s' (plan[%I].config must be a table; "
                                      "got %s)",

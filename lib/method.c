@@ -85,8 +85,7 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
                             "method.low_latency: plan entry for M = %d names '%s', not a known "
                             "linear kernel",
                             e->m, e->kernel);
-        if (e->threads < 0 || e->rows < 0 || e->unroll < 0 || e->vec < 0 || e->split_k < 0 ||
-            e->ctas_per_sm < 0)
+        if (e->threads < 0 || e->rows < 0 || e->unroll < 0 || e->vec < 0 || e->split_k < 0)
             return k3_error(K3_EINVAL,
                             "method.low_latency: plan entry for M = %d has a negative config "
                             "value",
@@ -94,8 +93,7 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
         slots[e->m].present = true;
         snprintf(slots[e->m].kernel, sizeof slots[e->m].kernel, "%s", kname);
         slots[e->m].config = (k3_skinny_config){e->threads, e->rows, e->unroll, e->vec,
-                                                e->split_k, e->ctas_per_sm,
-                                                e->static_weights ? 1 : 0};
+                                                e->split_k, e->static_weights ? 1 : 0};
     }
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.low_latency: out of memory");

@@ -86,7 +86,7 @@ describe("new-user regressions", function()
     H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
       "unknown option 'bais'")
     H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
-      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k or ctas_per_sm)")
+      "unknown option 'thread' (expected threads, rows, unroll, vec or split_k)")
   end)
 
   it("allclose names its options argument", function()

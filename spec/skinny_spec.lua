@@ -1,8 +1,8 @@
 -- cuda.linear.skinny and cuda.linear.batch_invariant on a GPU: correctness against the fp64
 -- reference (K not a multiple of 4096, N not a multiple of the rows per block, M = 1..17),
--- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), the stream
--- kernel (every configuration, every entry of the plan file, views ending at their storage's
--- last element, the static-weights contract in a chain where kernels rewrite x), every
+-- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), the PDL
+-- launch with static weights (every entry of the plan file, views ending at their storage's
+-- last element, a chain where kernels rewrite x), static storage refusing writes, every
 -- decline reason driven with a real input whose result must equal cuBLAS's, and the
 -- batch-invariant rows equal across M and to the CPU.
 local k3 = require "k3"
@@ -115,7 +115,7 @@ describe("cuda.linear.skinny #gpu", function()
 
   it("ones · ones = K exactly (rounded once to bf16)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    for _, K in ipairs({4096, 4104, 7168, 14336}) do
+    for _, K in ipairs({4096, 4104, 5120, 7168, 14336}) do
       local want = k3.full({1}, K, {dtype = "bf16"}):get(1) -- 4104 is not a bf16: 4096
       for _, M in ipairs({1, 16}) do
         local x = k3.ones({M, K}, {dtype = "bf16", device = "cuda"})
@@ -256,16 +256,14 @@ describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   end)
 end)
 
--- The decline reasons, for a plan of the classic kernel (default config) and one of the stream
--- kernel: each with a real input, answered by the method's fully built default.
-for _, variant in ipairs({{"classic", nil}, {"stream", {threads = 256, rows = 16, unroll = 4, ctas_per_sm = 1}}}) do
-describe("cuda.linear.skinny (" .. variant[1] .. " plan) declines, and the fallback serves #gpu", function()
+-- The decline reasons, each with a real input, answered by the method's fully built default.
+describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   local N, K = 96, 128
   after_each(function() k3.set_batch_invariant(false) end)
 
   -- Runs m on (x, w, bias), checks the decline text and that the result equals cuBLAS's.
   local function declines(x, w, bias, text, chosen)
-    local ll = k3.method.low_latency(all_plan(variant[2]), {static_weights = true})
+    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
     local e = ll:explain(x, w, bias)
     local reason = skinny_decline(e)
     assert.truthy(reason, "no decline recorded for " .. SKINNY)
@@ -336,7 +334,7 @@ describe("cuda.linear.skinny (" .. variant[1] .. " plan) declines, and the fallb
 
   it("K mismatch", function()
     if not H.need_gpu(pending) then return end
-    local ll = k3.method.low_latency(all_plan(variant[2]))
+    local ll = k3.method.low_latency(all_plan())
     local x, w = bf16({1, 7000}, 1), bf16({N, 7168}, 2)
     H.raises(function() ll:apply(x, w) end, "linear: x dim 2 (7000) must match w dim 2 (7168)")
     H.raises(function() k3.linear(x, w, {kernel = SKINNY}) end, "x dim 2 (7000) must match w dim 2 (7168)")
@@ -349,7 +347,6 @@ describe("cuda.linear.skinny (" .. variant[1] .. " plan) declines, and the fallb
   end)
 
   it("a configuration that is not instantiated", function()
-    if variant[1] ~= "classic" then return end -- the stream kernel's: in its own describe
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local ll = k3.method.low_latency({[1] = {kernel = "skinny", config = {threads = 96}}})
     local x, w = bf16({1, K}, 1), bf16({N, K}, 2)
@@ -361,7 +358,6 @@ describe("cuda.linear.skinny (" .. variant[1] .. " plan) declines, and the fallb
   end)
 
   it("kernel disabled (K3_DISABLE_KERNELS): the fallback result equals cuBLAS's", function()
-    if variant[1] ~= "classic" then return end -- a method-level decline: the same for both
     if not H.need_gpu(pending) then return end
     local p = io.popen([[K3_DISABLE_KERNELS=cuda.linear.skinny scripts/k3 -e '
       local ll = k3.method.low_latency({[1] = {kernel = "skinny"}})
@@ -378,17 +374,6 @@ describe("cuda.linear.skinny (" .. variant[1] .. " plan) declines, and the fallb
       or out:find("kernel cuda.linear.skinny is not registered\ncuda.linear.cublas\n0\nfalse", 1, true), out)
   end)
 end)
-end
-
--- The stream kernel (config.ctas_per_sm > 0; kernels/linear_skinny.cuh,
--- K3_SKINNY_STREAM_CONFIGS): {threads, rows, unroll, CTAs per SM its registers leave room for}.
-local STREAM_CONFIGS = {
-  {256, 8, 8, 2}, {256, 16, 4, 2}, {256, 32, 2, 2}, {512, 8, 4, 2},
-  {256, 16, 8, 1}, {256, 32, 4, 1}, {512, 8, 8, 1}, {512, 16, 4, 1},
-}
-local function stream_config(c, cps)
-  return {threads = c[1], rows = c[2], unroll = c[3], vec = 8, ctas_per_sm = cps or 1}
-end
 
 -- y against the fp64 reference on three blocks of 16 rows of w (first, middle, last): the
 -- check for weights whose full CPU reference would take too long.
@@ -404,46 +389,15 @@ end
 
 local function poisoned_out(M, N) return H.poisoned({M, N}, {dtype = "bf16", device = "cuda"}) end
 
-describe("cuda.linear.skinny, the stream kernel #gpu", function()
-  it("every configuration and CTAs per SM matches the fp64 reference, static weights or not", function()
-    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    -- 200 rows: 25 tiles of 8, split over 132+ CTAs: most tiles are summed across warps and CTAs
-    for si, s in ipairs({{200, 4104}, {131, 768}}) do
-      local N, K = s[1], s[2]
-      local w = bf16({N, K}, 1000 + si)
-      for _, c in ipairs(STREAM_CONFIGS) do
-        for cps = 1, c[4] do
-          for _, static in ipairs({true, false}) do
-            local ll = k3.method.low_latency(all_plan(stream_config(c, cps)), {static_weights = static})
-            for _, M in ipairs({1, 8, 9, 16}) do
-              local x = bf16({M, K}, 1010 + M)
-              local what = string.format("%dx%d threads=%d rows=%d unroll=%d ctas_per_sm=%d static=%s M=%d",
-                N, K, c[1], c[2], c[3], cps, tostring(static), M)
-              assert.equal(SKINNY, ll:explain(x, w).chosen, what)
-              check_ref(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
-            end
-          end
-        end
-      end
-    end
-  end)
+-- The kernel launches with programmatic dependent launch; with static weights its first step of
+-- w is loaded before it waits for the previous kernel (x, the residual and every write after).
+-- Classic and split-K configurations, static and not.
+local PDL_CONFIGS = {
+  {threads = 512, rows = 8, unroll = 2, vec = 8}, {threads = 256, rows = 8, unroll = 4, vec = 8},
+  split_config({512, 8, 2, 3}), split_config({256, 8, 4, 2}),
+}
 
-  it("matches the fp64 reference at M = 1..17 for three shapes (17 on the fallback)", function()
-    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local ll = k3.method.low_latency(all_plan(stream_config(STREAM_CONFIGS[2])), {static_weights = true})
-    for i, s in ipairs({{131, 4104}, {1536, 7168}, {7168, 768}}) do
-      local N, K = s[1], s[2]
-      local w = bf16({N, K}, 1100 + i)
-      for M = 1, 17 do
-        local x = bf16({M, K}, 1120 + M)
-        local what = string.format("%dx%d M=%d", N, K, M)
-        assert.equal(M <= 16 and SKINNY or CUBLAS, ll:explain(x, w).chosen, what)
-        local y = ll:apply(x, w, nil, {out = poisoned_out(M, N)})
-        if N * K * M > 4e7 then check_rows(y, x, w, nil, what) else check_ref(y, x, w, nil, what) end
-      end
-    end
-  end)
-
+describe("cuda.linear.skinny with PDL and static weights #gpu", function()
   it("every (shape, M) entry of this GPU's plan file matches the fp64 reference", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local ok, policy = pcall(require, "k3.policy." .. tostring(k3.cuda_arch and k3.cuda_arch(0)))
@@ -469,50 +423,6 @@ describe("cuda.linear.skinny, the stream kernel #gpu", function()
     assert.is_true(n > 0, "the plan file has no entry")
   end)
 
-  it("ones · ones = K exactly (K = 4096, 5120, 7168, 14336)", function()
-    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    for _, c in ipairs({STREAM_CONFIGS[1], STREAM_CONFIGS[#STREAM_CONFIGS]}) do
-      local ll = k3.method.low_latency(all_plan(stream_config(c)), {static_weights = true})
-      for _, K in ipairs({4096, 5120, 7168, 14336}) do
-        for _, M in ipairs({1, 16}) do
-          local x = k3.ones({M, K}, {dtype = "bf16", device = "cuda"})
-          local w = k3.ones({136, K}, {dtype = "bf16", device = "cuda"})
-          local y = ll:apply(x, w, nil, {out = poisoned_out(M, 136)}):to("cpu")
-          for i = 1, M do
-            for n = 1, 136 do
-              assert.equal(K, y:get(i, n), string.format("rows=%d K=%d M=%d [%d,%d]", c[2], K, M, i, n))
-            end
-          end
-        end
-      end
-    end
-  end)
-
-  it("residual, padded residual and out; three launches bit-identical (counters reset)", function()
-    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local N, K = 1536, 7168
-    local w = bf16({N, K}, 1300)
-    for _, c in ipairs({STREAM_CONFIGS[1], STREAM_CONFIGS[3], STREAM_CONFIGS[8]}) do
-      local ll = k3.method.low_latency(all_plan(stream_config(c)), {static_weights = true})
-      for _, M in ipairs({1, 7, 16}) do
-        local what = string.format("rows=%d M=%d", c[2], M)
-        local x = bf16({M, K}, 1310 + M)
-        local rp = H.padded(M, N, 8, {dtype = "bf16", device = "cuda", seed = 1320 + M})
-        local base = H.poisoned({M, N + 8}, {dtype = "bf16", device = "cuda"})
-        local out = base:narrow(2, 1, N)
-        ll:apply(x, w, nil, {residual = rp, out = out})
-        check_rows(out, x, w, rp, what)
-        for _, row in ipairs(base:narrow(2, N + 1, 8):to("cpu"):totable()) do
-          for _, v in ipairs(row) do assert.is_true(v ~= v, what .. ": the padding of out was written") end
-        end
-        local y2 = ll:apply(x, w, nil, {residual = rp, out = poisoned_out(M, N)})
-        local y3 = ll:apply(x, w, nil, {residual = rp, out = poisoned_out(M, N)})
-        assert.equal(0, k3.max_abs_diff(out, y2), what .. ": second launch differs")
-        assert.equal(0, k3.max_abs_diff(out, y3), what .. ": third launch differs")
-      end
-    end
-  end)
-
   -- Nothing past the end of x or w is read: views that end at the last element of their
   -- storage (compute-sanitizer memcheck, scripts/gpu-check, reports any read beyond).
   for _, M in ipairs({1, 4}) do
@@ -523,28 +433,28 @@ describe("cuda.linear.skinny, the stream kernel #gpu", function()
       local x = xs:narrow(1, 9, M * K):view({M, K})
       local ws = bf16({8 + N * K}, 1410)
       local w = ws:narrow(1, 9, N * K):view({N, K})
-      for _, cfg in ipairs({false, stream_config(STREAM_CONFIGS[1]), stream_config(STREAM_CONFIGS[7])}) do
-        local ll = k3.method.low_latency(all_plan(cfg or nil), {static_weights = true})
-        local what = string.format("M=%d %s", M, cfg and ("stream rows " .. cfg.rows) or "classic")
-        assert.equal(SKINNY, ll:explain(x, w).chosen, what)
-        check_ref(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
+      for i, cfg in ipairs(PDL_CONFIGS) do
+        for _, static in ipairs({true, false}) do
+          local ll = k3.method.low_latency(all_plan(cfg), {static_weights = static})
+          local what = string.format("M=%d config %d static=%s", M, i, tostring(static))
+          assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+          check_ref(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
+        end
       end
     end)
   end
 
-  -- The static-weights contract: with it the kernel loads w before it waits for the previous
-  -- kernel, and x, the residual and every write only after that wait. Here every projection
-  -- reads what the kernel just before it wrote: the previous projection's y, or an x that a
-  -- conversion kernel (f32 -> bf16) rewrites just before the projection.
-  it("static weights: projections chained through x, x rewritten by a kernel just before each", function()
+  -- Every projection reads what the kernel just before it wrote: the previous projection's y,
+  -- or an x that a conversion kernel (f32 -> bf16) rewrites just before the projection.
+  it("projections chained through x, x rewritten by a kernel just before each", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local o = {dtype = "bf16", device = "cuda"}
     local w1, w2 = bf16({1536, 7168}, 1500), bf16({7168, 1536}, 1501)
-    for _, c in ipairs({STREAM_CONFIGS[2], STREAM_CONFIGS[5]}) do
+    for i, cfg in ipairs(PDL_CONFIGS) do
       for _, static in ipairs({true, false}) do
-        local ll = k3.method.low_latency(all_plan(stream_config(c)), {static_weights = static})
+        local ll = k3.method.low_latency(all_plan(cfg), {static_weights = static})
         for _, M in ipairs({1, 5, 16}) do
-          local what = string.format("rows=%d static=%s M=%d", c[2], tostring(static), M)
+          local what = string.format("config %d static=%s M=%d", i, tostring(static), M)
           local src = k3.randn({M, 7168}, {dtype = "f32", device = "cuda", seed = 1510 + M})
           local x = k3.empty({M, 7168}, o)
           x:fill(0 / 0)
@@ -562,31 +472,8 @@ describe("cuda.linear.skinny, the stream kernel #gpu", function()
       end
     end
   end)
-
-  it("declines what it cannot run, with named reasons, and the fallback serves", function()
-    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local x, w = bf16({3, 1024}, 1), bf16({96, 1024}, 2)
-    local cases = {
-      {{threads = 256, rows = 16, unroll = 4, ctas_per_sm = 1, split_k = 8},
-        "config {threads = 256, rows = 16, unroll = 4, vec = 8, split_k = 8, ctas_per_sm = 1} is " ..
-        "not instantiated for the stream kernel (it splits K itself: split_k must be 0)"},
-      {{threads = 128, rows = 16, unroll = 4, ctas_per_sm = 1},
-        "config {threads = 128, rows = 16, unroll = 4, vec = 8, split_k = 0, ctas_per_sm = 1} is " ..
-        "not instantiated for the stream kernel"},
-      {{threads = 512, rows = 8, unroll = 8, ctas_per_sm = 4},
-        "stream kernel: ctas_per_sm = 4, but 1 CTA(s) of this configuration fit on an SM of cuda:0 at once"},
-    }
-    for _, case in ipairs(cases) do
-      local ll = k3.method.low_latency({[3] = {kernel = "skinny", config = case[1]}})
-      local e = ll:explain(x, w)
-      assert.equal(CUBLAS, e.chosen)
-      local reason = skinny_decline(e)
-      assert.truthy(reason and reason:find(case[2], 1, true), tostring(reason))
-      assert.equal(0, k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = CUBLAS})))
-      -- called directly with the same config (through a plan), the kernel names the reason
-    end
-  end)
 end)
+
 -- Static storage: the weights a low-latency method with static_weights (or a k3.nn layer) may
 -- load before the previous kernel ends. Marked, a storage refuses every write, naming who
 -- marked it, so the contract cannot be broken silently.
@@ -620,7 +507,7 @@ describe("static storage", function()
 
   it("a low-latency method with static_weights marks the weights it runs on; k3.nn.Linear marks its own #gpu", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local cfg = stream_config(STREAM_CONFIGS[2])
+    local cfg = {threads = 256, rows = 8, unroll = 4, vec = 8}
     local w = bf16({264, 1024}, 1600)
     local x = bf16({2, 1024}, 1601)
     k3.method.low_latency(all_plan(cfg)):apply(x, w)

@@ -26,26 +26,21 @@
 
 #include <string>
 
-/* A skinny candidate. kind: classic (one CTA per row tile), split (split-K across kcta CTAs)
- * or stream (ctas_per_sm x SMs CTAs, launch mode plain / PDL / PDL with static weights). */
-enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_STREAM };
+/* A skinny candidate: classic (one CTA per row tile) or split (split-K across kcta CTAs), in a
+ * launch mode: plain, PDL, or PDL with static weights (the first step of w before the wait). */
+enum k3t_kind { K3T_CLASSIC, K3T_SPLIT };
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
 
 struct k3t_cand {
     int kind, threads, rows, unroll;
-    int kcta;        /* split: CTAs along K */
-    int ctas_per_sm; /* stream */
-    int minb;        /* stream: register cap's CTAs per SM */
-    int mode;        /* k3t_mode */
+    int kcta; /* split: CTAs along K */
+    int mode; /* k3t_mode */
 };
 
 static inline std::string k3t_cand_name(const k3t_cand &c) {
     char b[96];
-    if (c.kind == K3T_STREAM)
-        snprintf(b, sizeof b, "stream t%dr%du%dc%d %s", c.threads, c.rows, c.unroll,
-                 c.ctas_per_sm, K3T_MODE_NAME[c.mode]);
-    else if (c.kind == K3T_SPLIT)
+    if (c.kind == K3T_SPLIT)
         snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
                  K3T_MODE_NAME[c.mode]);
     else
@@ -57,55 +52,27 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
     char b[160];
-    if (c.kind == K3T_STREAM)
-        snprintf(b, sizeof b,
-                 "{threads = %d, rows = %d, unroll = %d, vec = %d, ctas_per_sm = %d}", c.threads,
-                 c.rows, c.unroll, K3_SKINNY_VEC, c.ctas_per_sm);
-    else
-        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
-                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
-                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
+    snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
+             c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
+             k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
     return b;
 }
 
-/* Every stream configuration x ctas_per_sm (up to what fits on an SM at once, for M <= 8 and
- * M <= 16 alike, and K3_SKINNY_STREAM_MAX_CPS) x the launch modes of `modes` (bit per mode). */
-static inline std::vector<k3t_cand> k3t_stream_cands(unsigned modes) {
-    std::vector<k3t_cand> v;
-#define K3T_ADD(T_, R_, U_, B_)                                                            \
-    {                                                                                      \
-        const int fit = std::min(k3_skinny_stream_resident(T_, R_, U_, B_, 1),             \
-                                 k3_skinny_stream_resident(T_, R_, U_, B_, 2));            \
-        for (int c = 1; c <= std::min(fit, K3_SKINNY_STREAM_MAX_CPS); c++)                 \
-            for (int m = 0; m < 3; m++)                                                    \
-                if (modes >> m & 1u)                                                       \
-                    v.push_back(k3t_cand{K3T_STREAM, T_, 8 * R_, U_, 0, c, B_, m});        \
-    }
-    K3_SKINNY_STREAM_CONFIGS(K3T_ADD)
-#undef K3T_ADD
-    return v;
-}
-
-/* Scratch the candidates need: split-K partials (the size of the backend's context workspace,
- * 32 MiB) and counters; stream partials and counters. Counters start (and stay) zero. */
+/* Scratch split-K needs: partials (the size of the backend's context workspace, 32 MiB) and
+ * counters, which start (and stay) zero. */
 struct k3t_scratch {
-    float *split_ws, *stream_ws;
-    unsigned *split_counters, *stream_counters;
+    float *split_ws;
+    unsigned *split_counters;
     size_t split_ws_bytes;
-    int n_counters, sms;
+    int n_counters;
 };
 
-static inline void k3t_scratch_init(k3t_scratch &s, int sms) {
-    s.sms = sms;
+static inline void k3t_scratch_init(k3t_scratch &s) {
     s.n_counters = 65536;
     s.split_ws_bytes = 32u << 20;
     CK(cudaMalloc(&s.split_ws, s.split_ws_bytes));
-    CK(cudaMalloc(&s.stream_ws, k3_skinny_stream_ws_bytes(K3_SKINNY_STREAM_MAX_RG,
-                                                          (int64_t)K3_SKINNY_STREAM_MAX_CPS * sms)));
     CK(cudaMalloc(&s.split_counters, s.n_counters * sizeof(unsigned)));
-    CK(cudaMalloc(&s.stream_counters, s.n_counters * sizeof(unsigned)));
     CK(cudaMemset(s.split_counters, 0, s.n_counters * sizeof(unsigned)));
-    CK(cudaMemset(s.stream_counters, 0, s.n_counters * sizeof(unsigned)));
 }
 
 /* Whether the candidate can run this problem at all (scratch sizes, tiles). */
@@ -113,7 +80,6 @@ static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M,
     if (c.kind == K3T_SPLIT)
         return k3_skinny_split_ws_bytes(c.rows, c.kcta, M, N) <= s.split_ws_bytes &&
                k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
-    if (c.kind == K3T_STREAM) return k3_skinny_stream_tiles(c.rows / 8, N) <= s.n_counters;
     return true;
 }
 
@@ -121,23 +87,6 @@ static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M,
 static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, const uint16_t *x,
                                      const uint16_t *w, uint16_t *y, int M, int N, int K,
                                      cudaStream_t stream) {
-    if (c.kind == K3T_STREAM) {
-        k3_skinny_stream_args a = {};
-        a.x = (const uint4 *)x;
-        a.w = (const uint4 *)w;
-        a.y = y;
-        a.y_s0 = N;
-        a.y_s1 = 1;
-        a.M = M;
-        a.N = N;
-        a.K = K;
-        a.ws = s.stream_ws;
-        a.counters = s.stream_counters;
-        a.pdl = c.mode != K3T_PLAIN;
-        a.static_w = c.mode == K3T_PDL_STATIC;
-        return k3_skinny_stream_launch(c.threads, c.rows / 8, c.unroll, c.minb,
-                                       c.ctas_per_sm * s.sms, a, stream);
-    }
     k3_skinny_problem q = {};
     q.x = x;
     q.w = w;

@@ -3,9 +3,9 @@
  * y[M,N] = x[M,K] w[N,K]^T (bf16, fp32 accumulation) on the current GPU, per weight shape
  * (N, K) and M: the read limit of the weight's bytes (tools/read_limit.cuh, plain and chained
  * with PDL), cuBLAS, the skinny kernel as the plan file configures it
- * (lua/k3/policy/sm<cc>.lua) and every instantiated configuration of the skinny stream
- * kernel (kernels/linear_skinny.cuh) in three launch modes: plain, PDL, and PDL with the
- * weight declared static (w loads issued before griddepcontrol.wait). Built and run by
+ * (lua/k3/policy/sm<cc>.lua) and every instantiated classic configuration of the skinny
+ * kernel (kernels/linear_skinny.cuh), each in three launch modes: plain, PDL, and PDL with the
+ * weight declared static (the first step of w loaded before griddepcontrol.wait). Built and run by
  * scripts/linear-sweep.
  *
  * Method (tools/linear_bench.cuh): every measurement is a CUDA graph of L back-to-back calls
@@ -103,14 +103,10 @@ struct Row {
     std::string best_cfg[3];
 };
 
-/* A candidate's configuration without its launch mode: "s256r16u4c1" (stream, CTAs per SM)
- * or "k512r8u2" (classic). */
+/* A classic candidate's configuration without its launch mode: "k512r8u2". */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
-    if (c.kind == K3T_STREAM)
-        snprintf(b, sizeof b, "s%dr%du%dc%d", c.threads, c.rows, c.unroll, c.ctas_per_sm);
-    else
-        snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
+    snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
     return b;
 }
 
@@ -185,14 +181,14 @@ int main(int argc, char **argv) {
     }
     fprintf(csv, "N,K,M,candidate,mode,us,status\n");
 
-    /* every stream configuration, and two classic ones, each in the three launch modes */
-    std::vector<k3t_cand> cands = k3t_stream_cands(7u);
-    for (int m = 0; m < 3; m++)
-        for (const k3t_cand c : {k3t_cand{K3T_CLASSIC, 512, 8, 2, 1, 0, 0, m},
-                                 k3t_cand{K3T_CLASSIC, 256, 8, 4, 1, 0, 0, m}})
-            cands.push_back(c);
+    /* every classic configuration in the three launch modes */
+    std::vector<k3t_cand> cands;
+#define K3_SW_ADD(T_, R_, U_)                                                              \
+    for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC, T_, R_, U_, 1, m});
+    K3_SKINNY_CONFIGS(K3_SW_ADD)
+#undef K3_SW_ADD
     k3t_scratch scr;
-    k3t_scratch_init(scr, sms);
+    k3t_scratch_init(scr);
     int64_t out_words = 0;
     for (const auto &r : k3t_read_shapes()) out_words = std::max(out_words, k3t_read_out_words(r, sms));
     unsigned *rl_out = nullptr;
@@ -293,7 +289,7 @@ int main(int argc, char **argv) {
                 const int kcta = kw ? e.split_k / kw : 0;
                 for (int mode = 0; mode < 3; mode++) {
                     const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
-                                        e.unroll, kcta, 0, 0, mode};
+                                        e.unroll, kcta, mode};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {
@@ -321,7 +317,7 @@ int main(int argc, char **argv) {
             }
             rows.push_back(row);
             fflush(csv);
-            fprintf(stderr, "[%4lds] %-12s M=%-2d read %6.2f/%6.2f cuBLAS %6.2f plan %6.2f stream %6.2f %6.2f %6.2f\n",
+            fprintf(stderr, "[%4lds] %-12s M=%-2d read %6.2f/%6.2f cuBLAS %6.2f plan %6.2f best %6.2f %6.2f %6.2f\n",
                     (long)(time(nullptr) - t0), shape_key, M, read_us, read_pdl_us,
                     row.cublas_us, row.plan_us, row.best_us[0], row.best_us[1], row.best_us[2]);
         }

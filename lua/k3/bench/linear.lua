@@ -8,8 +8,8 @@
 -- The read limit of a shape is what k3's read-only streaming kernel (tools/read_limit.cuh, run
 -- by scripts/read-limit in the same bench run) takes for exactly the weight's bytes, timed the
 -- same way: the floor a weight-streaming kernel can reach. Where the plan's kernel launches
--- with programmatic dependent launch (the skinny stream kernel, config.ctas_per_sm > 0) the
--- read limit used is the read kernel chained with PDL, and the calls of every timed graph form
+-- with programmatic dependent launch (the skinny kernel always does) the read limit used is
+-- the read kernel chained with PDL, and the calls of every timed graph form
 -- a decode-like chain: call c reads as x the buffer call c - 1 wrote as y (its first M x K
 -- elements; the first M x N are that call's output), so the overlap PDL buys is the overlap a
 -- decode step can get. The weights are scaled by 1/sqrt(K) so the chain's values stay near
@@ -44,15 +44,11 @@ L.TARGETS = {
 -- A plan used by --dry-run only when the machine has none (CPU tensors never get one): it
 -- exercises the plan and config code paths; its entries decline on the CPU like any other.
 local DRY_PLAN = {
-  [1] = {kernel = "skinny", config = {threads = 256, rows = 16, unroll = 4, vec = 8, ctas_per_sm = 1}},
+  [1] = {kernel = "skinny", config = {threads = 256, rows = 8, unroll = 4, vec = 8}},
   [2] = {kernel = "skinny", config = {threads = 128, rows = 2, unroll = 4, vec = 8}},
   [4] = {kernel = "skinny", config = {threads = 256, rows = 2, vec = 8, split_k = 2}},
 }
 
--- Whether a plan entry runs the stream kernel, which launches with PDL.
-local function launches_pdl(entry)
-  return entry ~= nil and entry.config ~= nil and (entry.config.ctas_per_sm or 0) > 0
-end
 
 -- The checkout's root (this file is <root>/lua/k3/bench/linear.lua).
 local function repo_root()
@@ -176,7 +172,7 @@ function L.run(env, peers, opts)
       local ex = method:explain(X1, ws[1])
       local entry = plan and plan[M]
       local fast = ex.chosen and ex.chosen:find("skinny", 1, true) ~= nil
-      local pdl = fast and launches_pdl(entry)
+      local pdl = fast -- the skinny kernel launches with PDL
       local read_us = pdl and lim.read_pdl_us or lim.read_us
       local note
       if not fast then
