@@ -348,6 +348,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         set_reason(reason, n, "out of host memory");
         return K3_ENOMEM;
     }
+    k3c_attn_res_knobs_init();
 #if K3_PACKED_ATTN_RES
     for (int d = 0; d < count; d++) packed_ok = packed_ok && k3c_attn_res_packed_loadable(d);
 #else
@@ -360,6 +361,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
 #if K3_PACKED_ATTN_RES
     if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_packed;
 #endif
+    g_kernels[nk++] = &k3_cuda_attn_res_stream;
     g_kernels[nk++] = &k3_cuda_attn_res_generic;
     g_kernels[nk++] = &k3_cuda_rms_norm_generic;
     g_kernels[nk++] = &k3_cuda_silu_mul_generic;
