@@ -43,15 +43,39 @@ template <class A> __device__ __forceinline__ A warp_sum_any(A v) {
     return v;
 }
 
-/* Sums N values over the block; every thread gets the totals. scratch holds
- * N * (blockDim.x / 32) values. Contains two barriers. */
-template <class A, int N> __device__ void block_sum(A (&v)[N], A *scratch) {
+template <class A> __device__ __forceinline__ A warp_max_any(A v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The scale-safe norms (attn_res.cuh's ss_needs_rescale, for f32 and f64 accumulators): a sum
+ * of squares that overflowed or fell where squared elements may be denormal is recomputed on
+ * the values scaled by 2^-e, e the binary exponent of their max magnitude. */
+__device__ __forceinline__ bool needs_rescale(float ss) { return ss_needs_rescale(ss); }
+__device__ __forceinline__ bool needs_rescale(double ss) { return !(ss <= 1e307) || ss < 0x1p-900; }
+__device__ __forceinline__ int exp_of(float m) {
+    int e = 0;
+    if (m > 0.0f && !isinf(m)) frexpf(m, &e);
+    return e;
+}
+__device__ __forceinline__ int exp_of(double m) {
+    int e = 0;
+    if (m > 0.0 && !isinf(m)) frexp(m, &e);
+    return e;
+}
+__device__ __forceinline__ float scale2(float v, int e) { return ldexpf(v, e); }
+__device__ __forceinline__ double scale2(double v, int e) { return ldexp(v, e); }
+
+/* Sums (MAX: maxima of) N values over the block; every thread gets the totals. scratch holds
+ * N * (blockDim.x / 32) values. Contains three barriers. */
+template <class A, int N, bool MAX = false> __device__ void block_sum(A (&v)[N], A *scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     /* Every warp is done with the shared values read before this sum (racecheck on the H200
      * reported the mix loop's reads against this function's scratch writes). */
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < N; i++) v[i] = warp_sum_any(v[i]);
+    for (int i = 0; i < N; i++) v[i] = MAX ? warp_max_any(v[i]) : warp_sum_any(v[i]);
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < N; i++) scratch[warp * N + i] = v[i];
@@ -59,7 +83,7 @@ template <class A, int N> __device__ void block_sum(A (&v)[N], A *scratch) {
 #pragma unroll
     for (int i = 0; i < N; i++) {
         A s = 0;
-        for (int w = 0; w < nw; w++) s += scratch[w * N + i];
+        for (int w = 0; w < nw; w++) s = MAX ? fmax(s, scratch[w * N + i]) : s + scratch[w * N + i];
         v[i] = s;
     }
     __syncthreads();
@@ -89,11 +113,15 @@ __global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(gener
             }
             if (p.wb >= 0) brow[(int64_t)p.wb * p.sbs + d] = pv;
         }
-        /* Logits, kGenericChunk sources at a time. Source nb is p (the prefix row). */
+        /* Logits, kGenericChunk sources at a time. Source nb is p (the prefix row). One pass
+         * gives each source's dot, sum of squares and max |v|; a sum that needs it is redone
+         * on the scaled values (rare). */
         for (int s0 = 0; s0 < nsrc; s0 += kGenericChunk) {
-            A acc[2 * kGenericChunk];
+            A acc[2 * kGenericChunk], amax[kGenericChunk];
 #pragma unroll
             for (int j = 0; j < 2 * kGenericChunk; j++) acc[j] = 0;
+#pragma unroll
+            for (int j = 0; j < kGenericChunk; j++) amax[j] = 0;
             for (int64_t d = threadIdx.x; d < p.H; d += blockDim.x) {
                 A w = load_w<A>(p.nw, p.nw_dt, d) * load_w<A>(p.qw, p.qw_dt, d);
 #pragma unroll
@@ -104,15 +132,47 @@ __global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(gener
                         A v = k3c_load_acc<T>(row[d]);
                         acc[2 * j] += v * w;
                         acc[2 * j + 1] += v * v;
+                        amax[j] = fmax(amax[j], fabs(v));
                     }
                 }
             }
             block_sum<A, 2 * kGenericChunk>(acc, scratch);
+            bool redo = false;
+#pragma unroll
+            for (int j = 0; j < kGenericChunk; j++)
+                redo = redo || (s0 + j < nsrc && needs_rescale(acc[2 * j + 1]));
+            A epss[kGenericChunk];
+#pragma unroll
+            for (int j = 0; j < kGenericChunk; j++) epss[j] = (A)p.eps;
+            if (redo) { /* uniform: every thread holds the same totals */
+                block_sum<A, kGenericChunk, true>(amax, scratch);
+                int es[kGenericChunk];
+#pragma unroll
+                for (int j = 0; j < kGenericChunk; j++) {
+                    es[j] = s0 + j < nsrc && needs_rescale(acc[2 * j + 1]) ? exp_of(amax[j]) : 0;
+                    epss[j] = scale2((A)p.eps, -2 * es[j]);
+                    acc[2 * j] = acc[2 * j + 1] = 0;
+                }
+                for (int64_t d = threadIdx.x; d < p.H; d += blockDim.x) {
+                    A w = load_w<A>(p.nw, p.nw_dt, d) * load_w<A>(p.qw, p.qw_dt, d);
+#pragma unroll
+                    for (int j = 0; j < kGenericChunk; j++) {
+                        int s = s0 + j;
+                        if (s < nsrc) {
+                            const T *row = s < p.nb ? brow + (int64_t)s * p.sbs : prow;
+                            A v = scale2(k3c_load_acc<T>(row[d]), -es[j]);
+                            acc[2 * j] += v * w;
+                            acc[2 * j + 1] += v * v;
+                        }
+                    }
+                }
+                block_sum<A, 2 * kGenericChunk>(acc, scratch);
+            }
             if (threadIdx.x == 0)
 #pragma unroll
                 for (int j = 0; j < kGenericChunk; j++)
                     if (s0 + j < nsrc)
-                        prob[s0 + j] = acc[2 * j] * k3c_rsqrt(acc[2 * j + 1] * invH + (A)p.eps);
+                        prob[s0 + j] = acc[2 * j] * k3c_rsqrt(acc[2 * j + 1] * invH + epss[j]);
         }
         __syncthreads();
         /* Softmax over the sources (each thread reads all logits; nsrc is small). */
@@ -126,28 +186,46 @@ __global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(gener
         __syncthreads();
         /* Mix; with an output norm, first its sum of squares, then the scaled write. */
         T *orow = p.out + t * p.so;
-        A sq[1] = {0};
+        A sq[1] = {0}, mmax[1] = {0};
         for (int64_t d = threadIdx.x; d < p.H; d += blockDim.x) {
             A m = 0;
             for (int s = 0; s < nsrc; s++) {
                 const T *row = s < p.nb ? brow + (int64_t)s * p.sbs : prow;
                 m += prob[s] * k3c_load_acc<T>(row[d]);
             }
-            if (p.onw)
+            if (p.onw) {
                 sq[0] += m * m;
-            else
+                mmax[0] = fmax(mmax[0], fabs(m));
+            } else {
                 orow[d] = k3c_store_acc<T>(m);
+            }
         }
         if (p.onw) {
             block_sum<A, 1>(sq, scratch);
-            A r = k3c_rsqrt(sq[0] * invH + (A)p.oeps);
+            int e = 0;
+            if (needs_rescale(sq[0])) { /* uniform, as above: the mix scaled by 2^-e */
+                block_sum<A, 1, true>(mmax, scratch);
+                e = exp_of(mmax[0]);
+                sq[0] = 0;
+                for (int64_t d = threadIdx.x; d < p.H; d += blockDim.x) {
+                    A m = 0;
+                    for (int s = 0; s < nsrc; s++) {
+                        const T *row = s < p.nb ? brow + (int64_t)s * p.sbs : prow;
+                        m += prob[s] * k3c_load_acc<T>(row[d]);
+                    }
+                    m = scale2(m, -e);
+                    sq[0] += m * m;
+                }
+                block_sum<A, 1>(sq, scratch);
+            }
+            A r = k3c_rsqrt(sq[0] * invH + scale2((A)p.oeps, -2 * e));
             for (int64_t d = threadIdx.x; d < p.H; d += blockDim.x) {
                 A m = 0;
                 for (int s = 0; s < nsrc; s++) {
                     const T *row = s < p.nb ? brow + (int64_t)s * p.sbs : prow;
                     m += prob[s] * k3c_load_acc<T>(row[d]);
                 }
-                orow[d] = k3c_store_acc<T>(m * r * load_w<A>(p.onw, p.onw_dt, d));
+                orow[d] = k3c_store_acc<T>(scale2(m, -e) * r * load_w<A>(p.onw, p.onw_dt, d));
             }
         }
         __syncthreads(); /* prob and scratch are reused by the next token */

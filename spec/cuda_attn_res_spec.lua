@@ -198,7 +198,7 @@ describe("cuda.attn_res.packed #gpu", function()
   it("key and output norms hold for inputs near 1e20 and 1e-25 (eps = 0: scale-invariant)", function()
     if not have_packed() then return end
     for _, scale in ipairs({1e20, 1e-25, 3e36}) do
-      for _, kern in ipairs({K}) do
+      for _, kern in ipairs({K, "cuda.attn_res.generic"}) do
         local a = inputs(3, 8, 7168, {num_blocks = 5, delta = false, seed = 900})
         a.prefix:copy(a.prefix * scale)
         a.blocks:copy(a.blocks * scale)
