@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace k3ar {
 
@@ -18,20 +19,33 @@ namespace k3ar {
 
 /* K3_ATTN_RES_PDL: "0" launches the packed and stream kernels without programmatic dependent
  * launch; anything else (or unset) launches them with it. K3_ATTN_RES_PACKED_CTAS: CTAs per
- * token of cuda.attn_res.packed, 1..8 (a cluster when > 1); unset or 0 picks per call. */
+ * token of cuda.attn_res.packed, 1..8 (a cluster when > 1); unset or 0 picks per call.
+ * K3_ATTN_RES_PACKED_VARIANT: the body cuda.attn_res.packed launches, for same-run timing:
+ * "regs" (unset: every source's registers at the 9- or 17-source size, max |v| in the hot
+ * loop), "lean" (register arrays sized to num_blocks rounded up to 1, 4, 8 or 16, unread
+ * slots skipped, max |v| only on the rescale path, warp-parallel second reduction level) or
+ * "cluster" (the cluster kernel of 2026-11-30: a cluster of up to 8 CTAs per token, no PDL;
+ * it serves delta + output norm without a block write, and any other call runs "regs"). */
+enum packed_variant { PACKED_REGS = 0, PACKED_LEAN = 1, PACKED_CLUSTER = 2 };
 struct knobs {
     int pdl;
     int packed_ctas;
+    int packed_variant;
 };
-inline knobs g_knobs = {1, 0};
+inline knobs g_knobs = {1, 0, PACKED_REGS};
 inline const knobs &get_knobs() { return g_knobs; }
-/* Reads the two variables into g_knobs; a value out of range leaves the default. */
+/* Reads the three variables into g_knobs; a value out of range leaves the default. */
 inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     e = getenv("K3_ATTN_RES_PACKED_CTAS");
     int c = e && *e ? atoi(e) : 0;
     g_knobs.packed_ctas = c >= 1 && c <= 8 ? c : 0;
+    e = getenv("K3_ATTN_RES_PACKED_VARIANT");
+    g_knobs.packed_variant = !e                      ? PACKED_REGS
+                             : !strcmp(e, "lean")    ? PACKED_LEAN
+                             : !strcmp(e, "cluster") ? PACKED_CLUSTER
+                                                     : PACKED_REGS;
 }
 
 /* ---- 16-bit vectors ------------------------------------------------------------------------ */

@@ -23,6 +23,7 @@ options:
   --ts 1,16         attn_res: only these token counts;  --nbs 1,8  only these num_blocks
   --kernels a,b     attn_res: only these kernels (packed, stream, generic)
   --graph-only      attn_res: no eager figures
+  --independent-delta  attn_res: each call's delta is its own input, not the previous output
   --no-triton       attn_res: do not run scripts/bench-peers.py --only attn_res_triton first
                     (without it, a GPU run times the Triton peer in the same command)
   --summary FILE    attn_res: update the "attn_res" key of FILE (a JSON object), keeping the
@@ -62,6 +63,7 @@ local function parse(args)
       end
       o.sub_opts.kernels = list
     elseif key == "--graph-only" then o.sub_opts.graph_only = true
+    elseif key == "--independent-delta" then o.sub_opts.independent_delta = true
     elseif key == "--no-triton" then o.no_triton = true
     elseif key == "--summary" then o.summary = value()
     elseif key == "--bw" then

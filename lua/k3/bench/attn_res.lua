@@ -75,7 +75,8 @@ local function serves(a, kname)
 end
 
 -- A.run(env, peers, opts) -> {rows =, summary =, lines =}; opts.ts / opts.nbs override the
--- rows, opts.kernels (short names) the kernels, opts.graph_only skips the eager figures.
+-- rows, opts.kernels (short names) the kernels, opts.graph_only skips the eager figures,
+-- opts.independent_delta gives each call a delta of its own (no chain through the outputs).
 function A.run(env, peers, opts)
   opts = opts or {}
   local ts, nbs = opts.ts or A.TS, opts.nbs or A.NBS
@@ -99,13 +100,14 @@ function A.run(env, peers, opts)
     local P = env:random({alloc * tl, h}, ti * 10 + 1)
     local B = env:random({alloc * tl, S, h}, ti * 10 + 3)
     local O = env:random({alloc * tl, h}, ti * 10 + 2)
+    local D = opts.independent_delta and env:random({alloc * tl, h}, ti * 10 + 7) or nil
     local NW = env:random({alloc, h}, ti * 10 + 4)
     local QW = env:random({alloc, h}, ti * 10 + 5)
     local OW = env:random({alloc, h}, ti * 10 + 6)
     local sets = {}
     for c = 1, alloc do
       local r, rp = (c - 1) * tl + 1, ((c - 2) % alloc) * tl + 1
-      sets[c] = {prefix = P:narrow(1, r, tl), delta = O:narrow(1, rp, tl),
+      sets[c] = {prefix = P:narrow(1, r, tl), delta = D and D:narrow(1, r, tl) or O:narrow(1, rp, tl),
                  blocks = B:narrow(1, r, tl), out = O:narrow(1, r, tl),
                  norm_weight = NW:select(1, c), qk_weight = QW:select(1, c),
                  output_norm_weight = OW:select(1, c)}
@@ -220,7 +222,7 @@ function A.run(env, peers, opts)
       row.generic_over_fast = row.generic_graph_us and pg and row.generic_graph_us / pg or nil
       rows[#rows + 1] = row
     end
-    for _, t in ipairs({P, B, O, NW, QW, OW}) do t:free() end
+    for _, t in ipairs({P, B, O, NW, QW, OW, D}) do t:free() end
     sets = nil
     env:release()
   end
