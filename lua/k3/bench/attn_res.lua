@@ -68,10 +68,28 @@ local function call_args(sets, c, nb, kname)
           out = s.out, kernel = kname}
 end
 
--- True when kernel kname serves this call (explain with the kernel forced picks it).
+-- True when kernel kname serves this call: dispatch under a policy whose attn_res list is
+-- kname alone (then the CPU reference, which declines CUDA tensors) picks it. Else false and
+-- kname's decline reason (a kernel asked for rows it does not serve is not an error: the row
+-- shows '-'). A forced kernel= skips supports(), so it cannot answer this.
 local function serves(a, kname)
-  local ok, e = pcall(k3.explain, "attn_res", a)
-  return ok and e.chosen == kname
+  local saved = k3.policy
+  local p = {}
+  for k, v in pairs(saved) do p[k] = v end
+  p.attn_res = kname == "cpu.attn_res.reference" and {kname} or {kname, "cpu.attn_res.reference"}
+  p.on_layout_mismatch = "fallback"
+  local probe = {}
+  for k, v in pairs(a) do probe[k] = v end
+  probe.kernel = nil
+  k3.set_policy(p)
+  local ok, e = pcall(k3.explain, "attn_res", probe)
+  k3.set_policy(saved)
+  if not ok then return false, tostring(e):gsub("\n.*", "") end
+  if e.chosen == kname then return true end
+  for _, d in ipairs(e.declined or {}) do
+    if d.kernel == kname then return false, d.reason end
+  end
+  return false, e.error or "not chosen"
 end
 
 -- A.run(env, peers, opts) -> {rows =, summary =, lines =}; opts.ts / opts.nbs override the
@@ -123,7 +141,9 @@ function A.run(env, peers, opts)
       row.fast = okx and ex.chosen or nil
       for _, kern in ipairs(kernels) do
         local name, kname = kern[1], kern[2]
-        if serves(call_args(sets, 1, nb, kname), kname) then
+        local served, why = serves(call_args(sets, 1, nb, kname), kname)
+        if not served then row[name .. "_declined"] = why end
+        if served then
           local args = {}
           for c = 1, alloc do args[c] = call_args(sets, c, nb, kname) end
           local function fn(i) k3.attn_res(args[(i - 1) % alloc + 1]) end
@@ -227,7 +247,7 @@ function A.run(env, peers, opts)
     env:release()
   end
   U.progress_done()
-  local res = {rows = rows, summary = A.summarize(rows)}
+  local res = {rows = rows, summary = A.summarize(rows), independent_delta = opts.independent_delta}
   res.lines = A.format(env, peers, res, kernels)
   return res
 end
@@ -289,7 +309,9 @@ function A.format(env, peers, res, kernels)
   p("µs per call, median; '-g': inside a CUDA graph of one call per rotated input set (sets x bytes > 200 MB),")
   p("else eager (events around each call, launch included). bytes = prefix + delta read, prefix written,")
   p("num_blocks block rows read, out written, 3 weights; floor = bytes / copy bandwidth; %%floor = floor / fast-g;")
-  p("fast = the kernel default dispatch picks; each call's delta is the previous call's output.")
+  p("fast = the kernel default dispatch picks; %s;", res.independent_delta and
+    "each call's delta is an input of its own" or "each call's delta is the previous call's output")
+  p("'-' under a kernel: it declines the row (its reason is the row's <kernel>_declined in attn_res.json).")
   p("peers: %s", peers.source)
   p("")
   local cols = {
