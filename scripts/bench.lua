@@ -6,6 +6,7 @@ local k3 = require "k3"
 local U = require "k3.bench.util"
 local Env = require "k3.bench.env"
 local Peers = require "k3.bench.peers"
+local Summary = require "k3.bench.summary"
 
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
@@ -26,11 +27,16 @@ options:
   --independent-delta  attn_res: each call's delta is its own input, not the previous output
   --no-triton       attn_res: do not run scripts/bench-peers.py --only attn_res_triton first
                     (without it, a GPU run times the Triton peer in the same command)
-  --summary FILE    attn_res: update the "attn_res" key of FILE (a JSON object), keeping the
-                    others (default bench/summary-h200.json on an H200, none elsewhere)
   --quiet           no progress output (K3_PROGRESS=0 likewise; a live line on a terminal,
                     a plain line every few seconds otherwise)
   -h, --help        this text]]
+
+-- The checkout's root (this file is <root>/scripts/bench.lua).
+local function repo_root()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  local root = src:gsub("/?scripts/bench%.lua$", "")
+  return root ~= "" and root or "."
+end
 
 local function die(msg)
   io.stderr:write("bench: ", msg, "\n", usage, "\n")
@@ -65,7 +71,6 @@ local function parse(args)
     elseif key == "--graph-only" then o.sub_opts.graph_only = true
     elseif key == "--independent-delta" then o.sub_opts.independent_delta = true
     elseif key == "--no-triton" then o.no_triton = true
-    elseif key == "--summary" then o.summary = value()
     elseif key == "--bw" then
       o.bw = tonumber(value())
       if not o.bw or o.bw <= 0 then die("--bw must be a positive number (GB/s)") end
@@ -157,14 +162,16 @@ local function main(args)
       U.write_file(string.format("%s/%s.json", o.out, sub), U.json_encode(doc) .. "\n")
       U.write_file(string.format("%s/%s.txt", o.out, sub), table.concat(res.lines, "\n") .. "\n")
       all[sub] = {summary = res.summary}
-      if sub == "attn_res" and mod.write_summary then
-        local file = o.summary
-        if not file and not o.dry and tostring(env:meta().device_name or ""):find("H200") then
-          file = "bench/summary-h200.json"
-        end
-        if file then
-          mod.write_summary(file, res.summary, {command = cmd, machine = env:meta().device_name})
-          print(string.format("(attn_res summary: the \"attn_res\" key of %s)", file))
+      if mod.summary_object then
+        -- bench/summary-<gpu>.json (committed) on a GPU; a dry run's copy stays in --out.
+        local root = repo_root()
+        local path = o.dry and (o.out .. "/summary-dry-run.json")
+                     or string.format("%s/bench/summary-%s.json", root, Summary.gpu_tag(res.machine))
+        -- nil: a partial run (attn_res with --ts, --kernels, ...) leaves the file alone.
+        local obj = mod.summary_object(res, cmd, Summary.commit(root))
+        if obj then
+          Summary.update(path, sub, obj)
+          print(string.format("(%s: its object in %s)", sub, path))
         end
       end
       md[#md + 1] = "### " .. sub

@@ -247,7 +247,10 @@ function A.run(env, peers, opts)
     env:release()
   end
   U.progress_done()
-  local res = {rows = rows, summary = A.summarize(rows), independent_delta = opts.independent_delta}
+  local res = {rows = rows, summary = A.summarize(rows), independent_delta = opts.independent_delta,
+               machine = env:device_name(),
+               partial = (opts.ts or opts.nbs or opts.kernels or opts.graph_only or
+                          opts.independent_delta) and true or nil}
   res.lines = A.format(env, peers, res, kernels)
   return res
 end
@@ -375,32 +378,22 @@ function A.format(env, peers, res, kernels)
   return out
 end
 
--- A.write_summary(file, summary, meta): sets the "attn_res" key of the JSON object in file
--- (created when missing; other keys kept as they are) to the run's figures: date (UTC, ISO
--- 8601), machine, commit, command, t1_nb1_us, t1_nb8_us, t16_nb8_us, t256_nb8_us,
--- big_floor_frac_min (T >= 4096), peer_rows and peer_wins (rows where the fast kernel beats
--- the Triton peer in a graph), generic_over_fast_max_t16.
-function A.write_summary(file, s, meta)
-  local doc = {}
-  local okr, text = pcall(U.read_file, file)
-  if okr and text and text:find("%S") then
-    local okd, d = pcall(U.json_decode, text)
-    if not okd or type(d) ~= "table" then
-      error(string.format("bench: %s is not a JSON object; not overwriting it", file), 0)
-    end
-    doc = d
-  end
-  local f = io.popen("git rev-parse HEAD 2>/dev/null")
-  local commit = f and f:read("l")
-  if f then f:close() end
-  doc.attn_res = {
-    date = os.date("!%Y-%m-%dT%H:%M:%SZ"), machine = meta.machine, commit = commit,
-    command = meta.command, t1_nb1_us = s.t1_nb1_us, t1_nb8_us = s.t1_nb8_us,
-    t16_nb8_us = s.t16_nb8_us, t256_nb8_us = s.t256_nb8_us,
-    big_floor_frac_min = s.big_floor_frac_min, peer_rows = s.peer_rows, peer_wins = s.peer_wins,
+-- A.summary_object(res, cmd, commit) -> the `attn_res` object of bench/summary-<gpu>.json
+-- (k3.bench.summary writes it): date (UTC, ISO 8601), machine, commit, command, t1_nb1_us,
+-- t1_nb8_us, t16_nb8_us, t256_nb8_us, big_floor_frac_min (T >= 4096), peer_rows and peer_wins
+-- (rows where the fast kernel beats the Triton peer in a graph), generic_over_fast_max_t16.
+-- nil for a partial run (a subset of rows or kernels, graph only, independent delta), whose
+-- figures are not the benchmark's.
+function A.summary_object(res, cmd, commit)
+  if res.partial then return nil end
+  local s = res.summary
+  return {
+    date = U.date(), machine = res.machine, commit = commit, command = cmd,
+    t1_nb1_us = s.t1_nb1_us, t1_nb8_us = s.t1_nb8_us, t16_nb8_us = s.t16_nb8_us,
+    t256_nb8_us = s.t256_nb8_us, big_floor_frac_min = s.big_floor_frac_min,
+    peer_rows = s.peer_rows, peer_wins = s.peer_wins,
     generic_over_fast_max_t16 = s.generic_over_fast_max_t16,
   }
-  U.write_file(file, U.json_encode(doc) .. "\n")
 end
 
 A.CSV_KEYS = {"T", "num_blocks", "copies", "bytes", "MB", "floor_us", "fast", "fast_name",
