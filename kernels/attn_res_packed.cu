@@ -31,7 +31,8 @@ struct packed_params {
     int vecs;    /* H / 8 */
     int nb;      /* 0..MAXS-1 */
     int wb;      /* slot written, or -1 */
-    int nstatic; /* -1: nothing loaded before the PDL wait; else the weights and slots < nstatic */
+    int wstatic; /* the three weights are loaded before the PDL wait (static_weights) */
+    int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
     float eps, oeps, invH;
@@ -164,7 +165,8 @@ __device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)
  * Thread `tid` of CTA `rank` owns the 16-byte vectors vi = k*C*NT + rank*NT + tid (k < V) of
  * every row of token blockIdx.x / C. Source slot MAXS-1 is p, so every register array is
  * indexed by compile-time constants.
- *  1. before the PDL wait: the weights and block slots < nstatic (the static_blocks contract);
+ *  1. before the PDL wait: the weights when static_weights, block slots < static_blocks (the
+ *     call's contract, k3.h); dependents may start only after the wait;
  *     after it: prefix, delta and the other slots, all issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb; per source dot, sum of
  *     squares and max |v| (one pass), one token reduction for all logits;
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_packed_kernel(cons
 
     wvec<T, W> wn[V], wq[V], wo[V];
     uint4 src[NB][V];
-    const bool wstatic = p.nstatic >= 0;
+    const bool wstatic = p.wstatic != 0;
     if (wstatic)
 #pragma unroll
         for (int k = 0; k < V; k++) {
@@ -842,7 +844,8 @@ k3_status packed_run(const k3_op_args *oa) {
     p.vecs = (int)(H / 8);
     p.nb = (int)a->num_blocks;
     p.wb = (int)a->write_block;
-    p.nstatic = -1;
+    p.wstatic = a->static_weights != 0;
+    p.nstatic = (int)a->static_blocks;
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
     p.eps = (float)a->eps;

@@ -173,6 +173,48 @@ describe("cuda.attn_res.packed #gpu", function()
     end
   end)
 
+  it("static_weights / static_blocks: seal then read back to back, bitwise as with nothing static", function()
+    if not have_packed() then return end
+    -- The Kimi-K3 order, queued with no host wait: step i seals slot i (num_blocks i - 1),
+    -- then the next read takes num_blocks i, its delta the seal's output. Under the contract,
+    -- slots sealed before the previous call are static and the slot the previous call sealed
+    -- is not. Run once with the contract and once without; every output, the prefix and the
+    -- blocks must be bitwise equal (a slot or weight loaded before it was written would not be).
+    local T, S, Hd = 16, 16, 7168
+    local function run(static)
+      local a = inputs(T, S, Hd, {seed = 900})
+      k3.synchronize() -- the inputs are written before the first call: its weights are static
+      local outs, delta = {}, a.delta
+      for i = 1, S do
+        local seal = {prefix = a.prefix, delta = delta, blocks = a.blocks, num_blocks = i - 1,
+                      write_block = i, norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                      output_norm_weight = a.output_norm_weight, kernel = K,
+                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+        local read = {prefix = a.prefix, delta = seal.out, blocks = a.blocks, num_blocks = i,
+                      norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                      output_norm_weight = a.output_norm_weight, kernel = K,
+                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+        if static then
+          seal.static_weights, seal.static_blocks = true, i - 1
+          read.static_weights, read.static_blocks = true, i - 1
+        end
+        k3.attn_res(seal)
+        k3.attn_res(read)
+        outs[#outs + 1], outs[#outs + 2] = seal.out, read.out
+        delta = read.out
+      end
+      return outs, a.prefix:to("cpu"), a.blocks:to("cpu")
+    end
+    local o1, p1, b1 = run(true)
+    local o0, p0, b0 = run(false)
+    for i = 1, #o0 do
+      assert.is_false(H.has_nan(o1[i]:to("cpu"):to("f64")), "call " .. i .. ": NaN")
+      assert.equal(0, k3.max_abs_diff(o1[i], o0[i]), "call " .. i .. ": output")
+    end
+    assert.equal(0, k3.max_abs_diff(p1, p0), "prefix")
+    assert.equal(0, k3.max_abs_diff(b1, b0), "blocks")
+  end)
+
   it("10 or 11 sources of 12 slots; T 1..17, 64; hidden 8192", function()
     if not have_packed() then return end
     for T = 1, 17 do
