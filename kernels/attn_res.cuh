@@ -11,41 +11,43 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace k3ar {
 
 /* ---- launch knobs (read once when the backend loads: k3c_attn_res_knobs_init) ----------- */
 
-/* K3_ATTN_RES_PDL: "0" launches the packed and stream kernels without programmatic dependent
- * launch; anything else (or unset) launches them with it. K3_ATTN_RES_PACKED_CTAS: CTAs per
- * token of cuda.attn_res.packed, 1..8 (a cluster when > 1); unset or 0 picks per call.
- * K3_ATTN_RES_PACKED_VARIANT: the body cuda.attn_res.packed launches, for same-run timing:
- * "regs" (unset: every source's registers at the 9- or 17-source size, max |v| in the hot
- * loop), "lean" (register arrays sized to num_blocks rounded up to 1, 4, 8 or 16, unread
- * slots skipped, max |v| only on the rescale path, warp-parallel second reduction level) or
- * "cluster" (the cluster kernel of 2026-11-30: a cluster of up to 8 CTAs per token, no PDL;
- * it serves delta + output norm without a block write, and any other call runs "regs"). */
-enum packed_variant { PACKED_REGS = 0, PACKED_LEAN = 1, PACKED_CLUSTER = 2 };
+/* K3_ATTN_RES_PDL: "0" launches the decode and stream kernels without programmatic dependent
+ * launch; anything else (or unset) launches them with it (cuda.attn_res.packed never uses
+ * it). K3_ATTN_RES_PACKED_CTAS / K3_ATTN_RES_DECODE_CTAS: CTAs per token (a cluster when > 1)
+ * of cuda.attn_res.packed / .decode, 1..8; unset or 0: each kernel's own rule. */
 struct knobs {
     int pdl;
     int packed_ctas;
-    int packed_variant;
+    int decode_ctas;
 };
-inline knobs g_knobs = {1, 0, PACKED_REGS};
+inline knobs g_knobs = {1, 0, 0};
 inline const knobs &get_knobs() { return g_knobs; }
+/* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
+inline int read_ctas(const char *name) {
+    const char *e = getenv(name);
+    int c = e && *e ? atoi(e) : 0;
+    return c >= 1 && c <= 8 ? c : 0;
+}
 /* Reads the three variables into g_knobs; a value out of range leaves the default. */
 inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
-    e = getenv("K3_ATTN_RES_PACKED_CTAS");
-    int c = e && *e ? atoi(e) : 0;
-    g_knobs.packed_ctas = c >= 1 && c <= 8 ? c : 0;
-    e = getenv("K3_ATTN_RES_PACKED_VARIANT");
-    g_knobs.packed_variant = !e                      ? PACKED_REGS
-                             : !strcmp(e, "lean")    ? PACKED_LEAN
-                             : !strcmp(e, "cluster") ? PACKED_CLUSTER
-                                                     : PACKED_REGS;
+    g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
+    g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
+}
+
+/* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
+ * vecs vectors, or 0 when that is more than maxt. */
+inline int threads_for(int64_t vecs, int ctas, int v, int maxt) {
+    int64_t per = (vecs + (int64_t)ctas * v - 1) / ((int64_t)ctas * v);
+    int64_t nt = (per + 31) / 32 * 32;
+    if (nt < 32) nt = 32;
+    return nt > maxt ? 0 : (int)nt;
 }
 
 /* ---- 16-bit vectors ------------------------------------------------------------------------ */

@@ -1,9 +1,10 @@
--- cuda.attn_res.generic, .packed and .stream (#gpu) against the fp64 CPU reference on fresh
--- random inputs with poisoned outputs: every case of the op on the generic kernel, every read
--- of the Kimi-K3 stream on the packed kernel (delta or none, a fused seal, num_blocks 0..16,
--- hidden 4096, 7000, 7168, 7176, 8192), norms at extreme scales, the stream kernel's prefill
--- shapes, the packed layout error through every path, the fallback policy, and which kernel
--- dispatch picks.
+-- cuda.attn_res.generic, .packed, .decode and .stream (#gpu) against the fp64 CPU reference on
+-- fresh random inputs with poisoned outputs: every case of the op on the generic kernel, the
+-- delta + output norm reads on the packed kernel and what it declines, every read of the
+-- Kimi-K3 stream on the decode kernel (delta or none, a fused seal, num_blocks 0..16, hidden
+-- 4096, 7000, 7168, 7176, 8192), its static_weights / static_blocks contract (seal then read
+-- back to back), norms at extreme scales, the stream kernel's prefill shapes, the layout error
+-- through every path, the fallback policy, and which kernel dispatch picks.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
@@ -129,6 +130,54 @@ end)
 describe("cuda.attn_res.packed #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.packed"
+  local function have_packed()
+    if k3.has_kernel(K) then return true end
+    local a = inputs(1, 1, 64)
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end, K)
+    return false
+  end
+
+  it("delta and output norm: T 1..17, 64; 1/4/8/16 blocks; hidden 4096, 7000, 7168, 7176, 8192", function()
+    if not have_packed() then return end
+    for _, hd in ipairs({4096, 7000, 7168, 7176}) do
+      for _, T in ipairs({1, 4, 16, 17}) do
+        for _, nb in ipairs({1, 4, 8}) do
+          check(inputs(T, 8, hd, {num_blocks = nb, seed = hd + T + nb}), K,
+            string.format("bf16 H=%d T=%d nb=%d", hd, T, nb))
+        end
+      end
+    end
+    check(inputs(5, 16, 7168, {num_blocks = 16}), K, "16 blocks")
+    check(inputs(3, 12, 7168, {num_blocks = 11, bpad = 8}), K, "11 of 12 blocks, padded block rows")
+    check(inputs(7, 12, 7168, {num_blocks = 10, bpad = 8}), K, "10 of 12 blocks")
+    check(inputs(64, 8, 7168, {num_blocks = 8}), K, "T=64")
+    check(inputs(16, 8, 8192, {num_blocks = 8}), K, "H=8192")
+    check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
+    check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
+    check(inputs(2, 4, 64, {}), K, "hidden 64")
+  end)
+
+  it("declines, by name, the reads cuda.attn_res.decode serves, and T > 64", function()
+    if not have_packed() then return end
+    for _, case in ipairs({
+      {o = {delta = false}, why = "attn_res: cuda.attn_res.packed requires delta"},
+      {o = {onorm = false}, why = "attn_res: cuda.attn_res.packed requires output_norm_weight"},
+      {o = {num_blocks = 0}, why = "attn_res: cuda.attn_res.packed requires num_blocks in 1..16; got 0"},
+      {o = {num_blocks = 3, write_block = 4}, why = "attn_res: cuda.attn_res.packed does not write blocks (write_block 4)"},
+      {T = 65, o = {}, why = "attn_res: cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 65"},
+    }) do
+      local a = inputs(case.T or 2, 8, 7168, case.o)
+      a.kernel = K
+      H.raises(function() k3.attn_res(a) end, case.why)
+    end
+  end)
+end)
+
+describe("cuda.attn_res.decode #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.decode"
+  local P = "cuda.attn_res.packed"
   local default_policy = k3.policy
   after_each(function() k3.set_policy(default_policy) end)
 
@@ -255,12 +304,12 @@ describe("cuda.attn_res.packed #gpu", function()
     local a = inputs(65, 8, 7168, {})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 65")
+      "attn_res: cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 65")
   end)
 
   it("row-padded prefix and delta: direct call and default dispatch raise the layout error", function()
     if not have_packed() then return end
-    local msg = "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
+    local msg = "attn_res: cuda.attn_res.decode requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
     local a = inputs(17, 5, 7168, {pad = 7, opad = 0})
     assert.same({7175, 1}, a.prefix:stride())
     assert.same({7168, 1}, a.out:stride())
@@ -268,7 +317,8 @@ describe("cuda.attn_res.packed #gpu", function()
     local c = clone_args(a)
     c.kernel = K
     H.raises(function() k3.attn_res(c) end, msg)
-    H.raises(function() k3.attn_res(clone_args(a)) end, msg)
+    -- default dispatch: the first fast kernel's message (packed's, or decode's without it)
+    H.raises(function() k3.attn_res(clone_args(a)) end, k3.has_kernel(P) and msg:gsub("decode", "packed") or msg)
     assert.equal(0, k3.max_abs_diff(a.prefix, p0)) -- nothing written
     assert.equal(0, k3.max_abs_diff(a.blocks, b0))
     assert.is_true(H.has_nan(a.out))
@@ -285,9 +335,10 @@ describe("cuda.attn_res.packed #gpu", function()
     local y
     local tr = k3.trace(function() y = k3.attn_res(clone_args(a)) end)
     assert.same({"cuda.attn_res.generic"}, kernels_of(tr))
-    if k3.has_kernel(K) then
-      assert.equal(K, tr[1].declined[1].kernel)
+    if k3.has_kernel(P) then
+      assert.equal(P, tr[1].declined[1].kernel)
       assert.truthy(tr[1].declined[1].reason:find("densely packed rows", 1, true))
+      assert.equal(K, tr[1].declined[2].kernel)
     end
     assert.is_false(H.has_nan(y))
     assert.is_true(k3.allclose(y:to("cpu"):to("f64"), want, {atol = 8e-2, rtol = 3e-2}))
@@ -295,22 +346,25 @@ describe("cuda.attn_res.packed #gpu", function()
     assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
   end)
 
-  it("dispatch: every decode read runs packed, prefill runs stream, the rest go to generic", function()
+  it("dispatch: decode reads run packed or decode, prefill runs stream, the rest go to generic", function()
     local S = "cuda.attn_res.stream"
     for _, case in ipairs({
-      {T = 1, o = {num_blocks = 8}}, {T = 16, o = {num_blocks = 4}}, {T = 2, o = {num_blocks = 0}},
-      {T = 2, o = {delta = false}}, {T = 2, o = {onorm = false}}, {T = 2, o = {write_block = 2}},
-      {T = 64, o = {num_blocks = 16, S = 16}},
+      {T = 1, o = {num_blocks = 8}, k = P}, {T = 16, o = {num_blocks = 4}, k = P},
+      {T = 64, o = {num_blocks = 16, S = 16}, k = P},
+      {T = 2, o = {num_blocks = 0}, k = K}, {T = 2, o = {delta = false}, k = K},
+      {T = 2, o = {onorm = false}, k = K}, {T = 2, o = {num_blocks = 1, write_block = 2}, k = K},
     }) do
       local tr = k3.trace(function() k3.attn_res(inputs(case.T, case.o.S or 8, 7168, case.o)) end)
-      local want = k3.has_kernel(K) and K or "cuda.attn_res.generic"
-      assert.same({want}, kernels_of(tr), string.format("T=%d", case.T))
+      local want = k3.has_kernel(case.k) and case.k or k3.has_kernel(K) and K or "cuda.attn_res.generic"
+      assert.same({want}, kernels_of(tr), string.format("T=%d %s", case.T, case.k))
     end
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
-    if k3.has_kernel(K) then
+    if k3.has_kernel(P) then
       assert.equal("cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 300",
         tr[1].declined[1].reason)
+      assert.equal("cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 300",
+        tr[1].declined[2].reason)
     end
     for _, case in ipairs({
       {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
@@ -325,7 +379,7 @@ describe("cuda.attn_res.packed #gpu", function()
     end
   end)
 
-  it("a policy without the packed kernel runs num_blocks 0, 4 and 8 on generic", function()
+  it("a policy without the packed and decode kernels runs num_blocks 0, 4 and 8 on generic", function()
     k3.set_policy{attn_res = {"cuda.attn_res.generic", "cpu.attn_res.reference"}}
     for _, nb in ipairs({0, 4, 8}) do
       local a = inputs(4, 8, 7168, {num_blocks = nb, seed = 300 + nb})
@@ -334,10 +388,10 @@ describe("cuda.attn_res.packed #gpu", function()
     end
   end)
 
-  it("K3_DISABLE_KERNELS=cuda.attn_res.packed routes everything to generic", function()
+  it("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode routes everything to generic", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
     local chunk = [[
-      assert(not k3.has_kernel("cuda.attn_res.packed"))
+      assert(not k3.has_kernel("cuda.attn_res.packed") and not k3.has_kernel("cuda.attn_res.decode"))
       for _, nb in ipairs({0, 4, 8}) do
         local a = {prefix = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16"}),
           delta = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16", seed = 1}),
@@ -349,7 +403,7 @@ describe("cuda.attn_res.packed #gpu", function()
         io.write(tr[1].kernel, " ")
       end
       print()]]
-    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed scripts/k3 -e '" .. chunk .. "' 2>&1"))
+    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode scripts/k3 -e '" .. chunk .. "' 2>&1"))
     local out = f:read("a")
     f:close()
     assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)

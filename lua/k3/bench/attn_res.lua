@@ -26,7 +26,8 @@ A.TARGETS = {t1_us = 2.5, t1_nb1_us = 2.0, t16_us = 3.5, t256_us = 12.0, big_t =
              big_floor_frac = 0.90, generic_over_fast = 2.0}
 
 -- The kernels timed, as {short name, kernel}.
-A.KERNELS = {{"packed", "cuda.attn_res.packed"}, {"stream", "cuda.attn_res.stream"},
+A.KERNELS = {{"packed", "cuda.attn_res.packed"}, {"decode", "cuda.attn_res.decode"},
+             {"stream", "cuda.attn_res.stream"},
              {"generic", "cuda.attn_res.generic"}}
 
 -- Bytes one call must move: prefix and delta read, prefix written back, num_blocks block
@@ -37,6 +38,7 @@ function A.bytes(T, nb, H)
 end
 
 local function model_us(kind, floor, T, nb)
+  if kind == "decode_g" then kind = "packed_g" elseif kind == "decode_e" then kind = "packed_e" end
   if kind == "packed_g" then return floor / 0.93 + 1.6 + 0.06 * nb + (T >= 16 and 0.5 or 0) end
   if kind == "packed_e" then return floor / 0.93 + 5.5 + 0.06 * nb end
   if kind == "stream_g" then return floor / 0.90 + 2.0 end
@@ -106,7 +108,7 @@ function A.run(env, peers, opts)
     for _, n in ipairs(opts.kernels or {}) do if n == kk[1] then want = true end end
     if want then kernels[#kernels + 1] = {kk[1], env:kernel(kk[2])} end
   end
-  local rows = {}
+  local rows, declined = {}, {}
   local total, done = #ts * #nbs, 0
   for ti, T in ipairs(ts) do
     local tl = env.dry and math.max(1, T // env.shrink) or T
@@ -242,17 +244,55 @@ function A.run(env, peers, opts)
       row.generic_over_fast = row.generic_graph_us and pg and row.generic_graph_us / pg or nil
       rows[#rows + 1] = row
     end
+    if T == 1 and not opts.kernels then
+      A.run_declined(env, sets, alloc, copies, declined)
+    end
     for _, t in ipairs({P, B, O, NW, QW, OW, D}) do t:free() end
     sets = nil
     env:release()
   end
   U.progress_done()
   local res = {rows = rows, summary = A.summarize(rows), independent_delta = opts.independent_delta,
+               declined_rows = declined,
                machine = env:device_name(),
-               partial = (opts.ts or opts.nbs or opts.kernels or opts.graph_only or
-                          opts.independent_delta) and true or nil}
+               partial = (opts.ts or opts.nbs or opts.kernels or opts.independent_delta) and true or nil}
   res.lines = A.format(env, peers, res, kernels)
   return res
+end
+
+-- The decode step's reads that cuda.attn_res.packed declines, at T = 1: no delta (the read
+-- after a seal) and a fused seal (write_block = num_blocks + 1), num_blocks 1 and 7, in a
+-- graph over the same rotated sets, by the kernel dispatch picks and by the generic kernel.
+A.DECLINED = {{"no delta", false}, {"seal", true}}
+function A.run_declined(env, sets, alloc, copies, out)
+  for _, nb in ipairs({1, A.S - 1}) do
+    for _, case in ipairs(A.DECLINED) do
+      local row = {T = 1, num_blocks = nb, read = case[1]}
+      local function args_for(kname)
+        local a = {}
+        for c = 1, alloc do
+          local x = call_args(sets, c, nb, kname)
+          if case[2] then x.write_block = nb + 1 else x.delta = nil end
+          a[c] = x
+        end
+        return a
+      end
+      local probe = args_for(nil)[1]
+      local okx, ex = pcall(k3.explain, "attn_res", probe)
+      row.fast = okx and ex.chosen or nil
+      for _, k in ipairs({{"fast", nil}, {"generic", env:kernel("cuda.attn_res.generic")}}) do
+        local a = args_for(k[2])
+        local tag = string.format("T=1 num_blocks=%d %s %s", nb, case[1], k[1])
+        U.progress("attn_res %s graph of %d calls", tag, alloc)
+        local tg = env:try_time(tag .. " (graph)", function(i) k3.attn_res(a[(i - 1) % alloc + 1]) end,
+                                {graph = true, calls = alloc}, 3.0 + 0.3 * nb)
+        row[k[1] .. "_graph_us"] = tg
+      end
+      row.generic_over_fast = row.generic_graph_us and row.fast_graph_us and
+                              row.generic_graph_us / row.fast_graph_us or nil
+      out[#out + 1] = row
+    end
+  end
 end
 
 -- The summary (the `attn_res` object of bench/summary-h200.json takes its keys from here).
@@ -358,6 +398,18 @@ function A.format(env, peers, res, kernels)
     p("measurements that raised an error (shown as '-' above):")
     for _, l in ipairs(errs) do out[#out + 1] = l end
   end
+  if res.declined_rows and #res.declined_rows > 0 then
+    p("")
+    p("the decode step's reads cuda.attn_res.packed declines (T = 1, in a graph, µs; 'fast' = what dispatch picks):")
+    local dcols = {
+      {head = "T", key = "T", fmt = "%d"}, {head = "nb", key = "num_blocks", fmt = "%d"},
+      {head = "read", key = "read", fmt = "%s", align = "l"}, {head = "fast", key = "fast", fmt = "%s", align = "l"},
+      {head = "fast-g", key = "fast_graph_us", fmt = U.fmt_us},
+      {head = "generic-g", key = "generic_graph_us", fmt = U.fmt_us},
+      {head = "gen/fast", key = "generic_over_fast", fmt = "%.2fx"},
+    }
+    for _, line in ipairs(U.format_table(dcols, res.declined_rows)) do out[#out + 1] = line end
+  end
   p("")
   p("'check': each kernel vs generic (out and written-back prefix), max|diff| / max|generic| <= 2e-2.")
   p("")
@@ -382,8 +434,8 @@ end
 -- (k3.bench.summary writes it): date (UTC, ISO 8601), machine, commit, command, t1_nb1_us,
 -- t1_nb8_us, t16_nb8_us, t256_nb8_us, big_floor_frac_min (T >= 4096), peer_rows and peer_wins
 -- (rows where the fast kernel beats the Triton peer in a graph), generic_over_fast_max_t16.
--- nil for a partial run (a subset of rows or kernels, graph only, independent delta), whose
--- figures are not the benchmark's.
+-- nil for a partial run (a subset of rows or kernels, independent delta), whose figures are
+-- not the benchmark's (every figure here is a graph figure, so --graph-only is a full run).
 function A.summary_object(res, cmd, commit)
   if res.partial then return nil end
   local s = res.summary

@@ -24,6 +24,7 @@ local CPU_KERNEL = {
   ["cuda.linear.cublas"] = "cpu.linear.blas",
   ["cuda.linear.skinny"] = "cpu.linear.blas",
   ["cuda.attn_res.packed"] = "cpu.attn_res.reference",
+  ["cuda.attn_res.decode"] = "cpu.attn_res.reference",
   ["cuda.attn_res.generic"] = "cpu.attn_res.reference",
   ["cuda.attn_res.stream"] = "cpu.attn_res.reference",
 }
