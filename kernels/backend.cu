@@ -350,7 +350,8 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     }
     k3c_attn_res_knobs_init();
 #if K3_PACKED_ATTN_RES
-    for (int d = 0; d < count; d++) packed_ok = packed_ok && k3c_attn_res_packed_loadable(d);
+    for (int d = 0; d < count; d++)
+        packed_ok = packed_ok && k3c_attn_res_packed_loadable(d) && k3c_attn_res_decode_loadable(d);
 #else
     packed_ok = false;
 #endif
@@ -360,6 +361,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     if (&k3_cuda_linear_batch_invariant) g_kernels[nk++] = &k3_cuda_linear_batch_invariant;
 #if K3_PACKED_ATTN_RES
     if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_packed;
+    if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_decode;
 #endif
     g_kernels[nk++] = &k3_cuda_attn_res_stream;
     g_kernels[nk++] = &k3_cuda_attn_res_generic;

@@ -82,7 +82,7 @@ extern "C" {
 extern const k3_kernel k3_cuda_linear_cublas, k3_cuda_attn_res_generic, k3_cuda_rms_norm_generic,
     k3_cuda_silu_mul_generic, k3_cuda_attn_res_stream;
 #if K3_PACKED_ATTN_RES
-extern const k3_kernel k3_cuda_attn_res_packed;
+extern const k3_kernel k3_cuda_attn_res_packed, k3_cuda_attn_res_decode;
 #endif
 /* Defined by kernels/linear_skinny.cu and kernels/linear_batch_invariant.cu when those are
  * built; weak so the backend links without them. */
@@ -91,6 +91,8 @@ extern const k3_kernel k3_cuda_linear_batch_invariant __attribute__((weak));
 }
 /* True when the packed AttnRes kernel has a loadable image for dev (attn_res_packed.cu). */
 bool k3c_attn_res_packed_loadable(int dev);
+/* The same for the decode AttnRes kernel (attn_res_decode.cu). */
+bool k3c_attn_res_decode_loadable(int dev);
 /* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_PACKED_CTAS: attn_res.cuh)
  * once, when the backend loads. */
 void k3c_attn_res_knobs_init(void);

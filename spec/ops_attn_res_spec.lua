@@ -219,6 +219,7 @@ describe("attn_res", function()
     assert.equal("cpu.attn_res.reference", e.chosen)
     if not k3.backends().cuda.available then
       assert.same({{kernel = "cuda.attn_res.packed", reason = H.cuda_absent_reason()},
+                   {kernel = "cuda.attn_res.decode", reason = H.cuda_absent_reason()},
                    {kernel = "cuda.attn_res.stream", reason = H.cuda_absent_reason()},
                    {kernel = "cuda.attn_res.generic", reason = H.cuda_absent_reason()}}, e.declined)
     end
