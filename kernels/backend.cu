@@ -355,6 +355,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         set_reason(reason, n, "out of host memory");
         return K3_ENOMEM;
     }
+    k3c_attn_res_knobs_init();
     int nk = 0;
     for (int i = 0; i < kCatalogue; i++) {
         bool usable = true;

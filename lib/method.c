@@ -84,7 +84,7 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
         slots[e->m].present = true;
         slots[e->m].kernel = kidx;
         slots[e->m].config = (k3_skinny_config){e->threads, e->rows, e->unroll, e->vec,
-                                                e->split_k};
+                                                e->split_k, e->static_weights ? 1 : 0};
     }
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.low_latency: out of memory");

@@ -76,6 +76,7 @@ static k3_status unit_last(const char *op, const char *what, const k3_tensor *t)
  * (k3_tensor_self_overlaps; the rule every in-place writer follows, k3.h "In-place
  * writes"). */
 static k3_status written(const char *op, const char *what, const k3_tensor *t) {
+    K3_TRY(k3_tensor_writable(t, op, what));
     if (!k3_tensor_self_overlaps(t)) return K3_OK;
     char b[DIMS_LEN], c[DIMS_LEN];
     return k3_error(K3_ELAYOUT,
@@ -281,6 +282,14 @@ static k3_status attn_res_inputs(const k3_attn_res_kargs *a) {
                         "S = %lld slots); got %lld",
                         (long long)S - 1, (long long)S, (long long)p->write_block);
     }
+    if (p->static_blocks < 0 || p->static_blocks > p->num_blocks)
+        return k3_error(K3_ESHAPE, "attn_res: static_blocks must be in 0..%lld (num_blocks); got %lld",
+                        (long long)p->num_blocks, (long long)p->static_blocks);
+    if (p->write_block >= 0 && p->static_blocks > p->write_block)
+        return k3_error(K3_EINVAL,
+                        "attn_res: static_blocks (%lld) covers write_block %lld: the slot this call "
+                        "writes cannot be loaded before the wait",
+                        (long long)p->static_blocks, k3_based(p->write_block, base));
     if (delta) K3_TRY(same_dtype(op, "delta", delta, "prefix", prefix));
     K3_TRY(same_dtype(op, "blocks", blocks, "prefix", prefix));
     if (delta) K3_TRY(same_device(op, "delta", delta, "prefix", prefix));

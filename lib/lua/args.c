@@ -97,6 +97,17 @@ double k3l_number_field(lua_State *L, int idx, const char *field, double dflt, i
     return v;
 }
 
+int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn) {
+    int v = dflt;
+    int ty = lua_getfield(L, idx, field);
+    if (ty == LUA_TBOOLEAN)
+        v = lua_toboolean(L, -1);
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field '%s' must be a boolean; got %s", field, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what) {
     const char *got = def ? luaL_optstring(L, arg, def) : luaL_checkstring(L, arg);

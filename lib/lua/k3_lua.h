@@ -79,6 +79,9 @@ int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, in
                       int argn);
 /* Field `field` of the table at idx as a number; nil gives dflt. */
 double k3l_number_field(lua_State *L, int idx, const char *field, double dflt, int argn);
+/* Field `field` of the table at idx as a boolean (0 or 1); nil gives dflt. Anything else
+ * raises: "off" or 0 would be true in Lua, the opposite of what they say. */
+int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn);
 /* The index of the string argument arg in names (NULL-terminated); def (non-NULL) when the
  * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],

@@ -213,12 +213,15 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
 }
 
 /* k3.attn_res{prefix =, delta =, blocks =, num_blocks =, write_block =, norm_weight =,
- * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, out =, kernel =} -> out.
- * write_block is 1-based (nil: no write). */
+ * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, static_weights = false,
+ * static_blocks = 0, out =, kernel =} -> out. write_block is 1-based (nil: no write).
+ * static_weights / static_blocks: what may be loaded before the PDL wait (k3.h). DESIGN.md
+ * "attn_res" gives the formula. */
 static int attn_res_impl(lua_State *L, int base, int explain) {
     static const char *const keys[] = {"prefix", "delta", "blocks", "num_blocks", "write_block",
                                        "norm_weight", "qk_weight", "output_norm_weight", "eps",
-                                       "output_eps", "out", "kernel", NULL};
+                                       "output_eps", "static_weights", "static_blocks", "out",
+                                       "kernel", NULL};
     luaL_checktype(L, base, LUA_TTABLE);
     k3l_check_option_keys(L, base, keys, base);
     k3_attn_res_args a;
@@ -241,6 +244,8 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     lua_pop(L, 1);
     a.eps = k3l_number_field(L, base, "eps", 1e-5, base);
     a.output_eps = k3l_number_field(L, base, "output_eps", 1e-5, base);
+    a.static_blocks = k3l_int_field(L, base, "static_blocks", 0, 0, base);
+    a.static_weights = k3l_bool_field(L, base, "static_weights", 0, base);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, base, base, explain, &c, &out, &y);

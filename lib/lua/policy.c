@@ -302,13 +302,21 @@ static int l_method_default(lua_State *L) {
 }
 
 #define MAX_PLAN 64
-/* k3.method.low_latency(plan): plan = {[M] = {kernel = "skinny", config = {threads =, rows =,
- * unroll =, vec =, split_k =}}, ...}. Declined calls run the owned default method. */
+/* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
+ * rows =, unroll =, vec =, split_k =}}, ...}; opts.static_weights = true promises that no
+ * kernel in flight writes the weights (k3_plan_entry.static_weights). Declined calls run the
+ * owned default method. */
 static int l_method_low_latency(lua_State *L) {
     static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
     static const char *const cfg_keys[] = {"threads", "rows", "unroll", "vec", "split_k", NULL};
+    static const char *const opt_keys[] = {"static_weights", NULL};
     k3_plan_entry e[MAX_PLAN];
-    int n = 0;
+    int n = 0, static_weights = 0;
+    if (!lua_isnoneornil(L, 2)) { /* read before the plan walk sets the stack to the plan */
+        luaL_checktype(L, 2, LUA_TTABLE);
+        k3l_check_option_keys(L, 2, opt_keys, 2);
+        static_weights = k3l_bool_field(L, 2, "static_weights", 0, 2);
+    }
     if (!lua_isnoneornil(L, 1)) {
         luaL_checktype(L, 1, LUA_TTABLE);
         lua_settop(L, 1);
@@ -331,6 +339,7 @@ static int l_method_low_latency(lua_State *L) {
             if (n >= MAX_PLAN) return k3l_arg_error(L, 1, "at most %d plan entries", MAX_PLAN);
             memset(&e[n], 0, sizeof e[n]);
             e[n].m = (int)m;
+            e[n].static_weights = static_weights;
             int entry = lua_gettop(L);
             k3l_check_option_keys(L, entry, entry_keys, 1);
             if (lua_getfield(L, entry, "kernel") != LUA_TSTRING)

@@ -256,6 +256,19 @@ static int m_is_contiguous(lua_State *L) {
     lua_pushboolean(L, k3_tensor_is_contiguous(k3l_check_tensor(L, 1)));
     return 1;
 }
+/* t:mark_static([owner]) -> t: its storage refuses writes from now on (k3_tensor_mark_static);
+ * t:is_static() -> boolean. */
+static int m_mark_static(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    const char *owner = luaL_optstring(L, 2, NULL);
+    CHECK_K3(L, k3_tensor_mark_static(t, owner));
+    lua_settop(L, 1);
+    return 1;
+}
+static int m_is_static(lua_State *L) {
+    lua_pushboolean(L, k3_tensor_is_static(k3l_check_tensor(L, 1)));
+    return 1;
+}
 
 /* ---- views --------------------------------------------------------------------------------- */
 
@@ -537,6 +550,7 @@ static const luaL_Reg tensor_methods[] = {
     {"size", m_size},         {"stride", m_stride},       {"dim", m_dim},
     {"numel", m_numel},       {"offset", m_offset},       {"dtype", m_dtype},
     {"device", m_device},     {"is_contiguous", m_is_contiguous},
+    {"mark_static", m_mark_static}, {"is_static", m_is_static},
     {"narrow", m_narrow},     {"select", m_select},       {"transpose", m_transpose},
     {"t", m_t},               {"view", m_view},           {"expand", m_expand},
     {"as_strided", m_as_strided},
