@@ -302,6 +302,20 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     return K3_OK;
 }
 
+/* The usable() check of a kernel that launches clusters: dev can launch clusters and kern (one
+ * instance of the kernel) has a loadable image for dev. */
+template <class P> bool cluster_loadable(int dev, void (*kern)(P)) {
+    int cl = 0;
+    cudaFuncAttributes fa;
+    if (cudaSetDevice(dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess || !cl ||
+        cudaFuncGetAttributes(&fa, kern) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
 } // namespace k3ar
 
 #endif

@@ -570,19 +570,7 @@ k3_status decode_run(const k3_op_args *oa) {
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    int cl = 0;
-    if (cudaSetDevice(dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    cudaFuncAttributes fa;
-    if (!cl || cudaFuncGetAttributes(&fa, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9, 1>) !=
-                   cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return true;
+    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9, 1>);
 }
 
 extern "C" const k3_kernel k3_cuda_attn_res_decode = K3_KERNEL_RECORD_USABLE(
