@@ -211,14 +211,16 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
          * to the policy's linear candidates. */
         k3_dispatch_ext fast = {k3_kernel_find(slot->kernel), NULL, 0};
         k3_skinny_config cfg = slot->config;
-        /* static_weights: w's storage is marked static (writes refused from now on). The
-         * marking call waits for queued work, so w is loaded early only once nothing that
-         * could still write it is in flight; if it cannot wait (a stream being captured),
-         * this call loads w after the wait like any input. */
-        if (cfg.static_w && !k3_tensor_is_static(w) &&
-            k3_tensor_mark_static((k3_tensor *)w, "method.low_latency {static_weights = true}") !=
-                K3_OK)
+        /* static_weights: w's storage is marked static (writes refused from now on). A write
+         * queued before this mark may still be in flight, so this first call loads w after
+         * the wait like any input; every later call (whose predecessors started after this
+         * one) loads it early. The mark does not wait for the device: it may happen while a
+         * stream is being captured. */
+        if (cfg.static_w && !k3_tensor_is_static(w)) {
+            k3_tensor_mark_static_nowait((k3_tensor *)w,
+                                         "method.low_latency {static_weights = true}");
             cfg.static_w = 0;
+        }
         return k3_linear_ext(y, x, w, bias, residual, out, &c, &cfg, &fast, base);
     }
     int64_t M = x->ndim == 2 ? x->size[0] : 0;
