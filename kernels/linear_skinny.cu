@@ -23,7 +23,11 @@
  *    256 KiB per thread and device). */
 #define K3SK_MAX_DEVICES 64
 #define K3SK_COUNTERS 65536 /* row tiles: N <= 65536 * rows */
-static thread_local unsigned *k3sk_counters[K3SK_MAX_DEVICES];
+/* This thread's arrival counters on one device (split-K across CTAs leaves them zero). */
+struct k3sk_scratch {
+    unsigned *counters;
+};
+static thread_local k3sk_scratch k3sk_scr[K3SK_MAX_DEVICES];
 
 static bool k3sk_capturing(cudaStream_t s) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -35,19 +39,20 @@ static bool k3sk_capturing(cudaStream_t s) {
 }
 
 /* This thread's counters on ctx's device, allocating and zeroing them on first use. */
-static k3_status k3sk_get_counters(k3c_ctx *ctx, unsigned **out) {
-    unsigned *&c = k3sk_counters[ctx->dev];
-    if (!c) {
+static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
+    k3sk_scratch &c = k3sk_scr[ctx->dev];
+    if (!c.counters) {
+        const size_t bytes = K3SK_COUNTERS * sizeof(unsigned);
         void *p = NULL;
-        K3_TRY(k3c_alloc(ctx->dev, K3SK_COUNTERS * sizeof(unsigned), &p));
-        cudaError_t e = cudaMemsetAsync(p, 0, K3SK_COUNTERS * sizeof(unsigned), ctx->stream);
+        K3_TRY(k3c_alloc(ctx->dev, bytes, &p));
+        cudaError_t e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
         if (e != cudaSuccess) {
-            k3c_free(ctx->dev, p, K3SK_COUNTERS * sizeof(unsigned));
+            k3c_free(ctx->dev, p, bytes);
             K3_CHECK(e);
         }
-        c = (unsigned *)p;
+        c.counters = (unsigned *)p;
     }
-    *out = c;
+    *out = &c;
     return K3_OK;
 }
 
@@ -120,7 +125,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         INT_MAX),
                K3_ESHAPE;
 
-    k3_skinny_config r = l->config ? *l->config : k3_skinny_config{0, 0, 0, 0, 0};
+    k3_skinny_config r = l->config ? *l->config : k3_skinny_config{};
     if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0)
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
     if (!r.threads) r.threads = 256;
@@ -186,7 +191,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             need, (long long)tiles, kcta, (long long)M, r.rows,
                             ctx->workspace ? ctx->workspace_size : (size_t)0),
                    K3_ENOMEM;
-        if (!k3sk_counters[dx.index] && k3sk_capturing(ctx->stream))
+        if (!k3sk_scr[dx.index].counters && k3sk_capturing(ctx->stream))
             return snprintf(why, n,
                             "split-K across CTAs: this thread's arrival counters on cuda:%d are "
                             "not allocated yet and its stream is being captured (run one split "
@@ -215,7 +220,11 @@ static k3_status k3sk_run(const k3_op_args *a) {
     if (s != K3_OK) return k3_error(s, "linear: cuda.linear.skinny: %s", why);
 
     k3_skinny_problem p = {};
-    k3_skinny_knobs(&p.pdl, &p.prefetch_bytes);
+    /* PDL is how the kernel launches (notes/PERF.md, linear v4): the next kernel's CTAs may
+     * start while this one drains; with static weights the first step of w is loaded before
+     * the wait for the previous kernel. */
+    p.pdl = 1;
+    p.static_w = cfg.static_w ? 1 : 0;
     p.x = k3_tensor_data(l->x);
     p.w = k3_tensor_data(l->w);
     p.res = l->residual ? k3_tensor_data(l->residual) : NULL;
@@ -239,10 +248,10 @@ static k3_status k3sk_run(const k3_op_args *a) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
         return K3_OK;
     }
-    unsigned *counters = NULL;
-    K3_TRY(k3sk_get_counters(ctx, &counters));
+    k3sk_scratch *scr = NULL;
+    K3_TRY(k3sk_get_scratch(ctx, &scr));
     K3_CHECK(k3_skinny_launch_split(cfg.threads, cfg.rows, cfg.unroll, kcta, p,
-                                    (float *)ctx->workspace, counters, ctx->stream));
+                                    (float *)ctx->workspace, scr->counters, ctx->stream));
     return K3_OK;
 }
 

@@ -14,13 +14,12 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
- * Launch modes (opt-in, unmeasured: K3_SKINNY_PDL=1, K3_SKINNY_PREFETCH_MB=n). With PDL a
- * launch carries the programmatic-dependent-launch attribute: a kernel that follows on the
- * stream and was launched the same way may start while this one drains, and this one, once
- * resident, can ask the L2 to prefetch the head of its rows of w before it waits for its
- * predecessor (griddepcontrol.wait). The aim is a chain of decode projections that streams
- * weights without the launch gap and first-load latency between them (the ~3.5 µs above the
- * floor every shape shows); see k3_skinny_problem for the exact contract.
+ * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
+ * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
+ * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
+ * counters or y. With static_w (the caller promises no kernel in flight writes w) each
+ * warp's first step of w is loaded before that wait, so the weight stream starts under the
+ * previous kernel's tail. Without the launch attribute both instructions are no-ops.
  *
  * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
  * (16-byte loads) and split_k = the number of K-slices per row group IN TOTAL:
@@ -46,7 +45,6 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 /* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
 #define K3_SKINNY_CONFIGS(X)                                                              \
@@ -75,51 +73,12 @@ typedef struct k3_skinny_problem {
     void *y;
     int64_t y_s0, y_s1;
     int M, N, K;
-    /* Launch knobs (k3_skinny_knobs gives the process defaults):
-     * pdl: launch with programmatic dependent launch (PDL). The kernel lets the next PDL
-     *   kernel on the stream start as soon as all its CTAs are running, and it waits for the
-     *   previous kernel (griddepcontrol.wait) before it reads x or res and before it writes
-     *   anything, so the only work that overlaps the previous kernel is the L2 prefetch of w.
-     * prefetch_bytes: bytes of w, over the whole launch, that the CTAs ask the L2 to prefetch
-     *   (cp.async.bulk.prefetch.L2) before that wait: the first min(K * 2, prefetch_bytes / N)
-     *   bytes of each row (of each row's K-slice for split-K across CTAs), rounded down to 16.
-     *   A prefetch is only a cache hint: L2 is coherent, so it is correct whatever the
-     *   previous kernel writes. 0 = none. */
-    int pdl;
-    int64_t prefetch_bytes;
+    /* pdl: launched with programmatic dependent launch (griddepcontrol.launch_dependents at
+     * entry, griddepcontrol.wait before x, res, ws, counters and y are touched); static_w:
+     * the first step's w loads are issued before that wait (the weight is not written by a
+     * kernel in flight). */
+    int pdl, static_w;
 } k3_skinny_problem;
-
-/* The launch knobs' process defaults, read once: PDL on when K3_SKINNY_PDL=1; a prefetch
- * budget of K3_SKINNY_PREFETCH_MB megabytes (a value under half of the H100/H200's 50-60 MB
- * L2 keeps the prefetched head of one launch from evicting its own tail). Both default to
- * OFF: they were written without device time to measure them (notes/PERF.md, "v3"), and a
- * launch mode enters the defaults only once scripts/autotune and scripts/bench show it wins
- * on the machine. Malformed values (not 0/1, negative or non-numeric MB) count as off. */
-static inline void k3_skinny_knobs(int *pdl, int64_t *prefetch_bytes) {
-    static int s_pdl = -1;
-    static int64_t s_pref = -1;
-    if (s_pdl < 0) {
-        const char *e = getenv("K3_SKINNY_PDL");
-        const char *m = getenv("K3_SKINNY_PREFETCH_MB");
-        char *end = NULL;
-        const double mb = m && *m ? strtod(m, &end) : 0.0;
-        s_pref = m && *m && end && !*end && mb > 0 && mb < 1048576.0
-                     ? (int64_t)(mb * 1048576.0) : 0;
-        s_pdl = e && e[0] == '1' && !e[1] ? 1 : 0;
-    }
-    *pdl = s_pdl;
-    *prefetch_bytes = s_pref;
-}
-
-/* Bytes per row (of a row's K-slice when kcta >= 2) the kernel prefetches; see above. */
-static inline int k3_skinny_prefetch_per_row(const k3_skinny_problem &p, int kcta) {
-    if (p.prefetch_bytes <= 0 || p.N <= 0 || p.K <= 0) return 0;
-    const int64_t slice = ((int64_t)p.K * 2 + kcta - 1) / (kcta > 1 ? kcta : 1);
-    int64_t per = p.prefetch_bytes / p.N;
-    if (per > slice) per = slice + 15; /* the kernel clips to the slice's end */
-    if (per > INT32_MAX) per = INT32_MAX;
-    return (int)(per & ~(int64_t)15);
-}
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
 static inline int k3_skinny_split_k(int threads, int rows) {
@@ -234,8 +193,8 @@ __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
                      uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K, float *__restrict__ ws, unsigned *__restrict__ counters,
-                     int pdl, int prefetch) {
+                     int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl,
+                     int static_w) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -267,43 +226,39 @@ __global__ void __launch_bounds__(THREADS)
         cend = (int)((int64_t)nchunk * (blockIdx.y + 1) / gridDim.y);
     }
 
-    /* PDL (see k3_skinny_problem): let the next kernel launch, prefetch the head of this
-     * CTA's rows of w into L2 (a prefetch is only a cache fill, and L2 is coherent, so it is
-     * right whatever the previous kernel writes), then wait for the previous kernel: nothing
-     * of x, res, y, ws or counters is touched before this wait. Both griddepcontrol
-     * instructions are documented no-ops in a launch without the PDL attribute; the uniform
-     * branches keep the default launch (pdl = prefetch = 0) to the measured instruction
-     * stream. */
+    /* PDL: dependents may launch now; with a static weight this warp's first step of w is
+     * loaded before the wait for the previous kernel, everything else after it. */
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (prefetch > 0 && threadIdx.x < ROWS) {
-        const int64_t prow = (int64_t)blockIdx.x * ROWS + threadIdx.x;
-        const int64_t beg = (int64_t)cbeg * 64, end = min((int64_t)cend * 64, (int64_t)K * 2);
-        const int64_t bytes = min((int64_t)prefetch, end - beg) & ~(int64_t)15;
-        if (prow < N && bytes > 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
-                             (const char *)w + prow * (int64_t)K * 2 + beg),
-                         "r"((unsigned)bytes)
-                         : "memory");
+    const int cfirst = cbeg + kw * UNROLL;
+    uint4 wv[UNROLL];
+    if (static_w && cfirst < cend) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = (cfirst + u) * 4 + t;
+            const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
+            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+        }
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int c0 = cbeg + kw * UNROLL; c0 < cend; c0 += KW * UNROLL) {
-        uint4 wv[UNROLL], xa[UNROLL], xb[UNROLL];
+    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
+        uint4 xa[UNROLL], xb[UNROLL];
+        const bool have_w = static_w && c0 == cfirst;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
             if (SPLIT) {
-                wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
                 else
                     xb[u] = make_uint4(0u, 0u, 0u, 0u);
             } else {
-                wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -374,7 +329,6 @@ __global__ void __launch_bounds__(THREADS)
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
-    const dim3 grid((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
     const uint16_t *res = (const uint16_t *)p.res;
     uint16_t *y = (uint16_t *)p.y;
@@ -382,22 +336,21 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = grid;
+    lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = 0;
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
-    const int pref = k3_skinny_prefetch_per_row(p, SPLIT ? kcta : 1);
+    const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
     if (p.M <= 8)
         e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>, x, w, res,
                                p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, p.pdl ? 1 : 0, pref);
+                               counters, pdl, st);
     else
         e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>, x, w, res,
                                p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, p.pdl ? 1 : 0, pref);
+                               counters, pdl, st);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -440,4 +393,5 @@ static cudaError_t k3_skinny_launch_split(int threads, int rows, int unroll, int
 }
 
 #endif /* __CUDACC__ */
+
 #endif /* K3_LINEAR_SKINNY_CUH */

@@ -170,6 +170,22 @@ K3_API void k3_tensor_release(k3_tensor *t);
 /* K3_OK when t is usable; K3_EFREED (with message) when its storage has been released;
  * K3_EINVAL when t is NULL. `what` names the argument in messages. */
 K3_API k3_status k3_tensor_check(const k3_tensor *t, const char *what);
+/* Marks t's storage static: from now on every write into it (k3_tensor_copy into it, fill,
+ * set, an op's out) is refused with K3_EINVAL naming `owner` ("copy: the destination is
+ * static (marked by k3.nn.Linear weight); its storage refuses writes"). A low-latency method
+ * told static_weights marks each weight it runs the skinny kernel on (without waiting; that
+ * first call then loads w after the wait); k3.nn layers mark their weights. The first mark of a
+ * CUDA storage here waits for this thread's queued device work (k3_synchronize: not while a
+ * stream is being captured), so no write queued before it is still in flight when a kernel
+ * that loads the weight early starts. Marking again keeps the first owner. owner NULL: "the
+ * caller".
+ * Errors: K3_EINVAL (t NULL), K3_EFREED, and k3_synchronize's (the mark stays). */
+K3_API k3_status k3_tensor_mark_static(k3_tensor *t, const char *owner);
+/* 1 when t's storage is marked static, else 0 (also for NULL). */
+K3_API int k3_tensor_is_static(const k3_tensor *t);
+/* K3_OK when t may be written; K3_EINVAL "<op>: <what> is static (marked by <owner>); its
+ * storage refuses writes" when its storage is marked static. */
+K3_API k3_status k3_tensor_writable(const k3_tensor *t, const char *op, const char *what);
 
 K3_API int k3_tensor_ndim(const k3_tensor *t);
 /* Size / stride of dimension d (0-based); d out of range returns -1. */
@@ -433,6 +449,11 @@ typedef struct k3_plan_entry {
     int m;              /* token count 1..K3_PLAN_MAX_M */
     const char *kernel; /* "skinny" or a full kernel name */
     int threads, rows, unroll, vec, split_k; /* 0 = kernel default */
+    /* 1: the caller promises that no kernel still in flight when this method's kernel starts
+     * writes w (weights loaded once, never rewritten during a decode step), so the skinny
+     * kernel may load w before it waits for the previous kernel (programmatic dependent
+     * launch); 0: w is read only after that wait, like every other input. */
+    int static_weights;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

@@ -26,7 +26,12 @@ typedef struct k3_storage {
     size_t nbytes;
     k3_device device;
     int released; /* __atomic; 1 once the memory is released */
+    int is_static; /* __atomic; 1 once k3_tensor_mark_static marked it: writes are refused */
+    char static_owner[64]; /* who marked it (set before is_static) */
 } k3_storage;
+
+/* k3_tensor_mark_static without the wait for queued device work (t checked by the caller). */
+void k3_tensor_mark_static_nowait(k3_tensor *t, const char *owner);
 
 struct k3_tensor {
     k3_storage *storage;
@@ -200,6 +205,7 @@ typedef struct k3_skinny_config {
     int unroll;      /* K unroll (16-byte vectors per thread per step) */
     int vec;         /* elements per load: 8 = 16 bytes of bf16 */
     int split_k;     /* 1 = no split */
+    int static_w;    /* k3_plan_entry.static_weights: w may be loaded before the PDL wait */
 } k3_skinny_config;
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the

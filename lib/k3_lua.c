@@ -475,6 +475,19 @@ static int m_is_contiguous(lua_State *L) {
     lua_pushboolean(L, k3_tensor_is_contiguous(check_tensor(L, 1)));
     return 1;
 }
+/* t:mark_static([owner]) -> t: its storage refuses writes from now on (k3_tensor_mark_static);
+ * t:is_static() -> boolean. */
+static int m_mark_static(lua_State *L) {
+    k3_tensor *t = check_tensor(L, 1);
+    const char *owner = luaL_optstring(L, 2, NULL);
+    CHECK_K3(L, k3_tensor_mark_static(t, owner));
+    lua_settop(L, 1);
+    return 1;
+}
+static int m_is_static(lua_State *L) {
+    lua_pushboolean(L, k3_tensor_is_static(check_tensor(L, 1)));
+    return 1;
+}
 
 /* ---- views ------------------------------------------------------------------------------------ */
 
@@ -750,6 +763,7 @@ static const luaL_Reg tensor_methods[] = {
     {"size", m_size},         {"stride", m_stride},       {"dim", m_dim},
     {"numel", m_numel},       {"offset", m_offset},       {"dtype", m_dtype},
     {"device", m_device},     {"is_contiguous", m_is_contiguous},
+    {"mark_static", m_mark_static}, {"is_static", m_is_static},
     {"narrow", m_narrow},     {"select", m_select},       {"transpose", m_transpose},
     {"t", m_t},               {"view", m_view},           {"expand", m_expand},
     {"as_strided", m_as_strided},
@@ -1404,12 +1418,26 @@ static int l_method_default(lua_State *L) {
 }
 
 #define MAX_PLAN 64
-/* k3.method.low_latency(plan): plan = {[M] = {kernel = "skinny", config = {threads =, rows =,
- * unroll =, vec =, split_k =}}, ...}. Declined calls run the owned default method. */
+/* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
+ * rows =, unroll =, vec =, split_k =}}, ...}; opts.static_weights = true
+ * promises that no kernel in flight writes the weights (k3_plan_entry.static_weights).
+ * Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
     const char *fname = "low_latency";
     k3_plan_entry e[MAX_PLAN];
-    int n = 0;
+    int n = 0, static_weights = 0;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        static const char *const opt_keys[] = {"static_weights", NULL};
+        check_option_keys(L, 2, opt_keys, 2, fname);
+        lua_getfield(L, 2, "static_weights");
+        if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+            return luaL_error(L, "bad argument #2 to '%s' (static_weights must be a boolean; "
+                                 "got %s)",
+                              fname, luaL_typename(L, -1));
+        static_weights = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     if (!lua_isnoneornil(L, 1)) {
         luaL_checktype(L, 1, LUA_TTABLE);
         lua_settop(L, 1);
@@ -1435,6 +1463,7 @@ static int l_method_low_latency(lua_State *L) {
                                   MAX_PLAN);
             memset(&e[n], 0, sizeof e[n]);
             e[n].m = (int)m;
+            e[n].static_weights = static_weights;
             int entry = lua_gettop(L);
             static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
             check_option_keys(L, entry, entry_keys, 1, fname);

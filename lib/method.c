@@ -94,7 +94,7 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
         slots[e->m].present = true;
         snprintf(slots[e->m].kernel, sizeof slots[e->m].kernel, "%s", kname);
         slots[e->m].config = (k3_skinny_config){e->threads, e->rows, e->unroll, e->vec,
-                                                e->split_k};
+                                                e->split_k, e->static_weights ? 1 : 0};
     }
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.low_latency: out of memory");
@@ -211,7 +211,18 @@ static k3_status apply_ext(const k3_method *m, k3_tensor **y, const k3_tensor *x
         /* The skinny kernel is tried first; should its supports() decline, dispatch goes on
          * to the policy's linear candidates. */
         k3_dispatch_ext fast = {k3_kernel_find(slot->kernel), NULL, 0};
-        return k3_linear_ext(y, x, w, bias, residual, out, &c, &slot->config, &fast, base);
+        k3_skinny_config cfg = slot->config;
+        /* static_weights: w's storage is marked static (writes refused from now on). A write
+         * queued before this mark may still be in flight, so this first call loads w after
+         * the wait like any input; every later call (whose predecessors started after this
+         * one) loads it early. The mark does not wait for the device: it may happen while a
+         * stream is being captured. */
+        if (cfg.static_w && !k3_tensor_is_static(w)) {
+            k3_tensor_mark_static_nowait((k3_tensor *)w,
+                                         "method.low_latency {static_weights = true}");
+            cfg.static_w = 0;
+        }
+        return k3_linear_ext(y, x, w, bias, residual, out, &c, &cfg, &fast, base);
     }
     int64_t M = x->ndim == 2 ? x->size[0] : 0;
     snprintf(d.kernel, sizeof d.kernel, "%s",

@@ -74,6 +74,7 @@ static k3_status unit_last(const char *op, const char *what, const k3_tensor *t)
  * (k3_tensor_self_overlaps; the rule every in-place writer follows, k3.h "In-place
  * writes"). */
 static k3_status written(const char *op, const char *what, const k3_tensor *t) {
+    K3_TRY(k3_tensor_writable(t, op, what));
     if (!k3_tensor_self_overlaps(t)) return K3_OK;
     char b[DIMS_LEN], c[DIMS_LEN];
     return k3_error(K3_ELAYOUT,

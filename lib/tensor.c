@@ -66,6 +66,30 @@ k3_status k3_tensor_check(const k3_tensor *t, const char *what) {
     return K3_OK;
 }
 
+void k3_tensor_mark_static_nowait(k3_tensor *t, const char *owner) {
+    k3_storage *s = t->storage;
+    if (__atomic_load_n(&s->is_static, __ATOMIC_ACQUIRE)) return;
+    snprintf(s->static_owner, sizeof s->static_owner, "%s", owner ? owner : "the caller");
+    __atomic_store_n(&s->is_static, 1, __ATOMIC_RELEASE);
+}
+
+k3_status k3_tensor_mark_static(k3_tensor *t, const char *owner) {
+    K3_TRY(k3_tensor_check(t, "mark_static"));
+    if (k3_tensor_is_static(t)) return K3_OK;
+    k3_tensor_mark_static_nowait(t, owner);
+    return t->storage->device.type == K3_DEVICE_CUDA ? k3_synchronize() : K3_OK;
+}
+
+int k3_tensor_is_static(const k3_tensor *t) {
+    return t && t->storage && __atomic_load_n(&t->storage->is_static, __ATOMIC_ACQUIRE);
+}
+
+k3_status k3_tensor_writable(const k3_tensor *t, const char *op, const char *what) {
+    if (!k3_tensor_is_static(t)) return K3_OK;
+    return k3_error(K3_EINVAL, "%s: %s is static (marked by %s); its storage refuses writes", op,
+                    what, t->storage->static_owner);
+}
+
 int k3_tensor_ndim(const k3_tensor *t) { return t ? t->ndim : 0; }
 int64_t k3_tensor_size(const k3_tensor *t, int d) {
     return (t && d >= 0 && d < t->ndim) ? t->size[d] : -1;
@@ -381,6 +405,7 @@ static k3_status check_same_shape(const char *op, const char *an, const k3_tenso
 k3_status k3_tensor_copy_base(k3_tensor *dst, const k3_tensor *src, int base) {
     K3_TRY(need_tensor("copy", "dst", dst));
     K3_TRY(need_tensor("copy", "src", src));
+    K3_TRY(k3_tensor_writable(dst, "copy", "the destination"));
     K3_TRY(check_same_shape("copy", "destination", dst, "source", src));
     /* A view copied onto itself writes each element's own value: nothing changes, whatever
      * its strides. */
@@ -459,6 +484,7 @@ static void fill_row(void *c_, const int64_t *off, int64_t n) {
 
 k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     K3_TRY(need_tensor("fill", "t", t_in));
+    K3_TRY(k3_tensor_writable(t_in, "fill", "the tensor"));
     if (k3_tensor_numel(t_in) == 0) return K3_OK;
     /* A broadcast dim (stride 0) writes the same elements again for each of its indices:
      * filled once, so k3.ones({1}):expand({2^40}):fill(1) costs one store, not 2^40. */
@@ -850,6 +876,7 @@ k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
 
 k3_status k3_tensor_set_base(k3_tensor *t, const int64_t *idx, double value, int base) {
     K3_TRY(need_tensor("set", "t", t));
+    K3_TRY(k3_tensor_writable(t, "set", "the tensor"));
     int64_t off;
     K3_TRY(element_offset("set", t, idx, &off, base));
     if (t->storage->device.type == K3_DEVICE_CPU) {

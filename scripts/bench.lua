@@ -6,6 +6,7 @@ local k3 = require "k3"
 local U = require "k3.bench.util"
 local Env = require "k3.bench.env"
 local Peers = require "k3.bench.peers"
+local Summary = require "k3.bench.summary"
 
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
@@ -108,6 +109,14 @@ local function main(args)
       U.write_file(string.format("%s/%s.json", o.out, sub), U.json_encode(doc) .. "\n")
       U.write_file(string.format("%s/%s.txt", o.out, sub), table.concat(res.lines, "\n") .. "\n")
       all[sub] = {summary = res.summary}
+      if mod.summary_object then
+        -- bench/summary-<gpu>.json (committed) on a GPU; a dry run's copy stays in --out.
+        local root = require("k3.bench.linear").repo_root()
+        local path = o.dry and (o.out .. "/summary-dry-run.json")
+                     or string.format("%s/bench/summary-%s.json", root, Summary.gpu_tag(res.machine))
+        Summary.update(path, sub, mod.summary_object(res, cmd, Summary.commit(root)))
+        print(string.format("(%s: its object in %s)", sub, path))
+      end
       md[#md + 1] = "### " .. sub
       md[#md + 1] = ""
       md[#md + 1] = "```"

@@ -1,7 +1,10 @@
 -- cuda.linear.skinny and cuda.linear.batch_invariant on a GPU: correctness against the fp64
 -- reference (K not a multiple of 4096, N not a multiple of the rows per block, M = 1..17),
--- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), every decline reason driven with a real input whose
--- result must equal cuBLAS's, and the batch-invariant rows equal across M and to the CPU.
+-- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), the PDL
+-- launch with static weights (every entry of the plan file, views ending at their storage's
+-- last element, a chain where kernels rewrite x), static storage refusing writes, every
+-- decline reason driven with a real input whose result must equal cuBLAS's, and the
+-- batch-invariant rows equal across M and to the CPU.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
@@ -73,7 +76,7 @@ describe("cuda.linear.skinny #gpu", function()
 
   it("matches the fp64 reference at M = 1..17 for three shapes (17 on the fallback)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local ll = k3.method.low_latency(all_plan())
+    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
     for i, s in ipairs({{131, 4104}, {1536, 7168}, {7168, 768}}) do
       local N, K = s[1], s[2]
       local w = bf16({N, K}, 300 + i)
@@ -89,7 +92,8 @@ describe("cuda.linear.skinny #gpu", function()
           assert.equal("plan has no entry for M = 17", skinny_decline(e), what)
           H.raises(function() skinny(x, w) end, "M = 17 is outside 1..16")
         end
-        check_ref(ll:apply(x, w), x, w, nil, what .. " method")
+        check_ref(ll:apply(x, w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}),
+          x, w, nil, what .. " method")
       end
     end
   end)
@@ -112,7 +116,7 @@ describe("cuda.linear.skinny #gpu", function()
 
   it("ones · ones = K exactly (rounded once to bf16)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    for _, K in ipairs({4096, 4104, 7168, 14336}) do
+    for _, K in ipairs({4096, 4104, 5120, 7168, 14336}) do
       local want = k3.full({1}, K, {dtype = "bf16"}):get(1) -- 4104 is not a bf16: 4096
       for _, M in ipairs({1, 16}) do
         local x = k3.ones({M, K}, {dtype = "bf16", device = "cuda"})
@@ -253,13 +257,14 @@ describe("cuda.linear.skinny, split-K across CTAs #gpu", function()
   end)
 end)
 
+-- The decline reasons, each with a real input, answered by the method's fully built default.
 describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   local N, K = 96, 128
   after_each(function() k3.set_batch_invariant(false) end)
 
   -- Runs m on (x, w, bias), checks the decline text and that the result equals cuBLAS's.
   local function declines(x, w, bias, text, chosen)
-    local ll = k3.method.low_latency(all_plan())
+    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
     local e = ll:explain(x, w, bias)
     local reason = skinny_decline(e)
     assert.truthy(reason, "no decline recorded for " .. SKINNY)
@@ -371,57 +376,154 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 end)
 
--- The opt-in launch modes (K3_SKINNY_PDL, K3_SKINNY_PREFETCH_MB; read once per process, so
--- each mode runs in its own interpreter): the same kernel and configuration must give results
--- bit-identical to the default launch, in a chain where each projection reads the previous
--- one's output and where a conversion kernel rewrites w just before the projection that reads
--- it (the race PDL would cause if the kernel read anything but the L2 prefetch before its wait).
-describe("cuda.linear.skinny launch modes #gpu", function()
-  local CHAIN = [[
-    local o = {dtype = "bf16", device = "cuda"}
-    local function plan(cfg) local p = {} for m = 1, 16 do p[m] = {kernel = "skinny", config = cfg} end return p end
-    local methods = {
-      k3.method.low_latency(plan({threads = 512, rows = 8, unroll = 2, vec = 8, split_k = 16})),
-      k3.method.low_latency(plan({threads = 256, rows = 8, unroll = 4, vec = 8, split_k = 16})),
-    }
-    local w1 = k3.randn({1536, 7168}, {dtype = "bf16", device = "cuda", seed = 11})
-    local w2 = k3.randn({7168, 1536}, {dtype = "bf16", device = "cuda", seed = 12})
-    local src = k3.randn({1536, 7168}, {dtype = "f32", device = "cuda", seed = 13})
-    local w3 = k3.empty({1536, 7168}, o)
-    for _, M in ipairs({1, 5, 16}) do
-      for i, ll in ipairs(methods) do
-        w3:fill(0)
-        local x = k3.randn({M, 7168}, {dtype = "bf16", device = "cuda", seed = 20 + M})
-        local y1 = ll:apply(x, w1)
-        local y2 = ll:apply(y1, w2, nil, {residual = x})
-        w3:copy(src)
-        local y3 = ll:apply(y2, w3)
-        local e = ll:explain(y2, w3)
-        local c = y3:to("cpu"):to("f64")
-        local s, q = 0, 0
-        for _, v in ipairs(c:view({M * 1536}):totable()) do s = s + v q = q + v * v end
-        print(string.format("M=%d method=%d chosen=%s sum=%a sumsq=%a", M, i, e.chosen, s, q))
-      end
-    end
-  ]]
+-- y against the fp64 reference on three blocks of 16 rows of w (first, middle, last): the
+-- check for weights whose full CPU reference would take too long.
+local function check_rows(y, x, w, residual, what)
+  local N = w:size(1)
+  for _, a in ipairs({1, math.max(1, N // 2 - 7), math.max(1, N - 15)}) do
+    local len = math.min(16, N - a + 1)
+    local r = residual and residual:narrow(2, a, len):contiguous() or nil
+    check_ref(y:narrow(2, a, len):contiguous(), x, w:narrow(1, a, len):contiguous(), r,
+      string.format("%s rows %d..%d", what, a, a + len - 1))
+  end
+end
 
-  local function run(env)
-    local f = assert(io.popen(env .. " scripts/k3 -e '" .. CHAIN .. "' 2>&1; echo \"exit=$?\""))
-    local out = f:read("a")
-    f:close()
-    return out
+local function poisoned_out(M, N) return H.poisoned({M, N}, {dtype = "bf16", device = "cuda"}) end
+
+-- The kernel launches with programmatic dependent launch; with static weights its first step of
+-- w is loaded before it waits for the previous kernel (x, the residual and every write after).
+-- Classic and split-K configurations, static and not.
+local PDL_CONFIGS = {
+  {threads = 512, rows = 8, unroll = 2, vec = 8}, {threads = 256, rows = 8, unroll = 4, vec = 8},
+  split_config({512, 8, 2, 3}), split_config({256, 8, 4, 2}),
+}
+
+describe("cuda.linear.skinny with PDL and static weights #gpu", function()
+  it("every (shape, M) entry of this GPU's plan file matches the fp64 reference", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local ok, policy = pcall(require, "k3.policy." .. tostring(k3.cuda_arch and k3.cuda_arch(0)))
+    if not ok or type(policy) ~= "table" or not policy.plans then
+      pending("no plan file for this GPU's architecture")
+      return
+    end
+    local n = 0
+    for shape, plan in pairs(policy.plans) do
+      local N, K = shape:match("^(%d+)x(%d+)$")
+      N, K = tonumber(N), tonumber(K)
+      local w = bf16({N, K}, N + K)
+      local ll = k3.method.low_latency(k3.plan_for(w), {static_weights = true})
+      for M in pairs(plan) do
+        local x = bf16({M, K}, 1200 + M)
+        local what = string.format("plan %s M=%d", shape, M)
+        assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+        check_rows(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
+        n = n + 1
+      end
+      w:free()
+    end
+    assert.is_true(n > 0, "the plan file has no entry")
+  end)
+
+  -- Nothing past the end of x or w is read: views that end at the last element of their
+  -- storage (compute-sanitizer memcheck, scripts/gpu-check, reports any read beyond).
+  for _, M in ipairs({1, 4}) do
+    it("x and w views ending at the last element of their storage (M = " .. M .. ")", function()
+      if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+      local N, K = 136, 4104
+      local xs = bf16({8 + M * K}, 1400 + M)
+      local x = xs:narrow(1, 9, M * K):view({M, K})
+      local ws = bf16({8 + N * K}, 1410)
+      local w = ws:narrow(1, 9, N * K):view({N, K})
+      for i, cfg in ipairs(PDL_CONFIGS) do
+        for _, static in ipairs({true, false}) do
+          local ll = k3.method.low_latency(all_plan(cfg), {static_weights = static})
+          local what = string.format("M=%d config %d static=%s", M, i, tostring(static))
+          assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+          check_ref(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
+        end
+      end
+    end)
   end
 
-  it("PDL and the L2 prefetch give results bit-identical to the default launch", function()
+  -- Every projection reads what the kernel just before it wrote: the previous projection's y,
+  -- or an x that a conversion kernel (f32 -> bf16) rewrites just before the projection.
+  it("projections chained through x, x rewritten by a kernel just before each", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    local base = run("K3_SKINNY_PDL=0 K3_SKINNY_PREFETCH_MB=0")
-    assert.truthy(base:find("exit=0", 1, true), base)
-    local _, lines = base:gsub("chosen=cuda.linear.skinny", "")
-    assert.equal(6, lines, base)
-    for _, env in ipairs({"K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=0", "K3_SKINNY_PDL=0 K3_SKINNY_PREFETCH_MB=24",
-                          "K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=24", "K3_SKINNY_PDL=1 K3_SKINNY_PREFETCH_MB=1000"}) do
-      assert.equal(base, run(env), env)
+    local o = {dtype = "bf16", device = "cuda"}
+    local w1, w2 = bf16({1536, 7168}, 1500), bf16({7168, 1536}, 1501)
+    for i, cfg in ipairs(PDL_CONFIGS) do
+      for _, static in ipairs({true, false}) do
+        local ll = k3.method.low_latency(all_plan(cfg), {static_weights = static})
+        for _, M in ipairs({1, 5, 16}) do
+          local what = string.format("config %d static=%s M=%d", i, tostring(static), M)
+          local src = k3.randn({M, 7168}, {dtype = "f32", device = "cuda", seed = 1510 + M})
+          local x = k3.empty({M, 7168}, o)
+          x:fill(0 / 0)
+          x:copy(src) -- a conversion kernel writes x, then the projection reads it
+          local y1 = ll:apply(x, w1, nil, {out = poisoned_out(M, 1536)})
+          local y2 = ll:apply(y1, w2, nil, {residual = x, out = poisoned_out(M, 7168)})
+          local src2 = k3.randn({M, 7168}, {dtype = "f32", device = "cuda", seed = 1520 + M})
+          x:copy(src2)
+          local y3 = ll:apply(x, w1, nil, {out = poisoned_out(M, 1536)})
+          -- references from what each projection was given, read back afterwards
+          check_rows(y1, src:to("bf16"), w1, nil, what .. " y1")
+          check_rows(y2, y1, w2, src:to("bf16"), what .. " y2")
+          check_rows(y3, src2:to("bf16"), w1, nil, what .. " y3")
+        end
+      end
     end
+  end)
+end)
+
+-- Static storage: the weights a low-latency method with static_weights (or a k3.nn layer) may
+-- load before the previous kernel ends. Marked, a storage refuses every write, naming who
+-- marked it, so the contract cannot be broken silently.
+describe("static storage", function()
+  it("refuses copy, fill, set and an op's out into any view of it, naming who marked it", function()
+    local w = k3.randn({4, 8}, {dtype = "bf16", seed = 1})
+    local before = w:totable()
+    assert.is_false(w:is_static())
+    assert.equal(w, w:mark_static("spec weights"))
+    assert.is_true(w:is_static())
+    local view = w:narrow(1, 2, 2)
+    assert.is_true(view:is_static())
+    local why = "is static (marked by spec weights); its storage refuses writes"
+    H.raises(function() w:fill(0) end, "fill: the tensor " .. why)
+    H.raises(function() view:set(1, 1, 3) end, "set: the tensor " .. why)
+    H.raises(function() view:copy(k3.zeros({2, 8}, {dtype = "bf16"})) end, "copy: the destination " .. why)
+    local x = k3.randn({2, 8}, {dtype = "bf16", seed = 2})
+    H.raises(function() k3.linear(x, k3.randn({4, 8}, {dtype = "bf16"}), {out = w:narrow(2, 1, 4):narrow(1, 1, 2)}) end,
+      "linear: out " .. why)
+    assert.same(before, w:totable()) -- nothing was written
+    -- reading it, and copying from it, still work; a copy is not static
+    local c = w:clone()
+    assert.is_false(c:is_static())
+    c:fill(1)
+    assert.equal(4, k3.linear(x, w):size(2))
+    w:mark_static("someone else") -- marking again keeps the first owner
+    H.raises(function() w:fill(0) end, "marked by spec weights")
+    assert.equal(k3.randn({1}):mark_static():is_static(), true)
+    H.raises(function() k3.zeros({1}):mark_static():fill(2) end, "fill: the tensor is static (marked by the caller)")
+  end)
+
+  it("a low-latency method with static_weights marks the weights it runs on; k3.nn.Linear marks its own #gpu", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local cfg = {threads = 256, rows = 8, unroll = 4, vec = 8}
+    local w = bf16({264, 1024}, 1600)
+    local x = bf16({2, 1024}, 1601)
+    k3.method.low_latency(all_plan(cfg)):apply(x, w)
+    assert.is_false(w:is_static()) -- no promise, no mark
+    k3.method.low_latency(all_plan(cfg), {static_weights = true}):apply(x, w)
+    assert.is_true(w:is_static())
+    H.raises(function() w:copy(bf16({264, 1024}, 1602)) end,
+      "copy: the destination is static (marked by method.low_latency {static_weights = true})")
+    local w2 = bf16({1536, 7168}, 1603)
+    local layer = require("k3.nn").Linear(w2)
+    if k3.plan_for(w2) then
+      assert.is_true(w2:is_static())
+      H.raises(function() w2:fill(0) end, "marked by k3.nn.Linear weight")
+    end
+    check_rows(layer(bf16({1, 7168}, 1604)), bf16({1, 7168}, 1604), w2, nil, "k3.nn.Linear")
   end)
 end)
 

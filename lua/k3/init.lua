@@ -240,8 +240,10 @@ refresh_policy_view()
 -- ---- linear methods and plans -----------------------------------------------------------------
 
 --- k3.method.default() -> the default linear method (the policy's linear candidates).
---- k3.method.low_latency(plan) -> a low-latency method over plan {[M] = {kernel = "skinny",
---- config = {...}}}; it owns a default method that serves every call it declines.
+--- k3.method.low_latency(plan[, {static_weights = true}]) -> a low-latency method over plan
+--- {[M] = {kernel = "skinny", config = {...}}}; it owns a default method that serves every call
+--- it declines. static_weights: no kernel still running when the method's kernel starts writes
+--- w, so the skinny kernel may start streaming w before the previous kernel ends.
 --- m:apply(x, w, bias, {residual =, out =}) -> y; m:explain(x, w, bias) -> {op =, chosen =,
 --- declined =}: where apply would raise (invalid arguments, or no kernel accepts the call),
 --- explain returns chosen = nil, the method's declines and error = apply's message.
@@ -285,6 +287,7 @@ local HELP = {
   {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
   {"t:size([d]) t:stride([d]) t:dim() t:numel() t:offset()", "shape, strides (elements), storage offset"},
   {"t:dtype() t:device() t:is_contiguous()", "metadata"},
+  {"t:mark_static([owner]) t:is_static()", "mark the storage static: copy, fill, set and an op's out into it raise (a model's weights)"},
   {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
   {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
   {"t:as_strided(shape, stride, offset)", "any view of the storage (checked against its bounds)"},

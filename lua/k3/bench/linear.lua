@@ -1,9 +1,19 @@
 -- k3.bench.linear — `scripts/bench linear`: every Kimi-K3 TP8 projection shape (DESIGN.md, plus
 -- 7168x7168) at M = 1, 2, 4, 8, 16: the low-latency plan's choice (k3.method.low_latency over
--- k3.plan_for(w), what m:explain says it runs) against cuBLAS (kernel = "cuda.linear.cublas"),
--- each timed in a CUDA graph of one call per rotated weight copy (launch overhead excluded,
--- as in PEERS.md), with eager times at M = 1, bandwidth, the copy-bandwidth floor and the
--- targets of the low-latency issue.
+-- k3.plan_for(w) with static weights, as a model's layers run it; what m:explain says it runs)
+-- against cuBLAS (kernel = "cuda.linear.cublas"), each timed in a CUDA graph of one call per
+-- rotated weight copy (launch overhead excluded, as in PEERS.md), with eager times at M = 1,
+-- bandwidth, the copy-bandwidth floor, the read limit and the targets of the low-latency issue.
+--
+-- The read limit of a shape is what k3's read-only streaming kernel (tools/read_limit.cuh, run
+-- by scripts/read-limit in the same bench run) takes for exactly the weight's bytes, timed the
+-- same way: the floor a weight-streaming kernel can reach. Where the plan's kernel launches
+-- with programmatic dependent launch (the skinny kernel always does) the read limit used is
+-- the read kernel chained with PDL, and the calls of every timed graph form
+-- a decode-like chain: call c reads as x the buffer call c - 1 wrote as y (its first M x K
+-- elements; the first M x N are that call's output), so the overlap PDL buys is the overlap a
+-- decode step can get. The weights are scaled by 1/sqrt(K) so the chain's values stay near
+-- unit size. cuBLAS is timed over the same chain.
 local k3 = require "k3"
 local U = require "k3.bench.util"
 local Env = require "k3.bench.env"
@@ -19,23 +29,64 @@ L.SHAPES = {
 }
 L.MS = {1, 2, 4, 8, 16}
 
--- The low-latency issue's targets.
+-- The targets of the read-limit issue (the plan after scripts/autotune).
 L.TARGETS = {
   geomean_m1 = 1.30,        -- geomean speed-up over cuBLAS at M = 1
-  geomean_m16 = 1.15,       -- ... at M = 16
+  geomean_m16 = 1.20,       -- ... at M = 16
   worst_ratio = 0.98,       -- never slower than cuBLAS by more than 2%
-  floor_gap_us = 1.5,       -- every shape within 1.5 µs of its floor at M = 1
-  big_floor_frac = 0.92,    -- at least 92% of the floor on weights above 100 MB
+  read_frac_m1 = 0.95,      -- every shape at >= 95% of its read limit at M = 1
+  read_frac_m16 = 0.90,     -- ... >= 90% at M = 16
+  floor_gap_us = 1.5,       -- (reported) shapes within 1.5 µs of the copy floor at M = 1
+  big_floor_frac = 0.92,    -- (reported) fraction of the copy floor on weights above 100 MB
   big_bytes = 100e6,
 }
 
 -- A plan used by --dry-run only when the machine has none (CPU tensors never get one): it
 -- exercises the plan and config code paths; its entries decline on the CPU like any other.
 local DRY_PLAN = {
-  [1] = {kernel = "skinny", config = {threads = 256, rows = 4, unroll = 2, vec = 8, split_k = 1}},
+  [1] = {kernel = "skinny", config = {threads = 256, rows = 8, unroll = 4, vec = 8}},
   [2] = {kernel = "skinny", config = {threads = 128, rows = 2, unroll = 4, vec = 8}},
   [4] = {kernel = "skinny", config = {threads = 256, rows = 2, vec = 8, split_k = 2}},
 }
+
+
+-- The checkout's root (this file is <root>/lua/k3/bench/linear.lua).
+local function repo_root()
+  local path = package.searchpath("k3.bench.linear", package.path) or ""
+  local root = path:gsub("/?lua/k3/bench/linear%.lua$", "")
+  return root ~= "" and root or "."
+end
+L.repo_root = repo_root
+
+-- L.read_limits(env, byte_counts) -> {[bytes] = {read_us =, read_pdl_us =, read_shape =,
+-- read_pdl_shape =}}, machine, method. On the GPU: scripts/read-limit (tools/read_limit.cu),
+-- which raises here when it fails; in a dry run: a model (bytes over the nominal bandwidth
+-- plus a 1.5 µs ramp; 0.3 µs of it left when chained with PDL).
+function L.read_limits(env, byte_counts)
+  local out = {}
+  if env.dry then
+    for _, b in ipairs(byte_counts) do
+      local t = b / (Env.NOMINAL_BW * 1e3)
+      out[b] = {read_us = t + 1.5, read_pdl_us = t + 0.3, read_shape = "model", read_pdl_shape = "model"}
+    end
+    return out, "dry run (CPU): modelled read limits", "model"
+  end
+  local list = {}
+  for i, b in ipairs(byte_counts) do list[i] = string.format("%d", b) end
+  local tmp = os.tmpname()
+  local cmd = string.format("%s/scripts/read-limit --bytes %s --json %s", U.shell_quote(repo_root()),
+                            table.concat(list, ","), U.shell_quote(tmp))
+  local ok = os.execute(cmd .. " >&2")
+  local text = ok and U.read_file(tmp) or nil
+  os.remove(tmp)
+  if not text then error("linear: scripts/read-limit failed (" .. cmd .. ")", 0) end
+  local doc = U.json_decode(text)
+  for _, r in ipairs(doc.results or {}) do out[math.tointeger(r.bytes) or r.bytes] = r end
+  for _, b in ipairs(byte_counts) do
+    if not out[b] then error(string.format("linear: scripts/read-limit gave no figure for %d bytes", b), 0) end
+  end
+  return out, doc.machine, doc.method
+end
 
 local function config_string(entry)
   if not entry then return nil end
@@ -73,38 +124,56 @@ function L.run(env, peers, opts)
   local rows = {}
   local total = #shapes * #ms
   local done = 0
+  local sizes, seen = {}, {}
+  for _, sh in ipairs(shapes) do
+    local b = 2 * sh[1] * sh[2]
+    if not seen[b] then seen[b] = true; sizes[#sizes + 1] = b end
+  end
+  U.progress("linear: the read limit of %d weight sizes (scripts/read-limit)", #sizes)
+  local limits, machine, limit_method = L.read_limits(env, sizes)
   for si, sh in ipairs(shapes) do
     local N, K = sh[1], sh[2]
     local n, k = env:dim(N, 16, 8), env:dim(K, 16, 8)
     local wbytes = 2 * N * K
-    local copies = Env.copies_for(wbytes, 3)
+    -- at least 8 copies: chained with PDL several calls are in flight, never on one copy
+    local copies = Env.copies_for(wbytes, 8)
     local alloc = env:alloc_copies(copies)
     U.progress("linear %d/%d %dx%d: filling %d weight copies (%.0f MB)", si, #shapes, N, K,
                copies, copies * wbytes / 1e6)
     local ws = {}
-    for c = 1, alloc do ws[c] = env:random({n, k}, si * 1000 + c) end
+    for c = 1, alloc do
+      local raw = env:random({n, k}, si * 1000 + c)
+      ws[c] = raw * (1 / math.sqrt(k))
+      raw:free()
+    end
     local plan = k3.plan_for(ws[1])
     local plan_source = plan and "policy" or "none"
     if not plan and env.dry then plan, plan_source = DRY_PLAN, "dry-run stand-in" end
-    local method = k3.method.low_latency(plan or {})
+    local method = k3.method.low_latency(plan or {}, {static_weights = true})
+    local lim = limits[wbytes]
     for _, M in ipairs(ms) do
       done = done + 1
       U.progress("linear %d/%d %dx%d M=%d (%d/%d)", si, #shapes, N, K, M, done, total)
-      local X = env:random({alloc * M, k}, si * 7 + M)
-      local Y = env:empty({alloc * M, n})
-      Y:fill(7)                      -- a value no output should keep (poison)
+      -- The chain: buffer c holds call c's y (first M*N elements) and is call c + 1's x
+      -- (first M*K); alloc buffers, one per call of the graph, call 1 reading buffer alloc.
+      local width = M * math.max(n, k)
+      local CH = env:random({alloc, width}, si * 7 + M)
       local xs, ys, popt, copt = {}, {}, {}, {}
       for c = 1, alloc do
-        xs[c] = X:narrow(1, (c - 1) * M + 1, M)
-        ys[c] = Y:narrow(1, (c - 1) * M + 1, M)
+        local prev = (c - 2) % alloc + 1
+        xs[c] = CH:select(1, prev):narrow(1, 1, M * k):view({M, k})
+        ys[c] = CH:select(1, c):narrow(1, 1, M * n):view({M, n})
         popt[c] = {out = ys[c]}
         copt[c] = {kernel = cublas, out = ys[c]}
       end
+      local X1 = env:random({M, k}, si * 11 + M) -- the unchained input of the check
       local bytes = 2 * (N * K + M * K + M * N)
       local floor = env:floor_us(bytes)
-      local ex = method:explain(xs[1], ws[1])
+      local ex = method:explain(X1, ws[1])
       local entry = plan and plan[M]
       local fast = ex.chosen and ex.chosen:find("skinny", 1, true) ~= nil
+      local pdl = fast -- the skinny kernel launches with PDL
+      local read_us = pdl and lim.read_pdl_us or lim.read_us
       local note
       if not fast then
         for _, d in ipairs(ex.declined or {}) do
@@ -124,6 +193,9 @@ function L.run(env, peers, opts)
         local c = (i - 1) % alloc + 1
         k3.linear(xs[c], ws[c], copt[c])
       end
+      -- One eager call per copy first: a static-weights method marks each weight static on
+      -- its first call, which loads w after the wait; the timed calls are the later ones.
+      for c = 1, alloc do plan_fn(c) end
       local gopts = {graph = true, calls = alloc}
       local tag = string.format("%dx%d M=%d", N, K, M)
       local t_plan, s_plan = env:try_time(tag .. " plan (graph)", plan_fn, gopts,
@@ -138,10 +210,13 @@ function L.run(env, peers, opts)
         t_cub_e = env:try_time(tag .. " cuBLAS (eager)", cublas_fn, eopts,
                                model_us(env, "cublas_eager", N, K, M, bytes))
       end
-      -- Fast garbage is not fast: the plan's output against cuBLAS's on the first copy.
+      -- Fast garbage is not fast: the plan's output (into a NaN-poisoned out) against cuBLAS's
+      -- on the first copy.
       local okc, check = pcall(function()
-        local y1 = method:apply(xs[1], ws[1])
-        local y2 = k3.linear(xs[1], ws[1], {kernel = cublas})
+        local y1 = env:empty({M, n})
+        y1:fill(0 / 0)
+        method:apply(X1, ws[1], nil, {out = y1})
+        local y2 = k3.linear(X1, ws[1], {kernel = cublas})
         local d = rel_diff(y1, y2)
         y1:free()
         y2:free()
@@ -164,20 +239,24 @@ function L.run(env, peers, opts)
         speedup = ratio(t_cub, t_plan), floor_us = floor, gap_us = t_plan and t_plan - floor,
         plan_GBps = t_plan and bytes / (t_plan * 1e3), cublas_GBps = t_cub and bytes / (t_cub * 1e3),
         plan_floor_frac = ratio(floor, t_plan), cublas_floor_frac = ratio(floor, t_cub),
+        launch = pdl and "pdl" or "plain", read_us = read_us,
+        read_shape = pdl and lim.read_pdl_shape or lim.read_shape,
+        read_frac = ratio(read_us, t_plan), cublas_read_frac = ratio(read_us, t_cub),
         plan_eager_us = t_plan_e, cublas_eager_us = t_cub_e,
         torch_us = peer.torch_us, torch_eager_us = peer.torch_eager_us,
         vs_torch = ratio(peer.torch_us, t_plan),
         check_rel = check, check_ok = check ~= nil and check <= 2e-2,
       }
-      X:free()
-      Y:free()
+      X1:free()
+      CH:free()
     end
     for c = 1, alloc do ws[c]:free() end
     method:free()
     env:release()
   end
   U.progress_done()
-  local res = {rows = rows, summary = L.summarize(rows)}
+  local res = {rows = rows, summary = L.summarize(rows), machine = machine,
+               read_limit_method = limit_method}
   res.lines = L.format(env, peers, res)
   return res
 end
@@ -191,7 +270,14 @@ function L.summarize(rows)
   local near, near_total, far = 0, 0, {}
   local vs_torch_m1 = {}
   local bad_checks = {}
+  local read_min, read_min_at = {}, {}
+  local won = {}
   for _, r in ipairs(rows) do
+    if (r.M == 1 or r.M == 16) and r.read_frac and
+       (not read_min[r.M] or r.read_frac < read_min[r.M]) then
+      read_min[r.M], read_min_at[r.M] = r.read_frac, r.shape
+    end
+    if r.M == 1 and r.config then won[#won + 1] = r.shape end
     by_m[r.M] = by_m[r.M] or {}
     if r.speedup then table.insert(by_m[r.M], r.speedup) end
     if r.speedup and (not worst or r.speedup < worst) then worst, worst_row = r.speedup, r end
@@ -219,6 +305,9 @@ function L.summarize(rows)
     big_floor_frac_m1_at = big_m1_row and big_m1_row.shape,
     geomean_vs_torch_m1 = U.geomean(vs_torch_m1),
     bad_checks = bad_checks,
+    read_limit_frac_m1_min = read_min[1], read_limit_frac_m1_at = read_min_at[1],
+    read_limit_frac_m16_min = read_min[16], read_limit_frac_m16_at = read_min_at[16],
+    shapes_won = won,
   }
   for m, xs in pairs(by_m) do s.geomean_by_m[tostring(m)] = U.geomean(xs) end
   s.verdicts = {
@@ -227,6 +316,8 @@ function L.summarize(rows)
     worst_ratio = U.verdict(s.worst_ratio, ">=", T.worst_ratio),
     near_floor_m1 = near_total > 0 and (near == near_total and "MET" or "MISSED") or "n/a",
     big_floor_frac = U.verdict(s.big_floor_frac_min, ">=", T.big_floor_frac),
+    read_frac_m1 = U.verdict(s.read_limit_frac_m1_min, ">=", T.read_frac_m1),
+    read_frac_m16 = U.verdict(s.read_limit_frac_m16_min, ">=", T.read_frac_m16),
   }
   return s
 end
@@ -238,7 +329,10 @@ function L.format(env, peers, res)
   p("== linear: y[M,N] = x[M,K] w[N,K]^T, bf16; k3's low-latency plan vs cuBLAS ==")
   p("%s", env:header())
   p("times: median µs per call inside a CUDA graph of one call per rotated weight copy (copies x weight > 200 MB),")
-  p("random bf16 data; floor = (weight + x + y bytes) / copy bandwidth; %%floor = floor / time; gap = time - floor.")
+  p("each call's x the previous call's y; random bf16 data; floor = (weight + x + y bytes) / copy bandwidth;")
+  p("%%floor = floor / time; gap = time - floor; read = the read limit of the weight's bytes (k3's read-only")
+  p("streaming kernel, best launch shape, timed the same way; chained with PDL where 'launch' is pdl);")
+  p("%%read = read / time. Read limit: %s; %s", res.read_limit_method or "-", res.machine or "-")
   p("peer column 'torch': torch.nn.functional.linear, from %s", peers.source)
   p("")
   local cols = {
@@ -252,6 +346,10 @@ function L.format(env, peers, res)
     {head = "cuBLAS µs", key = "cublas_us", fmt = U.fmt_us},
     {head = "speed-up", key = "speedup", fmt = "%.2fx"},
     {head = "GB/s", key = "plan_GBps", fmt = "%.0f"},
+    {head = "launch", key = "launch", align = "l"},
+    {head = "read µs", key = "read_us", fmt = U.fmt_us},
+    {head = "%read", key = "read_frac", fmt = U.pct},
+    {head = "cuBLAS %read", key = "cublas_read_frac", fmt = U.pct},
     {head = "floor µs", key = "floor_us", fmt = U.fmt_us},
     {head = "%floor", key = "plan_floor_frac", fmt = U.pct},
     {head = "cuBLAS %floor", key = "cublas_floor_frac", fmt = U.pct},
@@ -288,7 +386,7 @@ function L.format(env, peers, res)
     for _, k in ipairs(nk) do p("  %3d  %s", notes[k], k) end
   end
   p("")
-  p("summary against the low-latency issue's targets:")
+  p("summary against the targets (plan after scripts/autotune):")
   local function fx(v) return v and string.format("%.2fx", v) or "-" end
   p("  geomean speed-up over cuBLAS, M = 1:   %-8s target >= %.2fx   %s", fx(s.geomean_m1),
     T.geomean_m1, s.verdicts.geomean_m1)
@@ -302,6 +400,14 @@ function L.format(env, peers, res)
   p("  geomean speed-up by M:                 %s", table.concat(parts, ", "))
   p("  worst ratio (cuBLAS / k3):             %-8s target >= %.2fx (never > 2%% slower)   %s   at %s",
     fx(s.worst_ratio), T.worst_ratio, s.verdicts.worst_ratio, s.worst_at or "-")
+  p("  %%read limit, min over shapes, M = 1:   %-8s target >= %.0f%%   %s   at %s",
+    U.pct(s.read_limit_frac_m1_min), 100 * T.read_frac_m1, s.verdicts.read_frac_m1,
+    s.read_limit_frac_m1_at or "-")
+  p("  %%read limit, min over shapes, M = 16:  %-8s target >= %.0f%%   %s   at %s",
+    U.pct(s.read_limit_frac_m16_min), 100 * T.read_frac_m16, s.verdicts.read_frac_m16,
+    s.read_limit_frac_m16_at or "-")
+  p("  shapes the plan runs skinny at M = 1:   %d/%d   %s", #s.shapes_won, s.near_floor_total,
+    table.concat(s.shapes_won, ", "))
   p("  shapes within %.1f µs of floor, M = 1:  %d/%d     target %d/%d   %s%s", T.floor_gap_us,
     s.near_floor_m1, s.near_floor_total, s.near_floor_total, s.near_floor_total,
     s.verdicts.near_floor_m1,
@@ -320,8 +426,27 @@ end
 
 L.CSV_KEYS = {"shape", "N", "K", "M", "weight_MB", "copies", "choice", "config", "plan_entry",
               "plan_source", "note", "plan_us", "plan_min_us", "plan_p90_us", "cublas_us",
-              "cublas_min_us", "cublas_p90_us", "speedup", "floor_us", "gap_us", "plan_GBps",
+              "cublas_min_us", "cublas_p90_us", "speedup", "launch", "read_us", "read_shape",
+              "read_frac", "cublas_read_frac", "floor_us", "gap_us", "plan_GBps",
               "cublas_GBps", "plan_floor_frac", "cublas_floor_frac", "plan_eager_us",
               "cublas_eager_us", "torch_us", "torch_eager_us", "vs_torch", "check_rel", "check_ok"}
+
+-- L.summary_object(res, cmd, commit) -> the `linear` object of bench/summary-<gpu>.json
+-- (ratios > 1 when k3 is faster; fractions 0..1; shapes_won: "NxK" where the plan runs the
+-- skinny kernel at M = 1).
+function L.summary_object(res, cmd, commit)
+  local s = res.summary
+  return {
+    date = U.date(), machine = res.machine, commit = commit, command = cmd,
+    geomean_m1 = s.geomean_m1, geomean_m16 = s.geomean_m16, worst_ratio = s.worst_ratio,
+    worst_at = s.worst_at,
+    read_limit_frac_m1_min = s.read_limit_frac_m1_min,
+    read_limit_frac_m16_min = s.read_limit_frac_m16_min,
+    shapes_won = s.shapes_won,
+    targets = {geomean_m1 = L.TARGETS.geomean_m1, geomean_m16 = L.TARGETS.geomean_m16,
+               worst_ratio = L.TARGETS.worst_ratio, read_limit_frac_m1_min = L.TARGETS.read_frac_m1,
+               read_limit_frac_m16_min = L.TARGETS.read_frac_m16},
+  }
+end
 
 return L

@@ -23,11 +23,17 @@ end
 
 -- The method a Linear gets when none is given: the low-latency method with the policy's
 -- plan for this weight shape when one exists (it owns a default method for every call it
--- declines), else the default method.
-function nn.default_method(w)
+-- declines), else the default method. A layer's weight is loaded once and never rewritten
+-- while the model runs, so the method is told the weights are static (the skinny kernel may
+-- start streaming them before the previous kernel ends) and the weight's storage is marked
+-- static (a later copy, fill or set into it raises, naming the layer).
+function nn.default_method(w, owner)
   if k3.plan_for then
     local plan = k3.plan_for(w)
-    if plan then return k3.method.low_latency(plan) end
+    if plan then
+      w:mark_static(owner or "k3.nn.Linear weight")
+      return k3.method.low_latency(plan, {static_weights = true})
+    end
   end
   return k3.method.default()
 end

@@ -5,6 +5,7 @@
 -- from a full weight tensor or a {name = tensor} table (k3.load_safetensors), and runs the
 -- low-latency method with the plan for its *local* shape when the device has one.
 local k3 = require "k3"
+local nn = require "k3.nn"
 
 local P = {}
 
@@ -65,11 +66,10 @@ local function materialize(view, opts)
 end
 
 -- The method for a local weight: the low-latency one when this device has a plan for the
--- local shape (it owns a default method for everything it declines), else the default.
+-- local shape (it owns a default method for everything it declines; the weights static, as
+-- nn.default_method says), else the default.
 function P.method_for(w)
-  local plan = k3.plan_for(w)
-  if plan then return k3.method.low_latency(plan) end
-  return k3.method.default()
+  return nn.default_method(w, "a tensor-parallel k3.nn layer's weight")
 end
 
 -- ---- ColumnParallelLinear ---------------------------------------------------------------------

@@ -1,0 +1,114 @@
+/*
+ * read_limit.cu — `build/read-limit --bytes B1,B2,... [--json FILE] [--reps R]`: the read limit
+ * of each byte count on the current GPU (tools/read_limit.cuh), for `scripts/bench linear`.
+ *
+ * For each B (a positive multiple of 16): random non-zero data in copies of B bytes totalling
+ * >= 4x the L2 (at least K3T_MIN_COPIES), a CUDA graph of L = max(20, copies) back-to-back reads (read j
+ * streams copy j % copies), median of R replays / L, for every launch shape of
+ * k3t_read_shapes(); the read limit is the best shape's time, plain and chained with PDL.
+ * Writes one JSON object: {"machine": "...", "method": "...", "results": [{"bytes": B,
+ * "read_us": t, "read_shape": "c2t512u8stride", "read_pdl_us": t, "read_pdl_shape": "..."},
+ * ...]} to FILE (default stdout); progress and errors go to stderr.
+ */
+#define K3_TOOL_NAME "read-limit"
+#include "bench_common.cuh"
+#include "read_limit.cuh"
+
+#include <string>
+
+int main(int argc, char **argv) {
+    std::vector<long long> sizes;
+    const char *json_path = nullptr;
+    int reps = 15;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--bytes" && i + 1 < argc) {
+            const char *s = argv[++i];
+            while (*s) {
+                long long b = 0;
+                int used = 0;
+                if (sscanf(s, "%lld%n", &b, &used) != 1 || b <= 0 || b % 16) {
+                    fprintf(stderr, "read-limit: bad --bytes near '%s' (positive multiples of 16)\n", s);
+                    return 2;
+                }
+                sizes.push_back(b);
+                s += used;
+                if (*s == ',') s++;
+            }
+        } else if (a == "--json" && i + 1 < argc) {
+            json_path = argv[++i];
+        } else if (a == "--reps" && i + 1 < argc) {
+            reps = std::max(3, atoi(argv[++i]));
+        } else {
+            fprintf(stderr, "usage: read-limit --bytes B1,B2,... [--json FILE] [--reps 15]\n");
+            return 2;
+        }
+    }
+    if (sizes.empty()) {
+        fprintf(stderr, "read-limit: --bytes is required\n");
+        return 2;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    const size_t l2 = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : (size_t)60 << 20;
+    k3t_timer t;
+    k3t_timer_init(t, reps, 3);
+    int rt = 0, drv = 0;
+    CK(cudaRuntimeGetVersion(&rt));
+    CK(cudaDriverGetVersion(&drv));
+    const std::vector<k3t_read_shape> shapes = k3t_read_shapes();
+    int64_t words = 0;
+    for (const auto &r : shapes) words = std::max(words, k3t_read_out_words(r, sms));
+    unsigned *out = nullptr;
+    CK(cudaMalloc(&out, words * sizeof(unsigned)));
+
+    std::string res = "[";
+    for (size_t si = 0; si < sizes.size(); si++) {
+        const size_t bytes = (size_t)sizes[si];
+        const int copies = (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + bytes - 1) / bytes + 1);
+        const int L = std::max(20, copies);
+        uint16_t *buf = nullptr;
+        CK(cudaMalloc(&buf, bytes * copies));
+        k3t_fill(buf, bytes / 2 * copies, 4242 + si, 1.0f, t.s);
+        CK(cudaStreamSynchronize(t.s));
+        double best[2];
+        std::string best_name[2];
+        for (int pdl = 0; pdl < 2; pdl++) {
+            k3t_read_shape r = {};
+            best[pdl] = k3t_read_limit(t, sms, buf, bytes, copies, L, out, pdl != 0, &r,
+                                       [](const k3t_read_shape &, double) {});
+            best_name[pdl] = k3t_read_shape_name(r);
+        }
+        CK(cudaFree(buf));
+        if (best[0] > 1e29 || best[1] > 1e29) {
+            fprintf(stderr, "read-limit: no launch shape could be timed for %zu bytes\n", bytes);
+            return 1;
+        }
+        fprintf(stderr, "read-limit: %zu bytes: %.2f us (%s), chained with PDL %.2f us (%s)\n",
+                bytes, best[0], best_name[0].c_str(), best[1], best_name[1].c_str());
+        char item[256];
+        snprintf(item, sizeof item,
+                 "%s{\"bytes\": %zu, \"read_us\": %.4f, \"read_shape\": \"%s\", \"read_pdl_us\": "
+                 "%.4f, \"read_pdl_shape\": \"%s\"}",
+                 si ? ", " : "", bytes, best[0], best_name[0].c_str(), best[1],
+                 best_name[1].c_str());
+        res += item;
+    }
+    res += "]";
+    char head[768];
+    snprintf(head, sizeof head,
+             "{\"machine\": \"%s, %d SMs, %.0f MB L2, CUDA runtime %d, driver %d\", \"method\": "
+             "\"read-only 16-byte loads over exactly the bytes, best of %zu launch shapes, CUDA "
+             "graph of >= 20 back-to-back reads over copies totalling >= 4x L2, median of %d "
+             "replays\", \"results\": ",
+             prop.name, sms, l2 / 1e6, rt, drv, shapes.size(), reps);
+    FILE *f = json_path ? fopen(json_path, "w") : stdout;
+    if (!f) {
+        fprintf(stderr, "read-limit: cannot write %s\n", json_path);
+        return 1;
+    }
+    fprintf(f, "%s%s}\n", head, res.c_str());
+    if (json_path) fclose(f);
+    return 0;
+}
