@@ -270,11 +270,9 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             if (ok[k]) *(uint4 *)(prefix + (int64_t)vi[k] * 8) = pb[k];
         }
         if (p.wb >= 0 && ok[k]) *(uint4 *)(blocks + p.wb * p.sbs + (int64_t)vi[k] * 8) = pb[k];
-        /* A slot written inside num_blocks reads p (a uniform branch: no selects when wb < 0). */
-        if (p.wb >= 0 && p.wb < p.nb)
 #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s == p.wb) src[s][k] = pb[k];
+        for (int s = 0; s < NB; s++)
+            if (s == p.wb) src[s][k] = pb[k];
         float w[8];
         {
             float x[8], y[8];
