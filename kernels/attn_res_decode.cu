@@ -133,15 +133,12 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
     } else {
         __syncthreads();
     }
-    /* The C partials in rank order (every CTA the same order, so the same bits), one CTA's N
-     * values at a time: a loop over C around straight-line code of N adds, not N loops with
-     * a runtime trip count (which the compiler unrolled into ~1600 instructions per body). */
 #pragma unroll
-    for (int i = 0; i < N; i++) v[i] = 0.0f;
-#pragma unroll 1
-    for (int c = 0; c < C; c++)
-#pragma unroll
-        for (int i = 0; i < N; i++) v[i] = MAX ? fmaxf(v[i], buf[c][i]) : v[i] + buf[c][i];
+    for (int i = 0; i < N; i++) {
+        float s = 0.0f;
+        for (int c = 0; c < C; c++) s = MAX ? fmaxf(s, buf[c][i]) : s + buf[c][i];
+        v[i] = s;
+    }
     phase++;
 }
 
