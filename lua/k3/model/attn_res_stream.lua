@@ -49,11 +49,7 @@ function Stream.num_seals(num_layers, block_size)
 end
 
 -- Stream.new{tokens = T, hidden_size = H, num_layers = L, block_size = 12,
---            dtype = "bf16", device = "cpu", eps = 1e-5, static_weights = false}
--- Every read tells k3.attn_res which block slots may be loaded before a PDL wait
--- (static_blocks: the slots sealed before the previous read, so never the one that read
--- sealed; lib/k3.h has the contract); static_weights = true says the same of the queries'
--- weights, for a caller whose weights were written and synchronised before the first read.
+--            dtype = "bf16", device = "cpu", eps = 1e-5}
 function Stream.new(opts)
   local T, H = assert(opts.tokens, "tokens"), assert(opts.hidden_size, "hidden_size")
   local L, bs = assert(opts.num_layers, "num_layers"), opts.block_size or 12
@@ -62,7 +58,6 @@ function Stream.new(opts)
   local self = setmetatable({
     tokens = T, hidden_size = H, num_layers = L, block_size = bs, num_slots = S,
     eps = opts.eps or 1e-5, dtype = topts.dtype, device = topts.device,
-    static_weights = opts.static_weights and true or false,
     blocks = k3.zeros({T, S, H}, topts),
     prefix = k3.zeros({T, H}, topts),
   }, Stream)
@@ -83,7 +78,6 @@ function Stream:begin(embedding)
   end
   self.prefix:copy(embedding)
   self.num_sealed = 0
-  self.prev_num_blocks = 0 -- num_blocks of the previous read: the slots sealed before it
   self.prefix_empty = false
   self.written = {}   -- slot -> layer that sealed it (write-once check)
   self.layer = nil
@@ -136,9 +130,7 @@ function Stream:read(query, delta, seal, layer)
     prefix = self.prefix, delta = delta, blocks = self.blocks, num_blocks = self.num_sealed,
     write_block = slot, norm_weight = query.norm_weight, qk_weight = query.qk_weight,
     output_norm_weight = query.output_norm_weight, eps = self.eps, output_eps = self.eps,
-    static_weights = self.static_weights, static_blocks = self.prev_num_blocks,
   }
-  self.prev_num_blocks = self.num_sealed
   self.prefix_empty = false
   if copied then
     self.counts.copied_deltas = self.counts.copied_deltas + 1
