@@ -9,10 +9,7 @@ using namespace k3ar;
 
 namespace {
 
-/* Threads per CTA: 1024 while the tokens fit one CTA per SM (a few tokens: the passes over a
- * row are chains of dependent loads, 7 per pass at H 7168 instead of 28), else 256. */
 const int kGenericThreads = 256;
-const int kGenericThreadsFew = 1024;
 const int kGenericChunk = 8;      /* sources reduced together */
 const int64_t kGenericMaxSources = 4096;
 
@@ -92,12 +89,12 @@ template <class A, int N, bool MAX = false> __device__ void block_sum(A (&v)[N],
     __syncthreads();
 }
 
-/* One CTA of NT threads per token (grid-stride over tokens). Three passes over the token's
- * rows: write p (and the block slot), the logits, then the mix (recomputed for the output
- * norm). Every thread touches the same hidden positions in every pass, so its own writes are
- * what it reads back. */
-template <class T, int NT>
-__global__ void __launch_bounds__(NT) attn_res_generic_kernel(generic_params<T> p) {
+/* One CTA per token (grid-stride over tokens). Three passes over the token's rows: write p
+ * (and the block slot), the logits, then the mix (recomputed for the output norm). Every
+ * thread touches the same hidden positions in every pass, so its own writes are what it
+ * reads back. */
+template <class T>
+__global__ void __launch_bounds__(kGenericThreads) attn_res_generic_kernel(generic_params<T> p) {
     typedef typename k3c_acc<T>::type A;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *prob = (A *)smem_raw;                           /* nsrc */
@@ -271,18 +268,9 @@ template <class T> k3_status generic_launch(const k3_attn_res_kargs *ka, cudaStr
     p.eps = a->eps;
     p.oeps = a->output_eps;
     int nsrc = p.nb + 1;
+    size_t smem = (size_t)(((nsrc + 1) & ~1) + 2 * kGenericChunk * (kGenericThreads / 32)) * sizeof(A);
     unsigned grid = (unsigned)(p.T_ < (1 << 20) ? p.T_ : (1 << 20));
-    auto smem = [&](int nt) { return (size_t)(((nsrc + 1) & ~1) + 2 * kGenericChunk * (nt / 32)) * sizeof(A); };
-    /* f64 accumulators keep 256 threads (the 64-register cap of 1024 would spill them). */
-    if constexpr (sizeof(A) == 4) {
-        if (p.T_ <= 132) {
-            attn_res_generic_kernel<T, kGenericThreadsFew>
-                <<<grid, kGenericThreadsFew, smem(kGenericThreadsFew), stream>>>(p);
-            K3_CHECK_LAUNCH(attn_res_generic_kernel);
-            return K3_OK;
-        }
-    }
-    attn_res_generic_kernel<T, kGenericThreads><<<grid, kGenericThreads, smem(kGenericThreads), stream>>>(p);
+    attn_res_generic_kernel<T><<<grid, kGenericThreads, smem, stream>>>(p);
     K3_CHECK_LAUNCH(attn_res_generic_kernel);
     return K3_OK;
 }
