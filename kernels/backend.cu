@@ -348,8 +348,10 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         set_reason(reason, n, "out of host memory");
         return K3_ENOMEM;
     }
+    k3c_attn_res_knobs_init();
 #if K3_PACKED_ATTN_RES
-    for (int d = 0; d < count; d++) packed_ok = packed_ok && k3c_attn_res_packed_loadable(d);
+    for (int d = 0; d < count; d++)
+        packed_ok = packed_ok && k3c_attn_res_packed_loadable(d) && k3c_attn_res_decode_loadable(d);
 #else
     packed_ok = false;
 #endif
@@ -359,7 +361,9 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     if (&k3_cuda_linear_batch_invariant) g_kernels[nk++] = &k3_cuda_linear_batch_invariant;
 #if K3_PACKED_ATTN_RES
     if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_packed;
+    if (packed_ok) g_kernels[nk++] = &k3_cuda_attn_res_decode;
 #endif
+    g_kernels[nk++] = &k3_cuda_attn_res_stream;
     g_kernels[nk++] = &k3_cuda_attn_res_generic;
     g_kernels[nk++] = &k3_cuda_rms_norm_generic;
     g_kernels[nk++] = &k3_cuda_silu_mul_generic;

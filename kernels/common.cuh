@@ -80,17 +80,22 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
 /* Kernels of other files, collected in backend.cu. */
 extern "C" {
 extern const k3_kernel k3_cuda_linear_cublas, k3_cuda_attn_res_generic, k3_cuda_rms_norm_generic,
-    k3_cuda_silu_mul_generic;
+    k3_cuda_silu_mul_generic, k3_cuda_attn_res_stream;
 #if K3_PACKED_ATTN_RES
-extern const k3_kernel k3_cuda_attn_res_packed;
+extern const k3_kernel k3_cuda_attn_res_packed, k3_cuda_attn_res_decode;
 #endif
 /* Defined by kernels/linear_skinny.cu and kernels/linear_batch_invariant.cu when those are
  * built; weak so the backend links without them. */
 extern const k3_kernel k3_cuda_linear_skinny __attribute__((weak));
 extern const k3_kernel k3_cuda_linear_batch_invariant __attribute__((weak));
 }
-/* True when the packed AttnRes kernel has a loadable image for dev (attn_res.cu). */
+/* True when the packed AttnRes kernel has a loadable image for dev (attn_res_packed.cu). */
 bool k3c_attn_res_packed_loadable(int dev);
+/* The same for the decode AttnRes kernel (attn_res_decode.cu). */
+bool k3c_attn_res_decode_loadable(int dev);
+/* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_PACKED_CTAS: attn_res.cuh)
+ * once, when the backend loads. */
+void k3c_attn_res_knobs_init(void);
 
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);

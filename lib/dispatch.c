@@ -33,9 +33,10 @@ static int op_parse(const char *name) {
 
 /* Must state what lua/k3/policy/default.lua states. cpu.linear.reference ends the linear
  * list so that K3_DISABLE_KERNELS=cpu.linear.blas leaves a CPU kernel that serves linear. */
-static const char *const g_default_candidates[K3_OP_COUNT][4] = {
+static const char *const g_default_candidates[K3_OP_COUNT][6] = {
     {"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference", NULL},
-    {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
+    {"cuda.attn_res.packed", "cuda.attn_res.decode", "cuda.attn_res.stream",
+     "cuda.attn_res.generic", "cpu.attn_res.reference", NULL},
     {"cuda.rms_norm.generic", "cpu.rms_norm.reference", NULL},
     {"cuda.silu_mul.generic", "cpu.silu_mul.reference", NULL},
 };

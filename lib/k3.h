@@ -427,6 +427,18 @@ typedef struct k3_attn_res_args {
     const k3_tensor *qk_weight;       /* [H] */
     const k3_tensor *output_norm_weight; /* [H] or NULL */
     double eps, output_eps;           /* 1e-5 each by default */
+    /* What a kernel launched with programmatic dependent launch may load before it waits for
+     * the previous kernel of its stream (DESIGN.md "attn_res"): the three weights when
+     * static_weights is nonzero, block slots 0..static_blocks-1. The caller promises they
+     * were last written before the previous attn_res call on this stream (or before the
+     * stream was last synchronised): a slot sealed by the previous call (its write_block) is
+     * not static yet. Why that suffices: every attn_res kernel lets the next kernels start
+     * only after its own wait (or runs without PDL), so when this call's kernel starts,
+     * everything enqueued before the previous attn_res call is complete. 0 and 0 (the
+     * default): everything after the wait. static_blocks outside 0..num_blocks is K3_ESHAPE,
+     * static_blocks > write_block when write_block >= 0 is K3_EINVAL. */
+    int static_weights;
+    int64_t static_blocks;
 } k3_attn_res_args;
 K3_API k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *a, k3_tensor *out,
                              const k3_call *call);

@@ -1120,13 +1120,16 @@ static int64_t int_field(lua_State *L, int idx, const char *field, int64_t dflt,
 }
 
 /* k3.attn_res{prefix =, delta =, blocks =, num_blocks =, write_block =, norm_weight =,
- * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, out =, kernel =} -> out.
- * write_block is 1-based (nil: no write). DESIGN.md "attn_res" gives the formula. */
+ * qk_weight =, output_norm_weight =, eps = 1e-5, output_eps = 1e-5, static_weights = false,
+ * static_blocks = 0, out =, kernel =} -> out. write_block is 1-based (nil: no write).
+ * static_weights / static_blocks: what may be loaded before the PDL wait (k3.h). DESIGN.md
+ * "attn_res" gives the formula. */
 static int attn_res_impl(lua_State *L, int base, int explain) {
     const char *fname = "attn_res";
     static const char *const keys[] = {"prefix", "delta", "blocks", "num_blocks", "write_block",
                                        "norm_weight", "qk_weight", "output_norm_weight", "eps",
-                                       "output_eps", "out", "kernel", NULL};
+                                       "output_eps", "static_weights", "static_blocks", "out",
+                                       "kernel", NULL};
     luaL_checktype(L, base, LUA_TTABLE);
     check_option_keys(L, base, keys, base, fname);
     k3_attn_res_args a;
@@ -1148,6 +1151,13 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     lua_pop(L, 1);
     a.eps = opt_number_field(L, base, "eps", 1e-5, base, fname);
     a.output_eps = opt_number_field(L, base, "output_eps", 1e-5, base, fname);
+    a.static_blocks = int_field(L, base, "static_blocks", 0, 0, base, fname);
+    int sw = lua_getfield(L, base, "static_weights");
+    if (sw != LUA_TNIL && sw != LUA_TBOOLEAN)
+        arg_error(L, base, fname, "field 'static_weights' must be a boolean; got %s",
+                  luaL_typename(L, -1));
+    a.static_weights = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     int out_idx = opt_out(L, base, base, fname);
     k3_tensor *out = out_idx ? check_tensor(L, out_idx) : NULL;
     call_ctx c;

@@ -284,6 +284,14 @@ static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
                         "S = %lld slots); got %lld",
                         (long long)S - 1, (long long)S, (long long)p->write_block);
     }
+    if (p->static_blocks < 0 || p->static_blocks > p->num_blocks)
+        return k3_error(K3_ESHAPE, "attn_res: static_blocks must be in 0..%lld (num_blocks); got %lld",
+                        (long long)p->num_blocks, (long long)p->static_blocks);
+    if (p->write_block >= 0 && p->static_blocks > p->write_block)
+        return k3_error(K3_EINVAL,
+                        "attn_res: static_blocks (%lld) covers write_block %lld: the slot this call "
+                        "writes cannot be loaded before the wait",
+                        (long long)p->static_blocks, k3_based(p->write_block, base));
     if (delta) K3_TRY(same_dtype(op, "delta", delta, "prefix", prefix));
     K3_TRY(same_dtype(op, "blocks", blocks, "prefix", prefix));
     if (delta) K3_TRY(same_device(op, "delta", delta, "prefix", prefix));

@@ -33,10 +33,12 @@ static known_kernel g_known[K3_MAX_KNOWN] = {
     {"cuda.linear.batch_invariant", K3_OP_LINEAR, K3_DEVICE_CUDA},
     {"cuda.attn_res.generic", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
     {"cuda.attn_res.packed", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
+    {"cuda.attn_res.decode", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
+    {"cuda.attn_res.stream", K3_OP_ATTN_RES, K3_DEVICE_CUDA},
     {"cuda.rms_norm.generic", K3_OP_RMS_NORM, K3_DEVICE_CUDA},
     {"cuda.silu_mul.generic", K3_OP_SILU_MUL, K3_DEVICE_CUDA},
 };
-static int g_nknown = 13;
+static int g_nknown = 15;
 
 /* Registered kernels in registration order; g_slot[i] is the registered kernel of known
  * name i or NULL. */

@@ -1,12 +1,17 @@
 -- scripts/k3 scripts/bench-attn-res-quick.lua — one line per case: cuda.attn_res.packed in a
 -- CUDA graph at T = 1, 16, 256, 4096 x num_blocks = 1, 8 (H = 7168, S = 8, bf16, delta and
 -- output norm), inputs rotated over enough sets to exceed L2, out = preallocated; µs per call
--- and % of the floor (bytes / 4.27 TB/s).
+-- and % of the floor (bytes / 4.27 TB/s). An argument "1,16" times only those T.
 local k3 = require "k3"
 local H, S, BW = 7168, 8, 4.27e12
 local K = os.getenv("K3_BENCH_KERNEL") or "cuda.attn_res.packed"
 local function bytes(T, nb) return 2 * H * (T * (4 + nb) + 3) end
-for _, T in ipairs({1, 16, 256, 4096}) do
+local TS = {1, 16, 256, 4096}
+if arg[1] then
+  TS = {}
+  for t in arg[1]:gmatch("%d+") do TS[#TS + 1] = tonumber(t) end
+end
+for _, T in ipairs(TS) do
   local per = 2 * H * T * (4 + S)
   local n = math.max(2, math.min(512, math.ceil(200e6 / per)))
   local P = k3.randn({n * T, H}, {device = "cuda", dtype = "bf16", seed = 1})

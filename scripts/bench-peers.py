@@ -7,6 +7,10 @@ times k3, on the GPU machine's own Python and PyTorch:
   attn_res  the AttnRes read written in eager PyTorch from DESIGN.md's formula (fused delta add,
             output norm; hidden 7168, 8 block slots), and torch.compile of the same function,
             T = 1, 4, 16, 256, 4096, 16384 x num_blocks = 1, 4, 8
+  attn_res_triton
+            a plain Triton AttnRes kernel (one program per token, an online softmax over the
+            sources, the whole row of 7168 in one block), the same rows; scripts/bench
+            attn_res runs this in the same command, beside k3's kernels
 
 Timing (as scripts/bench and ../shared/PEERS.md): random data (never zeros); inputs rotated over
 enough copies that they exceed 200 MB (the L2 is 60 MB); '-g' figures are the median over
@@ -17,7 +21,8 @@ Writes one JSON file (default bench/out/peers.json) that `scripts/bench --peers 
 its tables, and prints a short table. --dry-run runs every code path on the CPU at shrunk shapes
 with modelled times (for checking the script where there is no GPU).
 
-  python3 scripts/bench-peers.py [--out FILE] [--quick] [--only linear,attn_res]
+  python3 scripts/bench-peers.py [--out FILE] [--quick] [--only linear,attn_res,attn_res_triton]
+                                 [--ts 1,16] [--nbs 1,8]
                                  [--compile-mode default|max-autotune-no-cudagraphs|none]
                                  [--compile-budget SECONDS] [--dry-run]
 """
@@ -115,6 +120,65 @@ def attn_res_torch(prefix, delta, blocks, nb, norm_w, qk_w, out_w, out, eps=EPS,
     y = mixed * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + out_eps) * out_w.float()
     out.copy_(y.to(out.dtype))
     return out
+
+
+_triton_kernel = None
+
+
+def triton_attn_res_kernel():
+    """The plain Triton AttnRes kernel, built on first use (Triton is imported only then).
+    One program per token: p = round(prefix + delta) written back, then the sources blocks[t, 0],
+    ..., blocks[t, nb-1], p one after another, each a full row in registers: its key logit
+    (dot with norm_w * qk_w over the RMS of the row), an online softmax (running max and sum)
+    and the running mix rescaled by exp(old max - new max); then the output RMSNorm."""
+    global _triton_kernel
+    if _triton_kernel is not None:
+        return _triton_kernel
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def attn_res_triton(prefix, delta, blocks, norm_w, qk_w, out_w, out, H, sbt, sbs, nb,
+                        eps, out_eps, BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < H
+        p = tl.load(prefix + t * H + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.load(delta + t * H + offs, mask=mask, other=0.0).to(tl.float32)
+        pb = (p + d).to(prefix.dtype.element_ty)
+        tl.store(prefix + t * H + offs, pb, mask=mask)
+        q = tl.load(norm_w + offs, mask=mask, other=0.0).to(tl.float32) * \
+            tl.load(qk_w + offs, mask=mask, other=0.0).to(tl.float32)
+        m = tl.full([], -float("inf"), tl.float32)
+        den = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(0, nb + 1):
+            if s < nb:
+                v = tl.load(blocks + t * sbt + s * sbs + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                v = pb.to(tl.float32)
+            logit = tl.sum(v * q, axis=0) * tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+            m_new = tl.maximum(m, logit)
+            scale = tl.exp(m - m_new)
+            w = tl.exp(logit - m_new)
+            acc = acc * scale + w * v
+            den = den * scale + w
+            m = m_new
+        mixed = acc / den
+        r = tl.rsqrt(tl.sum(mixed * mixed, axis=0) / H + out_eps)
+        ow = tl.load(out_w + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + t * H + offs, (mixed * r * ow).to(out.dtype.element_ty), mask=mask)
+
+    def run(prefix, delta, blocks, nb, norm_w, qk_w, out_w, out, eps=EPS, out_eps=EPS):
+        T, h = prefix.shape
+        block = triton.next_power_of_2(h)
+        attn_res_triton[(T,)](prefix, delta, blocks, norm_w, qk_w, out_w, out, h,
+                              blocks.stride(0), blocks.stride(1), nb, eps, out_eps,
+                              BLOCK=block, num_warps=16 if block >= 4096 else 4)
+        return out
+
+    _triton_kernel = run
+    return run
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -357,6 +421,68 @@ def bench_attn_res(ctx, bw):
     return rows
 
 
+def bench_attn_res_triton(ctx, bw):
+    """The Triton peer at every (T, num_blocks) row: checked once against attn_res_torch on the
+    first input set, then timed eager and in a graph like the other peers. Each call's delta is
+    the previous call's output, as in scripts/bench attn_res."""
+    torch = ctx.torch
+    args = ctx.args
+    rows = []
+    if ctx.dry:
+        kern = attn_res_torch
+        ctx.notes.append("dry run: the Triton peer is stood in for by the eager PyTorch code")
+    else:
+        kern = triton_attn_res_kernel()
+    h = ctx.dim(H, 16, 8)
+    ts, nbs = ctx.ts, ctx.nbs
+    total, done = len(ts) * len(nbs), 0
+    for T in ts:
+        tl = max(1, T // ctx.shrink) if ctx.dry else T
+        copies = copies_for(attn_bytes(T, 1), 2, args.max_copies)
+        alloc = ctx.alloc_copies(copies)
+        progress(f"peers attn_res_triton T={T}: {copies} input sets")
+        outs = [ctx.randn(tl, h) for _ in range(alloc)]
+        sets = []
+        for c in range(alloc):
+            sets.append({"prefix": ctx.randn(tl, h), "delta": outs[c - 1], "blocks": ctx.randn(tl, S, h),
+                         "out": outs[c], "norm_w": ctx.randn(h), "qk_w": ctx.randn(h) * 0.1,
+                         "out_w": ctx.randn(h)})
+        for nb in nbs:
+            done += 1
+            nbytes = attn_bytes(T, nb)
+            floor = nbytes / (bw * 1e3)
+            row = {"T": T, "num_blocks": nb, "copies": copies, "bytes": nbytes, "floor_us": floor}
+            s0 = sets[0]
+            p0 = s0["prefix"].clone()
+            want = torch.empty_like(s0["out"])
+            attn_res_torch(s0["prefix"], s0["delta"].clone(), s0["blocks"], nb, s0["norm_w"],
+                           s0["qk_w"], s0["out_w"], want)
+            s0["prefix"].copy_(p0)
+            got = torch.empty_like(s0["out"])
+            kern(s0["prefix"], s0["delta"].clone(), s0["blocks"], nb, s0["norm_w"], s0["qk_w"],
+                 s0["out_w"], got)
+            s0["prefix"].copy_(p0)
+            err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
+            row["check_rel"] = err
+            if not err <= 2e-2:
+                ctx.notes.append(f"attn_res_triton T={T} nb={nb}: differs from the PyTorch code by {err:.2e}")
+
+            def fn(i, nb=nb):
+                s = sets[i % alloc]
+                kern(s["prefix"], s["delta"], s["blocks"], nb, s["norm_w"], s["qk_w"], s["out_w"], s["out"])
+
+            progress(f"peers attn_res_triton T={T} nb={nb} ({done}/{total})")
+            row["eager_us"] = ctx.timer.eager(fn, iters=max(ctx.timer.iters, min(copies, 200)),
+                                              model_us=floor / 0.75 + 30)
+            row["graph_us"] = ctx.timer.graph(fn, alloc, model_us=floor / 0.75 + 4 + 0.7 * nb)
+            row["floor_frac"] = floor / row["graph_us"]
+            rows.append(row)
+        del sets, outs
+        ctx.cleanup()
+    progress_done()
+    return rows
+
+
 def finite(v):
     """JSON has no NaN or infinity: such values become null (scripts/bench shows '-')."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -398,6 +524,12 @@ def print_tables(doc):
         for r in doc["attn_res"]:
             print(f"{r['T']:>6} {r['num_blocks']:>3} " + " ".join(fmt(r.get(k)) for k in
                   ("eager_us", "eager_graph_us", "compile_us", "compile_graph_us", "floor_us")))
+    if doc.get("attn_res_triton"):
+        print("\nattn_res_triton: the plain Triton kernel, µs per call; -g: in a CUDA graph")
+        print(f"{'T':>6} {'nb':>3} {'triton':>9} {'triton-g':>9} {'floor':>9} {'check':>9}")
+        for r in doc["attn_res_triton"]:
+            print(f"{r['T']:>6} {r['num_blocks']:>3} " + " ".join(fmt(r.get(k)) for k in
+                  ("eager_us", "graph_us", "floor_us")) + f" {r.get('check_rel', float('nan')):>9.1e}")
     for n in doc.get("notes", []):
         print("note: " + n)
 
@@ -407,7 +539,10 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/out/peers.json", help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--dry-run", action="store_true", help="CPU, shrunk shapes, modelled times")
-    ap.add_argument("--only", default="linear,attn_res", help="comma list: linear, attn_res")
+    ap.add_argument("--only", default="linear,attn_res,attn_res_triton",
+                    help="comma list: linear, attn_res, attn_res_triton")
+    ap.add_argument("--ts", default=None, help="attn_res rows: only these token counts (comma list)")
+    ap.add_argument("--nbs", default=None, help="attn_res rows: only these num_blocks (comma list)")
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode: default, max-autotune-no-cudagraphs, none (skip)")
     ap.add_argument("--compile-budget", type=float, default=100.0,
@@ -418,7 +553,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     for s in only:
-        if s not in ("linear", "attn_res"):
+        if s not in ("linear", "attn_res", "attn_res_triton"):
             ap.error(f"--only: unknown benchmark '{s}'")
 
     global torch
@@ -430,6 +565,11 @@ def main(argv=None):
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("bench-peers: CUDA is not available to PyTorch; use --dry-run to check the script")
     ctx = Ctx(args, torch)
+    try:
+        ctx.ts = [int(x) for x in args.ts.split(",")] if args.ts else TS
+        ctx.nbs = [int(x) for x in args.nbs.split(",")] if args.nbs else NBS
+    except ValueError:
+        ap.error("--ts and --nbs take comma lists of integers")
     t_start = time.perf_counter()
     progress("peers: copy bandwidth (2 GiB device-to-device)")
     copy = measure_copy(ctx)
@@ -454,6 +594,7 @@ def main(argv=None):
         "notes": ctx.notes,
         "linear": [],
         "attn_res": [],
+        "attn_res_triton": [],
     }
     if ctx.dry:
         ctx.notes.append("dry run: every time is a model, not a measurement")
@@ -462,6 +603,8 @@ def main(argv=None):
     if "attn_res" in only:
         doc["attn_res"] = bench_attn_res(ctx, bw)
         doc["compile_s"] = getattr(ctx, "compile_spent_s", 0.0)
+    if "attn_res_triton" in only:
+        doc["attn_res_triton"] = bench_attn_res_triton(ctx, bw)
     doc["wall_s"] = time.perf_counter() - t_start
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -11,7 +11,8 @@ local Summary = require "k3.bench.summary"
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
   linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
-  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed and generic, eager and in a graph
+  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, stream and generic, eager and
+                in a graph, beside a plain Triton AttnRes kernel timed in the same command
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
 options:
@@ -20,9 +21,22 @@ options:
   --quick           fewer timing samples (15 graph replays instead of 50; 5 steps instead of 10)
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
   --bw GBPS         use this copy bandwidth for the floors instead of the measured one
+  --ts 1,16         attn_res: only these token counts;  --nbs 1,8  only these num_blocks
+  --kernels a,b     attn_res: only these kernels (packed, decode, stream, generic)
+  --graph-only      attn_res: no eager figures
+  --independent-delta  attn_res: each call's delta is its own input, not the previous output
+  --no-triton       attn_res: do not run scripts/bench-peers.py --only attn_res_triton first
+                    (without it, a GPU run times the Triton peer in the same command)
   --quiet           no progress output (K3_PROGRESS=0 likewise; a live line on a terminal,
                     a plain line every few seconds otherwise)
   -h, --help        this text]]
+
+-- The checkout's root (this file is <root>/scripts/bench.lua).
+local function repo_root()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  local root = src:gsub("/?scripts/bench%.lua$", "")
+  return root ~= "" and root or "."
+end
 
 local function die(msg)
   io.stderr:write("bench: ", msg, "\n", usage, "\n")
@@ -30,13 +44,33 @@ local function die(msg)
 end
 
 local function parse(args)
-  local o = {out = "bench/out", subs = {}}
+  local o = {out = "bench/out", subs = {}, sub_opts = {}}
   for key, value, a in require("k3.cli").options(args, die) do
     if key == "--out" then o.out = value()
     elseif key == "--peers" then o.peers = value()
     elseif key == "--quick" then o.quick = true
     elseif key == "--dry-run" then o.dry = true
     elseif key == "--quiet" then o.quiet = true
+    elseif key == "--ts" or key == "--nbs" then
+      local list = {}
+      for v in value():gmatch("[^,]+") do
+        local n = math.tointeger(tonumber(v))
+        if not n or n < (key == "--ts" and 1 or 0) then die(key .. " takes a comma list of integers") end
+        list[#list + 1] = n
+      end
+      o.sub_opts[key == "--ts" and "ts" or "nbs"] = list
+    elseif key == "--kernels" then
+      local list = {}
+      for v in value():gmatch("[^,]+") do
+        if v ~= "packed" and v ~= "decode" and v ~= "stream" and v ~= "generic" then
+          die("--kernels: unknown kernel '" .. v .. "' (packed, decode, stream, generic)")
+        end
+        list[#list + 1] = v
+      end
+      o.sub_opts.kernels = list
+    elseif key == "--graph-only" then o.sub_opts.graph_only = true
+    elseif key == "--independent-delta" then o.sub_opts.independent_delta = true
+    elseif key == "--no-triton" then o.no_triton = true
     elseif key == "--bw" then
       o.bw = tonumber(value())
       if not o.bw or o.bw <= 0 then die("--bw must be a positive number (GB/s)") end
@@ -66,6 +100,25 @@ local function main(args)
   U.quiet = o.quiet or false
   local peers = Peers.load(o.peers)
   U.mkdir_p(o.out)
+  local has_attn = false
+  for _, s in ipairs(o.subs) do if s == "attn_res" then has_attn = true end end
+  if has_attn and not o.dry and not o.no_triton then
+    -- The Triton peer, timed by the GPU machine's Python in this same command.
+    local file = o.out .. "/peers-attn_res_triton.json"
+    local cmd = string.format("python3 scripts/bench-peers.py --only attn_res_triton --out %s%s%s%s >&2",
+                              U.shell_quote(file), o.quick and " --quick" or "",
+                              o.sub_opts.ts and (" --ts " .. table.concat(o.sub_opts.ts, ",")) or "",
+                              o.sub_opts.nbs and (" --nbs " .. table.concat(o.sub_opts.nbs, ",")) or "")
+    U.progress("attn_res: the Triton peer (%s)", cmd)
+    local okp = os.execute(cmd)
+    U.progress_done()
+    if okp then
+      peers = Peers.merge(peers, Peers.load(file))
+    else
+      peers.notes[#peers.notes + 1] = "scripts/bench-peers.py --only attn_res_triton failed; " ..
+                                      "the Triton figures are PEERS.md's"
+    end
+  end
   local env = Env.new{dry = o.dry, quick = o.quick, bw = o.bw}
   U.progress("copy bandwidth: 2 GiB device-to-device copy")
   env:measure_copy_bandwidth()
@@ -88,7 +141,7 @@ local function main(args)
               string.format("Peers: %s", peers.source), ""}
   for _, sub in ipairs(o.subs) do
     local mod = require(MODULES[sub])
-    local ok, res = xpcall(mod.run, debug.traceback, env, peers)
+    local ok, res = xpcall(mod.run, debug.traceback, env, peers, o.sub_opts)
     U.progress_done()
     if not ok then
       io.stderr:write("bench: ", sub, " failed: ", tostring(res), "\n")
@@ -111,11 +164,15 @@ local function main(args)
       all[sub] = {summary = res.summary}
       if mod.summary_object then
         -- bench/summary-<gpu>.json (committed) on a GPU; a dry run's copy stays in --out.
-        local root = require("k3.bench.linear").repo_root()
+        local root = repo_root()
         local path = o.dry and (o.out .. "/summary-dry-run.json")
                      or string.format("%s/bench/summary-%s.json", root, Summary.gpu_tag(res.machine))
-        Summary.update(path, sub, mod.summary_object(res, cmd, Summary.commit(root)))
-        print(string.format("(%s: its object in %s)", sub, path))
+        -- nil: a partial run (attn_res with --ts, --kernels, ...) leaves the file alone.
+        local obj = mod.summary_object(res, cmd, Summary.commit(root))
+        if obj then
+          Summary.update(path, sub, obj)
+          print(string.format("(%s: its object in %s)", sub, path))
+        end
       end
       md[#md + 1] = "### " .. sub
       md[#md + 1] = ""

@@ -1,7 +1,10 @@
--- cuda.attn_res.generic and cuda.attn_res.packed (#gpu) against the fp64 CPU reference on
+-- cuda.attn_res.generic, .packed, .decode and .stream (#gpu) against the fp64 CPU reference on
 -- fresh random inputs with poisoned outputs: every case of the op on the generic kernel, the
--- packed kernel's decode shapes around its limits (hidden 4096, 7000, 7168, 7176), its
--- layout error through every path, the fallback policy, and which kernel dispatch picks.
+-- delta + output norm reads on the packed kernel and what it declines, every read of the
+-- Kimi-K3 stream on the decode kernel (delta or none, a fused seal, num_blocks 0..16, hidden
+-- 4096, 7000, 7168, 7176, 8192), its static_weights / static_blocks contract (seal then read
+-- back to back), norms at extreme scales, the stream kernel's prefill shapes, the layout error
+-- through every path, the fallback policy, and which kernel dispatch picks.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
@@ -127,6 +130,54 @@ end)
 describe("cuda.attn_res.packed #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.packed"
+  local function have_packed()
+    if k3.has_kernel(K) then return true end
+    local a = inputs(1, 1, 64)
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end, K)
+    return false
+  end
+
+  it("delta and output norm: T 1..17, 64; 1/4/8/16 blocks; hidden 4096, 7000, 7168, 7176, 8192", function()
+    if not have_packed() then return end
+    for _, hd in ipairs({4096, 7000, 7168, 7176}) do
+      for _, T in ipairs({1, 4, 16, 17}) do
+        for _, nb in ipairs({1, 4, 8}) do
+          check(inputs(T, 8, hd, {num_blocks = nb, seed = hd + T + nb}), K,
+            string.format("bf16 H=%d T=%d nb=%d", hd, T, nb))
+        end
+      end
+    end
+    check(inputs(5, 16, 7168, {num_blocks = 16}), K, "16 blocks")
+    check(inputs(3, 12, 7168, {num_blocks = 11, bpad = 8}), K, "11 of 12 blocks, padded block rows")
+    check(inputs(7, 12, 7168, {num_blocks = 10, bpad = 8}), K, "10 of 12 blocks")
+    check(inputs(64, 8, 7168, {num_blocks = 8}), K, "T=64")
+    check(inputs(16, 8, 8192, {num_blocks = 8}), K, "H=8192")
+    check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
+    check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
+    check(inputs(2, 4, 64, {}), K, "hidden 64")
+  end)
+
+  it("declines, by name, the reads cuda.attn_res.decode serves, and T > 64", function()
+    if not have_packed() then return end
+    for _, case in ipairs({
+      {o = {delta = false}, why = "attn_res: cuda.attn_res.packed requires delta"},
+      {o = {onorm = false}, why = "attn_res: cuda.attn_res.packed requires output_norm_weight"},
+      {o = {num_blocks = 0}, why = "attn_res: cuda.attn_res.packed requires num_blocks in 1..16; got 0"},
+      {o = {num_blocks = 3, write_block = 4}, why = "attn_res: cuda.attn_res.packed does not write blocks (write_block 4)"},
+      {T = 65, o = {}, why = "attn_res: cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 65"},
+    }) do
+      local a = inputs(case.T or 2, 8, 7168, case.o)
+      a.kernel = K
+      H.raises(function() k3.attn_res(a) end, case.why)
+    end
+  end)
+end)
+
+describe("cuda.attn_res.decode #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.decode"
+  local P = "cuda.attn_res.packed"
   local default_policy = k3.policy
   after_each(function() k3.set_policy(default_policy) end)
 
@@ -153,39 +204,112 @@ describe("cuda.attn_res.packed #gpu", function()
     check(inputs(3, 12, 7168, {num_blocks = 11, bpad = 8}), K, "11 of 12 blocks, padded block rows")
   end)
 
-  it("f16, f32 weights, small and large hidden sizes, many tokens", function()
+  it("every read of the stream: delta or none, a fused seal or none, num_blocks 0..16, bf16 and f16", function()
+    if not have_packed() then return end
+    for _, dt in ipairs({"bf16", "f16"}) do
+      for nb = 0, 16 do
+        local T = ({1, 3, 16})[nb % 3 + 1]
+        check(inputs(T, 17, 7168, {dtype = dt, num_blocks = nb, seed = 700 + nb}), K,
+          string.format("%s nb=%d delta", dt, nb))
+        check(inputs(T, 17, 7168, {dtype = dt, num_blocks = nb, delta = false, seed = 720 + nb}), K,
+          string.format("%s nb=%d no delta", dt, nb))
+        check(inputs(T, 17, 7168, {dtype = dt, num_blocks = nb, write_block = nb + 1, seed = 740 + nb}), K,
+          string.format("%s nb=%d seal into slot %d", dt, nb, nb + 1))
+      end
+      check(inputs(2, 8, 7168, {dtype = dt, num_blocks = 6, onorm = false}), K, dt .. " no output norm")
+      check(inputs(2, 8, 7168, {dtype = dt, num_blocks = 6, write_block = 3}), K,
+        dt .. " a written slot inside num_blocks is read after the write")
+    end
+  end)
+
+  it("static_weights / static_blocks: seal then read back to back, bitwise as with nothing static", function()
+    if not have_packed() then return end
+    -- The Kimi-K3 order, queued with no host wait: step i seals slot i (num_blocks i - 1),
+    -- then the next read takes num_blocks i, its delta the seal's output. Under the contract,
+    -- slots sealed before the previous call are static and the slot the previous call sealed
+    -- is not. Run once with the contract and once without; every output, the prefix and the
+    -- blocks must be bitwise equal (a slot or weight loaded before it was written would not be).
+    local T, S, Hd = 16, 16, 7168
+    local function run(static)
+      local a = inputs(T, S, Hd, {seed = 900})
+      k3.synchronize() -- the inputs are written before the first call: its weights are static
+      local outs, delta = {}, a.delta
+      for i = 1, S do
+        local seal = {prefix = a.prefix, delta = delta, blocks = a.blocks, num_blocks = i - 1,
+                      write_block = i, norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                      output_norm_weight = a.output_norm_weight, kernel = K,
+                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+        local read = {prefix = a.prefix, delta = seal.out, blocks = a.blocks, num_blocks = i,
+                      norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                      output_norm_weight = a.output_norm_weight, kernel = K,
+                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+        if static then
+          seal.static_weights, seal.static_blocks = true, i - 1
+          read.static_weights, read.static_blocks = true, i - 1
+        end
+        k3.attn_res(seal)
+        k3.attn_res(read)
+        outs[#outs + 1], outs[#outs + 2] = seal.out, read.out
+        delta = read.out
+      end
+      return outs, a.prefix:to("cpu"), a.blocks:to("cpu")
+    end
+    local o1, p1, b1 = run(true)
+    local o0, p0, b0 = run(false)
+    for i = 1, #o0 do
+      assert.is_false(H.has_nan(o1[i]:to("cpu"):to("f64")), "call " .. i .. ": NaN")
+      assert.equal(0, k3.max_abs_diff(o1[i], o0[i]), "call " .. i .. ": output")
+    end
+    assert.equal(0, k3.max_abs_diff(p1, p0), "prefix")
+    assert.equal(0, k3.max_abs_diff(b1, b0), "blocks")
+  end)
+
+  it("10 or 11 sources of 12 slots; T 1..17, 64; hidden 8192", function()
+    if not have_packed() then return end
+    for T = 1, 17 do
+      check(inputs(T, 12, 7168, {num_blocks = 9 + T % 2, bpad = 8, seed = 800 + T}), K,
+        string.format("T=%d %d of 12 blocks", T, 9 + T % 2))
+    end
+    check(inputs(64, 12, 7168, {num_blocks = 10, write_block = 11, seed = 820}), K, "T=64 seal")
+    check(inputs(16, 8, 8192, {num_blocks = 8, seed = 821}), K, "H=8192")
+  end)
+
+  it("f16, f32 weights, small and large hidden sizes", function()
     if not have_packed() then return end
     check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
     check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
+    check(inputs(3, 16, 7168, {wdtype = "f32", num_blocks = 16, delta = false}), K, "f32 weights 16 blocks")
     check(inputs(2, 4, 64, {}), K, "hidden 64")
     check(inputs(2, 4, 8, {}), K, "hidden 8")
     check(inputs(2, 8, 16384, {}), K, "hidden 16384")
     check(inputs(2, 8, 32768, {}), K, "hidden 32768")
-    check(inputs(300, 8, 7168, {num_blocks = 8}), K, "T=300 (the large-T launch shape)")
+    check(inputs(64, 8, 7168, {num_blocks = 8}), K, "T=64 (the largest decode batch)")
   end)
 
-  it("large-T persistent path: T 64, 300, 4097; num_blocks 1, 8, 16; padded blocks; f16", function()
+  it("key and output norms hold for inputs near 1e20 and 1e-25 (eps = 0: scale-invariant)", function()
     if not have_packed() then return end
-    for _, T in ipairs({64, 300}) do
-      for _, nb in ipairs({1, 8, 16}) do
-        check(inputs(T, nb, 7168, {num_blocks = nb, seed = 500 + T + nb}), K,
-          string.format("bf16 H=7168 T=%d nb=%d", T, nb))
+    for _, scale in ipairs({1e20, 1e-25, 3e36}) do
+      for _, kern in ipairs({K, "cuda.attn_res.generic"}) do
+        local a = inputs(3, 8, 7168, {num_blocks = 5, delta = false, seed = 900})
+        a.prefix:copy(a.prefix * scale)
+        a.blocks:copy(a.blocks * scale)
+        a.eps, a.output_eps = 0, 0
+        check(a, kern, string.format("%s scale %g", kern, scale))
       end
     end
-    check(inputs(300, 12, 7168, {num_blocks = 8, bpad = 8, seed = 601}), K, "T=300 8 of 12 blocks, padded block rows")
-    check(inputs(300, 8, 7168, {num_blocks = 5, dtype = "f16", bpad = 16, seed = 602}), K, "f16 T=300 nb=5 padded")
-    check(inputs(300, 8, 7168, {num_blocks = 8, wdtype = "f32", seed = 603}), K, "T=300 f32 weights")
-    check(inputs(64, 8, 8192, {num_blocks = 8, seed = 604}), K, "T=64 H=8192 (512 threads)")
-    check(inputs(300, 4, 7176, {num_blocks = 4, seed = 605}), K, "T=300 H=7176 (idle slots)")
-    check(inputs(300, 3, 1000, {num_blocks = 3, seed = 606}), K, "T=300 H=1000")
-    check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 607}), K, "T=4097 nb=1")
-    check(inputs(4097, 8, 1024, {num_blocks = 8, seed = 608}), K, "T=4097 H=1024 nb=8")
-    check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
+  end)
+
+  it("T > 64 is declined by name, and dispatch hands it to the stream kernel", function()
+    if not have_packed() then return end
+    local a = inputs(65, 8, 7168, {})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 65")
   end)
 
   it("row-padded prefix and delta: direct call and default dispatch raise the layout error", function()
     if not have_packed() then return end
-    local msg = "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
+    local msg = "attn_res: cuda.attn_res.decode requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
     local a = inputs(17, 5, 7168, {pad = 7, opad = 0})
     assert.same({7175, 1}, a.prefix:stride())
     assert.same({7168, 1}, a.out:stride())
@@ -193,7 +317,8 @@ describe("cuda.attn_res.packed #gpu", function()
     local c = clone_args(a)
     c.kernel = K
     H.raises(function() k3.attn_res(c) end, msg)
-    H.raises(function() k3.attn_res(clone_args(a)) end, msg)
+    -- default dispatch: the first fast kernel's message (packed's, or decode's without it)
+    H.raises(function() k3.attn_res(clone_args(a)) end, k3.has_kernel(P) and msg:gsub("decode", "packed") or msg)
     assert.equal(0, k3.max_abs_diff(a.prefix, p0)) -- nothing written
     assert.equal(0, k3.max_abs_diff(a.blocks, b0))
     assert.is_true(H.has_nan(a.out))
@@ -210,9 +335,10 @@ describe("cuda.attn_res.packed #gpu", function()
     local y
     local tr = k3.trace(function() y = k3.attn_res(clone_args(a)) end)
     assert.same({"cuda.attn_res.generic"}, kernels_of(tr))
-    if k3.has_kernel(K) then
-      assert.equal(K, tr[1].declined[1].kernel)
+    if k3.has_kernel(P) then
+      assert.equal(P, tr[1].declined[1].kernel)
       assert.truthy(tr[1].declined[1].reason:find("densely packed rows", 1, true))
+      assert.equal(K, tr[1].declined[2].kernel)
     end
     assert.is_false(H.has_nan(y))
     assert.is_true(k3.allclose(y:to("cpu"):to("f64"), want, {atol = 8e-2, rtol = 3e-2}))
@@ -220,30 +346,40 @@ describe("cuda.attn_res.packed #gpu", function()
     assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
   end)
 
-  it("dispatch: the common decode case runs packed; the rest go to generic", function()
-    for _, T in ipairs({1, 2, 8, 16}) do
-      for _, nb in ipairs({4, 8}) do
-        local tr = k3.trace(function() k3.attn_res(inputs(T, 8, 7168, {num_blocks = nb})) end)
-        local want = k3.has_kernel(K) and K or "cuda.attn_res.generic"
-        assert.same({want}, kernels_of(tr), string.format("T=%d num_blocks=%d", T, nb))
-      end
+  it("dispatch: decode reads run packed or decode, prefill runs stream, the rest go to generic", function()
+    local S = "cuda.attn_res.stream"
+    for _, case in ipairs({
+      {T = 1, o = {num_blocks = 8}, k = P}, {T = 16, o = {num_blocks = 4}, k = P},
+      {T = 64, o = {num_blocks = 16, S = 16}, k = P},
+      {T = 2, o = {num_blocks = 0}, k = K}, {T = 2, o = {delta = false}, k = K},
+      {T = 2, o = {onorm = false}, k = K}, {T = 2, o = {num_blocks = 1, write_block = 2}, k = K},
+    }) do
+      local tr = k3.trace(function() k3.attn_res(inputs(case.T, case.o.S or 8, 7168, case.o)) end)
+      local want = k3.has_kernel(case.k) and case.k or k3.has_kernel(K) and K or "cuda.attn_res.generic"
+      assert.same({want}, kernels_of(tr), string.format("T=%d %s", case.T, case.k))
+    end
+    local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
+    assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
+    if k3.has_kernel(P) then
+      assert.equal("cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 300",
+        tr[1].declined[1].reason)
+      assert.equal("cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 300",
+        tr[1].declined[2].reason)
     end
     for _, case in ipairs({
-      {o = {num_blocks = 0}, why = "num_blocks"},
-      {o = {delta = false}, why = "requires delta"},
-      {o = {onorm = false}, why = "requires output_norm_weight"},
-      {o = {write_block = 2}, why = "does not write blocks"},
-      {o = {dtype = "f32"}, why = "supports bf16 and f16"},
+      {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
+      {T = 300, o = {num_blocks = 16, S = 16}, why = "requires num_blocks in 1..8"},
+      {T = 300, o = {write_block = 2}, why = "does not write blocks"},
     }) do
-      local tr = k3.trace(function() k3.attn_res(inputs(2, 4, 64, case.o)) end)
+      local tr = k3.trace(function() k3.attn_res(inputs(case.T, case.o.S or 4, 64, case.o)) end)
       assert.same({"cuda.attn_res.generic"}, kernels_of(tr), case.why)
-      if k3.has_kernel(K) then
-        assert.truthy(tr[1].declined[1].reason:find(case.why, 1, true), case.why)
-      end
+      local found = false
+      for _, d in ipairs(tr[1].declined) do found = found or d.reason:find(case.why, 1, true) ~= nil end
+      if k3.has_kernel(K) and k3.has_kernel(S) then assert.is_true(found, case.why) end
     end
   end)
 
-  it("a policy without the packed kernel runs num_blocks 0, 4 and 8 on generic", function()
+  it("a policy without the packed and decode kernels runs num_blocks 0, 4 and 8 on generic", function()
     k3.set_policy{attn_res = {"cuda.attn_res.generic", "cpu.attn_res.reference"}}
     for _, nb in ipairs({0, 4, 8}) do
       local a = inputs(4, 8, 7168, {num_blocks = nb, seed = 300 + nb})
@@ -252,10 +388,10 @@ describe("cuda.attn_res.packed #gpu", function()
     end
   end)
 
-  it("K3_DISABLE_KERNELS=cuda.attn_res.packed routes everything to generic", function()
+  it("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode routes everything to generic", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
     local chunk = [[
-      assert(not k3.has_kernel("cuda.attn_res.packed"))
+      assert(not k3.has_kernel("cuda.attn_res.packed") and not k3.has_kernel("cuda.attn_res.decode"))
       for _, nb in ipairs({0, 4, 8}) do
         local a = {prefix = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16"}),
           delta = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16", seed = 1}),
@@ -267,9 +403,40 @@ describe("cuda.attn_res.packed #gpu", function()
         io.write(tr[1].kernel, " ")
       end
       print()]]
-    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed scripts/k3 -e '" .. chunk .. "' 2>&1"))
+    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode scripts/k3 -e '" .. chunk .. "' 2>&1"))
     local out = f:read("a")
     f:close()
     assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)
+  end)
+end)
+
+describe("cuda.attn_res.stream #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.stream"
+  if not k3.has_kernel(K) then return end
+
+  it("prefill shapes: T 64, 300, 4097; num_blocks 1, 4, 8; padded blocks; f16; f32 weights", function()
+    for _, T in ipairs({64, 300}) do
+      for _, nb in ipairs({1, 4, 8}) do
+        check(inputs(T, nb, 7168, {num_blocks = nb, seed = 500 + T + nb}), K,
+          string.format("bf16 H=7168 T=%d nb=%d", T, nb))
+      end
+    end
+    check(inputs(300, 12, 7168, {num_blocks = 8, bpad = 8, seed = 601}), K, "T=300 8 of 12 blocks, padded block rows")
+    check(inputs(300, 8, 7168, {num_blocks = 5, dtype = "f16", bpad = 16, seed = 602}), K, "f16 T=300 nb=5 padded")
+    check(inputs(300, 8, 7168, {num_blocks = 8, wdtype = "f32", seed = 603}), K, "T=300 f32 weights")
+    check(inputs(64, 8, 8192, {num_blocks = 8, seed = 604}), K, "T=64 H=8192 (512 threads)")
+    check(inputs(300, 4, 7176, {num_blocks = 4, seed = 605}), K, "T=300 H=7176 (idle slots)")
+    check(inputs(300, 3, 1000, {num_blocks = 3, seed = 606}), K, "T=300 H=1000")
+    check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 607}), K, "T=4097 nb=1")
+    check(inputs(4097, 8, 1024, {num_blocks = 8, seed = 608}), K, "T=4097 H=1024 nb=8")
+    check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
+  end)
+
+  it("row-padded rows raise its own layout error by name", function()
+    local a = inputs(65, 5, 7168, {pad = 7, opad = 0})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.stream requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
   end)
 end)

@@ -258,7 +258,8 @@ describe("policy", function()
     local file = dofile("lua/k3/policy/default.lua")
     assert.same(file, plain(k3.policy))
     assert.equal("error", k3.policy.on_layout_mismatch)
-    assert.same({"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
+    assert.same({"cuda.attn_res.packed", "cuda.attn_res.decode", "cuda.attn_res.stream",
+                 "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
   end)
 
   it("every default list ends in a CPU kernel; linear falls back to cpu.linear.reference", function()
@@ -307,7 +308,8 @@ describe("policy", function()
     for k in pairs(k3.policy) do keys[#keys + 1] = k end
     table.sort(keys)
     assert.same({"attn_res", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
-    assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
+    assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.decode", "cuda.attn_res.stream", ' ..
+      '"cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
       'linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback", ' ..
       'rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, ' ..
       'silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"}}', k3.inspect(k3.policy))

@@ -190,6 +190,18 @@ describe("attn_res", function()
     end
   end)
 
+  it("static_weights and static_blocks (what a PDL launch may load early) leave the result as it is", function()
+    local a = inputs(3, 6, 16, {write_block = 4})
+    local c = copy_args(a)
+    c.prefix, c.blocks, c.out = a.prefix:clone(), a.blocks:clone(), nil
+    local want = k3.attn_res(c)
+    a.static_weights, a.static_blocks = true, 3
+    local got = k3.attn_res(a)
+    assert.equal(0, k3.max_abs_diff(got, want))
+    assert.equal(0, k3.max_abs_diff(a.prefix, c.prefix))
+    assert.equal(0, k3.max_abs_diff(a.blocks, c.blocks))
+  end)
+
   it("allocates out when none is given", function()
     local a = inputs(2, 2, 8, {out = false})
     local y = k3.attn_res(a)
@@ -203,6 +215,8 @@ describe("attn_res", function()
     assert.equal("cpu.attn_res.reference", e.chosen)
     if not k3.backends().cuda.available then
       assert.same({{kernel = "cuda.attn_res.packed", reason = H.cuda_absent_reason()},
+                   {kernel = "cuda.attn_res.decode", reason = H.cuda_absent_reason()},
+                   {kernel = "cuda.attn_res.stream", reason = H.cuda_absent_reason()},
                    {kernel = "cuda.attn_res.generic", reason = H.cuda_absent_reason()}}, e.declined)
     end
   end)
@@ -282,6 +296,15 @@ describe("attn_res", function()
     it("write_block with no blocks at all", function()
       bad(function(a) a.blocks = k3.empty({4, 0, 8}); a.num_blocks = 0; a.write_block = 1 end,
         "attn_res: write_block must be nil: blocks dim 2 is 0; got 1")
+    end)
+    it("static_blocks outside 0..num_blocks, covering write_block; static_weights not a boolean", function()
+      bad(function(a) a.num_blocks = 4; a.static_blocks = 5 end,
+        "attn_res: static_blocks must be in 0..4 (num_blocks); got 5")
+      bad(function(a) a.static_blocks = -1 end, "attn_res: static_blocks must be in 0..5 (num_blocks); got -1")
+      bad(function(a) a.write_block = 2; a.static_blocks = 2 end,
+        "attn_res: static_blocks (2) covers write_block 2: the slot this call writes cannot be loaded before the wait")
+      bad(function(a) a.static_weights = 1 end,
+        "bad argument #1 to 'attn_res' (field 'static_weights' must be a boolean; got number)")
     end)
     it("eps", function()
       bad(function(a) a.eps = -1 end, "attn_res: eps must be a finite number >= 0; got -1")

@@ -24,7 +24,9 @@ local CPU_KERNEL = {
   ["cuda.linear.cublas"] = "cpu.linear.blas",
   ["cuda.linear.skinny"] = "cpu.linear.blas",
   ["cuda.attn_res.packed"] = "cpu.attn_res.reference",
+  ["cuda.attn_res.decode"] = "cpu.attn_res.reference",
   ["cuda.attn_res.generic"] = "cpu.attn_res.reference",
+  ["cuda.attn_res.stream"] = "cpu.attn_res.reference",
 }
 
 -- Env.new{dry = bool, quick = bool, shrink = 16, bw = GB/s override}
@@ -211,8 +213,20 @@ function Env:header()
   return s
 end
 
+-- The GPU's name as nvidia-smi reports it ("NVIDIA H200"), or nil (dry run, no nvidia-smi).
+function Env:device_name()
+  if self.dry then return nil end
+  if self._device_name == nil then
+    local f = io.popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null")
+    local name = f and f:read("l")
+    if f then f:close() end
+    self._device_name = name and name ~= "" and name or false
+  end
+  return self._device_name or nil
+end
+
 function Env:meta()
-  return {dry_run = self.dry, quick = self.quick, device = self.device, shrink = self.shrink,
+  return {dry_run = self.dry, device_name = self:device_name(), quick = self.quick, device = self.device, shrink = self.shrink,
           iters = self.iters, warmup = self.warmup, copy = self.copy,
           rotate_bytes = Env.ROTATE_BYTES, date = U.date(), k3_version = k3.version}
 end

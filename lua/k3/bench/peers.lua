@@ -3,8 +3,9 @@
 -- file is given, the published figures of ../shared/PEERS.md hard-coded below (measured on
 -- an H200 on 2026-11-29, PyTorch 2.11, CUDA 13.0, Triton 3.6, CUDA graph replay with
 -- rotated inputs). Tables always say which source their peer columns came from.
--- The plain Triton AttnRes kernel of PEERS.md has no counterpart in bench-peers.py, so its
--- published figures are shown in every run, marked as published.
+-- The plain Triton AttnRes kernel's figures come from the file when it has them
+-- (bench-peers.py --only attn_res_triton, which scripts/bench attn_res runs in the same
+-- command), else from PEERS.md, marked as published.
 local U = require "k3.bench.util"
 
 local P = {}
@@ -64,8 +65,8 @@ P.ATTN_COLS = {
   {key = "eager_graph_us", head = "torch-g", graph = true},
   {key = "compile_us", head = "compile", graph = false},
   {key = "compile_graph_us", head = "compile-g", graph = true},
-  {key = "triton_us", head = "triton*", graph = false},
-  {key = "triton_graph_us", head = "triton-g*", graph = true},
+  {key = "triton_us", head = "triton", graph = false},
+  {key = "triton_graph_us", head = "triton-g", graph = true},
 }
 
 local function lin_key(N, K, M) return string.format("%dx%d/%d", N, K, M) end
@@ -74,6 +75,22 @@ local function attn_key(T, nb) return string.format("%d/%d", T, nb) end
 local function num(v)
   if type(v) == "number" and v == v and v > 0 then return v end
   return nil
+end
+
+-- P.merge(a, b): b's attn_res figures (a second peers file, e.g. the Triton kernel measured
+-- in this run) over a's; the source line names both.
+function P.merge(a, b)
+  for k, row in pairs(b.attn_rows) do
+    local t = a.attn_rows[k] or {}
+    for kk, v in pairs(row) do
+      if v and (b.from_file or not t[kk]) then t[kk] = v end
+    end
+    a.attn_rows[k] = t
+  end
+  a.triton_measured = a.triton_measured or b.triton_measured
+  a.source = a.source .. "; " .. b.source
+  for _, n in ipairs(b.notes) do a.notes[#a.notes + 1] = n end
+  return a
 end
 
 -- P.load(path or nil) -> peers object:
@@ -115,6 +132,15 @@ function P.load(path)
         row.compile_us = num(r.compile_us)
         row.compile_graph_us = num(r.compile_graph_us)
         self.attn_rows[attn_key(r.T, r.num_blocks)] = row
+      end
+    end
+    for _, r in ipairs(type(data.attn_res_triton) == "table" and data.attn_res_triton or {}) do
+      if type(r) == "table" and r.T and r.num_blocks then
+        local row = self.attn_rows[attn_key(r.T, r.num_blocks)] or {}
+        row.triton_us = num(r.eager_us)
+        row.triton_graph_us = num(r.graph_us)
+        self.attn_rows[attn_key(r.T, r.num_blocks)] = row
+        self.triton_measured = true
       end
     end
     self.from_file = true

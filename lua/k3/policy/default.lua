@@ -7,7 +7,8 @@
 -- rms_norm and silu_mul have one CPU kernel each, the reference).
 return {
   linear = {"cuda.linear.cublas", "cpu.linear.blas", "cpu.linear.reference"},
-  attn_res = {"cuda.attn_res.packed", "cuda.attn_res.generic", "cpu.attn_res.reference"},
+  attn_res = {"cuda.attn_res.packed", "cuda.attn_res.decode", "cuda.attn_res.stream",
+              "cuda.attn_res.generic", "cpu.attn_res.reference"},
   rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"},
   silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"},
   -- "error": a layout a kernel needs but does not get (padded rows for the packed AttnRes

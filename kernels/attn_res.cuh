@@ -1,0 +1,320 @@
+/*
+ * attn_res.cuh — device and host code shared by the three CUDA AttnRes kernels
+ * (attn_res_generic.cu, attn_res_packed.cu, attn_res_stream.cu): 16-byte vectors of bf16/f16
+ * to and from f32, weight loads, warp and cluster primitives, programmatic dependent launch,
+ * the scale-safe RMS factor, the launch knobs read once at backend load, and host checks.
+ */
+#ifndef K3_ATTN_RES_CUH
+#define K3_ATTN_RES_CUH
+
+#include "common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace k3ar {
+
+/* ---- launch knobs (read once when the backend loads: k3c_attn_res_knobs_init) ----------- */
+
+/* K3_ATTN_RES_PDL: "0" launches the decode and stream kernels without programmatic dependent
+ * launch; anything else (or unset) launches them with it (cuda.attn_res.packed never uses
+ * it). K3_ATTN_RES_PACKED_CTAS / K3_ATTN_RES_DECODE_CTAS: CTAs per token (a cluster when > 1)
+ * of cuda.attn_res.packed / .decode, 1..8; unset or 0: each kernel's own rule. */
+struct knobs {
+    int pdl;
+    int packed_ctas;
+    int decode_ctas;
+};
+inline knobs g_knobs = {1, 0, 0};
+inline const knobs &get_knobs() { return g_knobs; }
+/* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
+inline int read_ctas(const char *name) {
+    const char *e = getenv(name);
+    int c = e && *e ? atoi(e) : 0;
+    return c >= 1 && c <= 8 ? c : 0;
+}
+/* Reads the three variables into g_knobs; a value out of range leaves the default. */
+inline void read_knobs() {
+    const char *e = getenv("K3_ATTN_RES_PDL");
+    g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
+    g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
+    g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
+}
+
+/* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
+ * vecs vectors, or 0 when that is more than maxt. */
+inline int threads_for(int64_t vecs, int ctas, int v, int maxt) {
+    int64_t per = (vecs + (int64_t)ctas * v - 1) / ((int64_t)ctas * v);
+    int64_t nt = (per + 31) / 32 * 32;
+    if (nt < 32) nt = 32;
+    return nt > maxt ? 0 : (int)nt;
+}
+
+/* ---- 16-bit vectors ------------------------------------------------------------------------ */
+
+/* 8 elements of a 16-bit type in a uint4, to and from f32. */
+template <class T> struct vec8;
+template <> struct vec8<k3c_bf16> {
+    static __device__ __forceinline__ void unpack(uint4 u, float (&f)[8]) {
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <> struct vec8<k3c_f16> {
+    static __device__ __forceinline__ void unpack(uint4 u, float (&f)[8]) {
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = *reinterpret_cast<__half2 *>(&w[i]);
+            float2 v = __half22float2(h);
+            f[2 * i] = v.x;
+            f[2 * i + 1] = v.y;
+        }
+    }
+    static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <class T> __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+    return make_uint4(vec8<T>::pack2(f[0], f[1]), vec8<T>::pack2(f[2], f[3]),
+                      vec8<T>::pack2(f[4], f[5]), vec8<T>::pack2(f[6], f[7]));
+}
+
+/* Read-once data (delta, blocks): not kept in L1. */
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+/* Data another kernel of the stream may have written (prefix, delta): a plain coherent load. */
+__device__ __forceinline__ uint4 ld_plain(const void *p) { return *(const uint4 *)p; }
+
+/* 8 weights at element offset e, kept raw until used: W is the activation type (one uint4)
+ * or float (two). */
+template <class T, class W> struct wvec;
+template <class T> struct wvec<T, T> {
+    uint4 a;
+    __device__ __forceinline__ void load(const void *p, int64_t e) {
+        a = __ldg((const uint4 *)((const uint16_t *)p + e));
+    }
+    __device__ __forceinline__ void zero() { a = make_uint4(0, 0, 0, 0); }
+    __device__ __forceinline__ void get(float (&f)[8]) const { vec8<T>::unpack(a, f); }
+};
+template <class T> struct wvec<T, float> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const void *p, int64_t e) {
+        const float4 *q = (const float4 *)((const float *)p + e);
+        a = __ldg(q);
+        b = __ldg(q + 1);
+    }
+    __device__ __forceinline__ void zero() { a = b = make_float4(0, 0, 0, 0); }
+    __device__ __forceinline__ void get(float (&f)[8]) const {
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    }
+};
+
+/* ---- warps, clusters, programmatic dependent launch ----------------------------------------- */
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* Stores v into the shared variable `local` of CTA `rank` of this cluster. */
+__device__ __forceinline__ void st_cluster(float *local, uint32_t rank, float v) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(local), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+}
+
+/* Programmatic dependent launch (PTX ISA "griddepcontrol"): both are no-ops in a launch
+ * without the programmatic-serialization attribute. wait returns once every prerequisite
+ * grid has completed and its memory is visible. The kernels here signal their dependents
+ * only after their own wait, so when one of them starts, every kernel before the one just
+ * ahead of it has completed (the contract of static_blocks rests on this). */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+/* ---- the RMS factor, safe at any scale -------------------------------------------------------- */
+
+/* A sum of squares needs the scaled recomputation when it overflowed (or is NaN) or when it
+ * is so small that squared elements may have fallen below FLT_MIN: below 2^-100 the largest
+ * square can be denormal; above it every element whose square is denormal contributes less
+ * than 2^-36 of the sum. The caller then checks that max |v| > 0 (an all-zero row is exact). */
+__device__ __forceinline__ bool ss_needs_rescale(float ss) {
+    return !(ss <= 3.0e38f) || ss < 0x1p-100f;
+}
+/* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1 (0 for 0, inf or NaN: the
+ * recomputation then leaves the values as they are). */
+__device__ __forceinline__ int scale_exp(float amax) {
+    if (!(amax > 0.0f) || isinf(amax)) return 0;
+    int e;
+    frexpf(amax, &e);
+    return e;
+}
+/* v * 2^-e in two exact steps (2^-e alone can overflow for denormal inputs). */
+struct pow2_scale {
+    float a, b;
+    __device__ __forceinline__ explicit pow2_scale(int e) {
+        int h = -e / 2;
+        a = ldexpf(1.0f, h);
+        b = ldexpf(1.0f, -e - h);
+    }
+    __device__ __forceinline__ float operator()(float v) const { return (v * a) * b; }
+};
+/* rsqrt(ss / H + eps) for the values scaled by 2^-e: rsqrt(ss'/H + eps * 2^-2e). */
+__device__ __forceinline__ float rms_factor_scaled(float ss_scaled, float invH, float eps, int e) {
+    return 1.0f / sqrtf(ss_scaled * invH + ldexpf(eps, -2 * e));
+}
+
+/* ---- host ------------------------------------------------------------------------------------ */
+
+/* The checks every AttnRes kernel's run() repeats at entry: the op tag, the op's shared
+ * validation, the device of the read and written tensors. */
+static inline k3_status check_args(const k3_kernel *k, const k3_op_args *oa) {
+    if (!oa || oa->op != K3_OP_ATTN_RES)
+        return k3_error(K3_EINVAL, "attn_res: kernel %s called with %s arguments", k->name,
+                        oa ? k3_op_name(oa->op) : "NULL");
+    const k3_attn_res_kargs *ka = &oa->u.attn_res;
+    K3_TRY(k3_attn_res_validate(ka));
+    K3_TRY(k3_kernel_check_device(k, ka->p.prefix));
+    K3_TRY(k3_kernel_check_device(k, ka->out));
+    return K3_OK;
+}
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The checks the packed and stream kernels share, in this order, each a decline reason
+ * naming the kernel K: bf16 or f16; H % 8 == 0; the three weights of one dtype, that of the
+ * activations or f32; prefix, delta and out densely packed (K3_ELAYOUT); 16-byte alignment
+ * of every row and blocks strides that are multiples of 8 elements. */
+static inline k3_status fast_path_checks(const char *K, const k3_op_args *oa, char *reason,
+                                         size_t n) {
+    const k3_attn_res_kargs *ka = &oa->u.attn_res;
+    const k3_attn_res_args *a = &ka->p;
+    k3_dtype dt = a->prefix->dtype;
+    if (dt != K3_DTYPE_BF16 && dt != K3_DTYPE_F16) {
+        snprintf(reason, n, "%s supports bf16 and f16; got %s", K, k3_dtype_name(dt));
+        return K3_EDTYPE;
+    }
+    int64_t H = a->prefix->size[1];
+    if (H % 8 != 0 || H == 0) {
+        snprintf(reason, n, "%s requires hidden_size divisible by 8; got %lld", K, (long long)H);
+        return K3_ESHAPE;
+    }
+    const k3_tensor *ws[3] = {a->norm_weight, a->qk_weight, a->output_norm_weight};
+    int nw = a->output_norm_weight ? 3 : 2;
+    for (int i = 0; i < nw; i++)
+        if (ws[i]->dtype != dt && ws[i]->dtype != K3_DTYPE_F32) {
+            snprintf(reason, n, "%s requires weights in %s or f32; got %s", K, k3_dtype_name(dt),
+                     k3_dtype_name(ws[i]->dtype));
+            return K3_EDTYPE;
+        }
+    if (a->norm_weight->dtype != a->qk_weight->dtype ||
+        (a->output_norm_weight && a->norm_weight->dtype != a->output_norm_weight->dtype)) {
+        snprintf(reason, n, "%s requires the %s weights in one dtype", K, nw == 3 ? "three" : "two");
+        return K3_EDTYPE;
+    }
+    /* The layout check names three strides as DESIGN.md's message does; with no delta its
+     * place is prefix's own (nothing else is read at that stride). */
+    int64_t sp = a->prefix->stride[0], so = ka->out->stride[0];
+    int64_t sd = a->delta ? a->delta->stride[0] : sp;
+    if (sp != H || sd != H || so != H) {
+        snprintf(reason, n,
+                 "%s requires densely packed rows; got strides %lld, %lld, %lld for hidden_size %lld",
+                 K, (long long)sp, (long long)sd, (long long)so, (long long)H);
+        return K3_ELAYOUT;
+    }
+    int64_t sbt = a->blocks->stride[0], sbs = a->blocks->stride[1];
+    bool al = aligned16(k3_tensor_ptr(a->prefix)) && aligned16(k3_tensor_ptr(ka->out)) &&
+              aligned16(k3_tensor_ptr(a->blocks)) && sbt % 8 == 0 && sbs % 8 == 0 &&
+              (!a->delta || aligned16(k3_tensor_ptr(a->delta)));
+    for (int i = 0; i < nw; i++) al = al && aligned16(k3_tensor_ptr(ws[i]));
+    if (!al) {
+        snprintf(reason, n,
+                 "%s requires 16-byte aligned rows (tensor offsets and blocks strides %lld, %lld "
+                 "multiples of 8 elements)",
+                 K, (long long)sbt, (long long)sbs);
+        return K3_EINVAL;
+    }
+    return K3_OK;
+}
+
+/* Launches kern with the PDL attribute when pdl != 0 and a cluster of `cluster` CTAs when
+ * cluster > 1 (cudaLaunchKernelEx). */
+template <class P>
+k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem, int cluster,
+                 int pdl, cudaStream_t stream) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (cluster > 1) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)cluster;
+        attr[na].val.clusterDim.y = 1;
+        attr[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.attrs = na ? attr : nullptr;
+    cfg.numAttrs = (unsigned)na;
+    K3_CHECK(cudaLaunchKernelEx(&cfg, kern, p));
+    return K3_OK;
+}
+
+} // namespace k3ar
+
+#endif
