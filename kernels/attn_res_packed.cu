@@ -34,6 +34,47 @@ struct packed_params {
 };
 
 /*
+ * The rare path's exchange (a sum of squares that overflowed or underflowed): sums (MAX:
+ * maxima of non-negative values) of N values over the token, the warps of this CTA and then
+ * the C CTAs through buf, which no exchange before has written; ends with a cluster barrier
+ * (C > 1) or a block barrier. Every thread gets the totals, added in rank order, so every
+ * CTA holds the same bits and takes the same branches. red's last readers have passed a
+ * barrier (every exchange ends with one).
+ */
+template <int N, bool MAX, int NP>
+__device__ __forceinline__ void rare_exchange(float (&v)[N], float (*red)[NP], float (*buf)[NP],
+                                              int C, uint32_t rank) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = MAX ? warp_max(v[i]) : warp_sum(v[i]);
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < N; i++) red[warp][i] = v[i];
+    __syncthreads();
+    for (int k = tid; k < N * C; k += blockDim.x) {
+        int item = k % N, dest = k / N;
+        float s = 0.0f;
+        for (int q = 0; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][item]) : s + red[q][item];
+        if (C > 1)
+            st_cluster(&buf[rank][item], (uint32_t)dest, s);
+        else
+            buf[0][item] = s;
+    }
+    if (C > 1) {
+        cluster_arrive();
+        cluster_wait();
+    } else {
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        float s = 0.0f;
+        for (int c = 0; c < C; c++) s = MAX ? fmaxf(s, buf[c][i]) : s + buf[c][i];
+        v[i] = s;
+    }
+}
+
+/*
  * One token per cluster of p.ctas CTAs (C = 1 runs without a cluster); thread `tid` of CTA
  * `rank` owns the 16-byte vectors vi = k*C*NT + rank*NT + tid (k < V) of every row.
  *  1. issue every load: prefix, delta, the nb block rows, the weights;
@@ -41,6 +82,9 @@ struct packed_params {
  *  3. CTA sums, pushed into every CTA of the cluster (DSM), cluster barrier;
  *  4. logits and softmax (every thread, redundantly), the mix in registers, its partial
  *     sum of squares exchanged the same way, then the normed output stored.
+ * A sum of squares that overflowed or underflowed (a key's or the output's) is recomputed on
+ * the values scaled by a power of two near their max magnitude, through exchanges of its own
+ * (rare_exchange), so the norms hold at any scale; the common path pays only the test.
  * Source slot MAXS-1 is p, so every register array is indexed by compile-time constants.
  */
 template <class T, class W, int MAXS, int V>
@@ -52,6 +96,8 @@ __global__ void __launch_bounds__(kMaxThreads) attn_res_packed_kernel(const pack
     __shared__ __align__(16) float recv[8][NVP];
     __shared__ float red2[kMaxThreads / 32];
     __shared__ float recv2[8];
+    /* The rare exchanges: key max |v|, key sums, output max |v|, output sum of squares. */
+    __shared__ __align__(16) float recv_r[4][8][NVP];
 
     const int C = p.ctas;
     const int NT = blockDim.x;
@@ -178,12 +224,72 @@ __global__ void __launch_bounds__(kMaxThreads) attn_res_packed_kernel(const pack
         }
     }
 
+    float epss[MAXS];
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) epss[s] = p.eps;
+    bool rescale = false;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++)
+        if (s == NB || s < p.nb) rescale = rescale || ss_needs_rescale(tot[2 * s + 1]);
+    if (rescale) {
+        /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
+         * magnitude; 0 for a source whose sum was fine, which leaves its value as it was). */
+        float amax[MAXS];
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) amax[s] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) amax[NB] = fmaxf(amax[NB], fabsf(pv[k][e]));
+#pragma unroll
+            for (int s = 0; s < NB; s++) {
+                float v[8];
+                vec8<T>::unpack(src[s][k], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
+            }
+        }
+        rare_exchange<MAXS, true, NVP>(amax, red, recv_r[0], C, rank);
+        float sa[MAXS], sb[MAXS], part2[NV];
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) {
+            bool active = s == NB || s < p.nb;
+            int e = active && ss_needs_rescale(tot[2 * s + 1]) ? scale_exp(amax[s]) : 0;
+            pow2_scale ps(e);
+            sa[s] = ps.a;
+            sb[s] = ps.b;
+            epss[s] = ldexpf(p.eps, -2 * e);
+            part2[2 * s] = part2[2 * s + 1] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                float v[8];
+                if (s == NB) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) v[e] = pv[k][e];
+                } else {
+                    vec8<T>::unpack(src[s < NB ? s : 0][k], v);
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float x = (v[e] * sa[s]) * sb[s];
+                    part2[2 * s] = fmaf(x, w[k][e], part2[2 * s]);
+                    part2[2 * s + 1] = fmaf(x, x, part2[2 * s + 1]);
+                }
+            }
+        rare_exchange<NV, false, NVP>(part2, red, recv_r[1], C, rank);
+#pragma unroll
+        for (int i = 0; i < NV; i++) tot[i] = part2[i];
+    }
+
     /* Softmax over the nb block sources and p. */
     float logit[MAXS], mx = -INFINITY;
 #pragma unroll
     for (int s = 0; s < MAXS; s++) {
         bool active = s == NB || s < p.nb;
-        logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
+        logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + epss[s])) : -INFINITY;
         mx = fmaxf(mx, logit[s]);
     }
     float sum = 0.0f;
@@ -235,7 +341,30 @@ __global__ void __launch_bounds__(kMaxThreads) attn_res_packed_kernel(const pack
     }
     float total = 0.0f;
     for (int c = 0; c < C; c++) total += recv2[c];
-    float r = 1.0f / sqrtf(total * p.invH + p.oeps);
+    float r;
+    if (!ss_needs_rescale(total)) {
+        r = 1.0f / sqrtf(total * p.invH + p.oeps);
+    } else {
+        /* Rare: the same on the mix scaled by 2^-e; out = m' * r' * w. */
+        float mm[1] = {0.0f};
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) mm[0] = fmaxf(mm[0], fabsf(m[k][e]));
+        rare_exchange<1, true, NVP>(mm, red, recv_r[2], C, rank);
+        int eo = scale_exp(mm[0]);
+        pow2_scale ps(eo);
+        float s2[1] = {0.0f};
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                m[k][e] = ps(m[k][e]);
+                s2[0] = fmaf(m[k][e], m[k][e], s2[0]);
+            }
+        rare_exchange<1, false, NVP>(s2, red, recv_r[3], C, rank);
+        r = rms_factor_scaled(s2[0], p.invH, p.oeps, eo);
+    }
     T *out = (T *)p.out + row;
 #pragma unroll
     for (int k = 0; k < V; k++) {

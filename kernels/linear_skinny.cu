@@ -215,13 +215,15 @@ static k3_status k3sk_run(const k3_op_args *a) {
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
-     * into it are refused from now on. The marking call waits for queued work, so w is loaded
-     * early only once nothing that could still write it is in flight; if it cannot wait (a
-     * stream being captured), this call loads w after the wait like any input. */
-    if (cfg.static_w && !k3_tensor_is_static(l->w) &&
-        k3_tensor_mark_static((k3_tensor *)l->w, "method.low_latency {static_weights = true}") !=
-            K3_OK)
+     * into it are refused from now on. A write queued before this mark may still be in
+     * flight, so this first call loads w after the wait like any input; every later call
+     * (whose predecessors started after this one) loads it early. The mark does not wait for
+     * the device: it may happen while a stream is being captured. */
+    if (cfg.static_w && !k3_tensor_is_static(l->w)) {
+        k3_tensor_mark_static_nowait((k3_tensor *)l->w,
+                                     "method.low_latency {static_weights = true}");
         cfg.static_w = 0;
+    }
 
     k3_skinny_problem p = {};
     /* PDL is how the kernel launches (notes/PERF.md, linear v4): the next kernel's CTAs may

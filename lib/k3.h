@@ -173,10 +173,12 @@ K3_API k3_status k3_tensor_check(const k3_tensor *t, const char *what);
 /* Marks t's storage static: from now on every write into it (k3_tensor_copy into it, fill,
  * set, an op's out) is refused with K3_EINVAL naming `owner` ("copy: the destination is
  * static (marked by k3.nn.Linear weight); its storage refuses writes"). A low-latency method
- * told static_weights marks each weight it runs the skinny kernel on; k3.nn layers mark their
- * weights. The first mark of a CUDA storage waits for this thread's queued device work
- * (k3_synchronize), so no write queued before it is still in flight when a kernel that loads
- * the weight early starts. Marking again keeps the first owner. owner NULL: "the caller".
+ * told static_weights marks each weight it runs the skinny kernel on (without waiting; that
+ * first call then loads w after the wait); k3.nn layers mark their weights. The first mark of a
+ * CUDA storage here waits for this thread's queued device work (k3_synchronize: not while a
+ * stream is being captured), so no write queued before it is still in flight when a kernel
+ * that loads the weight early starts. Marking again keeps the first owner. owner NULL: "the
+ * caller".
  * Errors: K3_EINVAL (t NULL), K3_EFREED, and k3_synchronize's (the mark stays). */
 K3_API k3_status k3_tensor_mark_static(k3_tensor *t, const char *owner);
 /* 1 when t's storage is marked static, else 0 (also for NULL). */

@@ -32,6 +32,10 @@ typedef struct k3_storage {
     char static_owner[64]; /* who marked it (set before is_static) */
 } k3_storage;
 
+/* k3_tensor_mark_static without the wait for queued device work (t checked by the caller; the
+ * skinny kernel marks the weights of a static-weights plan with it). */
+K3_API void k3_tensor_mark_static_nowait(k3_tensor *t, const char *owner);
+
 struct k3_tensor {
     k3_storage *storage;
     k3_dtype dtype;

@@ -66,13 +66,18 @@ k3_status k3_tensor_check(const k3_tensor *t, const char *what) {
     return K3_OK;
 }
 
-k3_status k3_tensor_mark_static(k3_tensor *t, const char *owner) {
-    K3_TRY(k3_tensor_check(t, "mark_static"));
+void k3_tensor_mark_static_nowait(k3_tensor *t, const char *owner) {
     k3_storage *s = t->storage;
-    if (__atomic_load_n(&s->is_static, __ATOMIC_ACQUIRE)) return K3_OK;
+    if (__atomic_load_n(&s->is_static, __ATOMIC_ACQUIRE)) return;
     snprintf(s->static_owner, sizeof s->static_owner, "%s", owner ? owner : "the caller");
     __atomic_store_n(&s->is_static, 1, __ATOMIC_RELEASE);
-    return s->device.type == K3_DEVICE_CUDA ? k3_synchronize() : K3_OK;
+}
+
+k3_status k3_tensor_mark_static(k3_tensor *t, const char *owner) {
+    K3_TRY(k3_tensor_check(t, "mark_static"));
+    if (k3_tensor_is_static(t)) return K3_OK;
+    k3_tensor_mark_static_nowait(t, owner);
+    return t->storage->device.type == K3_DEVICE_CUDA ? k3_synchronize() : K3_OK;
 }
 
 int k3_tensor_is_static(const k3_tensor *t) {
