@@ -1,6 +1,6 @@
 -- k3: the Lua front end. The C core ("k3.core") owns tensors and all compute; this file adds
 -- the thin conveniences: tensor printing, the policy table, linear methods, plan lookup and
--- k3.help(). API.md is the contract for every name here.
+-- k3.help(). docs/API.md is the reference of every name here.
 
 local core = require "k3.core"
 
@@ -297,7 +297,7 @@ local HELP = {
   {"k3.linear(x, w, {bias, residual, out, kernel})", "y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual)"},
   {"k3.rms_norm(x, w, eps)", "RMSNorm over the last dim"},
   {"k3.silu_mul(x)", "SwiGLU gate: [M,2I] -> [M,I]"},
-  {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (DESIGN.md)"},
+  {"k3.attn_res{prefix, delta, blocks, num_blocks, ...}", "the AttnRes read (docs/DESIGN.md)"},
   {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
