@@ -114,22 +114,24 @@ leak-check:
 clean:
 	rm -rf $(BUILD)
 
-# ---- reliability (issue 9, helper F): sanitizers and fuzzing ---------------------------------
+# ---- reliability: sanitizers and fuzzing ------------------------------------------------------
 #   make test-asan    the whole CPU spec suite against a k3 built with ASan + UBSan (build/asan/)
-#   make fuzz-smoke   each libFuzzer target (spec/fuzz/) for FUZZ_TIME seconds from its corpus
+#   make fuzz-smoke   each libFuzzer target (spec/fuzz/) from its committed corpus, deterministic:
+#                     fixed seed (FUZZ_SEED), fixed number of inputs (FUZZ_RUNS); what CI runs
+#   make fuzz-explore each target for FUZZ_TIME seconds with a random seed (finds new inputs)
 #   make fuzz         builds the fuzzers only (build/fuzz/fuzz_<target>)
 ASAN_BUILD  ?= build/asan
 ASAN_FLAGS  ?= -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 FUZZ_BUILD  ?= build/fuzz
 FUZZ_CC     ?= clang
-FUZZ_TIME   ?= 30
+FUZZ_TIME   ?= 600
 FUZZ_NAMES   = tensor ops safetensors
 FUZZ_BINS    = $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_NAMES))
 FUZZ_CFLAGS  = -std=c11 -g -O1 -D_GNU_SOURCE -Ilib -Wall -Wno-unused-parameter \
                -fno-omit-frame-pointer -fno-sanitize-recover=all $(DEPS_INC)
 FUZZ_OBJ     = $(patsubst lib/%.c,$(FUZZ_BUILD)/obj/%.o,$(CORE_SRC))
 
-.PHONY: asan test-asan fuzz fuzz-smoke
+.PHONY: asan test-asan fuzz fuzz-smoke fuzz-explore
 asan:
 	@$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE="$(ASAN_FLAGS)" OPT=-O1 NVCC= all host
 
@@ -150,7 +152,10 @@ $(FUZZ_BUILD)/fuzz_%: spec/fuzz/fuzz_%.c $(FUZZ_OBJ) spec/fuzz/fuzz_common.h
 fuzz: $(FUZZ_BINS)
 
 fuzz-smoke: fuzz
-	@FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_TIME="$(FUZZ_TIME)" scripts/fuzz-smoke $(FUZZ_NAMES)
+	@FUZZ_BUILD="$(FUZZ_BUILD)" scripts/fuzz-smoke $(FUZZ_NAMES)
+
+fuzz-explore: fuzz
+	@FUZZ_BUILD="$(FUZZ_BUILD)" FUZZ_TIME="$(FUZZ_TIME)" scripts/fuzz-smoke --explore $(FUZZ_NAMES)
 
 # ==== embedding: example host, install, pkg-config (helper E, issue 7) ==========================
 #   make host                       build/examples/host/k3-host (the game-loop host example)

@@ -132,3 +132,73 @@ describe("scripts/k3", function()
     assert.is_true(has_line(out, "42"), out)
   end)
 end)
+
+-- scripts/fuzz-smoke with stand-in fuzz binaries that record the arguments they get (the real
+-- libFuzzer targets need clang's build; `make fuzz-smoke` runs them): the CI run must be
+-- deterministic, the explore run must not be.
+describe("scripts/fuzz-smoke", function()
+  local dir
+  before_each(function()
+    dir = mktemp_dir()
+    for _, t in ipairs({"tensor", "ops", "safetensors"}) do
+      write(dir .. "/fuzz_" .. t, "#!/bin/sh\necho \"$@\" >> '" .. dir .. "/args." .. t ..
+        "'\necho 'stat::number_of_executed_units: 7' >&2\nexit ${FAKE_FUZZ_RC:-0}\n")
+      sh("chmod +x '" .. dir .. "/fuzz_" .. t .. "'")
+    end
+  end)
+  after_each(function()
+    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
+  end)
+
+  local function args(t)
+    local f = assert(io.open(dir .. "/args." .. t))
+    local s = f:read("a")
+    f:close()
+    return s
+  end
+
+  local function fuzz(env, flags)
+    return sh(("FUZZ_BUILD=%q FUZZ_ARTIFACTS=%q %s %q %s"):format(dir, dir .. "/art", env or "",
+      root .. "/scripts/fuzz-smoke", flags or ""))
+  end
+
+  it("by default gives every target a fixed seed, a fixed input count and no reload or time limit", function()
+    local out, code = fuzz()
+    assert.equal(0, code, out)
+    assert.equal("3 passed, 0 failed", last_line(out))
+    local want = {tensor = 30000, ops = 200000, safetensors = 300000}
+    for t, runs in pairs(want) do
+      local a = args(t)
+      assert.truthy(a:find("-seed=1 -runs=" .. runs .. " -reload=0", 1, true), a)
+      assert.falsy(a:find("max_total_time", 1, true), a)
+      assert.truthy(a:find("spec/fuzz/corpus/" .. t, 1, true), a)
+    end
+    assert.truthy(out:find("fuzz ops: ok (7 inputs, seed 1)", 1, true), out)
+  end)
+
+  it("FUZZ_SEED and FUZZ_RUNS replace the fixed values; the same values give the same arguments", function()
+    fuzz("FUZZ_SEED=9 FUZZ_RUNS=5", "ops")
+    fuzz("FUZZ_SEED=9 FUZZ_RUNS=5", "ops")
+    local lines = {}
+    for l in args("ops"):gmatch("[^\n]+") do lines[#lines + 1] = l:gsub("/tmp/tmp%.%w+/", "") end
+    assert.equal(2, #lines)
+    assert.truthy(lines[1]:find("-seed=9 -runs=5 -reload=0", 1, true), lines[1])
+    assert.equal(lines[1], lines[2])
+  end)
+
+  it("--explore runs for FUZZ_TIME seconds with libFuzzer's own seed and keeps its inputs", function()
+    local out, code = fuzz("FUZZ_TIME=3", "--explore tensor")
+    assert.equal(0, code, out)
+    local a = args("tensor")
+    assert.truthy(a:find("-max_total_time=3", 1, true), a)
+    assert.falsy(a:find("-seed=", 1, true), a)
+    assert.truthy(a:find(dir .. "/explore/tensor", 1, true), a)
+  end)
+
+  it("a target that reports a finding fails the run and is counted", function()
+    local out, code = fuzz("FAKE_FUZZ_RC=77", "ops tensor")
+    assert.are_not.equal(0, code)
+    assert.equal("0 passed, 2 failed", last_line(out))
+    assert.truthy(out:find("fuzz ops: FAILED (exit 77, seed 1)", 1, true), out)
+  end)
+end)

@@ -15,8 +15,8 @@ static char in_path[64], out_path[64];
 static void paths(void) {
     if (in_path[0]) return;
     const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(in_path, sizeof in_path, "%s/k3fuzz-st-%d.in", dir, (int)getpid());
-    snprintf(out_path, sizeof out_path, "%s/k3fuzz-st-%d.out", dir, (int)getpid());
+    snprintf(in_path, sizeof in_path, "%s/k3fuzz-st-%010d.in", dir, (int)getpid());
+    snprintf(out_path, sizeof out_path, "%s/k3fuzz-st-%010d.out", dir, (int)getpid());
 }
 
 static void cleanup(void) {
