@@ -1,7 +1,8 @@
 /*
  * norm.cu — cuda.rms_norm.generic and cuda.silu_mul.generic: row-wise kernels for any row
  * strides with unit last stride, bf16/f16/f32/f64 (weights of any dtype), fp32 arithmetic
- * (fp64 for f64) in the expression order of lib/cpu_norm.c, rounded once.
+ * (fp64 for f64) in the expression order of lib/cpu_norm.c (the row scale of lib/cpu_rms.h),
+ * rounded once.
  */
 #include "common.cuh"
 
@@ -16,6 +17,15 @@ template <class A> __device__ __forceinline__ A warp_sum(A v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* fmax returns the other operand for a NaN, so a NaN never becomes the row's max |x|. */
+template <class A> __device__ __forceinline__ A warp_max(A v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <class A> __device__ __forceinline__ A min_normal();
+template <> __device__ __forceinline__ float min_normal<float>() { return 0x1p-126f; }
+template <> __device__ __forceinline__ double min_normal<double>() { return 0x1p-1022; }
 template <class A> __device__ __forceinline__ A load_w(const void *p, int dt, int64_t i);
 template <> __device__ __forceinline__ float load_w<float>(const void *p, int dt, int64_t i) {
     return k3c_load_any_f32(p, dt, i);
@@ -27,30 +37,77 @@ __device__ __forceinline__ float rsqrt_exact(float x) { return 1.0f / sqrtf(x); 
 __device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
+/* silu(g) = g / (1 + exp(-g)); at g = -inf that is -inf / inf, NaN, where the limit is 0
+ * (reached from below: -0), as lib/cpu_norm.c. */
+template <class A> __device__ __forceinline__ A silu_(A g) {
+    return g == -(A)INFINITY ? -(A)0 : g / ((A)1 + exp_(-g));
+}
 
-/* One CTA per row (grid-stride over rows). */
+/* One CTA per row (grid-stride over rows). The row scale follows lib/cpu_rms.h: the sum of
+ * squares and max |x| are reduced together; a row whose sum is not finite or below the
+ * smallest normal while max |x| = m is finite and > 0 is summed again scaled by 2^-k
+ * (m = f * 2^k, exact), r = 1 / sqrt(sum / H + eps 2^-2k) and y = (x 2^-k) * r * w, so
+ * RMSNorm stays scale-invariant for |x| above ~1e19 and for tiny x with eps = 0; when
+ * eps 2^-2k overflows, r = 1 / sqrt(eps). The test is the same for every thread of the CTA. */
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T *__restrict__ x, int64_t xs, const void *__restrict__ w, int wdt,
                     T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps) {
     typedef typename k3c_acc<T>::type A;
-    __shared__ A part[kThreads / 32];
+    __shared__ A part[kThreads / 32], part_max[kThreads / 32];
+    const int nwarps = (int)(blockDim.x >> 5);
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T *xr = x + i * xs;
-        A ss = 0;
+        A ss = 0, mx = 0;
         for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
             A v = k3c_load_acc<T>(xr[d]);
             ss += v * v;
+            mx = fmax(mx, fabs(v));
         }
         ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+        mx = warp_max(mx);
+        if ((threadIdx.x & 31) == 0) {
+            part[threadIdx.x >> 5] = ss;
+            part_max[threadIdx.x >> 5] = mx;
+        }
         __syncthreads();
-        A tot = 0;
-        for (int q = 0; q < (int)(blockDim.x >> 5); q++) tot += part[q];
-        A r = rsqrt_exact(tot / (A)H + (A)eps);
+        A tot = 0, m = 0;
+        for (int q = 0; q < nwarps; q++) {
+            tot += part[q];
+            m = fmax(m, part_max[q]);
+        }
+        int e = 0;
+        A r;
+        if (!(m > 0 && isfinite(m)) || (tot >= min_normal<A>() && isfinite(tot))) {
+            r = rsqrt_exact(tot / (A)H + (A)eps);
+        } else {
+            int k;
+            frexp(m, &k);
+            __syncthreads(); /* every thread has read part */
+            A sz = 0;
+            for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+                A z = ldexp(k3c_load_acc<T>(xr[d]), -k);
+                sz += z * z;
+            }
+            sz = warp_sum(sz);
+            if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = sz;
+            __syncthreads();
+            A szt = 0;
+            for (int q = 0; q < nwarps; q++) szt += part[q];
+            A te = ldexp((A)eps, -2 * k);
+            if (isfinite(te)) {
+                e = -k;
+                r = rsqrt_exact(szt / (A)H + te);
+            } else {
+                r = rsqrt_exact((A)eps);
+            }
+        }
         T *yr = y + i * ys;
-        for (int64_t d = threadIdx.x; d < H; d += blockDim.x)
-            yr[d] = k3c_store_acc<T>(k3c_load_acc<T>(xr[d]) * r * load_w<A>(w, wdt, d));
+        for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+            A v = k3c_load_acc<T>(xr[d]);
+            if (e) v = ldexp(v, e);
+            yr[d] = k3c_store_acc<T>(v * r * load_w<A>(w, wdt, d));
+        }
         __syncthreads(); /* part is reused by the next row */
     }
 }
@@ -65,7 +122,7 @@ __global__ void silu_mul_kernel(const T *__restrict__ x, int64_t xs, T *__restri
         int64_t i = k / I, j = k - i * I;
         A g = k3c_load_acc<T>(x[i * xs + j]);
         A u = k3c_load_acc<T>(x[i * xs + I + j]);
-        y[i * ys + j] = k3c_store_acc<T>(g / ((A)1 + exp_(-g)) * u);
+        y[i * ys + j] = k3c_store_acc<T>(silu_(g) * u);
     }
 }
 

@@ -4,6 +4,7 @@
  * norm or none) for any row strides with unit last stride. fp32 arithmetic, fp64 for f64.
  */
 #include "k3_impl.h"
+#include "cpu_rms.h"
 
 #include <math.h>
 #include <string.h>
@@ -11,8 +12,11 @@
 static k3_status supports(const k3_op_args *a, char *reason, size_t n) { return K3_OK; }
 
 /* One token row, written once per accumulator type T. `src` holds (num_blocks + 1) * H
- * values of T, `mixed` H, `nw`/`qk`/`onw` the weights widened to T. */
-#define DEFINE_ROW(NAME, T, LOAD, STORE, SQRT, EXP)                                          \
+ * values of T, `mixed` H, `nw`/`qk`/`onw` the weights widened to T. The key norms and the
+ * output norm take their row scale from cpu_rms.h, so a source or mixed row whose sum of
+ * squares overflows or underflows still gets its scale-invariant value: the key logit
+ * dot(v, nw * qk) / sqrt(mean(v^2) + eps) is computed on the rescaled row when it must be. */
+#define DEFINE_ROW(NAME, T, LOAD, STORE, EXP, RMS_SCALE, LDEXP)                             \
     static void NAME(const k3_attn_res_kargs *ka, int64_t t, T *src, T *mixed, const T *nw,  \
                      const T *qk, const T *onw, T *logit) {                                  \
         const k3_attn_res_args *a = &ka->p;                                                  \
@@ -40,12 +44,10 @@ static k3_status supports(const k3_op_args *a, char *reason, size_t n) { return 
         T mx = -INFINITY;                                                                    \
         for (int64_t s = 0; s <= n; s++) {                                                   \
             const T *v = src + s * H;                                                        \
-            T dot = 0, ss = 0;                                                               \
-            for (int64_t d = 0; d < H; d++) {                                                \
-                dot += v[d] * nw[d] * qk[d];                                                 \
-                ss += v[d] * v[d];                                                           \
-            }                                                                                \
-            logit[s] = dot * ((T)1 / SQRT(ss / (T)H + (T)a->eps));                           \
+            int e;                                                                           \
+            T r = RMS_SCALE(v, H, (T)a->eps, &e), dot = 0;                                   \
+            for (int64_t d = 0; d < H; d++) dot += (e ? LDEXP(v[d], e) : v[d]) * nw[d] * qk[d]; \
+            logit[s] = dot * r;                                                              \
             if (logit[s] > mx) mx = logit[s];                                                \
         }                                                                                    \
         T sum = 0;                                                                           \
@@ -61,18 +63,18 @@ static k3_status supports(const k3_op_args *a, char *reason, size_t n) { return 
         k3_tensor *o = ka->out;                                                              \
         void *ob = k3_tensor_data(o);                                                        \
         if (onw) {                                                                           \
-            T ss = 0;                                                                        \
-            for (int64_t d = 0; d < H; d++) ss += mixed[d] * mixed[d];                       \
-            T r = (T)1 / SQRT(ss / (T)H + (T)a->output_eps);                                 \
-            for (int64_t d = 0; d < H; d++) STORE(ob, o->dtype, t * o->stride[0] + d,       \
-                                                  mixed[d] * r * onw[d]);                    \
+            int e;                                                                           \
+            T r = RMS_SCALE(mixed, H, (T)a->output_eps, &e);                                 \
+            for (int64_t d = 0; d < H; d++)                                                  \
+                STORE(ob, o->dtype, t * o->stride[0] + d,                                    \
+                      (e ? LDEXP(mixed[d], e) : mixed[d]) * r * onw[d]);                     \
         } else {                                                                             \
             for (int64_t d = 0; d < H; d++) STORE(ob, o->dtype, t * o->stride[0] + d, mixed[d]); \
         }                                                                                    \
     }
 
-DEFINE_ROW(row_f32, float, k3_load_f32, k3_store_f32, sqrtf, expf)
-DEFINE_ROW(row_f64, double, k3_load_f64, k3_store_f64, sqrt, exp)
+DEFINE_ROW(row_f32, float, k3_load_f32, k3_store_f32, expf, k3_rms_scale_f32, ldexpf)
+DEFINE_ROW(row_f64, double, k3_load_f64, k3_store_f64, exp, k3_rms_scale_f64, ldexp)
 
 static k3_status run(const k3_op_args *oa) {
     const k3_kernel *k = &k3_cpu_attn_res_reference;

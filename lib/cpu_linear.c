@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static const void *cdata(const k3_tensor *t) { return k3_tensor_data(t); }

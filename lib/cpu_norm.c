@@ -3,6 +3,7 @@
  * row strides with unit last stride, bf16/f16/f32/f64. fp32 arithmetic, fp64 for f64.
  */
 #include "k3_impl.h"
+#include "cpu_rms.h"
 
 #include <math.h>
 
@@ -14,7 +15,9 @@ static k3_status wrong_args(const k3_kernel *k, const k3_op_args *a) {
 }
 
 /* y = round(x * rsqrt(mean(x^2) + eps) * w); the same expression order as the AttnRes
- * output norm, so attn_res with num_blocks = 0 equals rms_norm bit for bit. */
+ * output norm, so attn_res with num_blocks = 0 equals rms_norm bit for bit. The row scale
+ * comes from cpu_rms.h, which keeps it right for rows whose sum of squares overflows or
+ * underflows (RMSNorm is scale-invariant); each row is widened once into a scratch row. */
 static k3_status run_rms_norm(const k3_op_args *oa) {
     const k3_kernel *k = &k3_cpu_rms_norm_reference;
     if (!oa || oa->op != K3_OP_RMS_NORM) return wrong_args(k, oa);
@@ -25,42 +28,49 @@ static k3_status run_rms_norm(const k3_op_args *oa) {
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *o = a->out;
     int64_t M = x->size[0], H = x->size[1];
+    if (M == 0 || H == 0) return K3_OK;
     const void *xb = k3_tensor_data(x), *wb = k3_tensor_data(w);
     void *ob = k3_tensor_data(o);
     bool dbl = x->dtype == K3_DTYPE_F64;
+    size_t bytes = (size_t)H * sizeof(double); /* H fits: x's storage holds H elements */
+    void *row = k3_host_alloc(bytes);
+    if (!row)
+        return k3_error(K3_ENOMEM, "rms_norm: cpu.rms_norm.reference: out of memory (%zu bytes)",
+                        bytes);
     for (int64_t i = 0; i < M; i++) {
         int64_t xr = i * x->stride[0], orow = i * o->stride[0];
+        int e;
         if (dbl) {
-            double ss = 0;
-            for (int64_t d = 0; d < H; d++) {
-                double v = k3_load_f64(xb, x->dtype, xr + d);
-                ss += v * v;
-            }
-            double r = 1.0 / sqrt(ss / (double)H + a->eps);
+            double *v = row;
+            for (int64_t d = 0; d < H; d++) v[d] = k3_load_f64(xb, x->dtype, xr + d);
+            double r = k3_rms_scale_f64(v, H, a->eps, &e);
             for (int64_t d = 0; d < H; d++)
                 k3_store_f64(ob, o->dtype, orow + d,
-                             k3_load_f64(xb, x->dtype, xr + d) * r *
+                             (e ? ldexp(v[d], e) : v[d]) * r *
                                  k3_load_f64(wb, w->dtype, d * w->stride[0]));
         } else {
-            float ss = 0;
-            for (int64_t d = 0; d < H; d++) {
-                float v = k3_load_f32(xb, x->dtype, xr + d);
-                ss += v * v;
-            }
-            float r = 1.0f / sqrtf(ss / (float)H + (float)a->eps);
+            float *v = row;
+            for (int64_t d = 0; d < H; d++) v[d] = k3_load_f32(xb, x->dtype, xr + d);
+            float r = k3_rms_scale_f32(v, H, (float)a->eps, &e);
             for (int64_t d = 0; d < H; d++)
                 k3_store_f32(ob, o->dtype, orow + d,
-                             k3_load_f32(xb, x->dtype, xr + d) * r *
+                             (e ? ldexpf(v[d], e) : v[d]) * r *
                                  k3_load_f32(wb, w->dtype, d * w->stride[0]));
         }
     }
+    k3_host_free(row, bytes);
     return K3_OK;
 }
 
 const k3_kernel k3_cpu_rms_norm_reference = {"cpu.rms_norm.reference", K3_OP_RMS_NORM,
                                              K3_DEVICE_CPU, supports, run_rms_norm};
 
-/* y[i, j] = round(silu(x[i, j]) * x[i, j + I]), silu(a) = a / (1 + exp(-a)). */
+/* silu(g) = g / (1 + exp(-g)). At g = -inf that expression is -inf / inf, NaN, while the
+ * limit is 0 (reached from below: -0). */
+static inline double silu_f64(double g) { return g == -INFINITY ? -0.0 : g / (1.0 + exp(-g)); }
+static inline float silu_f32(float g) { return g == -INFINITY ? -0.0f : g / (1.0f + expf(-g)); }
+
+/* y[i, j] = round(silu(x[i, j]) * x[i, j + I]), silu(a) = a / (1 + exp(-a)) (0 at -inf). */
 static k3_status run_silu_mul(const k3_op_args *oa) {
     const k3_kernel *k = &k3_cpu_silu_mul_reference;
     if (!oa || oa->op != K3_OP_SILU_MUL) return wrong_args(k, oa);
@@ -80,11 +90,11 @@ static k3_status run_silu_mul(const k3_op_args *oa) {
             if (dbl) {
                 double g = k3_load_f64(xb, x->dtype, xr + j);
                 double u = k3_load_f64(xb, x->dtype, xr + I + j);
-                k3_store_f64(ob, o->dtype, orow + j, g / (1.0 + exp(-g)) * u);
+                k3_store_f64(ob, o->dtype, orow + j, silu_f64(g) * u);
             } else {
                 float g = k3_load_f32(xb, x->dtype, xr + j);
                 float u = k3_load_f32(xb, x->dtype, xr + I + j);
-                k3_store_f32(ob, o->dtype, orow + j, g / (1.0f + expf(-g)) * u);
+                k3_store_f32(ob, o->dtype, orow + j, silu_f32(g) * u);
             }
         }
     }

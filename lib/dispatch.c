@@ -92,10 +92,11 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
     if (!p) return k3_error(K3_EINVAL, "policy_set_candidates: p is NULL");
     if (!op) return k3_error(K3_EINVAL, "policy_set_candidates: op is NULL");
     int o = op_parse(op);
+    char e[K3_ECHO_SIZE];
     if (o < 0)
         return k3_error(K3_EINVAL,
                         "policy: unknown op '%s' (expected linear, attn_res, rms_norm or silu_mul)",
-                        op);
+                        k3_echo(e, sizeof e, op));
     if (n < 0 || n > K3_MAX_CANDIDATES)
         return k3_error(K3_EINVAL, "policy: %s has %d candidates; expected 0..%d", op, n,
                         K3_MAX_CANDIDATES);
@@ -115,7 +116,7 @@ k3_status k3_policy_set_candidates(k3_policy *p, const char *op, const char *con
                                 "kernels: %s)",
                                 names[i], k3_op_name(kop), op, op, known);
             return k3_error(K3_EINVAL, "policy: unknown %s kernel '%s' (known: %s)", op,
-                            names[i], known);
+                            k3_echo(e, sizeof e, names[i]), known);
         }
         idx[i] = k;
     }
@@ -374,7 +375,10 @@ k3_status k3_dispatch_op(k3_op_args *a, k3_device dev, const k3_call *call,
         k3_op kop;
         k3_device_type kdev;
         int idx = k3_known_lookup(call->kernel, &kop, &kdev);
-        if (idx < 0) return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn, call->kernel);
+        char e[K3_ECHO_SIZE];
+        if (idx < 0)
+            return k3_error(K3_EINVAL, "%s: unknown kernel '%s'", opn,
+                            k3_echo(e, sizeof e, call->kernel));
         if (kop != a->op)
             return k3_error(K3_EINVAL, "%s: kernel '%s' is for op %s, not %s", opn,
                             call->kernel, k3_op_name(kop), opn);

@@ -44,9 +44,10 @@ static k3_status env_int(const char *name, int lo, int hi, int dflt, int *out) {
     char *end = NULL;
     errno = 0;
     long x = strtol(v, &end, 10);
+    char e[K3_ECHO_SIZE];
     if (errno || end == v || *end || x < lo || x > hi)
         return k3_error(K3_EINVAL, "k3.dist.init: %s must be an integer in %d..%d; got '%s'", name,
-                        lo, hi, v);
+                        lo, hi, k3_echo(e, sizeof e, v));
     *out = (int)x;
     return K3_OK;
 }
@@ -90,9 +91,10 @@ static k3_status resolve_options(const k3_dist_options *o, k3_dist_options *r, c
         if (v && *v) {
             char *end = NULL;
             double t = strtod(v, &end);
+            char e[K3_ECHO_SIZE];
             if (end == v || *end || !(t > 0) || t > 1e7)
                 return k3_error(K3_EINVAL, "k3.dist.init: K3_DIST_TIMEOUT must be a number of "
-                                           "seconds > 0; got '%s'", v);
+                                           "seconds > 0; got '%s'", k3_echo(e, sizeof e, v));
             r->timeout_s = t;
         }
     }
@@ -103,9 +105,11 @@ static k3_status resolve_options(const k3_dist_options *o, k3_dist_options *r, c
         if (v && *v) {
             if (strcmp(v, "each") == 0) r->wait_each = 1;
             else if (strcmp(v, "next") == 0) r->wait_each = 0;
-            else
+            else {
+                char e[K3_ECHO_SIZE];
                 return k3_error(K3_EINVAL, "k3.dist.init: K3_DIST_WAIT must be \"each\" or "
-                                           "\"next\"; got '%s'", v);
+                                           "\"next\"; got '%s'", k3_echo(e, sizeof e, v));
+            }
         }
     }
     const char *dv = r->dir ? r->dir : getenv("K3_DIST_DIR");

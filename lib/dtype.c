@@ -28,7 +28,9 @@ k3_status k3_dtype_parse(const char *name, k3_dtype *out) {
             *out = (k3_dtype)i;
             return K3_OK;
         }
-    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)", name);
+    char e[K3_ECHO_SIZE];
+    return k3_error(K3_EDTYPE, "unknown dtype '%s' (expected bf16, f16, f32 or f64)",
+                    k3_echo(e, sizeof e, name));
 }
 
 k3_status k3_device_parse(const char *text, k3_device *out) {
@@ -50,7 +52,9 @@ k3_status k3_device_parse(const char *text, k3_device *out) {
             return K3_OK;
         }
     }
-    return k3_error(K3_EDEVICE, "unknown device '%s' (expected cpu, cuda or cuda:N)", text);
+    char e[K3_ECHO_SIZE];
+    return k3_error(K3_EDEVICE, "unknown device '%s' (expected cpu, cuda or cuda:N)",
+                    k3_echo(e, sizeof e, text));
 }
 
 const char *k3_device_name(k3_device d, char *buf, size_t n) {
@@ -136,6 +140,28 @@ static float f64_to_f32_odd(double x) {
 
 uint16_t k3_f64_to_bf16(double x) { return k3_f32_to_bf16(f64_to_f32_odd(x)); }
 uint16_t k3_f64_to_f16(double x) { return k3_f32_to_f16(f64_to_f32_odd(x)); }
+
+/* v as a double rounded to odd: exact below 2^53; above, the bits past the 53rd are dropped
+ * and folded into the last kept bit (set when any was set), so a later round-to-nearest-even
+ * to 24 or fewer bits gives what rounding v itself would. */
+static double int64_to_f64_odd(int64_t v) {
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    if (u < (1ull << 53)) return (double)v;
+    int shift = 64 - __builtin_clzll(u) - 53;
+    uint64_t t = (u >> shift) | (uint64_t)((u & ((1ull << shift) - 1)) != 0);
+    double d = ldexp((double)t, shift); /* t < 2^53: exact */
+    return v < 0 ? -d : d;
+}
+
+double k3_int64_to_dtype(int64_t v, k3_dtype dt) {
+    switch (dt) {
+    case K3_DTYPE_F64: return (double)v; /* one rounding to nearest even */
+    case K3_DTYPE_F32: return (float)int64_to_f64_odd(v);
+    case K3_DTYPE_BF16: return k3_bf16_to_f32(k3_f64_to_bf16(int64_to_f64_odd(v)));
+    case K3_DTYPE_F16: return k3_f16_to_f32(k3_f64_to_f16(int64_to_f64_odd(v)));
+    }
+    return (double)v;
+}
 
 /* ---- element access ------------------------------------------------------------------------ */
 

@@ -14,25 +14,82 @@ static _Thread_local char last_message[1024];
 
 const char *k3_last_error(void) { return last_message; }
 
+/* The length of the first n bytes of s cut back to a UTF-8 character boundary. */
+static size_t utf8_head(const char *s, size_t n) {
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    return n;
+}
+
+/* Stores text (len bytes) as this thread's message. A text longer than the buffer keeps its
+ * start (the op and the argument) and its end (where the reason is), with the cut marked
+ * between them, so a long echoed path never pushes the reason out. */
+static void set_message(const char *text, size_t len) {
+    const size_t room = sizeof last_message - 1;
+    if (len <= room) {
+        memmove(last_message, text, len);
+        last_message[len] = '\0';
+        return;
+    }
+    const size_t marker_room = 64; /* " [... 18446744073709551615 bytes cut ...] " fits */
+    size_t head = utf8_head(text, (room - marker_room) / 2);
+    size_t tail_start = len - (room - marker_room - (room - marker_room) / 2);
+    while (tail_start < len && ((unsigned char)text[tail_start] & 0xC0) == 0x80) tail_start++;
+    char marker[80];
+    int m = snprintf(marker, sizeof marker, " [... %zu bytes cut ...] ", tail_start - head);
+    char out[sizeof last_message];
+    memcpy(out, text, head);
+    memcpy(out + head, marker, (size_t)m);
+    memcpy(out + head + (size_t)m, text + tail_start, len - tail_start);
+    out[head + (size_t)m + len - tail_start] = '\0';
+    memcpy(last_message, out, sizeof out);
+}
+
 k3_status k3_error(k3_status s, const char *fmt, ...) {
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    va_copy(again, ap);
+    int n = vsnprintf(last_message, sizeof last_message, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof last_message) {
+        /* Too long for the buffer: format it whole once (the C library's malloc, not the host
+         * allocator, which may be what just failed) to keep its end. Without the memory the
+         * start stays, marked as cut. */
+        char *full = malloc((size_t)n + 1);
+        if (full) {
+            vsnprintf(full, (size_t)n + 1, fmt, again);
+            set_message(full, (size_t)n);
+            free(full);
+        } else {
+            memcpy(last_message + sizeof last_message - 8, " [...]", 7);
+        }
+    }
+    va_end(again);
     return s;
 }
 
 k3_status k3_error_prefix(k3_status s, const char *prefix) {
-    char tmp[sizeof last_message];
-    size_t n = strlen(prefix);
-    if (n > 200) n = 200;
-    memcpy(tmp, prefix, n);
+    char tmp[K3_ECHO_SIZE + 2 + sizeof last_message];
+    k3_echo(tmp, K3_ECHO_SIZE, prefix);
+    size_t n = strlen(tmp);
     memcpy(tmp + n, ": ", 2);
-    size_t rest = strnlen(last_message, sizeof tmp - n - 3);
-    memcpy(tmp + n + 2, last_message, rest);
-    tmp[n + 2 + rest] = '\0';
-    memcpy(last_message, tmp, sizeof tmp);
+    size_t rest = strlen(last_message);
+    memcpy(tmp + n + 2, last_message, rest + 1);
+    set_message(tmp, n + 2 + rest);
     return s;
+}
+
+const char *k3_echo(char *buf, size_t n, const char *s) {
+    size_t len = strlen(s);
+    if (len <= K3_ECHO_MAX && len < n) {
+        memcpy(buf, s, len + 1);
+        return buf;
+    }
+    size_t keep = utf8_head(s, K3_ECHO_MAX < n ? K3_ECHO_MAX : n - 1);
+    int m = snprintf(NULL, 0, "... (cut at %zu of %zu bytes)", keep, len);
+    if (keep + (size_t)m >= n) keep = utf8_head(s, n > (size_t)m + 1 ? n - (size_t)m - 1 : 0);
+    memcpy(buf, s, keep);
+    snprintf(buf + keep, n - keep, "... (cut at %zu of %zu bytes)", keep, len);
+    return buf;
 }
 
 const char *k3_status_name(k3_status s) {

@@ -78,7 +78,10 @@ typedef struct k3_tensor k3_tensor;
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* The message of the last failed call on this thread ("" if none). Valid until the next
- * k3 call on this thread. */
+ * k3 call on this thread. At most 1023 bytes: a longer message keeps its start and its end
+ * (the reason) with " [... N bytes cut ...] " between them, and user input it echoes (a
+ * dtype, device or kernel name) shows at most 200 bytes, marked "... (cut at 200 of N
+ * bytes)". */
 K3_API const char *k3_last_error(void);
 /* The short name of a status ("K3_ELAYOUT"). Never NULL. */
 K3_API const char *k3_status_name(k3_status s);
@@ -123,6 +126,12 @@ K3_API float k3_f16_to_f32(uint16_t x);
 /* f64 -> f16/bf16 rounded once (not through f32: no double rounding). */
 K3_API uint16_t k3_f64_to_bf16(double x);
 K3_API uint16_t k3_f64_to_f16(double x);
+/* An integer rounded once (to nearest, ties to even) to dtype dt, returned as the double that
+ * holds exactly that value, so k3_tensor_full, k3_tensor_fill, k3_tensor_set and
+ * k3_tensor_from_f64 store it unchanged. Converting an integer above 2^53 to double first
+ * would round twice: 2^55 + 2^31 + 1 gives 2^55 + 2^31 as a double, then 2^55 in f32 (a tie
+ * to even), where rounding once gives 2^55 + 2^32. Beyond f16's range the result is inf. */
+K3_API double k3_int64_to_dtype(int64_t v, k3_dtype dt);
 
 /* ---- tensors ------------------------------------------------------------------------- */
 
@@ -266,10 +275,16 @@ K3_API k3_status k3_tensor_binary_scalar(k3_tensor **out, k3_binop op, const k3_
  * (a, b or out NULL: "max_abs_diff: out is NULL"), K3_EFREED, K3_ESHAPE, K3_ENOMEM; the same
  * for k3_allclose and k3_cosine under their names. */
 K3_API k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out);
-/* *out = 1 when |a-b| <= atol + rtol*|b| everywhere (NaN never close), else 0. */
+/* *out = 1 when |a-b| <= atol + rtol*|b| everywhere, else 0 (b is the reference, as in
+ * NumPy). NaN is never close; an infinity is close only to the same infinity, in a or in b
+ * (so allclose(0, inf) and allclose(-inf, inf) are 0 both ways round). Errors as
+ * k3_max_abs_diff, and K3_EINVAL for a negative or NaN atol or rtol ("allclose: atol must be
+ * a number >= 0; got -1"). */
 K3_API k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol,
                              int *out);
-/* *out = <a,b> / (|a| |b|), computed in f64; 1 when both are all-zero, NaN when one is. */
+/* *out = <a,b> / (|a| |b|), computed in f64 (scaled so that huge values do not overflow);
+ * NaN when a or b is all zeros (both, and two empty tensors, included): a zero vector has no
+ * direction, and NaN fails a check like cosine >= 0.999 where 1 would pass it. */
 K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 
 
@@ -379,7 +394,13 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
  * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
  * has S = 0 slots; got 0". A non-finite or negative eps or output_eps is K3_EINVAL naming
- * it ("attn_res: output_eps must be a finite number >= 0; got nan"). a NULL: K3_EINVAL. */
+ * it ("attn_res: output_eps must be a finite number >= 0; got nan"). a NULL: K3_EINVAL.
+ * A write_block whose rows blocks[t, write_block, :] share an element with a row the call
+ * reads from blocks (another slot, another token's slot: a view whose rows overlap) is
+ * K3_ELAYOUT naming one such pair and the strides ("attn_res: write_block 1 would overwrite
+ * memory the call reads: blocks[0, 1, :] shares elements with blocks[1, 0, :] (blocks strides
+ * [4, 4, 1], hidden_size 4)"); the test is exact. blocks with a write_block, and prefix with a
+ * delta, must not overlap any other argument at all (a test on their extents). */
 typedef struct k3_attn_res_args {
     k3_tensor *prefix;                /* [T,H]; updated in place when delta is given */
     const k3_tensor *delta;           /* [T,H] or NULL */

@@ -41,8 +41,17 @@ struct k3_tensor {
 
 /* Sets this thread's message (printf format) and returns s. The one way k3 reports errors. */
 K3_API k3_status k3_error(k3_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Prefixes the current message with "<prefix>: " (used to add context). Returns s. */
+/* Prefixes the current message with "<prefix>: " (used to add context; a prefix is echoed
+ * as k3_echo shows it). Returns s. A message longer than the 1 KB buffer keeps its start and
+ * its end (the reason), with " [... N bytes cut ...] " between them. */
 K3_API k3_status k3_error_prefix(k3_status s, const char *prefix);
+/* Echoed user input in a message (a dtype or device name, a kernel name, a key): at most
+ * K3_ECHO_MAX bytes of it, cut back to a UTF-8 character boundary and marked
+ * "... (cut at 200 of 10485760 bytes)" when longer. Writes into buf (n bytes; K3_ECHO_SIZE
+ * holds any result) and returns buf. */
+#define K3_ECHO_MAX 200
+#define K3_ECHO_SIZE 256
+K3_API const char *k3_echo(char *buf, size_t n, const char *s);
 K3_API void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagates a non-OK status. */

@@ -79,6 +79,13 @@ static int arg_error(lua_State *L, int arg, const char *fname, const char *fmt, 
 static double opt_number_field(lua_State *L, int idx, const char *field, double dflt, int argn,
                                const char *fname);
 
+/* Pushes user input as a message echoes it (k3_echo: at most 200 bytes, marked when cut) and
+ * returns it; for messages raised right after, so the pushed string needs no popping. */
+static const char *push_echo(lua_State *L, const char *s) {
+    char e[K3_ECHO_SIZE];
+    return lua_pushstring(L, k3_echo(e, sizeof e, s));
+}
+
 /* ---- tensor userdata ------------------------------------------------------------------------ */
 
 /* A new userdata in the closed (NULL) state, pushed before anything is allocated, so an
@@ -173,13 +180,15 @@ typedef struct {
 static void check_dtype_str(lua_State *L, const char *s, int argn, const char *fname,
                             k3_dtype *out) {
     if (k3_dtype_parse(s, out) != K3_OK)
-        arg_error(L, argn, fname, "unknown dtype '%s'; expected bf16, f16, f32 or f64", s);
+        arg_error(L, argn, fname, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
+                  push_echo(L, s));
 }
 
 static void check_device_str(lua_State *L, const char *s, int argn, const char *fname,
                              k3_device *out) {
     if (k3_device_parse(s, out) != K3_OK)
-        arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N", s);
+        arg_error(L, argn, fname, "unknown device '%s'; expected cpu, cuda or cuda:N",
+                  push_echo(L, s));
 }
 
 /* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated):
@@ -201,9 +210,11 @@ static void check_option_keys(lua_State *L, int idx, const char *const *allowed,
                 luaL_addstring(&b, *a);
             }
             luaL_pushresult(&b);
-            arg_error(L, argn, fname, "unknown option '%s' (expected %s)",
-                      lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2),
-                      lua_tostring(L, -1));
+            const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
+                                                             : luaL_typename(L, -2);
+            const char *expected = lua_tostring(L, -1);
+            arg_error(L, argn, fname, "unknown option '%s' (expected %s)", push_echo(L, key),
+                      expected);
         }
     }
 }
@@ -254,11 +265,22 @@ static int check_dim_arg(lua_State *L, int argn, const k3_tensor *t, const char 
 
 /* ---- creation -------------------------------------------------------------------------------- */
 
+/* A value for a tensor of dtype dt: a Lua integer is rounded once to dt
+ * (k3_int64_to_dtype: through a double it would round twice above 2^53), a float is passed
+ * as it is (the core rounds it once). */
+static double check_value(lua_State *L, int idx, k3_dtype dt) {
+    if (lua_isinteger(L, idx)) return k3_int64_to_dtype((int64_t)lua_tointeger(L, idx), dt);
+    return luaL_checknumber(L, idx);
+}
+
+/* value_idx: the stack slot of k3.full's value (0 for the other constructors, which pass
+ * `value`). */
 static int create_filled(lua_State *L, const char *fname, int shape_idx, int opts_idx,
-                         int kind, double value) {
+                         int kind, double value, int value_idx) {
     int64_t shape[K3_MAX_DIMS];
     int nd = check_shape(L, shape_idx, shape, fname, 0);
     create_opts o = check_create_opts(L, opts_idx, fname);
+    if (value_idx) value = check_value(L, value_idx, o.dtype);
     tensor_ud *u = push_tensor_slot(L);
     k3_status s;
     if (kind == 0)
@@ -272,18 +294,18 @@ static int create_filled(lua_State *L, const char *fname, int shape_idx, int opt
 }
 
 /* k3.empty(shape, opts) -> uninitialised tensor (see API.md for opts). */
-static int l_empty(lua_State *L) { return create_filled(L, "empty", 1, 2, 0, 0); }
+static int l_empty(lua_State *L) { return create_filled(L, "empty", 1, 2, 0, 0, 0); }
 /* k3.zeros(shape, opts) */
-static int l_zeros(lua_State *L) { return create_filled(L, "zeros", 1, 2, 1, 0); }
+static int l_zeros(lua_State *L) { return create_filled(L, "zeros", 1, 2, 1, 0, 0); }
 /* k3.ones(shape, opts) */
-static int l_ones(lua_State *L) { return create_filled(L, "ones", 1, 2, 1, 1); }
+static int l_ones(lua_State *L) { return create_filled(L, "ones", 1, 2, 1, 1, 0); }
 /* k3.full(shape, value, opts) */
 static int l_full(lua_State *L) {
-    double v = luaL_checknumber(L, 2);
-    return create_filled(L, "full", 1, 3, 1, v);
+    luaL_checknumber(L, 2); /* its type first, as before the shape */
+    return create_filled(L, "full", 1, 3, 1, 0, 2);
 }
 /* k3.randn(shape, opts): standard normal, counter-based (opts.seed, default 0). */
-static int l_randn(lua_State *L) { return create_filled(L, "randn", 1, 2, 2, 0); }
+static int l_randn(lua_State *L) { return create_filled(L, "randn", 1, 2, 2, 0, 0); }
 
 /* A list of k3.tensor's nested table at idx: its raw length, after checking that its keys are
  * exactly 1..n (a hole or a named field would otherwise be dropped without a word). Raw
@@ -321,8 +343,9 @@ static int check_name_in(lua_State *L, int arg, const char *def, const char *con
         luaL_addstring(&b, names[i]);
     }
     luaL_pushresult(&b);
-    return arg_error(L, arg, fname, "unknown %s '%s'; expected %s", what, got,
-                     lua_tostring(L, -1));
+    const char *expected = lua_tostring(L, -1);
+    return arg_error(L, arg, fname, "unknown %s '%s'; expected %s", what, push_echo(L, got),
+                     expected);
 }
 
 /* Walks a nested table: discovers the shape from the first item at each depth. */
@@ -342,7 +365,7 @@ static void nested_shape(lua_State *L, int idx, int depth, int *nd, int64_t *sha
 
 /* Fills out (numel values, row-major) and checks every list against the shape. */
 static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t *shape,
-                        double *out, int64_t *pos) {
+                        k3_dtype dt, double *out, int64_t *pos) {
     for (lua_Integer i = 1; i <= shape[depth]; i++) {
         lua_rawgeti(L, idx, i);
         if (depth == nd - 1) {
@@ -350,7 +373,7 @@ static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t 
                 luaL_error(L, "bad argument #1 to 'tensor' (expected a number at depth %d; got "
                            "%s)",
                            depth + 1, luaL_typename(L, -1));
-            out[(*pos)++] = lua_tonumber(L, -1);
+            out[(*pos)++] = check_value(L, -1, dt);
         } else {
             if (!lua_istable(L, -1))
                 luaL_error(L, "bad argument #1 to 'tensor' (expected a list at depth %d; got "
@@ -361,7 +384,7 @@ static void nested_fill(lua_State *L, int idx, int depth, int nd, const int64_t 
                 luaL_error(L, "bad argument #1 to 'tensor' (ragged nesting: a list at depth %d "
                            "has %I items, expected %I)",
                            depth + 2, (LUA_INTEGER)n, (LUA_INTEGER)shape[depth + 1]);
-            nested_fill(L, lua_gettop(L), depth + 1, nd, shape, out, pos);
+            nested_fill(L, lua_gettop(L), depth + 1, nd, shape, dt, out, pos);
         }
         lua_pop(L, 1);
     }
@@ -386,7 +409,7 @@ static int l_tensor(lua_State *L) {
     /* The value buffer is a userdata so a Lua error while filling cannot leak it. */
     double *vals = lua_newuserdatauv(L, (size_t)(numel ? numel : 1) * sizeof(double), 0);
     int64_t pos = 0;
-    nested_fill(L, 1, 0, nd, shape, vals, &pos);
+    nested_fill(L, 1, 0, nd, shape, o.dtype, vals, &pos);
     tensor_ud *u = push_tensor_slot(L);
     CHECK_K3_AS(L, "tensor",
                 k3_tensor_from_f64_base(&u->t, nd, shape, o.dtype, o.device, vals, 1));
@@ -562,7 +585,7 @@ static int m_to(lua_State *L) {
                 L, 2,
                 lua_pushfstring(L, "'%s' is neither a dtype (bf16, f16, f32, f64) nor a device "
                                    "(cpu, cuda, cuda:N)",
-                                s));
+                                push_echo(L, s)));
     } else if (lua_type(L, 2) == LUA_TTABLE) {
         create_opts o = check_create_opts(L, 2, "to");
         lua_getfield(L, 2, "dtype");
@@ -590,7 +613,7 @@ static int m_copy(lua_State *L) {
 /* t:fill(value): every element set to value (rounded to dtype); returns t. */
 static int m_fill(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
-    double v = luaL_checknumber(L, 2);
+    double v = check_value(L, 2, t->dtype);
     CHECK_K3_AS(L, "fill", k3_tensor_fill(t, v));
     lua_settop(L, 1);
     return 1;
@@ -621,7 +644,7 @@ static int m_set(lua_State *L) {
     k3_tensor *t = check_tensor(L, 1);
     int top = lua_gettop(L);
     int64_t idx[K3_MAX_DIMS];
-    double v = luaL_checknumber(L, top);
+    double v = check_value(L, top, t->dtype);
     check_indices(L, t, 2, top - 2, "set", idx);
     CHECK_K3_AS(L, "set", k3_tensor_set_base(t, idx, v, 1));
     lua_settop(L, 1);
@@ -689,7 +712,9 @@ static int l_max_abs_diff(lua_State *L) {
     return 1;
 }
 
-/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|. */
+/* k3.allclose(a, b, {atol = 1e-8, rtol = 1e-5}) -> boolean: |a-b| <= atol + rtol*|b|; NaN is
+ * never close, an infinity only to the same infinity; a negative or NaN tolerance is an
+ * error. */
 static int l_allclose(lua_State *L) {
     k3_tensor *a = check_tensor(L, 1), *b = check_tensor(L, 2);
     double atol = 1e-8, rtol = 1e-5;
@@ -706,7 +731,7 @@ static int l_allclose(lua_State *L) {
     return 1;
 }
 
-/* k3.cosine(a, b) -> cosine similarity computed in f64. */
+/* k3.cosine(a, b) -> cosine similarity computed in f64; NaN when a or b is all zeros. */
 static int l_cosine(lua_State *L) {
     double v;
     CHECK_K3(L, k3_cosine(check_tensor(L, 1), check_tensor(L, 2), &v));
@@ -1525,10 +1550,12 @@ static int l_save_safetensors(lua_State *L) {
             return luaL_error(L, "bad argument #2 to 'save_safetensors' (keys must be tensor "
                                  "names; got %s)",
                               luaL_typename(L, -2));
-        if (!luaL_testudata(L, -1, TENSOR_MT))
+        if (!luaL_testudata(L, -1, TENSOR_MT)) {
+            const char *got = luaL_typename(L, -1);
             return luaL_error(L, "bad argument #2 to 'save_safetensors' (field '%s' must be a "
                                  "k3.Tensor; got %s)",
-                              lua_tostring(L, -2), luaL_typename(L, -1));
+                              push_echo(L, lua_tostring(L, -2)), got);
+        }
         check_tensor(L, lua_gettop(L));
         n++;
         size_t len;

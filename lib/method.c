@@ -80,11 +80,12 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
                                 ? "cuda.linear.skinny"
                                 : e->kernel;
         k3_op kop = K3_OP_COUNT;
+        char echo[K3_ECHO_SIZE];
         if (k3_known_lookup(kname, &kop, NULL) < 0 || kop != K3_OP_LINEAR)
             return k3_error(K3_EINVAL,
                             "method.low_latency: plan entry for M = %d names '%s', not a known "
                             "linear kernel",
-                            e->m, e->kernel);
+                            e->m, k3_echo(echo, sizeof echo, e->kernel));
         if (e->threads < 0 || e->rows < 0 || e->unroll < 0 || e->vec < 0 || e->split_k < 0)
             return k3_error(K3_EINVAL,
                             "method.low_latency: plan entry for M = %d has a negative config "

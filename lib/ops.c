@@ -186,6 +186,54 @@ static k3_status weight_h(const char *what, const k3_tensor *wt, const k3_tensor
     return unit_last(op, what, wt);
 }
 
+/* Whether attn_res's write slot, the rows blocks[t, wb, :] of every token t, shares an
+ * element with a row the call reads from blocks, blocks[t', s, :] for s < nb, other than the
+ * same row (a token reads its own written slot after writing it, DESIGN.md's order). A row
+ * starts at t*s0 + s*s1 and holds H unit-stride elements, so two rows share one iff their
+ * starts differ by less than H: some (u, v) != (0, 0) with u = t - t' in -(T-1)..T-1 and
+ * v = wb - s must give |u*s0 + v*s1| < H. For each v the u nearest to -v*s1/s0 decides, so
+ * the test is exact in O(nb). On a hit, token *tw's write slot overlaps token *tr's slot *sr
+ * (0-based). */
+static bool write_slot_hits_reads(const k3_tensor *blocks, int64_t wb, int64_t nb, int64_t *tw,
+                                  int64_t *tr, int64_t *sr) {
+    int64_t T = blocks->size[0], H = blocks->size[2];
+    __int128 s0 = blocks->stride[0], s1 = blocks->stride[1];
+    if (T == 0 || H == 0) return false;
+    for (int64_t s = 0; s < nb; s++) {
+        int64_t v = wb - s;
+        __int128 c = (__int128)v * s1;
+        int64_t cand[4];
+        int nc = 0;
+        if (v == 0) { /* the same slot: only another token's row counts */
+            cand[nc++] = 1;
+            cand[nc++] = -1;
+        } else if (s0 == 0) {
+            cand[nc++] = 0;
+        } else {
+            __int128 q = -c / s0; /* C rounds toward zero: q and q -/+ 1 bracket -c/s0 */
+            for (int k = -1; k <= 1; k++) {
+                __int128 u = q + k;
+                if (u > T - 1) u = T - 1;
+                if (u < -(T - 1)) u = -(T - 1);
+                cand[nc++] = (int64_t)u;
+            }
+        }
+        for (int i = 0; i < nc; i++) {
+            int64_t u = cand[i];
+            if (u > T - 1 || u < -(T - 1) || (u == 0 && v == 0)) continue;
+            __int128 d = u * s0 + c;
+            if (d < 0) d = -d;
+            if (d < H) {
+                *tw = u >= 0 ? u : 0;
+                *tr = u >= 0 ? 0 : -u;
+                *sr = s;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* base: how the caller counts dims and write_block in messages (k3_attn_res_base). */
 static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
     const char *op = "attn_res";
@@ -260,6 +308,17 @@ static k3_status attn_res_inputs(const k3_attn_res_args *p, int base) {
         slot.size[1] = H;
         slot.stride[1] = blocks->stride[2];
         K3_TRY(written(op, "blocks (write_block)", &slot));
+        int64_t tw, tr, sr;
+        if (write_slot_hits_reads(blocks, p->write_block, p->num_blocks, &tw, &tr, &sr)) {
+            char b[DIMS_LEN];
+            return k3_error(K3_ELAYOUT,
+                            "attn_res: write_block %lld would overwrite memory the call reads: "
+                            "blocks[%lld, %lld, :] shares elements with blocks[%lld, %lld, :] "
+                            "(blocks strides %s, hidden_size %lld)",
+                            k3_based(p->write_block, base), k3_based(tw, base),
+                            k3_based(p->write_block, base), k3_based(tr, base),
+                            k3_based(sr, base), strd(b, blocks), (long long)H);
+        }
         K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "prefix", prefix));
         K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "delta", delta));
         for (int i = 0; i < 3; i++)

@@ -1078,14 +1078,28 @@ k3_status k3_max_abs_diff(const k3_tensor *a, const k3_tensor *b, double *out) {
     return K3_OK;
 }
 
+/* An allclose tolerance must be >= 0 (+inf allowed): a negative one makes nothing close, a
+ * NaN one makes every comparison false, so either would turn a check into noise. */
+static k3_status allclose_tolerance(const char *what, double v) {
+    if (v >= 0) return K3_OK; /* false for NaN */
+    char b[32];
+    return k3_error(K3_EINVAL, "allclose: %s must be a number >= 0; got %s", what,
+                    k3_fmt_double(b, sizeof b, v));
+}
+
 k3_status k3_allclose(const k3_tensor *a, const k3_tensor *b, double atol, double rtol, int *out) {
     double *x, *y;
     int64_t n;
+    K3_TRY(allclose_tolerance("atol", atol));
+    K3_TRY(allclose_tolerance("rtol", rtol));
     K3_TRY(load_pair("allclose", a, b, &x, &y, &n, out));
     int ok = 1;
     for (int64_t i = 0; i < n && ok; i++) {
-        if (x[i] == y[i]) continue; /* equal infinities */
-        if (!(fabs(x[i] - y[i]) <= atol + rtol * fabs(y[i]))) ok = 0;
+        if (x[i] == y[i]) continue; /* equal infinities included */
+        /* An infinity is close only to itself, whichever side it is on: rtol * |inf| would
+         * call every value close to an infinity in b, and a kernel writing inf pass. */
+        if (isinf(x[i]) || isinf(y[i]) || !(fabs(x[i] - y[i]) <= atol + rtol * fabs(y[i])))
+            ok = 0;
     }
     free_pair(x, y, n);
     *out = ok;
@@ -1111,9 +1125,10 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
         ny += b * b;
     }
     free_pair(x, y, n);
-    if (nx == 0 && ny == 0)
-        *out = 1.0;
-    else if (nx == 0 || ny == 0)
+    /* A zero vector has no direction: its cosine with anything, itself and another zero
+     * vector included (and two empty tensors), is undefined, NaN, which fails any check
+     * such as cosine >= 0.999 instead of passing it as a 1 would. */
+    if (nx == 0 || ny == 0)
         *out = NAN;
     else
         *out = dot / (sqrt(nx) * sqrt(ny));

@@ -349,6 +349,12 @@ view_case("max_abs_diff with nil", function(t) return k3.max_abs_diff(t, nil) en
   "bad argument #2 to 'max_abs_diff' (k3.Tensor expected, got nil)")
 view_case("allclose with string opts", function(t) return k3.allclose(t, t, "x") end,
   "bad argument #3 to 'allclose' (table expected, got string)")
+exact_view_case("allclose negative atol", function(t) return k3.allclose(t, t, {atol = -1e-3}) end,
+  "allclose: atol must be a number >= 0; got -0.001")
+exact_view_case("allclose NaN rtol", function(t) return k3.allclose(t, t, {rtol = 0 / 0}) end,
+  "allclose: rtol must be a number >= 0; got nan")
+exact_view_case("allclose -inf atol", function(t) return k3.allclose(t, t, {atol = -math.huge, rtol = 0}) end,
+  "allclose: atol must be a number >= 0; got -inf")
 view_case("cosine of different shapes", function(t) return k3.cosine(t, k3.zeros({3})) end,
   "cosine: b shape [3] must match a shape [2, 3]")
 view_case("size of dim 3", function(t) return t:size(3) end, "bad argument #1 to 'size' (dim must be in 1..2; got 3)")
@@ -568,6 +574,20 @@ ar_case("attn_res prefix inside blocks with write_block", function(a)
   a.prefix = a.blocks:select(2, 1)
   a.write_block = 2
 end, "attn_res: blocks (write_block) overlaps prefix")
+-- T = 2, S = 3, H = 4 over one 12-element storage: slots sharing memory (slot stride 0), and
+-- token 1's slot 2 being token 2's slot 1 (token stride = slot stride = H).
+ar_case("attn_res write_block into slots that share memory", function(a)
+  a.blocks = k3.randn({12}, {seed = 15}):as_strided({2, 3, 4}, {4, 0, 1}, 0)
+  a.write_block = 2
+end, "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+  "elements with blocks[1, 1, :] (blocks strides [4, 0, 1], hidden_size 4)")
+cases[#cases].exact = true
+ar_case("attn_res write_block into another token's slot", function(a)
+  a.blocks = k3.randn({16}, {seed = 15}):as_strided({2, 3, 4}, {4, 4, 1}, 0)
+  a.write_block = 2
+end, "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+  "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+cases[#cases].exact = true
 ar_case("attn_res out wrong shape", function(a) a.out = k3.zeros({4, 2}) end,
   "attn_res: out must be [2, 4]; got [4, 2]")
 -- Padded prefix rows forced onto cuda.attn_res.packed. Where CUDA runs, the arguments are ones
@@ -704,6 +724,113 @@ case("method apply K mismatch falls to the default's error", function()
   return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w) end, {x, w},
     function() valid_method(x, mat(4, 3, {seed = 24})) end
 end, "linear: x dim 2 (3) must match w dim 2 (5)")
+
+-- ---- long input: an echoed string shows its first 200 bytes (cut back to a UTF-8 boundary,
+-- marked with its length); a message longer than k3's 1 KB buffer keeps its start and its end
+-- (the reason), with the cut marked between ----------------------------------------------------
+local function cut200(s)
+  local keep = 200
+  while keep > 0 and (s:byte(keep + 1) or 0) & 0xC0 == 0x80 do keep = keep - 1 end
+  return s:sub(1, keep) .. ("... (cut at %d of %d bytes)"):format(keep, #s)
+end
+-- The core's rule for a message longer than 1023 bytes (ASCII text): the first 479 bytes, the
+-- number of bytes cut, the last 480.
+local function cut_middle(msg)
+  if #msg <= 1023 then return msg end
+  return msg:sub(1, 479) .. (" [... %d bytes cut ...] "):format(#msg - 959) .. msg:sub(-480)
+end
+local LONG = ("x"):rep(10 * 1024 * 1024)
+local function long_case(name, fn, text)
+  exact(name, function() return fn, {} end, text)
+end
+long_case("zeros with a 10 MB dtype", function() k3.zeros({2}, {dtype = LONG}) end,
+  "bad argument #2 to 'zeros' (unknown dtype '" .. cut200(LONG) .. "'; expected bf16, f16, f32 or f64)")
+long_case("zeros with a 10 MB device", function() k3.zeros({2}, {device = LONG}) end,
+  "bad argument #2 to 'zeros' (unknown device '" .. cut200(LONG) .. "'; expected cpu, cuda or cuda:N)")
+long_case("zeros with a 10 MB option name", function() k3.zeros({2}, {[LONG] = 1}) end,
+  "bad argument #2 to 'zeros' (unknown option '" .. cut200(LONG) .. "' (expected dtype, device or seed))")
+long_case("to a 10 MB string", function() k3.zeros({2}):to(LONG) end,
+  "bad argument #1 to 'to' ('" .. cut200(LONG) .. "' is neither a dtype (bf16, f16, f32, f64) nor a device (cpu, cuda, cuda:N))")
+long_case("explain a 10 MB op", function() k3.explain(LONG) end,
+  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm or silu_mul)")
+long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat(2, 2), {kernel = LONG}) end,
+  "linear: unknown kernel '" .. cut200(LONG) .. "'")
+long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,
+  "set_policy: unknown linear kernel '" .. cut200(LONG) .. "' (known: cpu.linear.blas, cpu.linear.reference, " ..
+  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
+long_case("save_safetensors with a 10 MB name for a number", function() k3.save_safetensors("/nonexistent/x", {[LONG] = 1}) end,
+  "bad argument #2 to 'save_safetensors' (field '" .. cut200(LONG) .. "' must be a k3.Tensor; got number)")
+do
+  local euro = ("\u{20AC}"):rep(100) -- 300 bytes of 3-byte characters: cut at 198, a whole character
+  long_case("zeros with a long UTF-8 dtype", function() k3.zeros({2}, {dtype = euro}) end,
+    "bad argument #2 to 'zeros' (unknown dtype '" .. ("\u{20AC}"):rep(66) ..
+    "... (cut at 198 of 300 bytes)'; expected bf16, f16, f32 or f64)")
+end
+do
+  -- A 1,100-byte path: the message is longer than the buffer, and still ends with its reason.
+  local path = ("/nonexistent" .. ("/" .. ("d"):rep(99)):rep(11)) .. "/k3.safetensors"
+  local core = cut_middle("safetensors: " .. path .. ": cannot open: No such file or directory")
+  case("load_safetensors of a 1,100-byte path keeps the reason", function()
+    return function() k3.load_safetensors(path) end, {},
+      function() valid_safetensors(mat(2, 3, {seed = 5})) end
+  end, "load_safetensors" .. core:sub(#"safetensors" + 1))
+  cases[#cases].exact = true
+  local t = mat(2, 3)
+  case("save_safetensors to a 1,100-byte path keeps the reason", function()
+    return function() k3.save_safetensors(path, {w = t}) end, {t}, function() valid_safetensors(t) end
+  end, "save_safetensors: " .. cut_middle("safetensors_save: " .. path ..
+    ": cannot open for writing: No such file or directory"):sub(#"safetensors_save: " + 1))
+  cases[#cases].exact = true
+end
+
+-- ---- k3.dist: wrong Lua types get `bad argument`, never a raw Lua error ----------------------------------
+-- The follow-up: a simulated world of 2 that reduces and gathers.
+local function valid_dist()
+  local res = k3.dist.simulate(2, function(r, d)
+    local t = k3.tensor({{r + 1, 2 * r}})
+    d.all_reduce(t)
+    return {t:totable(), d.all_gather(k3.tensor({{r}}), 2):totable()}
+  end)
+  assert.same({{{{3, 2}}, {{0, 1}}}, {{{3, 2}}, {{0, 1}}}}, res)
+end
+-- Exact texts; a rank's error inside simulate is "rank r: " and the rank's own message (with
+-- the position of the rank's call where Lua gives one).
+local function dist_case(name, fn, text)
+  case(name, function() return fn, {}, valid_dist end, text)
+  cases[#cases].exact = true
+end
+dist_case("dist.all_gather a number", function() k3.dist.all_gather(5) end,
+  "bad argument #1 to 'all_gather' (k3.Tensor expected, got number)")
+dist_case("dist.all_gather nil", function() k3.dist.all_gather(nil, 2) end,
+  "bad argument #1 to 'all_gather' (k3.Tensor expected, got nil)")
+dist_case("dist.destroy a string", function() k3.dist.destroy("abort") end,
+  "bad argument #1 to 'destroy' (table expected, got string)")
+dist_case("dist.destroy abort a string", function() k3.dist.destroy({abort = "yes"}) end,
+  "bad argument #1 to 'destroy' (field 'abort' must be a boolean; got string)")
+dist_case("dist.stats a number", function() k3.dist.stats(1) end,
+  "bad argument #1 to 'stats' (table expected, got number)")
+dist_case("dist.stats reset a number", function() k3.dist.stats({reset = 1}) end,
+  "bad argument #1 to 'stats' (field 'reset' must be a boolean; got number)")
+dist_case("dist.simulate fn a number", function() k3.dist.simulate(2, 5) end,
+  "bad argument #2 to 'simulate' (function expected, got number)")
+dist_case("dist.simulate opts a string", function() k3.dist.simulate(2, function() end, "return") end,
+  "bad argument #3 to 'simulate' (table expected, got string)")
+dist_case("dist.simulate errors unknown", function() k3.dist.simulate(2, function() end, {errors = "warn"}) end,
+  "bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got 'warn')")
+dist_case("dist.simulate errors a long string", function()
+  k3.dist.simulate(2, function() end, {errors = ("w"):rep(10000)})
+end, "bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got '" ..
+  ("w"):rep(200) .. "... (cut at 200 of 10000 bytes)')")
+dist_case("dist.simulate rank all_reduce a table", function()
+  k3.dist.simulate(2, function(_, d) d.all_reduce({1, 2}) end)
+end, "rank 0: " .. debug.getinfo(1, "S").short_src .. ":" .. debug.getinfo(1, "l").currentline - 1 ..
+  ": bad argument #1 to 'all_reduce' (k3.Tensor expected, got table)")
+dist_case("dist.simulate rank all_gather a string", function()
+  k3.dist.simulate(2, function(_, d) return d.all_gather("t") end)
+end, "rank 0: bad argument #1 to 'all_gather' (k3.Tensor expected, got string)")
+dist_case("dist.simulate rank stats reset a string", function()
+  k3.dist.simulate(2, function(_, d) return d.stats({reset = "no"}) end)
+end, "rank 0: bad argument #1 to 'stats' (field 'reset' must be a boolean; got string)")
 
 -- ---- the runner ------------------------------------------------------------------------------------------
 local function snapshot(t)

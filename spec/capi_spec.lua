@@ -212,6 +212,22 @@ local checks = {
     {"log hook NULL calls", "K3_OK", "0"},
     {"log hook stderr bytes", "K3_OK", "0"},
   },
+  -- spec/capi/checks.c section 9: a 10 MB name, a 1,100-byte path.
+  long_input = (function()
+    local x200 = ("x"):rep(200) .. "... (cut at 200 of 10485760 bytes)"
+    local path = "/nonexistent" .. ("/" .. ("d"):rep(99)):rep(11) .. "/k3.safetensors"
+    local full = "safetensors: " .. path .. ": cannot open: No such file or directory"
+    -- the rule for a message over 1023 bytes (ASCII): first 479 bytes, the count cut, last 480
+    local cut = full:sub(1, 479) .. (" [... %d bytes cut ...] "):format(#full - 959) .. full:sub(-480)
+    return {
+      {"dtype_parse 10 MB name", "K3_EDTYPE", "unknown dtype '" .. x200 .. "' (expected bf16, f16, f32 or f64)"},
+      {"device_parse 10 MB text", "K3_EDEVICE", "unknown device '" .. x200 .. "' (expected cpu, cuda or cuda:N)"},
+      {"policy_set_candidates 10 MB kernel", "K3_EINVAL", "policy: unknown linear kernel '" .. x200 ..
+       "' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, " ..
+       "cuda.linear.skinny, cuda.linear.batch_invariant)"},
+      {"safetensors_load 1,100-byte path", "K3_EIO", cut},
+    }
+  end)(),
   round_once = {
     {"mul scalar bf16", "K3_OK", "0x1.02p+0"},
     {"add scalar first bf16", "K3_OK", "0x1.02p+0"},
@@ -221,6 +237,8 @@ local checks = {
     {"add scalar first f32", "K3_OK", "0x1.000002p+0"},
     {"mul scalar f64", "K3_OK", "0x1.0000000000001p+0"},
     {"add scalar first f64", "K3_OK", "0x1.0000000000001p+0"},
+    {"int64_to_dtype f32", "K3_OK", "0x1.000002p+55"},
+    {"int64_to_dtype bf16", "K3_OK", "0x1.02p+60"},
   },
 }
 
@@ -334,6 +352,8 @@ describe("install and the C API", function()
   it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",
      function() expect("overlap") end)
   it("C API: scalar arithmetic rounds once for every dtype", function() expect("round_once") end)
+  it("C API: an echoed 10 MB name is cut at 200 bytes and marked; a message past the 1 KB buffer keeps its reason",
+     function() expect("long_input") end)
   it("C API: a duplicate plan M, an unknown policy op, 17 candidates, a lost result, NULL attn_res args, " ..
      "9 dims, dtype 7 and binary op 9 are refused in words; a refused method call still fills the record",
      function() expect("refusals") end)

@@ -115,23 +115,54 @@ function H.nested_equal(a, b)
   return true
 end
 
+--- H.rms_f64(v, eps) -> s, r: the RMS normalisation of the list v in plain-Lua fp64 that
+--- cannot overflow or underflow itself: v[d] / s * r equals v[d] / sqrt(mean(v^2) + eps),
+--- taken as z / sqrt(mean(z^2) + eps / m^2) with z = v / m, m = max |v|. When eps / m^2
+--- overflows the squares are negligible beside eps: s = 1, r = 1 / sqrt(eps); a zero row has
+--- s = 1, r = 1 / sqrt(eps) (NaN times 0 with eps = 0, as the formula says).
+function H.rms_f64(v, eps)
+  local m = 0
+  for _, x in ipairs(v) do m = math.max(m, math.abs(x)) end
+  if m == 0 then return 1, 1 / math.sqrt(eps) end
+  local ss = 0
+  for _, x in ipairs(v) do ss = ss + (x / m) ^ 2 end
+  local t = eps / m / m
+  if t == math.huge then return 1, 1 / math.sqrt(eps) end
+  return m, 1 / math.sqrt(ss / #v + t)
+end
+
 --- H.rms_norm_f64(x, w, eps) -> rows: RMSNorm over the last dim in plain-Lua fp64 (nested
---- lists, x [M, H], w [H]): x * 1/sqrt(mean(x^2) + eps) * w. The oracle of the norm specs.
+--- lists, x [M, H], w [H]): x * 1/sqrt(mean(x^2) + eps) * w, through H.rms_f64 so rows of any
+--- magnitude are right. The oracle of the norm specs.
 function H.rms_norm_f64(x, w, eps)
-  local xs, ws = x:to("f64"):totable(), w:to("f64"):totable()
+  local xs, ws = x:to("cpu"):to("f64"):totable(), w:to("cpu"):to("f64"):totable()
   local out = {}
   for i, row in ipairs(xs) do
-    local ss = 0
-    for _, v in ipairs(row) do ss = ss + v * v end
-    local r = 1 / math.sqrt(ss / #row + eps)
+    local sc, r = H.rms_f64(row, eps)
     out[i] = {}
-    for d, v in ipairs(row) do out[i][d] = v * r * ws[d] end
+    for d, v in ipairs(row) do out[i][d] = v / sc * r * ws[d] end
   end
   return out
 end
 
+--- H.EDGE_SCALES[dtype]: powers of two that push a row's fp32 (fp64 for f64) sum of squares
+--- past overflow (|x| above ~1e19 in fp32) or underflow, subnormal values included.
+H.EDGE_SCALES = {
+  f32 = {2 ^ 70, 2 ^ 100, 2 ^ 124, 2 ^ -70, 2 ^ -100, 2 ^ -135},
+  bf16 = {2 ^ 70, 2 ^ 124, 2 ^ -70, 2 ^ -120},
+  f16 = {2 ^ 12, 2 ^ -20},
+  f64 = {2 ^ 520, 2 ^ 1000, 2 ^ -520, 2 ^ -1060},
+}
+
+--- H.scales_exactly(t, sc) -> whether t * sc holds exactly t's values times sc (no value
+--- rounded to a subnormal or past the dtype's range), so results on it may be compared with
+--- results on t.
+function H.scales_exactly(t, sc)
+  return k3.max_abs_diff((t * sc):to("f64") * (1 / sc), t:to("f64")) == 0
+end
+
 --- H.silu_mul_f64(x, I) -> rows: silu(x[:, :I]) * x[:, I+1:2I] in plain-Lua fp64 (nested lists;
---- I defaults to half of x's row).
+--- I defaults to half of x's row). silu(-inf) is its limit, 0.
 function H.silu_mul_f64(x, I)
   local xs = x:to("f64"):totable()
   local out = {}
@@ -140,7 +171,7 @@ function H.silu_mul_f64(x, I)
     out[i] = {}
     for j = 1, n do
       local g = row[j]
-      out[i][j] = g / (1 + math.exp(-g)) * row[n + j]
+      out[i][j] = (g == -math.huge and 0 or g / (1 + math.exp(-g))) * row[n + j]
     end
   end
   return out

@@ -17,8 +17,21 @@ local function have_host()
   return false
 end
 
--- Runs the host with `args`; returns its output (stdout and stderr) and exit code.
-local function run(args) return H.sh(HOST .. " " .. args) end
+-- Runs the host with `args` under a wall-clock limit (default 120 s), so a host that hangs
+-- fails the spec instead of stalling the suite; returns its output (stdout and stderr) and
+-- exit code (124 when the limit stopped it).
+local function run(args, seconds)
+  return H.sh(("timeout -k 5 %d %s %s"):format(seconds or 120, HOST, args))
+end
+
+-- Writes `text` to a fresh temporary script; returns its path (the caller removes it).
+local function temp_script(text)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
 
 local function field(out, name, prefix)
   local v = out:match("\n" .. (prefix or "") .. name:gsub("%p", "%%%0") .. ": (%d+)")
@@ -189,6 +202,75 @@ describe("k3-host", function()
     -- Enough frames: the same script exits 0.
     out, code = run("--frames 3 --script " .. SCRIPTS .. "error_in_frame3.lua")
     assert.are.equal(0, code, out)
+  end)
+
+  it("turns an error object into text under the frame's budget: a __tostring that loops, fails or hoards is stopped and reported", function()
+    if not have_host() then return end
+    local path = temp_script([[
+expected_failures = {[1] = "budget", [2] = "error", [3] = "error", [4] = "error", [5] = "memory", [6] = "memory"}
+local frame = 0
+local function raise(tostring_fn) error(setmetatable({}, {__tostring = tostring_fn})) end
+function on_frame()
+  frame = frame + 1
+  if frame == 1 then raise(function() while true do end end) end
+  if frame == 2 then raise(function() error("no text for this one") end) end
+  if frame == 3 then raise(function() return 42 end) end
+  if frame == 4 then raise(function() return "a readable error object" end) end
+  if frame == 5 then raise(function() local c = "x" for _ = 1, 16 do c = c .. c end local t = {} for i = 1, math.maxinteger do t[i] = c .. i end end) end
+  if frame == 6 then raise(function() local t = {} for i = 1, math.maxinteger do t[i] = ("x"):rep(4096) .. i end end) end
+end
+]])
+    local out, code = run("--frames 7 --budget 100000 --mem-cap 4M --script " .. path, 30)
+    os.remove(path)
+    assert.are.equal(0, code, out)
+    local where = path:gsub("%p", "%%%0")
+    assert.truthy(out:find("\nframe 1 failed %(budget%): %(error object is a table value; its __tostring failed: " .. where .. ":6: instruction budget of 100000 exceeded%)\nstack traceback:\n"), out)
+    assert.truthy(out:find("\nframe 2 failed %(error%): %(error object is a table value; its __tostring failed: " .. where .. ":7: no text for this one%)\nstack traceback:\n"), out)
+    assert.truthy(out:find("\nframe 3 failed (error): (error object is a table value; its __tostring returned a number value)\nstack traceback:\n", 1, true), out)
+    assert.truthy(out:find("\nframe 4 failed (error): a readable error object\n", 1, true), out)
+    assert.truthy(out:find("\nframe 5 failed %(memory%): %(error object is a table value; its __tostring failed: " .. where .. ":10: Lua memory cap of 4194304 bytes exceeded %(%d+ bytes live%)%)\nstack traceback:\n"), out)
+    -- Hoarding through string.rep ends in Lua's own "not enough memory" rather than the cap's
+    -- message: still a memory failure of the frame, whoever raised it.
+    assert.truthy(out:find("\nframe 6 failed %(memory%): Lua memory cap of 4194304 bytes exceeded %(%d+ bytes live%): %(error object is a table value; its __tostring failed: not enough memory%)\nstack traceback:\n"), out)
+    assert.are.equal(7, field(out, "frames run"), out)
+    assert.are.equal(6, field(out, "frames failed as expected"), out)
+    assert.are.equal(0, field(out, "unexpected frame results"), out)
+  end)
+
+  it("holds every Lua thread that runs in a frame to that frame's budget: coroutines made in the main chunk or in the frame, under pcall, many small ones", function()
+    if not have_host() then return end
+    local path = temp_script([[
+expected_failures = {[2] = "budget", [3] = "budget", [4] = "budget", [5] = "budget"}
+local frame = 0
+local function spin() while true do end end
+-- Made by the main chunk, so created under the setup phase's hook.
+local from_setup = coroutine.wrap(spin)
+local stubborn = coroutine.create(function() while true do pcall(spin) end end)
+local generator = coroutine.wrap(function() while true do coroutine.yield(1) end end)
+function on_frame()
+  frame = frame + 1
+  if frame == 2 then from_setup() end
+  if frame == 3 then coroutine.resume(stubborn) spin() end
+  if frame == 4 then local co = coroutine.wrap(function() while true do pcall(spin) end end) while true do pcall(co) end end
+  if frame == 5 then for _ = 1, math.maxinteger do coroutine.wrap(function() for _ = 1, 100 do end end)() end end
+  local sum = 0
+  for _ = 1, 100 do sum = sum + generator() end
+  return sum
+end
+]])
+    for _, setup in ipairs({"", " --setup-budget 0"}) do
+      local out, code = run("--frames 6 --budget 200000" .. setup .. " --script " .. path, 30)
+      local where = path:gsub("%p", "%%%0")
+      assert.are.equal(0, code, setup .. "\n" .. out)
+      assert.truthy(out:find("\nframe 2 failed %(budget%): " .. where .. ":10: " .. where .. ":3: instruction budget of 200000 exceeded\nstack traceback:\n"), out)
+      for f = 3, 5 do
+        assert.truthy(out:find("\nframe " .. f .. " failed %(budget%): " .. where .. ":" .. (8 + f) .. ": instruction budget of 200000 exceeded\nstack traceback:\n"), out)
+      end
+      assert.are.equal(6, field(out, "frames run"), out)
+      assert.are.equal(4, field(out, "frames failed as expected"), out)
+      assert.are.equal(0, field(out, "unexpected frame results"), out)
+    end
+    os.remove(path)
   end)
 
   it("rejects bad options with a usage message and a non-zero exit, never a crash", function()

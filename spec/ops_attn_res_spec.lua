@@ -5,12 +5,12 @@ local k3 = require "k3"
 local H = require "spec.helpers"
 
 -- DESIGN.md's formula in fp64 on Lua tables (1-based; write_block nil = no write). Returns
--- out, the updated prefix and the updated blocks.
+-- out. The key and output norms go through H.rms_f64, so the oracle itself cannot overflow
+-- or underflow: a key logit is dot(v / s, nw qk) * r for (s, r) = H.rms_f64(v, eps).
 local function oracle(a)
-  local prefix, blocks = a.prefix:to("f64"):totable(), a.blocks:to("f64"):totable()
-  local delta = a.delta and a.delta:to("f64"):totable()
-  local nw, qk = a.norm_weight:to("f64"):totable(), a.qk_weight:to("f64"):totable()
-  local onw = a.output_norm_weight and a.output_norm_weight:to("f64"):totable()
+  local function f64(t) return t and t:to("cpu"):to("f64"):totable() end
+  local prefix, blocks, delta = f64(a.prefix), f64(a.blocks), f64(a.delta)
+  local nw, qk, onw = f64(a.norm_weight), f64(a.qk_weight), f64(a.output_norm_weight)
   local eps, oeps = a.eps or 1e-5, a.output_eps or 1e-5
   local T, Hd = #prefix, #prefix[1]
   local out = {}
@@ -29,12 +29,10 @@ local function oracle(a)
     src[#src + 1] = p
     local logits, mx = {}, -math.huge
     for s, v in ipairs(src) do
-      local dot, ss = 0, 0
-      for d = 1, Hd do
-        dot = dot + v[d] * nw[d] * qk[d]
-        ss = ss + v[d] * v[d]
-      end
-      logits[s] = dot / math.sqrt(ss / Hd + eps)
+      local sc, r = H.rms_f64(v, eps)
+      local dot = 0
+      for d = 1, Hd do dot = dot + v[d] / sc * nw[d] * qk[d] end
+      logits[s] = dot * r
       mx = math.max(mx, logits[s])
     end
     local sum = 0
@@ -46,10 +44,8 @@ local function oracle(a)
       mixed[d] = m
     end
     if onw then
-      local ss = 0
-      for d = 1, Hd do ss = ss + mixed[d] * mixed[d] end
-      local r = 1 / math.sqrt(ss / Hd + oeps)
-      for d = 1, Hd do mixed[d] = mixed[d] * r * onw[d] end
+      local sc, r = H.rms_f64(mixed, oeps)
+      for d = 1, Hd do mixed[d] = mixed[d] / sc * r * onw[d] end
     end
     out[t] = mixed
   end
@@ -296,6 +292,189 @@ describe("attn_res", function()
       a.qk_weight = nil
       H.raises(function() k3.attn_res(a) end, "bad argument #1 to 'attn_res' (field 'qk_weight' must be a k3.Tensor; got nil)")
     end)
+  end)
+end)
+
+-- write_block into blocks whose rows share memory (as_strided views): the written slot may not
+-- touch any row the call reads (another slot, another token's slot), or the result would
+-- depend on the order tokens run in; a layout where it does not is accepted and gives
+-- DESIGN.md's answer.
+describe("attn_res write_block aliasing", function()
+  -- blocks [T, S, H] with strides {s0, s1, 1} over one storage of f64 values; the rest fresh.
+  local function aliased(T, S, Hd, s0, s1, nb, wb)
+    local storage = k3.randn({(T - 1) * s0 + (S - 1) * s1 + Hd}, {dtype = "f64", seed = 41})
+    local a = {
+      prefix = k3.randn({T, Hd}, {dtype = "f64", seed = 42}),
+      blocks = storage:as_strided({T, S, Hd}, {s0, s1, 1}, 0),
+      num_blocks = nb, write_block = wb,
+      norm_weight = k3.randn({Hd}, {dtype = "f64", seed = 43}) * 0.5 + 1,
+      qk_weight = k3.randn({Hd}, {dtype = "f64", seed = 44}),
+    }
+    return a, storage
+  end
+
+  it("refuses the two layouts where token order changed the result, naming the strides", function()
+    local a, storage = aliased(1, 3, 4, 12, 0, 2, 2)
+    local before = storage:clone()
+    H.raises_exact(function() k3.attn_res(a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[1, 1, :] (blocks strides [12, 0, 1], hidden_size 4)")
+    assert.equal(0, k3.max_abs_diff(before, storage))
+    a, storage = aliased(2, 3, 4, 4, 4, 1, 2)
+    H.raises_exact(function() k3.attn_res(a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+    -- k3.explain validates the same way before it asks any kernel
+    H.raises_exact(function() k3.explain("attn_res", a) end,
+      "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2, :] shares " ..
+      "elements with blocks[2, 1, :] (blocks strides [4, 4, 1], hidden_size 4)")
+  end)
+
+  -- Brute force over element addresses (0-based t, slot, d) of blocks [T, S, Hd] with strides
+  -- {s0, s1, 1}: whether two tokens' written elements share memory, and whether a written
+  -- element shares memory with a read element (slot < nb) other than itself.
+  local function brute_force(T, Hd, s0, s1, nb, wb)
+    local function addr(t, sl, d) return t * s0 + sl * s1 + d end
+    local written_twice, hit, seen, read = false, false, {}, {}
+    for t = 0, T - 1 do
+      for sl = 0, nb - 1 do
+        for d = 0, Hd - 1 do
+          local x = addr(t, sl, d)
+          read[x] = (read[x] or 0) + 1
+        end
+      end
+    end
+    for t = 0, T - 1 do
+      for d = 0, Hd - 1 do
+        local x = addr(t, wb - 1, d)
+        written_twice = written_twice or seen[x] ~= nil
+        seen[x] = true
+        -- read elsewhere: more reads of x than the one of this very element (when slot wb is read)
+        hit = hit or (read[x] or 0) > (wb - 1 < nb and 1 or 0)
+      end
+    end
+    return written_twice, hit, addr
+  end
+
+  -- One layout: the call is refused with the written-overlap error, refused naming a real
+  -- overlapping pair and the strides, or accepted with DESIGN.md's answer. Returns the outcome.
+  local function check_layout(T, S, Hd, s0, s1, nb, wb)
+    local written_twice, hit, addr = brute_force(T, Hd, s0, s1, nb, wb)
+    local a = aliased(T, S, Hd, s0, s1, nb, wb)
+    local what = ("T=%d S=%d H=%d strides {%d, %d, 1} nb=%d wb=%d"):format(T, S, Hd, s0, s1, nb, wb)
+    local want = not written_twice and not hit and oracle(copy_args(a)) or nil
+    local ok, y = pcall(k3.attn_res, a)
+    if written_twice then
+      assert(not ok and tostring(y):find("is written but its elements overlap", 1, true), what .. ": " .. tostring(y))
+      return "written twice"
+    elseif hit then
+      assert(not ok, what .. ": accepted")
+      local w1, w2, r1, r2 = tostring(y):match(
+        "would overwrite memory the call reads: blocks%[(%d+), (%d+), :%] shares elements with blocks%[(%d+), (%d+), :%]")
+      assert(w1, what .. ": " .. tostring(y))
+      w1, w2, r1, r2 = tonumber(w1) - 1, tonumber(w2) - 1, tonumber(r1) - 1, tonumber(r2) - 1
+      -- the named witness is real: a read row other than the written one, sharing an element
+      assert(w2 == wb - 1 and r2 < nb and (r1 ~= w1 or r2 ~= w2), what)
+      assert(math.abs(addr(w1, w2, 0) - addr(r1, r2, 0)) < Hd, what)
+      assert(tostring(y):find(("(blocks strides [%d, %d, 1], hidden_size %d)"):format(s0, s1, Hd), 1, true), what)
+      return "refused"
+    end
+    assert(ok, what .. ": " .. tostring(y))
+    assert(k3.max_abs_diff(y, want) < 1e-12, what)
+    return "accepted"
+  end
+
+  it("is exact on every small layout: refused iff the written slot meets a read row (brute force); accepted ones match the fp64 formula", function()
+    local count = {}
+    for T = 1, 3 do
+      for S = 1, 3 do
+        for Hd = 1, 3 do
+          for _, s0 in ipairs({0, 1, 2, 3, 5, 9}) do
+            for _, s1 in ipairs({0, 1, 2, 3, 4, 7}) do
+              for nb = 0, S do
+                for wb = 1, S do
+                  local outcome = check_layout(T, S, Hd, s0, s1, nb, wb)
+                  count[outcome] = (count[outcome] or 0) + 1
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+    assert.is_true((count.refused or 0) > 100 and (count.accepted or 0) > 100,
+      ("%d refused, %d accepted"):format(count.refused or 0, count.accepted or 0))
+  end)
+end)
+
+-- Edge values: prefix, delta and blocks scaled far past where the fp32 (fp64 for f64) sums
+-- of squares of the key norms and the output norm overflow or underflow (H.EDGE_SCALES); the
+-- oracle's norms cannot overflow themselves.
+local AR_TOL = {f32 = {1e-4, 1e-4}, bf16 = {8e-2, 3e-2}, f64 = {1e-10, 1e-10}}
+
+-- attn_res on `kernel` (tensors moved to `device`) for every scale of dtypes `dts`, eps 0 and
+-- 1e-5: finite, equal to the oracle, and with eps 0 (every norm scale-invariant) equal to
+-- the unscaled inputs' result wherever the scaled inputs are exact.
+local function edge_attn_res(device, kernel, dts, o)
+  o = o or {}
+  for _, dt in ipairs(dts) do
+    local T, S, Hd, nb = 3, 4, 64, 3
+    local base = {
+      prefix = k3.randn({T, Hd}, {dtype = dt, seed = 51}),
+      delta = k3.randn({T, Hd}, {dtype = dt, seed = 52}),
+      blocks = k3.randn({T, S, Hd}, {dtype = dt, seed = 53}),
+    }
+    local weights = {
+      norm_weight = k3.randn({Hd}, {dtype = dt, seed = 54}) * 0.5 + 1,
+      qk_weight = k3.randn({Hd}, {dtype = dt, seed = 55}) * 0.3,
+      output_norm_weight = k3.randn({Hd}, {dtype = dt, seed = 56}) * 0.1 + 1,
+    }
+    local function args(sc, eps)
+      local a = {num_blocks = nb, eps = eps, output_eps = eps, kernel = kernel,
+                 write_block = o.write_block}
+      for k, v in pairs(base) do a[k] = (v * sc):to(device) end
+      for k, v in pairs(weights) do a[k] = v:to(device) end
+      return a
+    end
+    local plain = k3.attn_res(args(1, 0)):to("cpu"):to("f64")
+    for _, sc in ipairs(H.EDGE_SCALES[dt]) do
+      for _, eps in ipairs({0, 1e-5}) do
+        local a = args(sc, eps)
+        local what = ("%s %s scale 2^%d eps %g"):format(kernel, dt, math.floor(math.log(sc, 2) + 0.5), eps)
+        local want = oracle(a) -- on the inputs before the call updates prefix (and blocks)
+        local y = k3.attn_res(a):to("cpu"):to("f64")
+        assert(k3.max_abs_diff(y, y) == 0, what .. ": output not finite")
+        local t = AR_TOL[dt]
+        assert(k3.allclose(y, want, {atol = t[1], rtol = t[2]}), what .. ": max abs diff " .. k3.max_abs_diff(y, want))
+        local exact = true
+        for _, v in pairs(base) do exact = exact and H.scales_exactly(v, sc) end
+        if eps == 0 and exact then
+          assert(k3.allclose(y, plain, {atol = t[1], rtol = t[2]}), what .. ": not scale-invariant")
+        end
+      end
+    end
+  end
+end
+
+describe("attn_res edge values", function()
+  it("key and output norms stay scale-invariant past the sums of squares' overflow and underflow on cpu.attn_res.reference", function()
+    edge_attn_res("cpu", "cpu.attn_res.reference", {"f32", "bf16", "f64"})
+    edge_attn_res("cpu", "cpu.attn_res.reference", {"f32"}, {write_block = 2})
+  end)
+end)
+
+describe("attn_res edge values on the CUDA kernels #gpu", function()
+  if not H.require_gpu() then return end
+  it("cuda.attn_res.generic: the same cases", function()
+    edge_attn_res("cuda", "cuda.attn_res.generic", {"f32", "bf16", "f64"})
+    edge_attn_res("cuda", "cuda.attn_res.generic", {"f32"}, {write_block = 2})
+  end)
+  it("cuda.attn_res.packed: the same cases in bf16", function()
+    if not k3.has_kernel("cuda.attn_res.packed") then
+      pending("cuda.attn_res.packed is not registered in this build")
+      return
+    end
+    edge_attn_res("cuda", "cuda.attn_res.packed", {"bf16"})
   end)
 end)
 

@@ -270,3 +270,32 @@ describe("linear", function()
     end)
   end)
 end)
+
+describe("the CPU linear sources", function()
+  -- OpenBLAS's cblas.h happens to include <stdio.h>; the reference CBLAS header (netlib's,
+  -- from libblas-dev) does not, so building against it shows every header a file needs itself.
+  it("build against the reference CBLAS header as well as OpenBLAS's", function()
+    local netlib = "/usr/include/x86_64-linux-gnu/cblas-netlib.h"
+    local f = io.open(netlib, "r")
+    if not f then
+      pending(netlib .. " is missing (libblas-dev): the reference CBLAS header is not installed")
+      return
+    end
+    f:close()
+    local root = H.root()
+    local files = H.sh("grep -rl '#include <cblas.h>' " .. root .. "/lib")
+    assert.truthy(files:find("%.c\n"), "no source under lib/ includes <cblas.h>")
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir))
+    assert(os.execute("ln -s " .. netlib .. " " .. dir .. "/cblas.h"))
+    local failures = {}
+    for file in files:gmatch("[^\n]+") do
+      local out, code = H.sh(("%s -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE " ..
+        "-fsyntax-only -I%s -I%s/lib %s"):format(os.getenv("CC") or "cc", dir, root, file))
+      if code ~= 0 then failures[#failures + 1] = file .. "\n" .. out end
+    end
+    os.execute("rm -r " .. dir)
+    assert.are.equal("", table.concat(failures, "\n"))
+  end)
+end)

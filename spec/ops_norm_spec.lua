@@ -109,3 +109,80 @@ describe("silu_mul", function()
     end)
   end)
 end)
+
+-- Edge values, the same cases on every rms_norm and silu_mul kernel: the CPU ones here, the
+-- CUDA ones in the #gpu block below.
+local function edge_silu_mul(device, kernel)
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    -- gates: -inf (the limit 0), very negative, +inf, NaN; the up halves finite
+    local x = k3.tensor({{-math.huge, -1e4, math.huge, 0 / 0, -math.huge, 1, 2, 3, -4, 5}},
+                        {dtype = dt}):to(device)
+    local y = k3.silu_mul(x, {kernel = kernel}):to("cpu"):to("f64")
+    local v = y:totable()[1]
+    local what = dt .. " " .. kernel
+    assert.are.equal(0, v[1], what)          -- silu(-inf) * 1 = 0 * 1
+    assert.are.equal(0, v[2], what)          -- silu(-1e4) underflows to -0
+    assert.are.equal(math.huge, v[3], what)  -- silu(inf) * 3 = inf
+    assert.is_true(v[4] ~= v[4], what)       -- NaN stays NaN
+    assert.are.equal(0, v[5], what)          -- silu(-inf) * 5 = 0
+    local want = H.silu_mul_f64(x)[1]         -- the fp64 oracle agrees, its limit included
+    for _, j in ipairs({1, 2, 3, 5}) do assert.are.equal(want[j], v[j], what .. " column " .. j) end
+  end
+end
+
+-- Rows scaled far past where the fp32 (fp64 for f64) sum of squares overflows or underflows
+-- (H.EDGE_SCALES), with eps 0 and 1e-5: every output finite and equal to the fp64 formula
+-- (H.rms_norm_f64 cannot overflow itself); with eps = 0 the result is the unscaled row's
+-- (RMSNorm is scale-invariant).
+local function edge_rms_norm(device, kernel, tol)
+  for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
+    for _, Hd in ipairs({33, 260}) do
+      local base = k3.randn({3, Hd}, {dtype = dt, seed = Hd})
+      local w = (k3.randn({Hd}, {dtype = dt, seed = 5}) * 0.2 + 1)
+      local plain = k3.rms_norm(base, w, 0, {kernel = "cpu.rms_norm.reference"}):to("f64")
+      for _, sc in ipairs(H.EDGE_SCALES[dt]) do
+        for _, eps in ipairs({0, 1e-5}) do
+          local x = base * sc
+          local what = ("%s %s H=%d scale 2^%d eps %g"):format(kernel, dt, Hd, math.floor(math.log(sc, 2) + 0.5), eps)
+          local y = k3.rms_norm(x:to(device), w:to(device), eps, {kernel = kernel}):to("cpu"):to("f64")
+          local m = k3.max_abs_diff(y, y) -- NaN when any element is NaN or infinite
+          assert(m == 0, what .. ": output not finite")
+          local want = rms_oracle(x, w, eps)
+          assert(k3.allclose(y, want, {atol = tol[dt], rtol = tol[dt]}),
+            what .. ": max abs diff " .. k3.max_abs_diff(y, want))
+          -- where the scaled row is exact, eps = 0 gives the row's own result
+          if eps == 0 and H.scales_exactly(base, sc) then
+            assert(k3.allclose(y, plain, {atol = tol[dt], rtol = tol[dt]}), what .. ": not scale-invariant")
+          end
+        end
+      end
+    end
+  end
+  -- one huge element among ordinary ones, NaN rows stay NaN, zeros with eps > 0 stay zeros
+  local x = k3.tensor({{3e38, 1, -2, 0.5}, {0 / 0, 1, 2, 3}, {0, 0, 0, 0}}):to(device)
+  local y = k3.rms_norm(x, k3.ones({4}):to(device), 1e-5, {kernel = kernel}):to("cpu"):totable()
+  assert.is_true(math.abs(y[1][1] - 2) < 1e-5 and math.abs(y[1][2]) < 1e-30, kernel)
+  for d = 1, 4 do assert.is_true(y[2][d] ~= y[2][d], kernel) end
+  assert.same({0, 0, 0, 0}, y[3])
+end
+
+local NORM_TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3, f64 = 1e-12}
+
+describe("edge values", function()
+  it("rms_norm is scale-invariant past the sum of squares' overflow and underflow on cpu.rms_norm.reference", function()
+    edge_rms_norm("cpu", "cpu.rms_norm.reference", NORM_TOL)
+  end)
+  it("silu_mul(-inf) is 0, the limit, on cpu.silu_mul.reference", function()
+    edge_silu_mul("cpu", "cpu.silu_mul.reference")
+  end)
+end)
+
+describe("edge values on the CUDA kernels #gpu", function()
+  if not H.require_gpu() then return end
+  it("rms_norm is scale-invariant past the sum of squares' overflow and underflow on cuda.rms_norm.generic", function()
+    edge_rms_norm("cuda", "cuda.rms_norm.generic", {f32 = 1e-5, bf16 = 3e-2, f16 = 5e-3, f64 = 1e-12})
+  end)
+  it("silu_mul(-inf) is 0, the limit, on cuda.silu_mul.generic", function()
+    edge_silu_mul("cuda", "cuda.silu_mul.generic")
+  end)
+end)

@@ -128,6 +128,47 @@ describe("bf16 and f16 rounding", function()
   end)
 end)
 
+-- Lua integers past 2^53 rounded once to the tensor's dtype by k3.tensor, full, fill and set
+-- (through a double they would round twice). Each case: integer, dtype, the value once rounded.
+local BIG_INTEGERS = {
+  {(1 << 55) + (1 << 31) + 1, "f32", 2.0 ^ 55 + 2.0 ^ 32}, -- through a double: 2^55 (a tie, to even)
+  {-((1 << 55) + (1 << 31) + 1), "f32", -(2.0 ^ 55 + 2.0 ^ 32)},
+  {(1 << 60) + (1 << 52) + 1, "bf16", 2.0 ^ 60 + 2.0 ^ 53}, -- through a double: 2^60
+  {(1 << 53) + 1, "f64", 2.0 ^ 53},                          -- one tie, to even
+  {(1 << 53) + 3, "f64", 2.0 ^ 53 + 4},
+  {math.maxinteger, "f32", 2.0 ^ 63},
+  {math.mininteger, "bf16", -(2.0 ^ 63)},
+  {65519, "f16", 65504},
+  {65520, "f16", math.huge},
+}
+local function check_big_integers(device)
+  for _, c in ipairs(BIG_INTEGERS) do
+    local v, dt, want = c[1], c[2], c[3]
+    local what = ("%d to %s on %s"):format(v, dt, device)
+    local o = {dtype = dt, device = device}
+    assert.are.equal(want, k3.tensor({v, 1}, o):get(1), "tensor: " .. what)
+    assert.are.equal(want, k3.full({2}, v, o):get(2), "full: " .. what)
+    assert.are.equal(want, k3.zeros({2}, o):fill(v):get(1), "fill: " .. what)
+    assert.are.equal(want, k3.zeros({2, 2}, o):set(2, 1, v):get(2, 1), "set: " .. what)
+  end
+  -- floats keep their single rounding; small integers are exact
+  assert.are.equal(0.5, k3.full({1}, 0.5, {device = device}):get(1))
+  assert.are.equal(3, k3.tensor({3}, {dtype = "bf16", device = device}):get(1))
+end
+
+describe("integers above 2^53", function()
+  it("are rounded once to the dtype by k3.tensor, full, fill and set", function()
+    check_big_integers("cpu")
+  end)
+end)
+
+describe("integers above 2^53 on a CUDA device #gpu", function()
+  if not H.require_gpu() then return end
+  it("are rounded once to the dtype by k3.tensor, full, fill and set", function()
+    check_big_integers("cuda")
+  end)
+end)
+
 describe("views", function()
   it("narrow, select and transpose share storage", function()
     local t = k3.tensor({{1, 2, 3}, {4, 5, 6}})
@@ -283,6 +324,38 @@ describe("arithmetic and comparisons", function()
     assert.is_true(d ~= d)
     assert.is_false(k3.allclose(nan, nan))
     assert.equal(0, k3.max_abs_diff(k3.tensor({math.huge}), k3.tensor({math.huge})))
+  end)
+
+  it("cosine of a zero vector is NaN, with a zero vector too: it has no direction", function()
+    local z = k3.zeros({3}, {dtype = "f64"})
+    for _, pair in ipairs({{z, z}, {z, k3.tensor({1, 2, 3})}, {k3.tensor({1, 2, 3}), z},
+                           {k3.zeros({0}), k3.zeros({0})}}) do
+      local c = k3.cosine(pair[1], pair[2])
+      assert.is_true(c ~= c, tostring(c))
+    end
+    assert.is_true(math.abs(k3.cosine(k3.tensor({1e-300, 0}, {dtype = "f64"}), k3.tensor({1, 0})) - 1) < 1e-15)
+  end)
+
+  it("allclose: an infinity is close only to the same infinity, in either argument", function()
+    local inf = math.huge
+    local function close(a, b, opts)
+      return k3.allclose(k3.tensor({a}, {dtype = "f64"}), k3.tensor({b}, {dtype = "f64"}), opts)
+    end
+    for _, v in ipairs({0, 1, -1, 1e308, -1e308, -inf, 0 / 0}) do
+      for _, opts in ipairs({{}, {rtol = 1}, {atol = 1e300, rtol = 10}}) do
+        assert.is_false(close(v, inf, opts), tostring(v) .. " vs inf")
+        assert.is_false(close(inf, v, opts), "inf vs " .. tostring(v))
+        assert.is_false(close(-v, -inf, opts), tostring(-v) .. " vs -inf")
+        assert.is_false(close(-inf, -v, opts), "-inf vs " .. tostring(-v))
+      end
+    end
+    assert.is_true(close(inf, inf))
+    assert.is_true(close(-inf, -inf))
+    -- a kernel that writes inf everywhere does not pass a spec that uses allclose
+    local want = k3.randn({4, 8}, {dtype = "f64"})
+    local got = k3.full({4, 8}, inf, {dtype = "f64"})
+    assert.is_false(k3.allclose(got, want, {rtol = 1}))
+    assert.is_false(k3.allclose(want, got, {rtol = 1}))
   end)
 end)
 

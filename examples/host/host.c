@@ -116,13 +116,14 @@ typedef struct host_state {
     size_t used, peak, cap, headroom;
     int deny_pending;   /* the last growth was refused; Lua collects and retries once */
     int over_cap;       /* granted from the headroom: the frame stops at its next instruction */
-    int in_frame;       /* hooks are armed (setup or a frame) */
+    int in_frame;       /* a phase (setup or a frame) is running: the hook enforces its limits */
     /* k3 host memory charged to this state (tensor storage and kernel scratch) */
     size_t t_used, t_peak;
     int tensor_refused; /* this frame asked k3 for more than the tensor cap */
     /* this frame */
     fail_kind fail;
-    long budget_now;
+    long budget_now;    /* this phase's instruction budget; 0 = unlimited */
+    long spent;         /* instructions charged to this phase, over every Lua thread */
     /* the script's expected_failures (malloc'd; freed by state_close) */
     expected_failure *expected;
     size_t nexpected;
@@ -203,12 +204,41 @@ static void *k3_alloc_counted(void *ud, void *ptr, size_t old_size, size_t new_s
     return p;
 }
 
-/* The budget and memory-cap hook. Once a frame is over budget the hook fires on every
- * instruction, so a script that catches the error with pcall is stopped again at once. */
+/* Instructions a thread runs between two calls of its hook, at most. Every Lua thread carries
+ * the hook from the state's creation on (lua_newthread copies the creating thread's hook, so
+ * every coroutine has it too), and each call charges the instructions the thread ran since
+ * the last one to the running phase: the budget covers every thread that runs during a frame,
+ * coroutines made in the main chunk included. A coroutine that ends between two calls goes
+ * uncharged for fewer than HOOK_QUANTUM instructions, and what a thread ran in one phase
+ * before its next call is charged to the next phase: the budget holds to within this many
+ * instructions per coroutine. */
+#define HOOK_QUANTUM 1000
+
+/* Arms L's count hook for its next stretch: the rest of the phase's budget, at most
+ * HOOK_QUANTUM instructions. lua_sethook may be called on any thread at any point (lua.c
+ * calls it from a signal handler). */
+static void arm_hook(host_state *h, lua_State *L) {
+    long n = HOOK_QUANTUM;
+    if (h->in_frame && h->budget_now > 0 && h->budget_now - h->spent < n)
+        n = h->budget_now - h->spent;
+    lua_sethook(L, count_hook, LUA_MASKCOUNT, n < 1 ? 1 : (int)n);
+}
+
+/* The budget and memory-cap hook. Once a phase is over budget or over the cap, the hook
+ * fires on every instruction of this thread and of the main thread (where a coroutine's error
+ * lands: coroutine.resume catches it), so a script that catches the error with pcall is
+ * stopped again at once. */
 static void count_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     host_state *h = state_of(L);
+    h->spent += lua_gethookcount(L);
+    int over_budget = h->budget_now > 0 && h->spent >= h->budget_now;
+    if (!h->in_frame || (!h->over_cap && !over_budget)) {
+        arm_hook(h, L);
+        return;
+    }
     lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+    if (L != h->L) lua_sethook(h->L, count_hook, LUA_MASKCOUNT, 1);
     luaL_where(L, 0);
     if (h->over_cap) {
         h->fail = FAIL_MEMORY;
@@ -222,15 +252,32 @@ static void count_hook(lua_State *L, lua_Debug *ar) {
     lua_error(L);
 }
 
-/* lua.c's message handler: the error message (or its __tostring) plus a traceback. It runs
- * only for errors that escape to the host's lua_pcall, so the frame is failing: the hook is
- * disarmed first so building the traceback cannot be interrupted. */
+/* lua.c's message handler: the error message (or its __tostring) plus a traceback. The hook
+ * stays armed: turning the error into text runs under the failing phase's budget and cap, so
+ * a __tostring that loops or hoards is stopped like any other code (building the traceback
+ * itself runs no Lua instructions). A __tostring that fails is reported with its reason. */
 static int msghandler(lua_State *L) {
-    lua_sethook(L, NULL, 0, 0);
     const char *msg = lua_tostring(L, 1);
     if (msg == NULL) {
-        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
-        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+        if (luaL_getmetafield(L, 1, "__tostring") != LUA_TNIL) {
+            lua_pushvalue(L, 1);
+            int rc = lua_pcall(L, 1, 1, 0);
+            if (rc == LUA_OK && lua_type(L, -1) == LUA_TSTRING) return 1;
+            /* The frame's pcall sees this handler's result as an ordinary error: keep the
+             * kind of a memory failure (the hook has already set a budget or cap stop). */
+            if (rc == LUA_ERRMEM && state_of(L)->fail == FAIL_NONE) state_of(L)->fail = FAIL_MEMORY;
+            if (rc == LUA_OK)
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring returned a %s value)",
+                                      luaL_typename(L, 1), luaL_typename(L, -1));
+            else if (lua_type(L, -1) == LUA_TSTRING)
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring failed: %s)",
+                                      luaL_typename(L, 1), lua_tostring(L, -1));
+            else
+                msg = lua_pushfstring(L, "(error object is a %s value; its __tostring failed with a %s value)",
+                                      luaL_typename(L, 1), luaL_typename(L, -1));
+        } else {
+            msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+        }
     }
     luaL_traceback(L, L, msg, 1);
     return 1;
@@ -352,11 +399,13 @@ static int protected_run(host_state *h, int nargs, long budget) {
     h->deny_pending = 0;
     h->tensor_refused = 0;
     h->budget_now = budget;
+    h->spent = 0;
     h->in_frame = 1;
-    if (budget > 0) lua_sethook(L, count_hook, LUA_MASKCOUNT, budget > INT_MAX ? INT_MAX : (int)budget);
+    arm_hook(h, L);
     int rc = lua_pcall(L, nargs, 1, base);
-    lua_sethook(L, NULL, 0, 0);
     h->in_frame = 0;
+    h->budget_now = 0;
+    arm_hook(h, L);
     lua_remove(L, base);
     if (rc != LUA_OK && h->fail == FAIL_NONE)
         h->fail = rc == LUA_ERRMEM || h->tensor_refused ? FAIL_MEMORY : FAIL_ERROR;
@@ -494,6 +543,7 @@ static int state_open(host_state *h, const host_opts *o, int id) {
         return 0;
     }
     lua_State *L = h->L;
+    arm_hook(h, L); /* before any thread exists: every coroutine inherits it */
     lua_gc(L, LUA_GCGEN, 0, 0); /* short frames make lots of young garbage */
     /* Libraries, paths and k3 are set up inside a protected call: any of them can raise. */
     lua_pushcfunction(L, setup_libs);

@@ -7,6 +7,50 @@ local core = require "k3.core"
 
 local dist = {}
 
+-- The name Lua's own `bad argument` messages give a value's type (luaL_typeerror's rule: a
+-- metatable's __name first, so a tensor is a k3.Tensor).
+local function type_name(v)
+  local mt = getmetatable(v)
+  if type(mt) == "table" and type(mt.__name) == "string" then return mt.__name end
+  return type(v)
+end
+
+-- A value as a message shows it: a string quoted, only its first 200 bytes when longer (cut
+-- back to a UTF-8 character boundary and marked with its length, as the C core echoes user
+-- input), anything else by its type name.
+local function shown(v)
+  if type(v) ~= "string" then return type_name(v) end
+  if #v <= 200 then return "'" .. v .. "'" end
+  local keep = 200
+  while keep > 0 and v:byte(keep + 1) & 0xC0 == 0x80 do keep = keep - 1 end
+  return string.format("'%s... (cut at %d of %d bytes)'", v:sub(1, keep), keep, #v)
+end
+
+-- Raises Lua's `bad argument #n to 'fname' (why)` at the caller of the k3.dist function
+-- whose check called this one.
+local function bad_argument(n, fname, why)
+  error(string.format("bad argument #%d to '%s' (%s)", n, fname, why), 4)
+end
+
+local function check_tensor(v, n, fname)
+  if not core.is_tensor(v) then
+    bad_argument(n, fname, "k3.Tensor expected, got " .. type_name(v))
+  end
+end
+
+-- opts: nil or a table whose `field`, when present, is a boolean; returns that field (false
+-- when absent).
+local function boolean_option(opts, field, n, fname)
+  if opts == nil then return false end
+  if type(opts) ~= "table" then bad_argument(n, fname, "table expected, got " .. type_name(opts)) end
+  local v = opts[field]
+  if v == nil then return false end
+  if type(v) ~= "boolean" then
+    bad_argument(n, fname, string.format("field '%s' must be a boolean; got %s", field, type_name(v)))
+  end
+  return v
+end
+
 --- k3.dist.init(opts) joins the group; opts (all optional, defaults from the launcher's
 --- environment): rank, world_size, device (CUDA index), dir, timeout (s), check_shapes,
 --- wait = "each" | "next". Without the launcher: world size 1, rank 0 (everything local).
@@ -46,6 +90,10 @@ local function restack(g, s, dim, W)
 end
 
 local function gather_along(gather1, t, dim, W, fname)
+  if not core.is_tensor(t) then
+    error(string.format("bad argument #1 to '%s' (k3.Tensor expected, got %s)", fname,
+                        type_name(t)), 3)
+  end
   dim = dim or 1
   if math.type(dim) ~= "integer" or dim < 1 or dim > math.max(t:dim(), 1) then
     error(string.format("bad argument #2 to '%s' (dim must be in 1..%d; got %s)", fname,
@@ -60,20 +108,23 @@ local function gather_along(gather1, t, dim, W, fname)
 end
 
 --- k3.dist.all_gather(t, dim = 1) -> a new tensor: every rank's t concatenated along dim,
---- in rank order ([M, n] per rank with dim 2 gives [M, W * n]).
+--- in rank order ([M, n] per rank with dim 2 gives [M, W * n]). A t that is not a tensor or a
+--- dim out of 1..t:dim() is a `bad argument` error.
 function dist.all_gather(t, dim)
   return gather_along(core.dist_all_gather, t, dim, core.dist_world_size(), "all_gather")
 end
 
---- k3.dist.destroy{abort = false} leaves the group (graceful unless abort).
+--- k3.dist.destroy{abort = false} leaves the group (graceful unless abort). opts other than
+--- nil or a table, or an abort other than a boolean, is a `bad argument` error.
 function dist.destroy(opts)
-  core.dist_destroy(opts and opts.abort or false)
+  core.dist_destroy(boolean_option(opts, "abort", 1, "destroy"))
 end
 
 --- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =}, all_gather = ..., check = ...}:
 --- device time of the collectives (CUDA events around each NCCL call; includes waiting for
---- the slowest rank). Zero at world size 1.
-function dist.stats(opts) return core.dist_stats(opts and opts.reset or false) end
+--- the slowest rank). Zero at world size 1. opts other than nil or a table, or a reset other
+--- than a boolean, is a `bad argument` error.
+function dist.stats(opts) return core.dist_stats(boolean_option(opts, "reset", 1, "stats")) end
 
 -- ---- a simulated world ---------------------------------------------------------------------
 
@@ -163,6 +214,7 @@ local function sim_rank(rank, W)
   function d.device() return "cpu" end
   function d.initialized() return true end
   function d.all_reduce(t, op)
+    check_tensor(t, 1, "all_reduce")
     op = op or "sum"
     if op ~= "sum" and op ~= "max" and op ~= "min" then
       error("bad argument #2 to 'all_reduce' (invalid option '" .. tostring(op) .. "')", 2)
@@ -180,8 +232,11 @@ local function sim_rank(rank, W)
   end
   function d.barrier() call{op = "barrier"} end
   function d.synchronize() end
-  function d.stats() return {all_reduce = {calls = 0, ms = 0}, all_gather = {calls = 0, ms = 0},
-                             check = {calls = 0, ms = 0}} end
+  function d.stats(opts)
+    boolean_option(opts, "reset", 1, "stats")
+    return {all_reduce = {calls = 0, ms = 0}, all_gather = {calls = 0, ms = 0},
+                             check = {calls = 0, ms = 0}}
+  end
   return d
 end
 
@@ -189,10 +244,23 @@ end
 --- rank as a coroutine; d has k3.dist's interface (rank, world_size, all_reduce, all_gather,
 --- barrier) and its collectives meet like NCCL's: each waits for every rank's call, and calls
 --- that differ in kind, dtype or shape fail on every rank. Returns {[rank + 1] = fn's first
---- result}; with errors = "return" also {[rank + 1] = message} instead of raising.
+--- result}; with errors = "return" also {[rank + 1] = message} instead of raising. A world
+--- size that is not an integer >= 1, an fn that is not a function, opts other than nil or a
+--- table and an errors other than "raise" or "return" are `bad argument` errors; inside a
+--- rank, d's functions check their arguments as k3.dist's do.
 function dist.simulate(W, fn, opts)
   if math.type(W) ~= "integer" or W < 1 then
     error("bad argument #1 to 'simulate' (world size must be an integer >= 1)", 2)
+  end
+  if type(fn) ~= "function" then
+    error("bad argument #2 to 'simulate' (function expected, got " .. type_name(fn) .. ")", 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #3 to 'simulate' (table expected, got " .. type_name(opts) .. ")", 2)
+  end
+  if opts and opts.errors ~= nil and opts.errors ~= "raise" and opts.errors ~= "return" then
+    error("bad argument #3 to 'simulate' (field 'errors' must be \"raise\" or \"return\"; got " ..
+          shown(opts.errors) .. ")", 2)
   end
   local cos, results, errors, pending, live = {}, {}, {}, {}, {}
   local function step(r, reply)

@@ -331,36 +331,71 @@ function k3.help()
   end
 end
 
--- k3.inspect's walk; depth counts the table levels above v.
-local function inspect(v, depth)
+-- k3.inspect's bounds: what a table claims (its __len, its __pairs) is not trusted to be
+-- small, so a rendering stops at INSPECT_ITEMS entries per table and INSPECT_TOTAL in all,
+-- walks at most INSPECT_SCAN keys of a table, and shows at most INSPECT_TEXT bytes of a string
+-- or of a value's text; each cut is marked where it happened.
+local INSPECT_ITEMS, INSPECT_TOTAL, INSPECT_SCAN, INSPECT_TEXT = 100, 1000, 10000, 200
+
+local function inspect_text(text, quote)
+  local cut = #text > INSPECT_TEXT
+  local shown = cut and text:sub(1, INSPECT_TEXT) or text
+  shown = quote and string.format("%q", shown) or shown
+  return cut and string.format("%s… (cut at %d of %d bytes)", shown, INSPECT_TEXT, #text) or shown
+end
+
+-- k3.inspect's walk; depth counts the table levels above v; left.n is what the whole
+-- rendering may still show.
+local function inspect(v, depth, left)
   if k3.is_tensor(v) then
-    return (tostring(v):match("^[^\n]*"))
+    return inspect_text((tostring(v):match("^[^\n]*")), false)
   elseif type(v) == "string" then
-    return string.format("%q", v)
+    return inspect_text(v, true)
   elseif type(v) ~= "table" then
-    return tostring(v)
+    return inspect_text(tostring(v), false)
   elseif depth >= 3 then
     return "{…}"
   end
   local parts, n = {}, #v
-  for i = 1, n do parts[#parts + 1] = inspect(v[i], depth + 1) end
-  local keys = {}
+  n = math.max(0, math.type(n) == "integer" and n or math.tointeger(n) or 0)
+  local function room() return #parts < INSPECT_ITEMS and left.n > 0 end
+  local shown_seq = 0
+  for i = 1, n do
+    if not room() then break end
+    left.n = left.n - 1
+    parts[#parts + 1] = inspect(v[i], depth + 1, left)
+    shown_seq = i
+  end
+  local keys, scanned, complete = {}, 0, true
   for key in pairs(v) do
+    scanned = scanned + 1
+    if scanned > INSPECT_SCAN then complete = false break end
     if not (math.type(key) == "integer" and key >= 1 and key <= n) then keys[#keys + 1] = key end
   end
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local shown_keys = 0
   for _, key in ipairs(keys) do
+    if not room() then break end
+    left.n = left.n - 1
     local name = (type(key) == "string" and key:match("^[%a_][%w_]*$")) and key
-      or "[" .. inspect(key, depth + 1) .. "]"
-    parts[#parts + 1] = name .. " = " .. inspect(v[key], depth + 1)
+      or "[" .. inspect(key, depth + 1, left) .. "]"
+    parts[#parts + 1] = name .. " = " .. inspect(v[key], depth + 1, left)
+    shown_keys = shown_keys + 1
+  end
+  local more = (n - shown_seq) + (#keys - shown_keys)
+  if more > 0 or not complete then
+    parts[#parts + 1] = complete and string.format("… (%d more)", more)
+      or string.format("… (%d more, and keys past the first %d not read)", more, INSPECT_SCAN)
   end
   return "{" .. table.concat(parts, ", ") .. "}"
 end
 
 --- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
 --- (keys sorted, nested up to 3 levels), tensors print their header line. Arguments after the
---- first are ignored, so k3.inspect(f()) renders f's first result.
-function k3.inspect(v) return inspect(v, 0) end
+--- first are ignored, so k3.inspect(f()) renders f's first result. The rendering is bounded
+--- whatever v claims (its __len or __pairs): at most 100 entries per table and 1000 in all,
+--- 10000 keys read per table, 200 bytes of any string; each cut says how much it left out.
+function k3.inspect(v) return inspect(v, 0, {n = INSPECT_TOTAL}) end
 
 -- The REPL (scripts/k3 with no arguments): results print through the global `print`
 -- (lua.c), so tables show their contents instead of an address.

@@ -471,6 +471,32 @@ int main(void) {
             r = one = NULL;
         }
     }
+    /* ---- 9. long input: an echoed name shows its first 200 bytes, marked as cut; a message
+     * longer than the 1 KB buffer keeps its start and its end (the reason) ---- */
+    {
+        size_t n = 10u << 20;
+        char *huge = malloc(n + 1);
+        if (!huge) return 1;
+        memset(huge, 'x', n);
+        huge[n] = '\0';
+        k3_dtype dt;
+        k3_device dev;
+        CASE("dtype_parse 10 MB name", k3_dtype_parse(huge, &dt));
+        CASE("device_parse 10 MB text", k3_device_parse(huge, &dev));
+        const char *names[1] = {huge};
+        CASE("policy_set_candidates 10 MB kernel", k3_policy_set_candidates(pol, "linear", names, 1));
+        free(huge);
+        char path[1200] = "/nonexistent";
+        for (int i = 0; i < 11; i++) strcat(path, "/ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
+        strcat(path, "/k3.safetensors");
+        k3_safetensors *st = NULL;
+        CASE("safetensors_load 1,100-byte path", k3_safetensors_load(path, &st));
+    }
+    /* k3_int64_to_dtype rounds an integer past 2^53 once (a double first would round twice) */
+    printf("int64_to_dtype f32\tK3_OK\t%a\n",
+           k3_int64_to_dtype(((int64_t)1 << 55) + ((int64_t)1 << 31) + 1, K3_DTYPE_F32));
+    printf("int64_to_dtype bf16\tK3_OK\t%a\n",
+           k3_int64_to_dtype(((int64_t)1 << 60) + ((int64_t)1 << 52) + 1, K3_DTYPE_BF16));
     /* ---- 8. the last error is per thread (see thread_a/thread_b) ---- */
     {
         thread_case ca = {a, K3_OK, ""}, cb = {a, K3_OK, ""};
