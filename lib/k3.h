@@ -276,7 +276,7 @@ K3_API k3_status k3_tensor_to_f64(const k3_tensor *t, double *out);
 
 /* Elementwise ops into a new tensor of a's shape, dtype and device (*out; the caller frees
  * it). Each element is computed from the exact operands (a double scalar is not rounded to
- * the dtype first) and rounded once to the dtype (DESIGN.md). */
+ * the dtype first) and rounded once to the dtype (docs/DESIGN.md). */
 typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL } k3_binop;
 /* out = a (op) b; shapes must match exactly, dtypes and devices too. Errors: K3_EINVAL
  * (out, a or b NULL: "binary: b is NULL"; op not a k3_binop), K3_EFREED, K3_ESHAPE,
@@ -406,7 +406,7 @@ typedef struct k3_call {
 K3_API void k3_set_batch_invariant(int on);
 K3_API int k3_batch_invariant(void);
 
-/* ---- ops (DESIGN.md "Ops and their exact semantics") -------------------------------------- */
+/* ---- ops (docs/DESIGN.md "Ops: exact semantics") ------------------------------------------ */
 /* Each op validates its arguments once (errors name op, argument, expected and actual), before
  * any kernel is asked or run, call->kernel or not, then dispatches. Results go to `out` when given (it must have the result's shape, dtype and
  * device, must not overlap an input, and its own elements must not overlap: "In-place
@@ -422,7 +422,7 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
 
-/* The AttnRes read (DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
+/* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
  * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
  * has S = 0 slots; got 0". A non-finite or negative eps or output_eps is K3_EINVAL naming

@@ -1,6 +1,6 @@
 -- k3: the Lua front end. The C core ("k3.core") owns tensors and all compute; this file adds
 -- the thin conveniences: tensor printing, the policy table, linear methods, plan lookup and
--- k3.help(). API.md is the contract for every name here.
+-- k3.help(). docs/API.md is the reference of every name here.
 
 local core = require "k3.core"
 
