@@ -11,8 +11,8 @@ local Summary = require "k3.bench.summary"
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
   linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
-  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, stream and generic, eager and
-                in a graph, beside a plain Triton AttnRes kernel timed in the same command
+  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, decode, stream and generic,
+                eager and in a graph, beside a plain Triton AttnRes kernel timed in the same command
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
 options:
