@@ -1,7 +1,7 @@
 /*
  * graph.cu — CUDA graph capture and replay of this thread's stream, for the benchmarks
  * (scripts/bench): replaying a captured sequence of calls shows kernel time without the
- * per-launch host overhead, the way PEERS.md's figures were taken.
+ * per-launch host overhead, the way every figure in bench/ is taken (bench/README.md).
  */
 #include "common.cuh"
 

@@ -1,13 +1,13 @@
 /*
  * linear_batch_invariant.cu — cuda.linear.batch_invariant: y = x w^T (+ bias) (+ residual)
- * with each output reduced in the one order notes/TEAM.md fixes for CPU and GPU alike, so a
- * row's bits depend neither on M nor on the device: 32 lanes, lane j accumulates
+ * with each output reduced in the one order that docs/DESIGN.md ("The batch-invariant
+ * reduction order") fixes for CPU and GPU alike, so a row's bits depend neither on M nor on
+ * the device: 32 lanes, lane j accumulates
  * fma(x[i,k], w[n,k], acc) for k = j, j+32, ... in increasing k, then the shfl_down tree
  * (16, 8, 4, 2, 1), then + bias, then + residual, rounded once. bf16, f16, f32 (f32
  * accumulation) and f64 (f64 accumulation, same order); any non-negative strides.
  */
 #include "common.cuh"
-#include "linear_skinny.h"
 
 #include <stdio.h>
 

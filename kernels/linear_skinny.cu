@@ -7,7 +7,6 @@
  */
 #include "common.cuh"
 #include "linear_skinny.cuh"
-#include "linear_skinny.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@ times k3, on the GPU machine's own Python and PyTorch:
             sources, the whole row of 7168 in one block), the same rows; scripts/bench
             attn_res runs this in the same command, beside k3's kernels
 
-Timing (as scripts/bench and ../shared/PEERS.md): random data (never zeros); inputs rotated over
+Timing (as scripts/bench, bench/README.md): random data (never zeros); inputs rotated over
 enough copies that they exceed 200 MB (the L2 is 60 MB); '-g' figures are the median over
 replays of one CUDA graph holding one call per copy, divided by the number of calls; eager
 figures are CUDA events around each call (launch overhead included), median of many.
@@ -48,7 +48,7 @@ NBS = [1, 4, 8]
 H, S = 7168, 8
 EPS = 1e-5
 ROTATE_BYTES = 200e6
-NOMINAL_BW = 4170.0  # GB/s, PEERS.md; --dry-run's model only
+NOMINAL_BW = 4170.0  # GB/s, an H200's copy bandwidth measured 2026-11-29; --dry-run's model only
 
 torch = None  # imported in main(), after the arguments are parsed (so --help needs no torch)
 

@@ -1,5 +1,5 @@
--- scripts/bench.lua — k3's benchmarks against cuBLAS, PyTorch and the copy-bandwidth floor
--- (the benchmarks issue). Run through scripts/bench; bench/README.md says how and what each
+-- scripts/bench.lua — k3's benchmarks against cuBLAS, PyTorch and the copy-bandwidth floor,
+-- with their targets. Run through scripts/bench; bench/README.md says how and what each
 -- column means. Tables go to stdout; a progress line to stderr; CSV and JSON copies of every
 -- table to --out.
 local k3 = require "k3"
@@ -11,13 +11,13 @@ local Summary = require "k3.bench.summary"
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
   linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
-  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, stream and generic, eager and
-                in a graph, beside a plain Triton AttnRes kernel timed in the same command
+  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, decode, stream and generic,
+                eager and in a graph, beside a plain Triton AttnRes kernel timed in the same command
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
 options:
   --out DIR         where the CSV and JSON copies go (default bench/out)
-  --peers FILE      peer figures from scripts/bench-peers.py (default: PEERS.md's published figures)
+  --peers FILE      peer figures from scripts/bench-peers.py (default: the 2026-11-29 H200 figures in k3.bench.peers)
   --quick           fewer timing samples (15 graph replays instead of 50; 5 steps instead of 10)
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
   --bw GBPS         use this copy bandwidth for the floors instead of the measured one
@@ -116,7 +116,7 @@ local function main(args)
       peers = Peers.merge(peers, Peers.load(file))
     else
       peers.notes[#peers.notes + 1] = "scripts/bench-peers.py --only attn_res_triton failed; " ..
-                                      "the Triton figures are PEERS.md's"
+                                      "the Triton figures are the 2026-11-29 ones"
     end
   end
   local env = Env.new{dry = o.dry, quick = o.quick, bw = o.bw}

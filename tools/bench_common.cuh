@@ -3,7 +3,7 @@
  * tools/linear_sweep.cu) share: fail-loud CUDA/cuBLAS checks, random non-zero bf16 data,
  * and the timing of a CUDA graph of back-to-back calls.
  *
- * Timing method (notes/PERF.md, GPU.md "Measuring"): L launches captured in one graph,
+ * Timing method (notes/PERF.md, bench/README.md): L launches captured in one graph,
  * replayed `warm` times, then `reps` timed replays (CUDA events around each); the median
  * replay divided by L is the time per call, in µs. Callers rotate their inputs over enough
  * copies that the L2 cannot serve a repeated call.

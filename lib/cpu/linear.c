@@ -1,7 +1,8 @@
 /*
  * cpu/linear.c — the CPU linear kernels: cpu.linear.blas (OpenBLAS; the CPU default),
  * cpu.linear.reference (naive, fp64 accumulate; the oracle) and cpu.linear.batch_invariant
- * (the one fixed reduction order of notes/TEAM.md, shared with the GPU kernel).
+ * (one fixed reduction order, defined at run_batch_invariant below and in docs/DESIGN.md,
+ * "The batch-invariant reduction order"; the GPU kernel uses the same one).
  * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64.
  */
 #include "k3_impl.h"
@@ -241,9 +242,13 @@ const k3_kernel k3_cpu_linear_reference =
 
 /* ---- cpu.linear.batch_invariant ---------------------------------------------------------- */
 
-/* notes/TEAM.md's order: 32 lanes, lane j accumulates k = j, j+32, … with fma, then the
- * shuffle-down tree 16, 8, 4, 2, 1; then + bias, + residual, one rounding. f64 tensors use
- * the same order in fp64. */
+/* The batch-invariant order (docs/DESIGN.md, "The batch-invariant reduction order"), the
+ * same as cuda.linear.batch_invariant's: for output (i, n), operands widened exactly to f32;
+ * 32 lanes, each starting at +0, lane j accumulating acc_j = fma(x[i,k], w[n,k], acc_j) for
+ * k = j, j+32, j+64, ... < K in increasing k; then for off = 16, 8, 4, 2, 1 every j < off
+ * takes acc_j + acc_{j+off} (the GPU's __shfl_down_sync tree); the result is acc_0, then
+ * + bias[n], then + residual[i,n], each one rounded f32 addition, and one rounding to the
+ * output dtype. f64 tensors use the same order in fp64. */
 #define BI_LANES 32
 
 /* One output's dot product in that order, written once per accumulator type T. */

@@ -18,7 +18,7 @@ local Env = {}
 Env.__index = Env
 
 Env.ROTATE_BYTES = 200e6   -- rotated inputs exceed this (over 3x the H200's 60 MB L2)
-Env.NOMINAL_BW = 4170      -- GB/s: PEERS.md's measured copy bandwidth, used by --dry-run only
+Env.NOMINAL_BW = 4170      -- GB/s: an H200's copy bandwidth measured 2026-11-29; --dry-run only
 
 local CPU_KERNEL = {
   ["cuda.linear.cublas"] = "cpu.linear.blas",
@@ -206,7 +206,7 @@ function Env:header()
   if c.overridden then
     s = s .. string.format("; floors use --bw %.0f GB/s", self.bw)
   end
-  s = s .. "; PEERS.md measured 4170 GB/s"
+  s = s .. "; an H200 measured 4170 GB/s on 2026-11-29"
   if self.dry then
     s = "DRY RUN: every time below is a model (bytes / nominal 4170 GB/s + latency), not a measurement\n" .. s
   end

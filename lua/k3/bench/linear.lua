@@ -2,8 +2,9 @@
 -- 7168x7168) at M = 1, 2, 4, 8, 16: the low-latency plan's choice (k3.method.low_latency over
 -- k3.plan_for(w) with static weights, as a model's layers run it; what m:explain says it runs)
 -- against cuBLAS (kernel = "cuda.linear.cublas"), each timed in a CUDA graph of one call per
--- rotated weight copy (launch overhead excluded, as in PEERS.md), with eager times at M = 1,
--- bandwidth, the copy-bandwidth floor, the read limit and the targets of the low-latency issue.
+-- rotated weight copy (launch overhead excluded, as scripts/bench-peers.py times cuBLAS),
+-- with eager times at M = 1, bandwidth, the copy-bandwidth floor, the read limit and the
+-- targets below.
 --
 -- The read limit of a shape is what k3's read-only streaming kernel (tools/read_limit.cuh, run
 -- by scripts/read-limit in the same bench run) takes for exactly the weight's bytes, timed the
@@ -29,7 +30,7 @@ L.SHAPES = {
 }
 L.MS = {1, 2, 4, 8, 16}
 
--- The targets of the read-limit issue (the plan after scripts/autotune).
+-- The targets of the low-latency plan (after scripts/autotune), against cuBLAS and the read limit.
 L.TARGETS = {
   geomean_m1 = 1.30,        -- geomean speed-up over cuBLAS at M = 1
   geomean_m16 = 1.20,       -- ... at M = 16

@@ -1,18 +1,19 @@
 -- k3.bench.peers — the figures k3 is compared against: read from scripts/bench-peers.py's
--- JSON (--peers file.json, measured on the same machine in the same session), or, when no
--- file is given, the published figures of ../shared/PEERS.md hard-coded below (measured on
--- an H200 on 2026-11-29, PyTorch 2.11, CUDA 13.0, Triton 3.6, CUDA graph replay with
--- rotated inputs). Tables always say which source their peer columns came from.
+-- JSON (--peers file.json, measured on the same machine just before the run), or, when no
+-- file is given, the figures hard-coded below: one measurement on an NVIDIA H200 on
+-- 2026-11-29 with PyTorch 2.11 (CUDA 13.0) and Triton 3.6, taken with scripts/bench-peers.py's
+-- method (median per call in a replayed CUDA graph, inputs rotated beyond L2, random data).
+-- Tables always say which source their peer columns came from.
 -- The plain Triton AttnRes kernel's figures come from the file when it has them
 -- (bench-peers.py --only attn_res_triton, which scripts/bench attn_res runs in the same
--- command), else from PEERS.md, marked as published.
+-- command), else from the 2026-11-29 measurement, marked as not measured in this run.
 local U = require "k3.bench.util"
 
 local P = {}
 
-P.PUBLISHED_SOURCE = "PEERS.md published figures (H200, 2026-11-29), not measured in this run"
+P.PUBLISHED_SOURCE = "peer figures measured on an H200 on 2026-11-29 (PyTorch 2.11, Triton 3.6), not in this run"
 
--- PEERS.md, linear: torch.matmul(x, w.t()) (cuBLAS), µs per call in a graph, M = 1, 2, 4, 8, 16.
+-- 2026-11-29, linear: torch.matmul(x, w.t()) (cuBLAS), µs per call in a graph, M = 1, 2, 4, 8, 16.
 P.published_linear = {
   {1536, 7168, {10.54, 11.26, 11.23, 11.31, 11.47}},
   {3072, 7168, {17.59, 17.46, 17.32, 17.41, 17.79}},
@@ -36,7 +37,7 @@ P.published_linear = {
 }
 P.published_linear_m = {1, 2, 4, 8, 16}
 
--- PEERS.md, attn_res (H 7168, 8 slots, delta + output norm): T, num_blocks, eager, eager in a
+-- 2026-11-29, attn_res (H 7168, 8 slots, delta + output norm): T, num_blocks, eager, eager in a
 -- graph, triton, triton in a graph (µs per call).
 P.published_attn_res = {
   {1, 1, 469.8, 49.7, 44.1, 4.21},

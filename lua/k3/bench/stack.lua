@@ -298,7 +298,7 @@ function S.format(env, res)
     for _, l in ipairs(errs) do out[#out + 1] = l end
   end
   p("")
-  p("summary against the benchmarks issue's target:")
+  p("summary against the target:")
   p("  AttnRes share of the decode step, M = 1: %s of the %s (%s of the eager step)   target < %.0f%%   %s",
     s.attn_res_share_m1 and string.format("%.2f%%", 100 * s.attn_res_share_m1) or "-",
     s.attn_res_share_m1_base or "-",
