@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <vector>
 
 /* ---- backend internals (backend.cu, memory.cu) ----------------------------------------- */
 
@@ -40,6 +41,17 @@ int k3c_sm_count(int dev);
  * cache is emptied and the allocation retried before it is reported. */
 k3_status k3c_alloc(int dev, size_t bytes, void **ptr);
 void k3c_free(int dev, void *ptr, size_t bytes);
+/* A block freed on `stream` while it was being captured into a CUDA graph (size class cls). */
+struct k3c_held_block {
+    void *ptr;
+    size_t cls;
+    cudaStream_t stream;
+};
+/* When a capture of `stream` ends: moves the blocks freed during it into *out (the graph's
+ * from then on). k3c_memory_give_back returns such blocks to the cache (the graph freed, or
+ * the capture discarded), ordered after the work queued so far on each block's stream. */
+void k3c_memory_capture_take(int dev, cudaStream_t stream, std::vector<k3c_held_block> *out);
+void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks);
 k3_status k3c_empty_cache(void);
 void k3c_memory_init(int device_count);
 
