@@ -100,6 +100,42 @@ void k3c_attn_res_knobs_init(void);
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);
 
+/* ---- programmatic dependent launch ---------------------------------------------------------- */
+
+/* PTX ISA "griddepcontrol". launch_dependents: the next kernel of the stream, when it was
+ * launched with the programmatic-stream-serialization attribute, may become resident before
+ * this one completes (its prologue overlaps this kernel's tail). wait: returns once every
+ * prerequisite grid has completed and its memory is visible. Both are no-ops in a launch
+ * without the attribute, so a kernel after cuBLAS or a memcpy stays correct. The row-wise and
+ * element kernels (norm.cu, copy.cu) call launch_dependents then wait at entry in every CTA,
+ * before their first load or store: nothing of theirs runs ahead of the previous kernel, and
+ * their completion still implies the completion of everything before them. */
+__device__ __forceinline__ void k3c_pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void k3c_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/* kern<<<grid, block, smem, stream>>>(args...) launched with programmatic dependent launch
+ * (cudaLaunchKernelEx, cudaLaunchAttributeProgrammaticStreamSerialization). A launch error is
+ * reported naming `name`. */
+template <class... P, class... A>
+k3_status k3c_launch_pdl(const char *name, void (*kern)(P...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((P)args)...);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return k3c_check(e, name, __FILE__, __LINE__);
+}
+
 /* ---- dtype tags and conversions ----------------------------------------------------------- */
 
 /* Storage types: 16-bit formats are kept as raw bits so every conversion is explicit. */
