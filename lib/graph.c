@@ -5,6 +5,13 @@
  * be captured (k3_graph_refuse: host synchronisations, host copies, CPU ops) before it reaches
  * CUDA, and every storage the captured work touches is held by the graph (k3_graph_note), so
  * freeing a tensor the graph uses never frees memory a replay reads or writes.
+ *
+ * Holding, in two phases. During the capture each touched storage gets one reference from the
+ * graph, and a tensor released then (k3_tensor_release) gives its memory back at once: the
+ * allocator keeps such blocks for later work of the same capture only, whose stream order
+ * protects them, and hands them to the graph at the end (kernels/memory.cu). When the capture
+ * succeeds, every held storage still alive is counted in its graph_holds, and from then on a
+ * release keeps its memory until the graph is freed.
  */
 #include "k3_impl.h"
 
@@ -18,6 +25,7 @@ struct k3_graph {
     int kernels;
     k3_tensor **held; /* one handle per storage the captured work touched */
     int nheld, cap;
+    int counted; /* the held storages' graph_holds include this graph */
 };
 
 /* The graph whose capture runs on this thread, and graphs freed while it ran (destroyed when
@@ -53,7 +61,6 @@ k3_status k3_graph_note(const k3_tensor *t) {
     }
     k3_tensor *h;
     K3_TRY(k3_tensor_alias(&h, t));
-    __atomic_add_fetch(&h->storage->graph_holds, 1, __ATOMIC_ACQ_REL);
     g->held[g->nheld++] = h;
     return K3_OK;
 }
@@ -87,11 +94,32 @@ k3_status k3_graph_note_op(const k3_op_args *a, k3_device device) {
     return K3_OK;
 }
 
-/* Drops every hold (the storages of freed tensors are released with their last reference). */
+/* The capture succeeded: storages released during it are dropped (their memory is already
+ * the graph's, through the allocator), the others counted as held by this graph. */
+static void count_holds(k3_graph *g) {
+    int n = 0;
+    for (int i = 0; i < g->nheld; i++) {
+        k3_tensor *h = g->held[i];
+        if (__atomic_load_n(&h->storage->released, __ATOMIC_ACQUIRE)) {
+            k3_tensor_free(h);
+            continue;
+        }
+        __atomic_add_fetch(&h->storage->graph_holds, 1, __ATOMIC_ACQ_REL);
+        g->held[n++] = h;
+    }
+    g->nheld = n;
+    g->counted = 1;
+}
+
+/* Drops every hold; a storage whose tensors were released while the graph held it gives its
+ * memory back when the last graph holding it lets go. */
 static void drop_holds(k3_graph *g) {
     for (int i = 0; i < g->nheld; i++) {
-        __atomic_sub_fetch(&g->held[i]->storage->graph_holds, 1, __ATOMIC_ACQ_REL);
-        k3_tensor_free(g->held[i]);
+        k3_tensor *h = g->held[i];
+        if (g->counted && __atomic_sub_fetch(&h->storage->graph_holds, 1, __ATOMIC_ACQ_REL) == 0 &&
+            __atomic_load_n(&h->storage->released, __ATOMIC_ACQUIRE))
+            k3_storage_release_memory(h->storage);
+        k3_tensor_free(h);
     }
     k3_host_free(g->held, sizeof *g->held * (size_t)g->cap);
     g->held = NULL;
@@ -164,6 +192,7 @@ k3_status k3_graph_capture(k3_graph **out, k3_graph_fn fn, void *ud, const k3_gr
         return k3_error_prefix(s, "graph_capture");
     }
     g->kernels = be->graph_kernels(g->exec);
+    count_holds(g);
     *out = g;
     return K3_OK;
 }

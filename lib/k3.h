@@ -568,10 +568,11 @@ K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
  * while capturing: "cuda:0: allocating 28.00 KiB while a CUDA graph is being captured: ...").
  * The warmup calls fill that cache: blocks fn allocated and freed there serve the capture.
  * Every storage a captured op, copy, fill or arithmetic touches is held by the graph until
- * k3_graph_free: freeing its tensors (k3_tensor_free, k3_tensor_release) during or after the
- * capture keeps that memory alive for the replays (k3_tensor_release still marks the views
- * freed), and temporaries the kernels free during the capture are reused only inside the
- * graph. Dispatch records made while capturing have k3_dispatch.captured set and are counted
+ * k3_graph_free: after the capture, freeing its tensors (k3_tensor_free, k3_tensor_release)
+ * keeps that memory for the replays (k3_tensor_release still marks the views freed). A tensor
+ * released during the capture (an intermediate fn frees once consumed) gives its memory to
+ * later work of the same capture only, as do the kernels' temporaries: such blocks are the
+ * graph's until it is freed, never handed to other work. Dispatch records made while capturing have k3_dispatch.captured set and are counted
  * under the kind "captured" as well (k3_stats). Replays of one graph must not overlap (replay
  * it from one thread); the kernels launch with programmatic dependent launch, so a replay
  * runs them back to back. */

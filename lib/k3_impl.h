@@ -30,8 +30,13 @@ typedef struct k3_storage {
     int released; /* __atomic; 1 once the memory is released */
     int is_static; /* __atomic; 1 once k3_tensor_mark_static marked it: writes are refused */
     char static_owner[64]; /* who marked it (set before is_static) */
-    int graph_holds; /* __atomic; CUDA graphs holding it (lib/graph.c): release keeps memory */
+    int graph_holds; /* __atomic; captured CUDA graphs holding it (lib/graph.c): while > 0,
+                      * k3_tensor_release marks it released but keeps its memory */
 } k3_storage;
+
+/* Frees s's memory now (once: data becomes NULL); the storage record stays with its
+ * references. */
+void k3_storage_release_memory(k3_storage *s);
 
 /* k3_tensor_mark_static without the wait for queued device work (t checked by the caller; the
  * skinny kernel marks the weights of a static-weights plan with it). */

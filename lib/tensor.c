@@ -195,7 +195,7 @@ static const k3_backend *cuda_for(k3_device d, const char *op) {
 
 /* ---- storage and handles ---------------------------------------------------------------- */
 
-static void storage_release_memory(k3_storage *s) {
+void k3_storage_release_memory(k3_storage *s) {
     void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
     if (!data) return;
     if (s->device.type == K3_DEVICE_CPU) {
@@ -208,7 +208,7 @@ static void storage_release_memory(k3_storage *s) {
 
 static void storage_unref(k3_storage *s) {
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        storage_release_memory(s);
+        k3_storage_release_memory(s);
         k3_host_free(s, sizeof *s);
     }
 }
@@ -257,10 +257,10 @@ void k3_tensor_free(k3_tensor *t) {
 void k3_tensor_release(k3_tensor *t) {
     if (!t) return;
     __atomic_store_n(&t->storage->released, 1, __ATOMIC_RELEASE);
-    /* A CUDA graph holding the storage keeps its memory for its replays: it is released with
-     * the graph's reference (lib/graph.c). */
+    /* A CUDA graph holding the storage keeps its memory for its replays: it is released when
+     * the last such graph is freed (lib/graph.c). */
     if (__atomic_load_n(&t->storage->graph_holds, __ATOMIC_ACQUIRE) == 0)
-        storage_release_memory(t->storage);
+        k3_storage_release_memory(t->storage);
     k3_tensor_free(t);
 }
 

@@ -31,9 +31,9 @@ static k3_status call_fn(void *ud) {
 }
 
 /* k3.cuda_graph(fn, {device = 0, warmup = 1}) -> a k3.Graph
- * Runs fn `warmup` times eagerly, collects garbage (the temporaries fn allocated go back to the
- * allocator's cache, where the capture's allocations find them), then captures one call of fn
- * into a CUDA graph. Tensors fn uses are static: fill the inputs before g:replay(), read the
+ * Runs fn `warmup` times eagerly with the collector stopped, collects garbage (the tensors fn
+ * allocated go back to the allocator's cache, where the capture's allocations find them), then
+ * captures one call of fn into a CUDA graph, the collector still stopped. Tensors fn uses are static: fill the inputs before g:replay(), read the
  * outputs after it. A refusal (k3.h "CUDA graphs": a host synchronisation, a CPU tensor op, an
  * allocation the cache cannot serve) or any error fn raises ends the capture and is raised
  * unchanged; the stream stays usable. Without a CUDA device: "k3.cuda_graph: needs a CUDA
@@ -59,21 +59,26 @@ static int l_cuda_graph(lua_State *L) {
     if (k3_graph_capturing())
         return luaL_error(L, "k3.cuda_graph: a CUDA graph is already being captured on this "
                              "thread (captures do not nest)");
-    for (int i = 0; i < o.warmup; i++) {
-        lua_pushvalue(L, 1);
-        lua_call(L, 0, 0);
-    }
-    lua_gc(L, LUA_GCCOLLECT);
     lua_settop(L, 2);
     lua_pushnil(L); /* 3: the error slot */
     graph_ud *u = lua_newuserdatauv(L, sizeof *u, 0); /* 4 */
     u->g = NULL;
     luaL_setmetatable(L, K3L_GRAPH_MT);
+    /* The collector stays stopped through the warmup and the capture, so both make the same
+     * allocations: what the warmup's garbage returns to the cache is what the capture takes
+     * (tensors fn frees explicitly are reused the same way in both). */
+    int gc_was_running = lua_gc(L, LUA_GCISRUNNING);
+    lua_gc(L, LUA_GCSTOP);
     captured_fn c = {L, 1, 3, 0};
-    k3_graph_options co = {o.device, 0};
+    for (int i = 0; i < o.warmup && !c.failed; i++) (void)call_fn(&c);
+    lua_gc(L, LUA_GCCOLLECT);
     k3_graph *g = NULL;
-    k3_status s;
-    K3L_RUN(s, k3_graph_capture(&g, call_fn, &c, &co));
+    k3_status s = K3_EINVAL;
+    if (!c.failed) {
+        k3_graph_options co = {o.device, 0};
+        K3L_RUN(s, k3_graph_capture(&g, call_fn, &c, &co));
+    }
+    if (gc_was_running) lua_gc(L, LUA_GCRESTART);
     if (s != K3_OK) {
         if (c.failed) {
             lua_pushvalue(L, 3);
