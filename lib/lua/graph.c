@@ -47,8 +47,8 @@ static int l_cuda_graph(lua_State *L) {
         k3l_check_option_keys(L, 2, keys, 2);
         int64_t d = k3l_int_field(L, 2, "device", 0, 0, 2);
         int64_t w = k3l_int_field(L, 2, "warmup", 1, 0, 2);
-        if (d < 0 || d > 1024) k3l_arg_error(L, 2, "device must be a CUDA device index >= 0; got %d", (int)d);
-        if (w < 0 || w > 1000) k3l_arg_error(L, 2, "warmup must be in 0..1000; got %lld", (long long)w);
+        if (d < 0 || d > 1024) k3l_arg_error(L, 2, "device must be a CUDA device index in 0..1024; got %d", (int)d);
+        if (w < 0 || w > 1000) k3l_arg_error(L, 2, "warmup must be in 0..1000; got %d", (int)w);
         o.device = (int)d;
         o.warmup = (int)w;
     }
@@ -102,7 +102,7 @@ static graph_ud *check_graph(lua_State *L, const char *fname) {
 static int g_replay(lua_State *L) {
     graph_ud *u = check_graph(L, "replay");
     lua_Integer n = luaL_optinteger(L, 2, 1);
-    if (n < 0) k3l_arg_error(L, 2, "n must be >= 0; got %lld", (long long)n);
+    if (n < 0) k3l_arg_error(L, 2, "n must be >= 0; got %d", (int)n);
     for (lua_Integer i = 0; i < n; i++) CHECK_K3_AS(L, "replay", k3_graph_replay(u->g));
     return 0;
 }
