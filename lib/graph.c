@@ -94,13 +94,14 @@ k3_status k3_graph_note_op(const k3_op_args *a, k3_device device) {
     return K3_OK;
 }
 
-/* The capture succeeded: storages released during it are dropped (their memory is already
- * the graph's, through the allocator), the others counted as held by this graph. */
+/* The capture succeeded: storages whose memory was released during it are dropped (that
+ * memory is already the graph's, through the allocator), the others counted as held by this
+ * graph (a storage released during the capture whose memory an earlier graph keeps included). */
 static void count_holds(k3_graph *g) {
     int n = 0;
     for (int i = 0; i < g->nheld; i++) {
         k3_tensor *h = g->held[i];
-        if (__atomic_load_n(&h->storage->released, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&h->storage->data, __ATOMIC_ACQUIRE) == NULL) {
             k3_tensor_free(h);
             continue;
         }
