@@ -132,10 +132,15 @@ describe("k3.cuda_graph #gpu", function()
   it("re-raises fn's error unchanged, ends the capture, and the stream stays usable", function()
     local x = k3.randn({2, 64}, {device = "cuda", seed = 3})
     local w = k3.ones({64}, {device = "cuda"})
+    -- The warmup call succeeds; the captured call raises after queueing an op.
+    local calls = 0
     local ok, err = pcall(k3.cuda_graph, function()
-      k3.rms_norm(x, w, 1e-5)
-      error({code = "boom"})
-    end, {warmup = 0})
+      calls = calls + 1
+      local y = k3.rms_norm(x, w, 1e-5)
+      y:free()
+      if calls == 2 then error({code = "boom"}) end
+    end)
+    assert.equal(2, calls)
     assert.is_false(ok)
     assert.same({code = "boom"}, err)
     -- Eager work runs, and a new capture works.
@@ -170,7 +175,7 @@ describe("k3.cuda_graph #gpu", function()
     {"empty_cache", function() k3.empty_cache() end,
      "empty_cache: returning memory to the driver (a device synchronisation) cannot be captured"},
     {"an allocation the cache cannot serve", function()
-       k3.empty({12347, 91}, {device = "cuda", dtype = "f64"})
+       k3.empty({7777777, 3}, {device = "cuda", dtype = "f64"}) -- 187 MB, a size nothing here freed
      end, "while a CUDA graph is being captured: no block the allocator held before the capture serves it"},
     {"a nested capture", function() k3.cuda_graph(function() end) end,
      "k3.cuda_graph: a CUDA graph is already being captured on this thread"},
@@ -179,9 +184,12 @@ describe("k3.cuda_graph #gpu", function()
     it("refuses " .. r[1] .. " and leaves the stream usable", function()
       local x = k3.randn({2, 64}, {device = "cuda", seed = 5})
       local w = k3.ones({64}, {device = "cuda"})
+      local pre = k3.empty({2, 64}, {device = "cuda"})
+      -- No warmup (it would raise the refusal eagerly, or not at all): a captured op with its
+      -- out given, then the refused call.
       H.raises(function()
         k3.cuda_graph(function()
-          k3.rms_norm(x, w, 1e-5)
+          k3.rms_norm(x, w, 1e-5, {out = pre})
           r[2](x)
         end, {warmup = 0})
       end, r[3])
