@@ -1,5 +1,6 @@
 -- k3.cuda_graph: on a machine without CUDA, the clear "needs a CUDA device" error and the
--- argument checks; on a GPU (#gpu), replay against the eager result bit for bit (a small k3.nn
+-- argument checks, and the AttnRes stream's static promises (what a read lets its kernel load
+-- before the PDL wait) against the order of its writes; on a GPU (#gpu), replay against the eager result bit for bit (a small k3.nn
 -- stack and the kimi tiny config), replays with new inputs copied into the static input,
 -- capture after an error, each refusal (the stream usable after it), freeing tensors the
 -- graph uses, trace and stats records, the kernel count, and a long chain of dependent PDL
@@ -46,6 +47,51 @@ describe("k3.cuda_graph without a CUDA device", function()
     assert.is_nil(tr[1].captured)
     assert.same({}, k3.stats().captured)
     assert.equal(1, k3.stats().kernels["cpu.rms_norm.reference"])
+  end)
+end)
+
+describe("the AttnRes stream's PDL promises", function()
+  it("every slot a read marks static was last written before the previous read was issued", function()
+    local kimi = require "k3.model.kimi_k3"
+    local Stream = require "k3.model.attn_res_stream"
+    local cfg = kimi.config("tiny")
+    local stack = kimi.build(cfg, kimi.generate_weights(cfg, {seed = 3, dtype = "f32"}))
+    local events = {} -- {"read", static_blocks, static_weights, write_block} or {"seal", slot}
+    local orig_attn, orig_seal = k3.attn_res, Stream.seal
+    k3.attn_res = function(a)
+      events[#events + 1] = {"read", a.static_blocks, a.static_weights, a.write_block}
+      return orig_attn(a)
+    end
+    Stream.seal = function(self, layer)
+      events[#events + 1] = {"seal", self.num_sealed + 1}
+      return orig_seal(self, layer)
+    end
+    local ok, err = pcall(function()
+      for step = 0, 1 do
+        local y = stack:forward(kimi.embedding(cfg, 2, {seed = 3, step = step, dtype = "f32"}))
+        y:free()
+      end
+    end)
+    k3.attn_res, Stream.seal = orig_attn, orig_seal
+    assert(ok, err)
+    local written, reads, prev_read, some = {}, 0, nil, 0
+    for i, e in ipairs(events) do
+      if e[1] == "read" then
+        reads = reads + 1
+        assert.equal(reads >= 2, e[3], "static_weights of read " .. reads)
+        for j = 1, e[2] do
+          assert(prev_read and written[j] and written[j] < prev_read,
+                 string.format("read %d marks slot %d static but it was written at event %s, the previous read is event %s",
+                               reads, j, tostring(written[j]), tostring(prev_read)))
+        end
+        if e[2] > 0 then some = some + 1 end
+        if e[4] then written[e[4]] = i end
+        prev_read = i
+      else
+        written[e[2]] = i
+      end
+    end
+    assert.is_true(some > 0, "no read marked any slot static")
   end)
 end)
 
