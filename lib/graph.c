@@ -47,6 +47,13 @@ k3_status k3_graph_refuse(const char *op, const char *what) {
 k3_status k3_graph_note(const k3_tensor *t) {
     k3_graph *g = g_capture;
     if (!g || !t) return K3_OK;
+    /* Work on another device would run on that device's stream, eagerly, not in the graph. */
+    k3_device d = t->storage->device;
+    if (d.type == K3_DEVICE_CUDA && d.index != g->device) {
+        char what[64];
+        snprintf(what, sizeof what, "work on cuda:%d (the capture is of cuda:%d)", d.index, g->device);
+        return k3_graph_refuse("graph_capture", what);
+    }
     /* Newest first: an op's tensors are usually the ones the previous op touched. */
     for (int i = g->nheld; i-- > 0;)
         if (g->held[i]->storage == t->storage) return K3_OK;

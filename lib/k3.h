@@ -562,7 +562,8 @@ K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
  * fills the inputs (k3_tensor_copy into them) before k3_graph_replay and reads the outputs
  * after it. What cannot be captured is refused while capturing, with K3_EINVAL naming it, and
  * never reaches CUDA: a host synchronisation (k3_synchronize, k3_empty_cache, a copy to or from
- * the host, an element read, k3_tensor_mark_static's first mark), a copy between two devices,
+ * the host, an element read, k3_tensor_mark_static's first mark), work on another device or a
+ * copy between two devices,
  * an op, copy, fill or arithmetic on CPU tensors, and a device allocation that the caching
  * allocator cannot serve from blocks it held before the capture (it never calls cudaMalloc
  * while capturing: "cuda:0: allocating 28.00 KiB while a CUDA graph is being captured: ...").
