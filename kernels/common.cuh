@@ -113,7 +113,9 @@ k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);
 __device__ __forceinline__ void k3c_pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
-__device__ __forceinline__ void k3c_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void k3c_pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 
 /* kern<<<grid, block, smem, stream>>>(args...) launched with programmatic dependent launch
  * (cudaLaunchKernelEx, cudaLaunchAttributeProgrammaticStreamSerialization). A launch error is

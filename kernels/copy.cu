@@ -39,7 +39,8 @@ __global__ void copy_kernel(D *__restrict__ dst, const S *__restrict__ src, k3c_
 }
 
 /* Dense bytes, n 16-byte vectors (both sides 16-byte aligned). */
-__global__ void copy_vec16_kernel(uint4 *__restrict__ dst, const uint4 *__restrict__ src, int64_t n) {
+__global__ void copy_vec16_kernel(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
+                                  int64_t n) {
     k3c_pdl_launch_dependents();
     k3c_pdl_wait();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;

@@ -51,7 +51,8 @@ k3_status k3_graph_note(const k3_tensor *t) {
     k3_device d = t->storage->device;
     if (d.type == K3_DEVICE_CUDA && d.index != g->device) {
         char what[64];
-        snprintf(what, sizeof what, "work on cuda:%d (the capture is of cuda:%d)", d.index, g->device);
+        snprintf(what, sizeof what, "work on cuda:%d (the capture is of cuda:%d)", d.index,
+                 g->device);
         return k3_graph_refuse("graph_capture", what);
     }
     /* Newest first: an op's tensors are usually the ones the previous op touched. */
@@ -175,7 +176,8 @@ k3_status k3_graph_capture(k3_graph **out, k3_graph_fn fn, void *ud, const k3_gr
     const k3_backend *be = k3_cuda_backend(&reason);
     if (!be) return k3_error(K3_EDEVICE, "graph_capture: needs a CUDA device: %s", reason);
     if (o->device < 0 || o->device >= be->device_count)
-        return k3_error(K3_EDEVICE, "graph_capture: device cuda:%d does not exist (%d CUDA device%s)",
+        return k3_error(K3_EDEVICE,
+                        "graph_capture: device cuda:%d does not exist (%d CUDA device%s)",
                         o->device, be->device_count, be->device_count == 1 ? "" : "s");
     for (int i = 0; i < o->warmup; i++) K3_TRY(fn(ud));
     K3_TRY(k3_synchronize());

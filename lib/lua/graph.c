@@ -33,8 +33,8 @@ static k3_status call_fn(void *ud) {
 /* k3.cuda_graph(fn, {device = 0, warmup = 1}) -> a k3.Graph
  * Runs fn `warmup` times eagerly with the collector stopped, collects garbage (the tensors fn
  * allocated go back to the allocator's cache, where the capture's allocations find them), then
- * captures one call of fn into a CUDA graph, the collector still stopped. Tensors fn uses are static: fill the inputs before g:replay(), read the
- * outputs after it. A refusal (k3.h "CUDA graphs": a host synchronisation, a CPU tensor op, an
+ * captures one call of fn into a CUDA graph, the collector still stopped. Tensors fn uses are
+ * static: fill the inputs before g:replay(), read the outputs after it. A refusal (k3.h "CUDA graphs": a host synchronisation, a CPU tensor op, an
  * allocation the cache cannot serve) or any error fn raises ends the capture and is raised
  * unchanged; the stream stays usable. Without a CUDA device: "k3.cuda_graph: needs a CUDA
  * device (CUDA is not available: <reason>)". */
@@ -47,8 +47,10 @@ static int l_cuda_graph(lua_State *L) {
         k3l_check_option_keys(L, 2, keys, 2);
         int64_t d = k3l_int_field(L, 2, "device", 0, 0, 2);
         int64_t w = k3l_int_field(L, 2, "warmup", 1, 0, 2);
-        if (d < 0 || d > 1024) k3l_arg_error(L, 2, "device must be a CUDA device index in 0..1024; got %d", (int)d);
-        if (w < 0 || w > 1000) k3l_arg_error(L, 2, "warmup must be in 0..1000; got %d", (int)w);
+        if (d < 0 || d > 1024)
+            k3l_arg_error(L, 2, "device must be a CUDA device index in 0..1024; got %d", (int)d);
+        if (w < 0 || w > 1000)
+            k3l_arg_error(L, 2, "warmup must be in 0..1000; got %d", (int)w);
         o.device = (int)d;
         o.warmup = (int)w;
     }
