@@ -376,9 +376,9 @@ function S.format(env, res)
   local function f3(x) return x and string.format("%.3f", x) or "-" end
   p("")
   p("summary against the targets (kimi-k3-tp8 on one H200):")
-  p("  graph step, M = 1:   %s ms   target <= %.1f ms   %s   (read limit %s ms: %s of it)",
+  p("  graph step, M = 1:   %s ms   target <= %.1f ms   %s   (read limit %s ms: the step runs at %s of it)",
     f3(s.step_graph_ms_m1), T.step_graph_ms_m1, v.step_graph_ms_m1, f3(s.read_limit_ms), U.pct(s.read_limit_frac_m1))
-  p("  graph step, M = 16:  %s ms   target <= %.1f ms   %s   (%s of its read limit)",
+  p("  graph step, M = 16:  %s ms   target <= %.1f ms   %s   (the step runs at %s of its read limit)",
     f3(s.step_graph_ms_m16), T.step_graph_ms_m16, v.step_graph_ms_m16, U.pct(s.read_limit_frac_m16))
   p("  AttnRes marginal cost, M = 1: %s of the graph step   target <= %.0f%%   %s   (replayed alone: %s)",
     pct1(s.attn_res_share_m1), 100 * T.attn_res_share_m1, v.attn_res_share_m1, pct1(s.attn_res_replay_share_m1))
