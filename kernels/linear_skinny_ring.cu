@@ -107,8 +107,8 @@ static k3_status k3rg_check(const k3_linear_args *l, bool for_run, k3rg_config *
     if (r.threads < 0 || r.rows < 0 || r.stages < 0 || r.cps < 0 || vec < 0)
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
     if (!r.threads) r.threads = 160;
-    if (!r.rows) r.rows = 32;
-    if (!r.stages) r.stages = 4;
+    if (!r.rows) r.rows = 16;
+    if (!r.stages) r.stages = 3;
     if (!r.cps) r.cps = 2;
     if ((vec && vec != 8) || !k3_ring_instantiated(r.threads, r.rows, r.stages) ||
         r.cps > K3_RING_MAX_CPS)
@@ -125,6 +125,20 @@ static k3_status k3rg_check(const k3_linear_args *l, bool for_run, k3rg_config *
                             "copies move 16-byte multiples",
                             tname[i], (long long)typed[i]->offset),
                    for_run ? K3_ELAYOUT : K3_ENOKERNEL;
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dx.index) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return snprintf(why, n, "cannot read cuda:%d's shared memory per block", dx.index),
+               K3_EDEVICE;
+    }
+    const size_t smem = k3_ring_smem_bytes(r.threads, r.rows, r.stages, (int)M);
+    if (smem > (size_t)optin)
+        return snprintf(why, n,
+                        "config {threads = %d, rows = %d, unroll (stages) = %d} needs %zu bytes "
+                        "of shared memory per CTA at M = %lld; cuda:%d allows %d",
+                        r.threads, r.rows, r.stages, smem, (long long)M, dx.index, optin),
+               K3_ENOKERNEL;
     const int64_t tiles = (N + r.rows - 1) / r.rows;
     const int sms = k3c_sm_count(dx.index);
     const int64_t P = (int64_t)sms * r.cps;

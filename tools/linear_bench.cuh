@@ -75,7 +75,8 @@ struct k3t_scratch {
     unsigned *split_counters;
     size_t split_ws_bytes;
     int n_counters;
-    int sms; /* multiprocessors of the current device (the ring kernel's grid) */
+    int sms;        /* multiprocessors of the current device (the ring kernel's grid) */
+    int smem_optin; /* shared memory one CTA may use (the ring kernel's stages) */
 };
 
 static inline void k3t_scratch_init(k3t_scratch &s) {
@@ -87,6 +88,7 @@ static inline void k3t_scratch_init(k3t_scratch &s) {
     int dev = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaDeviceGetAttribute(&s.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
 }
 
 /* Whether the candidate can run this problem at all (scratch sizes, tiles). */
@@ -96,6 +98,7 @@ static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M,
                k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
     if (c.kind == K3T_RING)
         return k3_ring_ws_bytes(c.rows, s.sms * c.kcta) <= s.split_ws_bytes &&
+               k3_ring_smem_bytes(c.threads, c.rows, c.unroll, M) <= (size_t)s.smem_optin &&
                k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
     return true;
 }

@@ -105,7 +105,7 @@ struct Row {
 };
 
 /* A candidate's configuration without its launch mode: classic "k512r8u2", ring
- * "g160r32s4c2" (threads, rows, stages, CTAs per SM). */
+ * "g160r16s3c2" (threads, rows, stages, CTAs per SM; k per stage from K3_RING_CONFIGS). */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
     if (c.kind == K3T_RING)
@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
 #undef K3_SW_ADD
     }
     if (kinds.find("ring") != std::string::npos) {
-#define K3_SW_ADD(T_, R_, S_)                                                              \
+#define K3_SW_ADD(T_, R_, S_, KC_)                                                         \
     for (int cps = 1; cps <= 2; cps++)                                                     \
         for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_RING, T_, R_, S_, cps, m});
         K3_RING_CONFIGS(K3_SW_ADD)
