@@ -35,8 +35,9 @@ static const Shape SHAPES[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304
 
 struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
+    bool ring; /* kernel cuda.linear.skinny_ring: unroll = stages, split_k = CTAs per SM */
 };
-/* The skinny entries of a plan file written by scripts/autotune, by "NxK" and M. */
+/* The skinny and ring entries of a plan file written by scripts/autotune, by "NxK" and M. */
 static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *path) {
     std::map<std::string, std::map<int, PlanEntry>> plan;
     FILE *f = fopen(path, "r");
@@ -51,12 +52,15 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
         char s[64];
         if (sscanf(line, " [\"%63[0-9x]\"] = {", s) == 1) {
             snprintf(shape, sizeof shape, "%s", s);
-        } else if (shape[0] &&
-                   sscanf(line,
-                          " [%d] = {kernel = \"skinny\", config = {threads = %d, rows = %d, "
-                          "unroll = %d, vec = %d, split_k = %d}",
-                          &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
-            plan[shape][m] = e;
+        } else if (shape[0]) {
+            char kernel[64];
+            if (sscanf(line,
+                       " [%d] = {kernel = \"%63[a-z_.]\", config = {threads = %d, rows = %d, "
+                       "unroll = %d, vec = %d, split_k = %d}",
+                       &m, kernel, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 7) {
+                e.ring = !strcmp(kernel, "cuda.linear.skinny_ring");
+                if (e.ring || !strcmp(kernel, "skinny")) plan[shape][m] = e;
+            }
         }
     }
     fclose(f);
@@ -303,10 +307,10 @@ int main(int argc, char **argv) {
             if (pe != plan.end() && pe->second.count(M)) {
                 const PlanEntry e = pe->second[M];
                 const int kw = k3_skinny_split_k(e.threads, e.rows);
-                const int kcta = kw ? e.split_k / kw : 0;
+                const int kcta = e.ring ? e.split_k : kw ? e.split_k / kw : 0;
+                const int kind = e.ring ? K3T_RING : kcta > 1 ? K3T_SPLIT : K3T_CLASSIC;
                 for (int mode = 0; mode < 3; mode++) {
-                    const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
-                                        e.unroll, kcta, mode};
+                    const k3t_cand c = {kind, e.threads, e.rows, e.unroll, kcta, mode};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {
