@@ -189,21 +189,24 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ bool ss_needs_rescale(float ss) {
     return !(ss <= 3.0e38f) || ss < 0x1p-100f;
 }
-/* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1 (0 for 0, inf or NaN: the
- * recomputation then leaves the values as they are). */
+/* 2^k as a float for -126 <= k <= 127, from its exponent bits (exact). */
+__device__ __forceinline__ float pow2i(int k) { return __int_as_float((k + 127) << 23); }
+/* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1, as frexpf gives it, from the
+ * bits (0 for 0, inf or NaN: the recomputation then leaves the values as they are). */
 __device__ __forceinline__ int scale_exp(float amax) {
     if (!(amax > 0.0f) || isinf(amax)) return 0;
-    int e;
-    frexpf(amax, &e);
-    return e;
+    uint32_t b = __float_as_uint(amax);
+    int E = (int)(b >> 23);
+    return E ? E - 126 : (31 - __clz((int)(b & 0x7fffffu))) - 148;
 }
-/* v * 2^-e in two exact steps (2^-e alone can overflow for denormal inputs). */
+/* v * 2^-e in two exact steps (2^-e alone can overflow for denormal inputs); e in
+ * [-148, 128] (scale_exp's range), so each step is a normal power of two. */
 struct pow2_scale {
     float a, b;
     __device__ __forceinline__ explicit pow2_scale(int e) {
         int h = -e / 2;
-        a = ldexpf(1.0f, h);
-        b = ldexpf(1.0f, -e - h);
+        a = pow2i(h);
+        b = pow2i(-e - h);
     }
     __device__ __forceinline__ float operator()(float v) const { return (v * a) * b; }
 };
