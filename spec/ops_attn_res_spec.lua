@@ -501,7 +501,7 @@ local AR_TOL = {f32 = {1e-4, 1e-4}, bf16 = {8e-2, 3e-2}, f64 = {1e-10, 1e-10}}
 local function edge_attn_res(device, kernel, dts, o)
   o = o or {}
   for _, dt in ipairs(dts) do
-    local T, S, Hd, nb = 3, 4, 64, 3
+    local T, S, Hd, nb = o.T or 3, 4, o.H or 64, 3
     local base = {
       prefix = k3.randn({T, Hd}, {dtype = dt, seed = 51}),
       delta = k3.randn({T, Hd}, {dtype = dt, seed = 52}),
@@ -558,6 +558,18 @@ describe("attn_res edge values on the CUDA kernels #gpu", function()
       return
     end
     edge_attn_res("cuda", "cuda.attn_res.packed", {"bf16"})
+  end)
+  it("cuda.attn_res.decode and cuda.attn_res.stream: the same cases in bf16 and f16", function()
+    for _, kern in ipairs({"cuda.attn_res.decode", "cuda.attn_res.stream"}) do
+      if not k3.has_kernel(kern) then
+        pending(kern .. " is not registered in this build")
+        return
+      end
+    end
+    edge_attn_res("cuda", "cuda.attn_res.decode", {"bf16", "f16"})
+    edge_attn_res("cuda", "cuda.attn_res.decode", {"bf16"}, {write_block = 4})
+    -- the stream kernel's smallest prefill shape: T 64, H 1024
+    edge_attn_res("cuda", "cuda.attn_res.stream", {"bf16", "f16"}, {T = 64, H = 1024})
   end)
 end)
 
