@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace k3ar {
 
@@ -24,8 +25,9 @@ struct knobs {
     int pdl;
     int packed_ctas;
     int decode_ctas;
+    int decode_regs; /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
 };
-inline knobs g_knobs = {1, 0, 0};
+inline knobs g_knobs = {1, 0, 0, 0};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -39,6 +41,8 @@ inline void read_knobs() {
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
+    e = getenv("K3_ATTN_RES_DECODE_BODY");
+    g_knobs.decode_regs = e && !strcmp(e, "regs");
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -302,6 +306,18 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     cfg.attrs = na ? attr : nullptr;
     cfg.numAttrs = (unsigned)na;
     K3_CHECK(cudaLaunchKernelEx(&cfg, kern, p));
+    return K3_OK;
+}
+
+/* Raises kern's dynamic shared memory limit to `bytes` the first time it is asked for more
+ * than the 48 KB default on device dev (cudaFuncSetAttribute; one flag per device and kern
+ * instance, the instance's own static). */
+template <class P>
+k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, int (&raised)[64]) {
+    if (bytes <= 48 * 1024) return K3_OK;
+    if (dev >= 0 && dev < 64 && raised[dev]) return K3_OK;
+    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    if (dev >= 0 && dev < 64) raised[dev] = 1;
     return K3_OK;
 }
 

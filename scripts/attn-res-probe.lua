@@ -8,20 +8,22 @@
 -- pass 200 MB. The decode kernel runs twice: with nothing static, and with static_weights and
 -- static_blocks = num_blocks (its PDL contract: the weights and sealed blocks are loaded before
 -- it waits for the previous kernel). The launch variables (K3_ATTN_RES_DECODE_CTAS,
--- K3_ATTN_RES_PDL, read when the backend loads) pick the shape: run it once per setting; the
+-- K3_ATTN_RES_DECODE_BODY, K3_ATTN_RES_PDL, read when the backend loads) pick the shape: run it once per setting; the
 -- label (default: their values) starts every line; cuda.attn_res.packed is timed only when
 -- K3_ATTN_RES_DECODE_CTAS is unset or 0. K3_PROBE_OUT, when set, names a CSV file
 -- the lines are appended to.
 local k3 = require "k3"
 local H, S = 7168, 16
-local label = arg[1] or string.format("ctas=%s pdl=%s", os.getenv("K3_ATTN_RES_DECODE_CTAS") or "auto",
+local label = arg[1] or string.format("ctas=%s body=%s pdl=%s", os.getenv("K3_ATTN_RES_DECODE_CTAS") or "auto",
+                                      os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop",
                                       os.getenv("K3_ATTN_RES_PDL") or "1")
 local csv = os.getenv("K3_PROBE_OUT")
 local TS = {1, 4, 16}
 local NBS = {1, 4, 8, 15}
 local READS = {"full", "seal", "nodelta"}
 -- The packed kernel has no launch variable: timed only in the run with the default shape.
-local with_packed = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0"
+local with_packed = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0" and
+                    (os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop") ~= "regs"
 
 local rel_diff = require("k3.bench.util").rel_diff
 
@@ -67,7 +69,6 @@ for _, T in ipairs(TS) do
         local y = k3.attn_res(a)
         return y, P:narrow(1, 1, T):clone()
       end
-      local yg, pg = once("cuda.attn_res.generic", false)
       for _, run in ipairs(runs) do
         local name, kname, static = run[1], run[2], run[3]
         local ok, e = pcall(k3.explain, "attn_res", (function()
@@ -75,7 +76,6 @@ for _, T in ipairs(TS) do
           a.kernel = nil
           return a
         end)())
-        local probe = args(1, kname, static)
         local served = pcall(function()
           local saved = k3.policy
           local pol = {}
@@ -87,8 +87,12 @@ for _, T in ipairs(TS) do
           assert(okx and ex.chosen == kname)
         end)
         if served then
+          -- the reference now: an earlier run's timing rewrote every set's out, and so the
+          -- delta of set 1 (set n's out)
+          local yg, pg = once("cuda.attn_res.generic", false)
           local ya, pa = once(kname, static)
           local diff = math.max(rel_diff(ya, yg), rel_diff(pa, pg))
+          for _, x in ipairs({yg, pg, ya, pa}) do x:free() end
           P:narrow(1, 1, T):copy(p0)
           B:narrow(1, 1, T):copy(b0)
           local calls = {}
@@ -101,8 +105,6 @@ for _, T in ipairs(TS) do
         P:narrow(1, 1, T):copy(p0)
         B:narrow(1, 1, T):copy(b0)
       end
-      yg:free()
-      pg:free()
       p0:free()
       b0:free()
     end
