@@ -19,7 +19,6 @@ namespace {
 
 const int kMaxThreads = 512;
 const int kMaxCtas = 8;
-const int64_t kMaxTokens = 64;
 const int kMaxBlocks = 16;
 
 struct decode_params {
@@ -711,6 +710,7 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &ka->p;
     const char *K = k3_cuda_attn_res_decode_name;
     int64_t T = a->prefix->size[0];
+    const int64_t kMaxTokens = get_knobs().decode_max_t;
     if (T > kMaxTokens) {
         snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
                  (long long)kMaxTokens, (long long)T);
