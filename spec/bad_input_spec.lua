@@ -570,10 +570,46 @@ ar_case("attn_res out a slot of blocks", function(a) a.out = a.blocks:select(2, 
   "attn_res: out overlaps blocks")
 ar_case("attn_res delta aliasing prefix", function(a) a.delta = a.prefix end,
   "attn_res: prefix (updated by delta) overlaps delta")
-ar_case("attn_res prefix inside blocks with write_block", function(a)
+-- The overlap tests are exact on the rows each operand covers, and name both layouts. Here
+-- blocks is [2, 3, 4] (strides [12, 4, 1]) and num_blocks 2.
+ar_case("attn_res prefix is the written slot", function(a)
+  a.prefix = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: blocks (write_block) overlaps prefix: blocks[:, 3, :] (blocks shape [2, 3, 4], " ..
+  "strides [12, 4, 1]) and prefix (shape [2, 4], strides [12, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res delta is the written slot", function(a)
+  a.delta = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: blocks (write_block) overlaps delta: blocks[:, 3, :] (blocks shape [2, 3, 4], " ..
+  "strides [12, 4, 1]) and delta (shape [2, 4], strides [12, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res out is a slot the call reads", function(a)
+  a.out = a.blocks:select(2, 2)
+end, "attn_res: out overlaps blocks: out (shape [2, 4], strides [12, 1]) and blocks[:, 2, :] " ..
+  "(blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res out is the written slot", function(a)
+  a.out = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: out overlaps blocks: out (shape [2, 4], strides [12, 1]) and blocks[:, 3, :] " ..
+  "(blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res prefix updated by delta is a slot the call reads", function(a)
   a.prefix = a.blocks:select(2, 1)
-  a.write_block = 2
-end, "attn_res: blocks (write_block) overlaps prefix")
+  a.delta = k3.randn({2, 4}, {seed = 16})
+end, "attn_res: prefix (updated by delta) overlaps blocks: prefix (shape [2, 4], " ..
+  "strides [12, 1]) and blocks[:, 1, :] (blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+-- Rows interleaved with another operand's rows in one storage share no byte: only the
+-- element that both cover is refused (out's rows 4 elements apart inside prefix's padded rows).
+ar_case("attn_res out sharing one element with prefix's padded rows", function(a)
+  local buf = k3.randn({20}, {seed = 17})
+  a.prefix = buf:as_strided({2, 4}, {8, 1}, 0)
+  a.out = buf:as_strided({2, 4}, {8, 1}, 3)
+end, "attn_res: out overlaps prefix: out (shape [2, 4], strides [8, 1]) and prefix (shape [2, 4], " ..
+  "strides [8, 1]) share memory")
+cases[#cases].exact = true
 -- T = 2, S = 3, H = 4 over one 12-element storage: slots sharing memory (slot stride 0), and
 -- token 1's slot 2 being token 2's slot 1 (token stride = slot stride = H).
 ar_case("attn_res write_block into slots that share memory", function(a)
