@@ -384,6 +384,7 @@ typedef struct k3_dispatch {
     char chosen[64]; /* "" when nothing was chosen */
     int ndeclined;
     k3_decline declined[K3_MAX_DECLINES];
+    int captured; /* 1: made while a CUDA graph was being captured (k3_graph_capture) */
 } k3_dispatch;
 
 /* Per-call options of every op; a NULL k3_call means all defaults. */
@@ -515,8 +516,9 @@ K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_ten
 
 /* Process-wide totals: calls each kernel served and declines each (kernel, reason) caused, by
  * every caller in the process (C calls and every lua_State), since load or the last
- * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
- * (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
+ * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count), "captured" (the
+ * calls of that kernel that were captured into a CUDA graph, also counted under "kernel") or
+ * "decline" (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
  * k3.stats_reset() see and clear only that state's own counters, never these totals. */
 typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
 K3_API void k3_stats(k3_stats_fn fn, void *ud); /* fn NULL: nothing is called */
@@ -551,6 +553,59 @@ typedef struct k3_time_result {
  * not available: <reason>"), K3_ECUDA, and fn's own status. */
 K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
                               k3_time_result *out);
+
+/* ---- CUDA graphs (lib/graph.c, kernels/graph.cu) --------------------------------------------- */
+
+/* A captured sequence of device work: everything fn dispatches on this thread's stream of one
+ * CUDA device, recorded once into a CUDA graph and replayed any number of times. Tensors used
+ * inside are static: the graph reads and writes the same memory on every replay, so a caller
+ * fills the inputs (k3_tensor_copy into them) before k3_graph_replay and reads the outputs
+ * after it. What cannot be captured is refused while capturing, with K3_EINVAL naming it, and
+ * never reaches CUDA: a host synchronisation (k3_synchronize, k3_empty_cache, a copy to or from
+ * the host, an element read, k3_tensor_mark_static's first mark), a copy between two devices,
+ * an op, copy, fill or arithmetic on CPU tensors, and a device allocation that the caching
+ * allocator cannot serve from blocks it held before the capture (it never calls cudaMalloc
+ * while capturing: "cuda:0: allocating 28.00 KiB while a CUDA graph is being captured: ...").
+ * The warmup calls fill that cache: blocks fn allocated and freed there serve the capture.
+ * Every storage a captured op, copy, fill or arithmetic touches is held by the graph until
+ * k3_graph_free: after the capture, freeing its tensors (k3_tensor_free, k3_tensor_release)
+ * keeps that memory for the replays (k3_tensor_release still marks the views freed). A tensor
+ * released during the capture (an intermediate fn frees once consumed) gives its memory to
+ * later work of the same capture only, as do the kernels' temporaries: such blocks are the
+ * graph's until it is freed, never handed to other work. Dispatch records made while capturing have k3_dispatch.captured set and are counted
+ * under the kind "captured" as well (k3_stats). Replays of one graph must not overlap (replay
+ * it from one thread); the kernels launch with programmatic dependent launch, so a replay
+ * runs them back to back. */
+typedef struct k3_graph k3_graph;
+/* The captured function: returns K3_OK, or a status (with k3_error's message) that ends the
+ * capture and is returned by k3_graph_capture unchanged. */
+typedef k3_status (*k3_graph_fn)(void *ud);
+typedef struct k3_graph_options {
+    int device; /* the CUDA device whose stream is captured (default 0) */
+    int warmup; /* eager calls of fn before the capture, then k3_synchronize (default 0) */
+} k3_graph_options;
+/* Captures fn into *out (o NULL: device 0, no warmup). On any error *out is NULL, the capture
+ * is ended and discarded (the stream is usable: eager work runs), and the status is fn's
+ * own, a refusal's, or K3_ECUDA when CUDA invalidated the capture. Errors: K3_EINVAL (out or
+ * fn NULL: "graph_capture: fn is NULL"; a capture already in progress on this thread:
+ * "graph_capture: a CUDA graph is already being captured on this thread"; warmup < 0),
+ * K3_EDEVICE ("graph_capture: needs a CUDA device: <reason>", or no such device), K3_ENOMEM,
+ * K3_ECUDA. */
+K3_API k3_status k3_graph_capture(k3_graph **out, k3_graph_fn fn, void *ud,
+                                  const k3_graph_options *o);
+/* Launches the graph once on this thread's stream of its device (asynchronous, like the ops).
+ * Errors: K3_EINVAL (g NULL, or called while this thread is capturing), K3_ECUDA. */
+K3_API k3_status k3_graph_replay(k3_graph *g);
+/* Destroys the graph and drops its hold on every storage (memory whose tensors were freed is
+ * released then). A replay still running completes first (stream order). NULL: no-op. Called
+ * while this thread captures another graph, the destruction waits until that capture ends. */
+K3_API void k3_graph_free(k3_graph *g);
+/* The graph's kernel nodes (cuBLAS's kernels included), storages held, and device. */
+K3_API int k3_graph_kernels(const k3_graph *g);
+K3_API int k3_graph_tensors(const k3_graph *g);
+K3_API int k3_graph_device(const k3_graph *g);
+/* 1 while this thread is inside k3_graph_capture's capture (not its warmup), else 0. */
+K3_API int k3_graph_capturing(void);
 
 /* ---- safetensors files (lib/safetensors.c) -------------------------------------------------- */
 

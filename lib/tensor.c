@@ -195,7 +195,7 @@ static const k3_backend *cuda_for(k3_device d, const char *op) {
 
 /* ---- storage and handles ---------------------------------------------------------------- */
 
-static void storage_release_memory(k3_storage *s) {
+void k3_storage_release_memory(k3_storage *s) {
     void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
     if (!data) return;
     if (s->device.type == K3_DEVICE_CPU) {
@@ -208,7 +208,7 @@ static void storage_release_memory(k3_storage *s) {
 
 static void storage_unref(k3_storage *s) {
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        storage_release_memory(s);
+        k3_storage_release_memory(s);
         k3_host_free(s, sizeof *s);
     }
 }
@@ -257,7 +257,10 @@ void k3_tensor_free(k3_tensor *t) {
 void k3_tensor_release(k3_tensor *t) {
     if (!t) return;
     __atomic_store_n(&t->storage->released, 1, __ATOMIC_RELEASE);
-    storage_release_memory(t->storage);
+    /* A CUDA graph holding the storage keeps its memory for its replays: it is released when
+     * the last such graph is freed (lib/graph.c). */
+    if (__atomic_load_n(&t->storage->graph_holds, __ATOMIC_ACQUIRE) == 0)
+        k3_storage_release_memory(t->storage);
     k3_tensor_free(t);
 }
 
@@ -439,6 +442,15 @@ k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
         return s;
     }
     k3_device dd = dst->storage->device, sd = src->storage->device;
+    if (k3_graph_capturing()) {
+        if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy between CPU tensors");
+        if (dd.type == K3_DEVICE_CPU || sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy to or from the host (a host synchronisation)");
+        if (dd.index != sd.index) return k3_graph_refuse("copy", "a copy between two devices");
+        K3_TRY(k3_graph_note(dst));
+        K3_TRY(k3_graph_note(src));
+    }
     if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU) return copy_cpu(dst, src);
     const k3_backend *b = cuda_for(dd.type == K3_DEVICE_CUDA ? dd : sd, "copy");
     if (!b) return K3_EDEVICE;
@@ -484,6 +496,11 @@ k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     k3_tensor view = *t_in, *t = &view;
     for (int d = 0; d < t->ndim; d++)
         if (t->stride[d] == 0) t->size[d] = 1;
+    if (k3_graph_capturing()) {
+        if (t->storage->device.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("fill", "a fill of a CPU tensor");
+        K3_TRY(k3_graph_note(t));
+    }
     if (t->storage->device.type == K3_DEVICE_CUDA) {
         const k3_backend *b = cuda_for(t->storage->device, "fill");
         return b ? b->fill(t, value) : K3_EDEVICE;
@@ -813,6 +830,7 @@ k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
         *out = k3_load_f64(t->storage->data, t->dtype, off);
         return K3_OK;
     }
+    K3_TRY(k3_graph_refuse("get", "an element read (a host synchronisation)"));
     k3_tensor *v, *h;
     K3_TRY(element_view(&v, t, off));
     k3_status s = k3_tensor_to(&h, v, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64);
@@ -846,6 +864,7 @@ k3_status k3_tensor_to_f64(const k3_tensor *t, double *out) {
     int64_t n = k3_tensor_numel(t);
     if (n == 0) return K3_OK;
     if (!out) return null_arg("to_f64", "out");
+    K3_TRY(k3_graph_refuse("to_f64", "a read back to the host (a host synchronisation)"));
     k3_tensor *h;
     K3_TRY(k3_tensor_to(&h, t, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64));
     memcpy(out, h->storage->data, (size_t)n * sizeof(double));
@@ -958,10 +977,14 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                             k3_device_name(da, x, sizeof x), k3_device_name(db, y, sizeof y));
         }
     }
+    if (k3_graph_capturing() && a->storage->device.type == K3_DEVICE_CPU)
+        return k3_graph_refuse(name, "arithmetic on CPU tensors");
     k3_tensor *r;
     K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
-    k3_status st = K3_OK;
-    if (k3_tensor_numel(r) > 0) {
+    k3_status st = k3_graph_note(a);
+    if (st == K3_OK) st = k3_graph_note(b);
+    if (st == K3_OK) st = k3_graph_note(r);
+    if (st == K3_OK && k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
             const k3_backend *be = cuda_for(a->storage->device, name);
             st = be ? be->binary(r, op, a, b, s, scalar_first) : K3_EDEVICE;
@@ -1101,6 +1124,7 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
 }
 
 k3_status k3_synchronize(void) {
+    K3_TRY(k3_graph_refuse("synchronize", "a host synchronisation"));
     const k3_backend *b = k3_cuda_backend(NULL);
     return b ? b->synchronize() : K3_OK;
 }

@@ -151,5 +151,6 @@ void k3l_open_ops(lua_State *L);
 void k3l_open_policy(lua_State *L);
 void k3l_open_files(lua_State *L);
 void k3l_open_dist(lua_State *L);
+void k3l_open_graph(lua_State *L); /* k3.cuda_graph and k3.Graph (graph.c) */
 
 #endif /* K3_LUA_H */

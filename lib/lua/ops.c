@@ -60,6 +60,10 @@ static void push_dispatch(lua_State *L, const k3_dispatch *d) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "declined");
+    if (d->captured) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "captured");
+    }
 }
 
 static void call_init(lua_State *L, k3l_call *c, const char *kernel, int explain) {
@@ -320,8 +324,8 @@ static void push_catalogue(lua_State *L) {
     }
 }
 
-/* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
- * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
+/* k3.trace(fn) -> {{op =, kernel =, declined = {...}, captured = true|nil}, ...}: every
+ * dispatch made while fn runs (captured: made while a CUDA graph was being captured). Traces nest: an enclosing trace also gets every record of an inner one. When fn
  * raises, the enclosing trace (if any) is restored and still gets the records of the
  * dispatches that ran before the error, then the error propagates unchanged. fn runs under
  * lua_pcall and cannot yield: a coroutine that yields inside k3.trace (a rank of
@@ -358,13 +362,16 @@ static int l_trace(lua_State *L) {
 
 static void stats_cb(void *ud, const char *kind, const char *name, uint64_t count) {
     lua_State *L = ud;
-    lua_getfield(L, -1, strcmp(kind, "kernel") == 0 ? "kernels" : "declines");
+    lua_getfield(L, -1, strcmp(kind, "kernel") == 0     ? "kernels"
+                        : strcmp(kind, "captured") == 0 ? "captured"
+                                                        : "declines");
     lua_pushinteger(L, (lua_Integer)count);
     lua_setfield(L, -2, name);
     lua_pop(L, 1);
 }
 
-/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}}: the
+/* k3.stats() -> {kernels = {[name] = calls}, captured = {[name] = calls captured into a CUDA
+ * graph, also counted in kernels}, declines = {["kernel: reason"] = count}}: the
  * calls this Lua state's ops and methods made since the module was opened or the state's
  * last k3.stats_reset(); other lua_States and C callers are not counted here (C's k3_stats
  * has the process-wide totals). */
@@ -374,6 +381,8 @@ static int l_stats(lua_State *L) {
     lua_setfield(L, -2, "kernels");
     lua_newtable(L);
     lua_setfield(L, -2, "declines");
+    lua_newtable(L);
+    lua_setfield(L, -2, "captured");
     k3_stats_sink_read(state_stats(L), stats_cb, L);
     return 1;
 }

@@ -270,6 +270,8 @@ local HELP = {
   {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
+  {"k3.cuda_graph(fn, {device, warmup})", "capture what fn dispatches into a CUDA graph (static tensors; refuses syncs, host copies, CPU ops)"},
+  {"g:replay([n]) g:free() g:kernels() g:tensors() g:device()", "replay a captured graph / free it (also <close>, gc); its kernels, held tensors, device"},
   {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 
