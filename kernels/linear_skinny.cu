@@ -1,6 +1,6 @@
 /*
  * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
- * optional residual in the same pass). supports() is DESIGN.md's runtime check with a named
+ * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up). supports() is DESIGN.md's runtime check with a named
  * reason per failure; run() repeats it and raises the same text as an error, so a strided
  * x passed directly fails loud instead of being read with the wrong stride. The device
  * code is in linear_skinny.cuh (shared with tools/autotune.cu).
@@ -110,10 +110,13 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             k3_device_name(k3_tensor_device(typed[i]), a, sizeof a),
                             k3_device_name(dx, b, sizeof b)),
                    K3_EDEVICE;
-    const int64_t M = x->size[0], K = x->size[1], N = w->size[0];
-    if (w->size[1] != K)
-        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)", 1 + l->base,
-                        (long long)K, 1 + l->base, (long long)w->size[1]),
+    /* K is w's dim 1; the silu_mul prologue's x holds gate | up, 2K per row. */
+    const bool silu = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    const int64_t M = x->size[0], K = w->size[1], N = w->size[0];
+    if (x->size[1] != (silu ? 2 * K : K))
+        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)%s", 1 + l->base,
+                        (long long)x->size[1], 1 + l->base, (long long)K,
+                        silu ? " (prologue silu_mul needs x dim = 2 * w dim)" : ""),
                K3_ESHAPE;
     if (K == 0) return snprintf(why, n, "K = 0 (nothing to stream)"), K3_ESHAPE;
     if (M < 1 || M > K3_SKINNY_MAX_M)
@@ -240,7 +243,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.y_s1 = l->out->stride[1];
     p.M = (int)l->x->size[0];
     p.N = (int)l->w->size[0];
-    p.K = (int)l->x->size[1];
+    p.K = (int)l->w->size[1];
+    p.silu_mul = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
     if (p.N == 0) return K3_OK;
     /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))

@@ -14,6 +14,13 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
+ * SwiGLU prologue (k3_skinny_problem.silu_mul): x is [M, 2K], gate | up. Each lane loads the
+ * gate's 16 bytes at k and the up half's 16 bytes at K + k where it would load x's, and turns
+ * them into the 8 bf16 values of h = silu(gate) * up, computed in fp32 and rounded as
+ * cuda.silu_mul.generic rounds them (kernels/silu.cuh), before the MMA takes them: the
+ * product sees exactly the h a separate silu_mul would have written. w and the PDL/static_w
+ * order are unchanged (x is read only after the wait either way).
+ *
  * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
  * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
  * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
@@ -45,6 +52,8 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "silu.cuh"
 
 /* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
 #define K3_SKINNY_CONFIGS(X)                                                              \
@@ -78,6 +87,9 @@ typedef struct k3_skinny_problem {
      * the first step's w loads are issued before that wait (the weight is not written by a
      * kernel in flight). */
     int pdl, static_w;
+    /* silu_mul: x is [M, 2K] (row stride 2K) and the product takes silu(x[:, :K]) *
+     * x[:, K:] rounded to bf16 (the SwiGLU prologue above). */
+    int silu_mul;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
@@ -185,10 +197,25 @@ static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* h = silu(g) * u for the two bf16 of g and u (low half first), rounded to bf16 as
+ * cuda.silu_mul.generic rounds (fp32 arithmetic, one rounding). */
+static __device__ __forceinline__ uint32_t k3sk_silu_mul2(uint32_t g, uint32_t u) {
+    const float g0 = k3sk_bf16_to_f32((uint16_t)(g & 0xffffu)), g1 = k3sk_bf16_to_f32((uint16_t)(g >> 16));
+    const float u0 = k3sk_bf16_to_f32((uint16_t)(u & 0xffffu)), u1 = k3sk_bf16_to_f32((uint16_t)(u >> 16));
+    const uint32_t h0 = k3sk_f32_to_bf16(k3c_silu(g0) * u0);
+    const uint32_t h1 = k3sk_f32_to_bf16(k3c_silu(g1) * u1);
+    return h0 | (h1 << 16);
+}
+static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
+    return make_uint4(k3sk_silu_mul2(g.x, u.x), k3sk_silu_mul2(g.y, u.y),
+                      k3sk_silu_mul2(g.z, u.z), k3sk_silu_mul2(g.w, u.w));
+}
+
 /* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
 /* SPLIT: split-K across CTAs (gridDim.y = kcta >= 2, ws and counters used); otherwise
- * gridDim.y = 1 and ws / counters are unused (may be NULL). */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+ * gridDim.y = 1 and ws / counters are unused (may be NULL). SILU: the SwiGLU prologue (x rows
+ * of 2K, gate | up). */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, bool SILU>
 __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
@@ -216,8 +243,9 @@ __global__ void __launch_bounds__(THREADS)
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
-    const uint4 *x0 = x + (x0_ok ? g : 0) * (int64_t)nvec;
-    const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * (int64_t)nvec;
+    const int64_t xrow = SILU ? 2 * (int64_t)nvec : (int64_t)nvec; /* x's row in vectors */
+    const uint4 *x0 = x + (x0_ok ? g : 0) * xrow;
+    const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * xrow;
 
     /* This CTA's chunks: all of them, or split s of kcta (equal slices, fixed bounds). */
     int cbeg = 0, cend = nchunk;
@@ -244,6 +272,7 @@ __global__ void __launch_bounds__(THREADS)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
+        uint4 ua[UNROLL], ub[UNROLL]; /* SILU: the up halves, loaded beside the gates */
         const bool have_w = static_w && c0 == cfirst;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -253,21 +282,32 @@ __global__ void __launch_bounds__(THREADS)
             if (SPLIT) {
                 if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
-                if (MT == 2)
+                if (SILU) ua[u] = k3sk_load_x_v(x0 + nvec + (kin ? v : 0), x0_ok && kin);
+                if (MT == 2) {
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
-                else
+                    if (SILU) ub[u] = k3sk_load_x_v(x1 + nvec + (kin ? v : 0), x1_ok && kin);
+                } else {
                     xb[u] = make_uint4(0u, 0u, 0u, 0u);
+                }
             } else {
                 if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
-                if (MT == 2)
+                if (SILU) ua[u] = k3sk_load_x(x0 + nvec + (kin ? v : 0), x0_ok && kin);
+                if (MT == 2) {
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
-                else
+                    if (SILU) ub[u] = k3sk_load_x(x1 + nvec + (kin ? v : 0), x1_ok && kin);
+                } else {
                     xb[u] = make_uint4(0u, 0u, 0u, 0u);
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
+            /* Zeros (rows, tokens or k predicated off) give h = silu(0) * 0 = 0. */
+            if (SILU) {
+                xa[u] = k3sk_silu_mul(xa[u], ua[u]);
+                if (MT == 2) xb[u] = k3sk_silu_mul(xb[u], ub[u]);
+            }
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
             k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
             k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
@@ -343,14 +383,15 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     lc.numAttrs = p.pdl ? 1 : 0;
     const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
-    if (p.M <= 8)
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, pdl, st);
+#define K3_SK_EX(MT, SILU)                                                                 \
+    cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, SILU>, x, w,    \
+                       res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, counters, \
+                       pdl, st)
+    if (p.silu_mul)
+        e = p.M <= 8 ? K3_SK_EX(1, true) : K3_SK_EX(2, true);
     else
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, pdl, st);
+        e = p.M <= 8 ? K3_SK_EX(1, false) : K3_SK_EX(2, false);
+#undef K3_SK_EX
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
