@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Split-K across CTAs (kcta >= 2, see linear_skinny.cuh) needs, per launch:
  *  - fp32 partials: the context's workspace (k3c_ctx::workspace, shared with cuBLAS(Lt),
@@ -53,6 +54,41 @@ static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     }
     *out = &c;
     return K3_OK;
+}
+
+/* The silu_mul prologue runs in the kernel (h computed once per CTA into shared memory,
+ * linear_skinny.cuh) for M up to this, and through a temporary above it (cuda.silu_mul.generic
+ * into scratch, then the plain kernel: the same bits either way). Every CTA recomputes the
+ * whole h of its k range, so the in-kernel cost grows with M and the number of CTAs while a
+ * separate gate kernel costs a launch (notes/PERF.md, "silu_mul prologue"). K3_SKINNY_SILU_MAX_M
+ * (0..16, read once) overrides it, for measuring both paths. */
+#define K3SK_SILU_MAX_M_DEFAULT 16
+static int k3sk_silu_max_m(void) {
+    static const int v = [] {
+        const char *e = getenv("K3_SKINNY_SILU_MAX_M");
+        char *end = NULL;
+        long n = e && *e ? strtol(e, &end, 10) : -1;
+        return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M
+                   ? (int)n
+                   : K3SK_SILU_MAX_M_DEFAULT;
+    }();
+    return v;
+}
+
+/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
+ * partial sums (at most 16 warps x 512 bytes, and the split flag). */
+static bool k3sk_silu_fits(int dev, size_t bytes) {
+    static int optin[K3SK_MAX_DEVICES];
+    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
+    if (!optin[dev]) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        optin[dev] = v;
+    }
+    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -254,6 +290,16 @@ static k3_status k3sk_run(const k3_op_args *a) {
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows);
+    /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
+    k3c_buffer hbuf;
+    k3c_temp_tensor ht;
+    if (p.silu_mul &&
+        (p.M > k3sk_silu_max_m() ||
+         !k3sk_silu_fits(ctx->dev, k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1)))) {
+        K3_TRY(k3c_silu_mul_temp(l, hbuf, ht));
+        p.x = k3_tensor_data(&ht.t);
+        p.silu_mul = 0;
+    }
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
         return K3_OK;
