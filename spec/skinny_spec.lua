@@ -656,6 +656,20 @@ describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
     end
   end)
 
+  it("skinny with h above 48 KB of shared memory, and past the device's limit (through a temporary)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- K = 14336: h is 28.7 KB per token, so M = 4 opts in to 115 KB and M = 16 (459 KB) goes
+    -- through cuda.silu_mul.generic into a temporary; the bits are the same every way.
+    local N, K = 72, 14336
+    local w = bf16({N, K}, 1950)
+    for _, M in ipairs({1, 2, 4, 7, 16}) do
+      local x = gate_up(M, K, 1960 + M)
+      local what = "K=14336 M=" .. M
+      local fused = k3.linear(x, w, {prologue = "silu_mul", kernel = SKINNY, out = poisoned(M, N)})
+      check_fused(fused, k3.linear(k3.silu_mul(x), w, {kernel = SKINNY}), x, w, nil, what)
+    end
+  end)
+
   it("the gate's special values: silu(-inf) = 0, inf and NaN as cuda.silu_mul.generic writes them", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     -- Token t has gate g[t] at k = 1 (up 2) and gate 0 elsewhere (h = 0), K = 8; w's rows are
