@@ -423,6 +423,25 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
 
+/* What a linear computes from x before the product (k3_linear_with_prologue).
+ * K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K], gate | up halves as k3_silu_mul takes it, and the
+ * product's left operand is h[M, K] = silu(x[:, :K]) * x[:, K:], each element computed and
+ * rounded to x's dtype exactly as k3_silu_mul computes it, so the fused call gives the bits of
+ * k3_silu_mul followed by k3_linear on every kernel (the SwiGLU MLP's down projection). */
+typedef enum k3_linear_prologue {
+    K3_LINEAR_PROLOGUE_NONE = 0,
+    K3_LINEAR_PROLOGUE_SILU_MUL = 1,
+} k3_linear_prologue;
+/* k3_linear with a prologue: y[M,N] = h w[N,K]^T (+ bias) (+ residual), h as above. With
+ * SILU_MUL, x must be [M, 2K] against w [N, K] (K3_ESHAPE "linear: x dim 2 (10) must be
+ * 2 * w dim 2 (4) = 8 for prologue silu_mul", dims counted as the caller counts them) and have
+ * unit stride in its last dim (K3_ELAYOUT); a prologue value out of range is K3_EINVAL. A
+ * kernel that cannot apply it declines with a reason and dispatch goes on to the next. */
+K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                         const k3_tensor *bias, const k3_tensor *residual,
+                                         k3_linear_prologue prologue, k3_tensor *out,
+                                         const k3_call *call);
+
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
  * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
@@ -511,6 +530,13 @@ K3_API void k3_method_free(k3_method *m);
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
+/* k3_method_apply with a prologue (k3_linear_with_prologue): the plan is looked up by x's M,
+ * and the planned kernel and the owned default method's candidates all get the prologue. */
+K3_API k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y,
+                                               const k3_tensor *x, const k3_tensor *w,
+                                               const k3_tensor *bias, const k3_tensor *residual,
+                                               k3_linear_prologue prologue, k3_tensor *out,
+                                               const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define DIMS_LEN 160
@@ -131,9 +132,26 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     K3_TRY(need_opt(op, "bias", a->bias));
     K3_TRY(need_opt(op, "residual", a->residual));
     const k3_tensor *x = a->x, *w = a->w;
-    K3_TRY(need_ndim(op, "x", x, 2, "[M, K]"));
+    if (a->prologue != K3_LINEAR_PROLOGUE_NONE && a->prologue != K3_LINEAR_PROLOGUE_SILU_MUL)
+        return k3_error(K3_EINVAL, "linear: prologue must be %d (none) or %d (silu_mul); got %d",
+                        (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
+                        (int)a->prologue);
+    bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    K3_TRY(need_ndim(op, "x", x, 2, silu ? "[M, 2K]" : "[M, K]"));
     K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
-    if (x->size[1] != w->size[1])
+    /* The silu_mul prologue reads gate x[:, :K] and up x[:, K:] as silu_mul does: rows of 2K
+     * with unit last stride. */
+    if (silu && (x->size[1] % 2 != 0 || x->size[1] / 2 != w->size[1])) {
+        int64_t want;
+        if (!k3_mul_ok(w->size[1], 2, &want)) want = INT64_MAX;
+        return k3_error(K3_ESHAPE,
+                        "linear: x dim %d (%lld) must be 2 * w dim %d (%lld) = %lld for prologue "
+                        "silu_mul",
+                        1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1],
+                        (long long)want);
+    }
+    if (silu) K3_TRY(unit_last(op, "x", x));
+    if (!silu && x->size[1] != w->size[1])
         return k3_error(K3_ESHAPE, "linear: x dim %d (%lld) must match w dim %d (%lld)",
                         1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1]);
     K3_TRY(same_dtype(op, "w", w, "x", x));

@@ -467,6 +467,35 @@ linear_case("linear unknown kernel", function(x, w) return function() k3.linear(
 linear_case("linear kernel of another op", function(x, w)
   return function() k3.linear(x, w, {kernel = "cpu.attn_res.reference"}) end
 end, "linear: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
+-- The silu_mul prologue: x must be [M, 2K] against w [N, K] with unit last stride, and the
+-- option is the string "silu_mul" or nil.
+linear_case("linear prologue silu_mul with x dim 2 not 2K", function(x, w)
+  return function() k3.linear(x, w, {prologue = "silu_mul"}) end
+end, "linear: x dim 2 (3) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+linear_case("linear prologue silu_mul with x of odd width", function(_, w, e)
+  e[1] = mat(2, 7, {seed = 6})
+  return function() k3.linear(e[1], w, {prologue = "silu_mul"}) end
+end, "linear: x dim 2 (7) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+linear_case("linear prologue silu_mul with a transposed x", function(_, w, e)
+  e[1] = mat(6, 2, {seed = 7})
+  return function() k3.linear(e[1]:t(), w, {prologue = "silu_mul"}) end
+end, "linear: x must have unit stride in its last dim; got strides [1, 2]")
+linear_case("linear prologue unknown name", function(x, w)
+  return function() k3.linear(x, w, {prologue = "gelu"}) end
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got \"gelu\")")
+linear_case("linear prologue a boolean", function(x, w)
+  return function() k3.linear(x, w, {prologue = true}) end
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got boolean)")
+case("method apply prologue silu_mul with x dim 2 not 2K", function()
+  local x, w = mat(1, 3, {seed = 25}), mat(4, 3, {seed = 26})
+  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w, nil, {prologue = "silu_mul"}) end,
+    {x, w}, function() valid_method(x, w) end
+end, "linear: x dim 2 (3) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+case("method apply prologue unknown name", function()
+  local x, w = mat(1, 3, {seed = 27}), mat(4, 3, {seed = 28})
+  return function() k3.method.default():apply(x, w, nil, {prologue = "swiglu"}) end,
+    {x, w}, function() valid_method(x, w) end
+end, "bad argument #4 to 'apply' (field 'prologue' must be \"silu_mul\" or nil; got \"swiglu\")")
 -- Where CUDA runs, the kernel refuses the CPU tensors; elsewhere it is not registered.
 linear_case("linear CUDA kernel on CPU tensors", function(x, w)
   return function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end
