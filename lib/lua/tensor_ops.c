@@ -53,6 +53,7 @@ static int check_dim(lua_State *L, int hi) {
 
 /* k3.cat(list, d = 1) -> the tensors joined along dim d (same dtype, device and sizes but d). */
 static int l_cat(lua_State *L) {
+    lua_settop(L, 2); /* the list's array goes above the arguments */
     const k3_tensor **ts;
     int n = check_list(L, &ts);
     int d = check_dim(L, k3_tensor_ndim(ts[0]) > 0 ? k3_tensor_ndim(ts[0]) : 1);
@@ -63,6 +64,7 @@ static int l_cat(lua_State *L) {
 
 /* k3.stack(list, d = 1) -> the tensors (of one shape) along a new dim d, 1..ndim + 1. */
 static int l_stack(lua_State *L) {
+    lua_settop(L, 2);
     const k3_tensor **ts;
     int n = check_list(L, &ts);
     int d = check_dim(L, k3_tensor_ndim(ts[0]) + 1);
