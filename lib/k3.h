@@ -277,7 +277,8 @@ K3_API k3_status k3_tensor_to_f64(const k3_tensor *t, double *out);
 /* Elementwise ops into a new tensor of a's shape, dtype and device (*out; the caller frees
  * it). Each element is computed from the exact operands (a double scalar is not rounded to
  * the dtype first) and rounded once to the dtype (docs/DESIGN.md). */
-typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL } k3_binop;
+/* K3_DIV is IEEE division (x / 0 is an infinity or NaN, never an error). */
+typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL, K3_DIV } k3_binop;
 /* out = a (op) b; shapes must match exactly, dtypes and devices too. Errors: K3_EINVAL
  * (out, a or b NULL: "binary: b is NULL"; op not a k3_binop), K3_EFREED, K3_ESHAPE,
  * K3_EDTYPE, K3_EDEVICE, K3_ENOMEM. */
@@ -484,6 +485,73 @@ K3_API k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor 
 /* x [M,2I] -> y [M,I] = silu(x[:, :I]) * x[:, I:] (SwiGLU gate). */
 K3_API k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
                              const k3_call *call);
+
+/* ---- tensor ops: elementwise functions, reductions, joins and ranges ------------------------ */
+
+/* y = |x|, e^x or sqrt(x) elementwise (sqrt of a negative number is NaN); x any shape,
+ * strides (zero strides included) and dtype; y has x's shape and dtype (out, when given,
+ * must match and must not overlap x). fp32 arithmetic (fp64 for f64), rounded once: abs and
+ * sqrt are exact roundings on every kernel; exp is the math library's expf / exp (within
+ * 2 units in the last place of f32, 1 of f64). Errors: K3_EINVAL, K3_EFREED, K3_ESHAPE,
+ * K3_EDTYPE, K3_EDEVICE (out), K3_ENOMEM. */
+K3_API k3_status k3_abs(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_exp(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_sqrt(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+
+/* The fixed order of every sum (sum, mean): the n reduced elements, taken in row-major order
+ * as j = 0..n-1, go to lane j mod K3_REDUCE_LANES; each lane adds its elements in order of j
+ * into an fp32 accumulator (fp64 for f64 x); the 256 lanes are then combined as the CUDA
+ * kernel's warps do (within each group of 32 lanes a butterfly: v[i] += v[i ^ o] for
+ * o = 16, 8, 4, 2, 1; then the 8 groups' results added in order). CPU and CUDA kernels follow
+ * it to the bit. Its error bound is that of a sum of n / 256 + 8 terms per lane:
+ * |error| <= (n / 256 + 8) * 2^-24 * sum |x| (2^-53 for f64), before the one rounding to
+ * the dtype. */
+#define K3_REDUCE_LANES 256
+/* y = the sum (mean: sum / n, in the accumulator, then rounded once) of x over dim `dim`
+ * (0-based; y has x's shape with that dim of size 1), or over every element (dim = -1: y is
+ * 0-dim). The sum of no elements is 0 and their mean NaN. Any strides and dtype; out, when
+ * given, must be exactly y's shape, dtype and device. Errors: K3_EINVAL (x NULL, dim out of
+ * range: "sum: dim 3 is out of range for a 2-dim tensor (expected 0..1 or -1 for all)"),
+ * K3_EFREED, K3_ESHAPE, K3_EDTYPE, K3_EDEVICE (out), K3_ENOMEM. */
+K3_API k3_status k3_sum(k3_tensor **y, const k3_tensor *x, int dim, k3_tensor *out,
+                        const k3_call *call);
+K3_API k3_status k3_mean(k3_tensor **y, const k3_tensor *x, int dim, k3_tensor *out,
+                         const k3_call *call);
+/* y = the largest (smallest) element of x over dim `dim` (0-based; kept with size 1) or over
+ * every element (dim = -1: 0-dim). A NaN wins: the result is the first NaN. *indices (when
+ * indices is not NULL; a new f64 tensor of y's shape on y's device) receives the position of
+ * the result along dim (the row-major position when dim = -1) counted from index_base (0 in
+ * C, 1 in Lua): the first position among equal values. The result does not depend on the
+ * order elements are visited in. Errors as k3_sum, and K3_ESHAPE when the reduced dims
+ * have no element ("max: cannot reduce an empty dim 2 (size 0)"). */
+K3_API k3_status k3_max(k3_tensor **y, k3_tensor **indices, const k3_tensor *x, int dim,
+                        int index_base, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_min(k3_tensor **y, k3_tensor **indices, const k3_tensor *x, int dim,
+                        int index_base, k3_tensor *out, const k3_call *call);
+
+/* *out = a new tensor joining the n tensors ts along dim (0-based): every one must have the
+ * same ndim, dtype and device and the same size in every other dim (cat), or exactly the same
+ * shape (stack, which adds a new dim `dim` of size n, 0 <= dim <= ndim). Copies run on the
+ * tensors' device through k3_tensor_copy. Errors: K3_EINVAL (n < 1, a NULL entry, dim out of
+ * range), K3_EFREED, K3_ESHAPE, K3_EDTYPE, K3_EDEVICE, K3_ENOMEM, and names the entry
+ * ("cat: tensor 2 dim 1 (3) must match tensor 1 (4)"). */
+K3_API k3_status k3_tensor_cat(k3_tensor **out, const k3_tensor *const *ts, int n, int dim);
+K3_API k3_status k3_tensor_stack(k3_tensor **out, const k3_tensor *const *ts, int n, int dim);
+/* *out = the 1-dim tensor [start, start + step, ...) of n elements, each computed as
+ * start + i * step in f64 and rounded once to dtype (the caller gives n; for PyTorch's
+ * arange(a, b, step) it is ceil((b - a) / step)). Errors: K3_EINVAL (n < 0, start or step
+ * not finite), K3_EDTYPE, K3_EDEVICE, K3_ENOMEM. */
+K3_API k3_status k3_tensor_arange(k3_tensor **out, double start, double step, int64_t n,
+                                  k3_dtype dtype, k3_device device);
+/* *out = n points from a to b inclusive (PyTorch's linspace: step = (b - a) / (n - 1);
+ * element i is a + i * step for i < n / 2, else b - (n - 1 - i) * step, so both ends are
+ * exact), each rounded once to dtype. n = 1 gives {a}. Errors as k3_tensor_arange. */
+K3_API k3_status k3_tensor_linspace(k3_tensor **out, double a, double b, int64_t n,
+                                    k3_dtype dtype, k3_device device);
+/* *out = 1 when a and b have the same shape and equal values (compared in f64 on the host,
+ * any dtypes and devices; NaN equals nothing, -0 equals 0, as torch.equal), else 0.
+ * Errors: K3_EINVAL (NULL), K3_EFREED, K3_ENOMEM. */
+K3_API k3_status k3_tensor_equal(const k3_tensor *a, const k3_tensor *b, int *out);
 
 /* ---- linear methods ------------------------------------------------------------------------ */
 

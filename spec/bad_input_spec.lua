@@ -509,7 +509,7 @@ linear_case("linear opts a number", function(x, w) return function() k3.linear(x
 linear_case("linear empty K mismatch", function(_, w) return function() k3.linear(k3.zeros({2, 0}), w) end end,
   "linear: x dim 2 (0) must match w dim 2 (3)")
 linear_case("explain of an unknown op", function(x, w) return function() k3.explain("matmul", x, w) end end,
-  "bad argument #1 to 'explain' (unknown op 'matmul'; expected linear, attn_res, rms_norm or silu_mul)")
+  "bad argument #1 to 'explain' (unknown op 'matmul'; expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)")
 
 -- ---- attn_res (T = 2, H = 4, S = 3) ---------------------------------------------------------------------
 local function ar_args()
@@ -817,7 +817,7 @@ long_case("zeros with a 10 MB option name", function() k3.zeros({2}, {[LONG] = 1
 long_case("to a 10 MB string", function() k3.zeros({2}):to(LONG) end,
   "bad argument #1 to 'to' ('" .. cut200(LONG) .. "' is neither a dtype (bf16, f16, f32, f64) nor a device (cpu, cuda, cuda:N))")
 long_case("explain a 10 MB op", function() k3.explain(LONG) end,
-  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm or silu_mul)")
+  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)")
 long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat(2, 2), {kernel = LONG}) end,
   "linear: unknown kernel '" .. cut200(LONG) .. "'")
 long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,

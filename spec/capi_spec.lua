@@ -189,7 +189,7 @@ local checks = {
     {"method_low_latency M twice", "K3_EINVAL", "method.low_latency: plan has two entries for M = 3"},
     {"method_low_latency M twice out", "K3_OK", "NULL"},
     {"policy_set_candidates unknown op", "K3_EINVAL",
-     "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm or silu_mul)"},
+     "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)"},
     {"policy_set_candidates 17", "K3_EINVAL", "policy: linear has 17 candidates; expected 0..16"},
     {"linear y and out NULL", "K3_EINVAL", "linear: y and out are both NULL (the result would be lost)"},
     {"attn_res args NULL", "K3_EINVAL", "attn_res: args is NULL"},

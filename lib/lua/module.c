@@ -32,6 +32,7 @@ K3_API int luaopen_k3_core(lua_State *L) {
     report_config_warnings();
     lua_newtable(L);
     k3l_open_tensor(L);
+    k3l_open_tensor_ops(L);
     k3l_open_ops(L);
     k3l_open_policy(L);
     k3l_open_files(L);

@@ -488,7 +488,11 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
     if (lua_type(L, si) != LUA_TNUMBER)
         return luaL_error(L, "attempt to %s a k3.Tensor and a %s value", name,
                           luaL_typename(L, si));
-    double s = lua_tonumber(L, si);
+    /* A Lua integer beyond 2^53 has no double: it is rounded once to the tensor's dtype
+     * (k3l_check_value) instead of to a double and then again. */
+    lua_Integer si_v = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
+    double s = (si_v > (1LL << 53) || si_v < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
+                                                           : lua_tonumber(L, si);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;
@@ -496,6 +500,7 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
 static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
 static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
 static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
+static int t_div(lua_State *L) { return arith(L, K3_DIV, "divide"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
@@ -561,7 +566,7 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
+    {"__mul", t_mul},    {"__unm", t_unm},       {"__div", t_div}, {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {
     {"empty", l_empty},   {"zeros", l_zeros},   {"ones", l_ones},
@@ -573,6 +578,7 @@ void k3l_open_tensor(lua_State *L) {
     if (luaL_newmetatable(L, K3L_TENSOR_MT)) {
         luaL_setfuncs(L, tensor_meta, 0);
         luaL_newlib(L, tensor_methods);
+        k3l_add_tensor_op_methods(L);
         lua_setfield(L, -2, "__index");
     }
     lua_setfield(L, -2, "_tensor_mt");

@@ -248,6 +248,12 @@ local HELP = {
   {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values"},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
+  -- tensor ops (the elementwise and reduction ops are catalogue lines, under "ops")
+  {"t / u, t / s, s / t", "elementwise division (IEEE: x / 0 is inf or NaN)"},
+  {"t:float() t:double() t:bf16() t:half()", "dtype conversions (new tensor on t's device, rounded once)"},
+  {"k3.cat(list, d) k3.stack(list, d)", "join along dim d / along a new dim d (default 1)"},
+  {"k3.arange(a, b [, step], opts) k3.linspace(a, b, n, opts)", "ranges: half-open, ceil((b - a) / step) elements / n points, both ends exact"},
+  {"k3.equal(a, b)", "same shape and values (NaN equals nothing)"},
   "ops", -- one line per op of the catalogue (lib/k3_ops.def), then each op's kernels
   {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
