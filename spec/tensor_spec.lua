@@ -455,7 +455,7 @@ describe("errors", function()
       "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
     H.raises(function() k3.empty({"a"}) end,
       "bad argument #1 to 'empty' (shape[1] must be an integer; got string)")
-    H.raises(function() k3.empty("x") end, "bad argument #1 to 'empty' (table expected, got string)")
+    H.raises(function() k3.empty("x") end, "bad argument #1 to 'empty' (shape table or sizes expected, got string)")
   end)
 
   it("huge sizes overflow or run out of memory without crashing", function()
