@@ -23,6 +23,7 @@
 #define K3L_REG_TRACE "k3.trace"
 #define K3L_REG_STATS "k3.stats.sink"
 #define K3L_REG_TENSOR_METHODS "k3.Tensor.methods"
+#define K3L_REG_COMPLETER "k3.repl.completer"
 
 /* ---- errors (args.c) ------------------------------------------------------------------------ */
 
@@ -122,6 +123,9 @@ k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int requir
  * one place to add a method later). Called once the module's files are open, with the module
  * table on top; safe to call again. */
 void k3l_tensor_index(lua_State *L);
+
+/* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */
+void k3l_open_repl(lua_State *L);
 
 /* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 

@@ -14,7 +14,9 @@ end
 
 -- ---- tensor printing ------------------------------------------------------------------------
 
-local EDGE, SUMMARY_THRESHOLD = 3, 1000
+-- PyTorch's print options: EDGE items at each end of a summarised dim, summaries above
+-- SUMMARY_THRESHOLD elements, rows of values wrapped at LINE_WIDTH columns.
+local EDGE, SUMMARY_THRESHOLD, LINE_WIDTH = 3, 1000, 80
 
 local function dims_string(v)
   return "[" .. table.concat(v, ", ") .. "]"
@@ -88,6 +90,9 @@ local function tensor_tostring(t)
     if #strs[i] > width then width = #strs[i] end
   end
   local pos = 0
+  -- The innermost dim, opened at column d - 1, wraps as PyTorch's _vector_str does: as many
+  -- values per line as fit in LINE_WIDTH with their ", ", continuation lines under the first.
+  local per_line = math.max(1, (LINE_WIDTH - (nd - 1)) // (width + 2))
   local function render(d)
     local parts = {}
     for _, i in ipairs(shown(size[d], summarize)) do
@@ -100,7 +105,13 @@ local function tensor_tostring(t)
         parts[#parts + 1] = render(d + 1)
       end
     end
-    if d == nd then return "[" .. table.concat(parts, ", ") .. "]" end
+    if d == nd then
+      local lines = {}
+      for first = 1, #parts, per_line do
+        lines[#lines + 1] = table.concat(parts, ", ", first, math.min(#parts, first + per_line - 1))
+      end
+      return "[" .. table.concat(lines, ",\n" .. string.rep(" ", d)) .. "]"
+    end
     return "[" .. table.concat(parts, "," .. string.rep("\n", nd - d) .. string.rep(" ", d)) .. "]"
   end
   return head .. "\n" .. render(1)
@@ -313,8 +324,13 @@ end
 
 -- k3.inspect's walk; depth counts the table levels above v; left.n is what the whole
 -- rendering may still show.
+local function has_tostring(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__tostring") ~= nil
+end
+
 local function inspect(v, depth, left)
-  if k3.is_tensor(v) then
+  if k3.is_tensor(v) or (type(v) == "table" and has_tostring(v)) then
     return inspect_text((tostring(v):match("^[^\n]*")), false)
   elseif type(v) == "string" then
     return inspect_text(v, true)
@@ -358,27 +374,16 @@ local function inspect(v, depth, left)
 end
 
 --- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
---- (keys sorted, nested up to 3 levels), tensors print their header line. Arguments after the
+--- (keys sorted, nested up to 3 levels), tensors and objects with a __tostring (k3.nn layers,
+--- models) the first line of it. Arguments after the
 --- first are ignored, so k3.inspect(f()) renders f's first result. The rendering is bounded
 --- whatever v claims (its __len or __pairs): at most 100 entries per table and 1000 in all,
 --- 10000 keys read per table, 200 bytes of any string; each cut says how much it left out.
 function k3.inspect(v) return inspect(v, 0, {n = INSPECT_TOTAL}) end
 
--- The REPL (scripts/k3 with no arguments): results print through the global `print`
--- (lua.c), so tables show their contents instead of an address.
-function k3._repl_banner()
-  local plain_print = print
-  _G.print = function(...)
-    local out = table.pack(...)
-    for i = 1, out.n do
-      if type(out[i]) == "table" then out[i] = k3.inspect(out[i]) end
-    end
-    plain_print(table.unpack(out, 1, out.n))
-  end
-  local b = k3.backends()
-  io.write(string.format("k3 %s: cuda %s. k3.help() lists the API.\n", k3.version,
-    b.cuda.available and ("available, " .. b.cuda.devices .. " device(s)") or
-    ("unavailable (" .. tostring(b.cuda.reason) .. ")")))
-end
+-- k3.nn (lua/k3/nn/init.lua) as a field, so the REPL reaches k3.nn.Linear; it requires
+-- "k3", which is this table from here on.
+package.loaded.k3 = k3
+k3.nn = require "k3.nn"
 
 return k3
