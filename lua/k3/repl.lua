@@ -68,7 +68,9 @@ function repl.complete(word)
   local path, sep, part = word:match("^(.-)([.:])([%w_]*)$")
   local names
   if path then
-    if path == "" or not path:match("^[%a_][%w_.]*$") or path:find("%.%.") then return {} end
+    if not path:match("^[%a_][%w_.]*$") or path:find("%.%.") or path:sub(-1) == "." then
+      return {}
+    end
     local v = resolve(path)
     if v == nil then return {} end
     names = names_of(v)
