@@ -130,7 +130,10 @@ describe("printing in the REPL", function()
       "{k3.nn.Linear(k3.zeros(4, 2)), n = 1}",
       "kimi = require 'k3.model.kimi_k3'",
       "cfg = kimi.config('tiny')",
-      "kimi.build(cfg, kimi.generate_weights(cfg))",
+      "s = kimi.build(cfg, kimi.generate_weights(cfg))",
+      "s",
+      "s.layers[2]",
+      "s:stream(1)",
     })
     assert.equal(0, code, out)
     local want = {
@@ -145,6 +148,9 @@ describe("printing in the REPL", function()
       "    attn.o_proj  Linear(128 -> 256, bf16)\n" ..
       "    mlp          SwiGLU(256 -> 512 -> 256)\n" ..
       "  final: AttnRes read, RMSNorm(256)\n",
+      "\nLayer 1: attn Attention(qkv_a Linear(256 -> 112, bf16), q_b Linear(64 -> 192, bf16), " ..
+      "o_proj Linear(128 -> 256, bf16)), mlp SwiGLU(256 -> 512 -> 256)\n",
+      "\nAttnResStream(1 token, hidden_size 256, 16 layers, block_size 4, 4 slots, bf16 on cpu)\n",
     }
     for _, w in ipairs(want) do assert.truthy(out:find(w, 1, true), w .. "\nin\n" .. out) end
   end)

@@ -394,6 +394,41 @@ describe("printing", function()
     assert.is_true(#s < 1000)
   end)
 
+  it("wraps rows at 80 columns as PyTorch does, and summarises only above 1000 elements", function()
+    local function lines_of(str)
+      local out = {}
+      for line in (str .. "\n"):gmatch("(.-)\n") do out[#out + 1] = line end
+      return out
+    end
+    -- 1000 elements: every value shown, 8 per line ("-0.4715, " is 9 columns)
+    local t = k3.randn({1000}, {seed = 44})
+    local ls = lines_of(tostring(t))
+    assert.equal(1 + 125, #ls)
+    for i = 2, #ls do assert.is_true(#ls[i] <= 80, "line " .. i .. ": " .. ls[i]) end
+    local count = 0
+    for _ in tostring(t):gmatch("%-?%d%.%d%d%d%d") do count = count + 1 end
+    assert.equal(1000, count)
+    assert.falsy(tostring(t):find("...", 1, true))
+    -- continuation lines start under the first value, one column in per open bracket
+    assert.equal("k3.Tensor [12] f32 cpu\n" ..
+                 "[-0.4715,  0.7479, -1.5871, -0.3702, -1.1692,  0.2059,  0.8244,  0.5118,\n" ..
+                 "  0.5142,  1.1634, -0.0674, -0.5261]", tostring(k3.randn(12)))
+    local m = lines_of(tostring(k3.zeros(2, 30)))
+    assert.same({"[[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,",
+                 "  0, 0, 0, 0],", " [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,",
+                 "  0, 0, 0, 0]]"}, {m[2], m[3], m[4], m[5]})
+    -- 1001 elements: 3 at each end of every dim
+    local s = tostring(k3.randn({1001}, {seed = 44}))
+    assert.equal(2, #lines_of(s))
+    assert.truthy(s:find("^k3%.Tensor %[1001%] f32 cpu\n%[[^\n,]+,[^\n,]+,[^\n,]+, %.%.%.,[^\n,]+,[^\n,]+,[^\n,]+%]$"), s)
+    local n = lines_of(tostring(k3.zeros(20, 60)))
+    assert.same({"k3.Tensor [20, 60] f32 cpu", "[[0, 0, 0, ..., 0, 0, 0],", " [0, 0, 0, ..., 0, 0, 0],",
+                 " [0, 0, 0, ..., 0, 0, 0],", " ...,", " [0, 0, 0, ..., 0, 0, 0],",
+                 " [0, 0, 0, ..., 0, 0, 0],", " [0, 0, 0, ..., 0, 0, 0]]"}, n)
+    -- a 0-dim tensor and an empty one are not wrapped
+    assert.equal("k3.Tensor [0, 3] f32 cpu\n[]", tostring(k3.zeros(0, 3)))
+  end)
+
   it("has the __name k3.Tensor", function()
     assert.equal("k3.Tensor", getmetatable(k3.empty({1})).__name)
     assert.is_true(k3.is_tensor(k3.empty({1})))
