@@ -158,8 +158,9 @@ end)
 
 -- The README's "A REPL session" block: its "> " lines are fed to scripts/k3 and the
 -- transcript must read as the block does. In the block, "…" stands for any text on its line
--- (a "stack traceback: …" also for the traceback's tab-indented lines), and the interpreter's
--- own banner line is matched by its "Lua 5.4" start.
+-- (a "stack traceback: …" also for the traceback's tab-indented lines), the interpreter's
+-- own banner line is matched by its "Lua 5.4" start, and k3's banner by its form (CUDA
+-- available or not).
 describe("the README's REPL session", function()
   local function readme_session()
     local f = assert(io.open(root .. "/README.md"))
@@ -176,6 +177,8 @@ describe("the README's REPL session", function()
 
   local function matches(want, got)
     if want:match("^Lua 5%.4") then return got:match("^Lua 5%.4") ~= nil end
+    -- k3's banner says whether CUDA is available: either reading fits
+    if want:match("^k3 %S+: cuda ") then return got:match("^k3 %S+: cuda .*k3%.help%(%) lists the API%.$") ~= nil end
     local pat = want:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"):gsub("…%w*…", ".*"):gsub(" ?…", ".*")
     pat = "^" .. pat .. "$"
     return got:match(pat) ~= nil
