@@ -80,7 +80,7 @@ describe("Tab in scripts/k3", function()
     if not have("script") then return pending("needs script (util-linux) for a terminal") end
     -- Tab after "k3.ze" completes to k3.zeros, after "t:nu" to t:numel; each line then runs.
     local cmd = string.format("cd / && (printf 'k3.ze\\t(2, 3):numel()\\nt = k3.zeros(4)\\nt:nu\\t()\\n'; " ..
-                              "sleep 1) | script -qec %q /dev/null", k3sh)
+                              "sleep 2) | script -qec %q /dev/null", k3sh)
     local out = H.sh(cmd):gsub("\27%[[%d;?]*%a", ""):gsub("\r", "")
     assert.truthy(out:find("> k3.zeros(2, 3):numel()\n6\n", 1, true), out)
     assert.truthy(out:find("> t:numel()\n4\n", 1, true), out)

@@ -546,8 +546,8 @@ static int64_t check_row_key(lua_State *L, int idx, const k3_tensor *t) {
 /* __index: a string key looks up the methods (upvalue 1: the methods table); t[i] is
  * t:select(1, i), and for a 1-dim t the element's value as a number. */
 static int t_index(lua_State *L) {
-    if (lua_type(L, 2) == LUA_TSTRING) {
-        lua_pushvalue(L, 2);
+    if (lua_type(L, 2) == LUA_TSTRING) { /* the common case: a method call */
+        lua_settop(L, 2);
         lua_rawget(L, lua_upvalueindex(1));
         return 1;
     }
