@@ -953,6 +953,74 @@ describe("reshape, permute, squeeze, unsqueeze", function()
     assert.same({1, 0, 0}, layouts().expanded:reshape(4, 2, 3):stride())
   end)
 
+  -- The oracle of view-ness: t's storage offsets in row-major order; shape sh is a view of t
+  -- exactly when some strides reproduce them, and those strides are fixed by the offsets of
+  -- the unit steps (a size-1 dim's stride reaches no element).
+  local function offsets_of(size, stride, offset)
+    local out, idx, n = {}, {}, 1
+    for d = 1, #size do idx[d] = 1; n = n * size[d] end
+    for _ = 1, n do
+      local o = offset
+      for d = 1, #size do o = o + (idx[d] - 1) * stride[d] end
+      out[#out + 1] = o
+      for d = #size, 1, -1 do
+        idx[d] = idx[d] + 1
+        if idx[d] <= size[d] then break end
+        idx[d] = 1
+      end
+    end
+    return out
+  end
+  local function oracle_strides(offs, sh)
+    local st, unit = {}, 1
+    for d = #sh, 1, -1 do
+      st[d] = sh[d] > 1 and offs[unit + 1] - offs[1] or nil
+      unit = unit * sh[d]
+    end
+    local full = {}
+    for d = 1, #sh do full[d] = st[d] or 0 end
+    local again = offsets_of(sh, full, offs[1])
+    for i = 1, #offs do if again[i] ~= offs[i] then return nil end end
+    return st
+  end
+
+  it("reshape is a view exactly when some strides give t's elements in order (random layouts)", function()
+    local rng = 12345
+    local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n + 1 end
+    local factorizations = {[24] = {{24}, {2, 12}, {12, 2}, {4, 6}, {6, 4}, {2, 3, 4}, {4, 3, 2},
+                                     {2, 2, 6}, {3, 8}, {1, 24, 1}, {2, 1, 3, 1, 4}}}
+    for trial = 1, 300 do
+      -- a [2, 3, 4] tensor made through a random chain of views over a larger base
+      local base = k3.randn({4, 5, 6}, {dtype = "f64", seed = trial})
+      local t = base:narrow(1, rand(3), 2):narrow(2, rand(3), 3):narrow(3, rand(3), 4)
+      local perm = ({{1, 2, 3}, {1, 3, 2}, {2, 1, 3}, {2, 3, 1}, {3, 1, 2}, {3, 2, 1}})[rand(6)]
+      t = t:permute(perm):contiguous():view(2, 3, 4) -- fresh contiguous data...
+      local kind = rand(4)
+      if kind == 1 then t = t:permute(perm) -- ...then a permuted,
+      elseif kind == 2 then t = base:narrow(3, 1, 4):narrow(2, 1, 3):narrow(1, 1, 2) -- strided,
+      elseif kind == 3 then t = t:narrow(3, 1, 1):expand(2, 3, 4) end -- or expanded view
+      local n = t:numel()
+      local shapes = factorizations[n]
+      local sh = shapes[rand(#shapes)]
+      local offs = offsets_of(t:size(), t:stride(), t:offset())
+      local want = oracle_strides(offs, sh)
+      local r = t:reshape(sh)
+      local label = string.format("trial %d: [%s] strides [%s] -> [%s]", trial, table.concat(t:size(), ", "),
+                                  table.concat(t:stride(), ", "), table.concat(sh, ", "))
+      assert.same(flat(t), flat(r), label)
+      if want then
+        assert.equal(t:offset(), r:offset(), label)
+        for d = 1, #sh do
+          if sh[d] > 1 then assert.equal(want[d], r:stride(d), label) end
+        end
+        if kind ~= 3 then assert.is_true(shares(t, r), label) end
+      else
+        assert.is_true(r:is_contiguous(), label)
+        if kind ~= 3 then assert.is_false(shares(t, r), label) end
+      end
+    end
+  end)
+
   it("reshape of a view shares the base's storage; of a copy does not", function()
     local base = k3.zeros(2, 6)
     base:reshape(3, 4)[3] = 1
