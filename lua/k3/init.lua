@@ -283,7 +283,8 @@ local HELP = {
   {"k3.dist.simulate(W, fn, opts)", "run W ranks as coroutines in this process (CPU checks)"},
   {"k3.clock()", "monotonic seconds (host)"},
   {"k3.isatty(file)", "whether a file handle (io.stderr, ...) is a terminal"},
-  {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it; Tab completes names)"},
+  {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
+  {"scripts/k3", "the REPL: results print through __tostring or k3.inspect; Tab completes globals, fields and methods"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
   {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
@@ -327,13 +328,14 @@ local function inspect_text(text, quote)
   return cut and string.format("%s… (cut at %d of %d bytes)", shown, INSPECT_TEXT, #text) or shown
 end
 
--- k3.inspect's walk; depth counts the table levels above v; left.n is what the whole
--- rendering may still show.
+-- Whether v's metatable has a __tostring (read raw, as tostring does).
 local function has_tostring(v)
   local mt = getmetatable(v)
   return type(mt) == "table" and rawget(mt, "__tostring") ~= nil
 end
 
+-- k3.inspect's walk; depth counts the table levels above v; left.n is what the whole
+-- rendering may still show.
 local function inspect(v, depth, left)
   if k3.is_tensor(v) or (type(v) == "table" and has_tostring(v)) then
     return inspect_text((tostring(v):match("^[^\n]*")), false)
@@ -380,8 +382,8 @@ end
 
 --- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
 --- (keys sorted, nested up to 3 levels), tensors and objects with a __tostring (k3.nn layers,
---- models) the first line of it. Arguments after the
---- first are ignored, so k3.inspect(f()) renders f's first result. The rendering is bounded
+--- models) the first line of it. Arguments after the first are ignored, so k3.inspect(f())
+--- renders f's first result. The rendering is bounded
 --- whatever v claims (its __len or __pairs): at most 100 entries per table and 1000 in all,
 --- 10000 keys read per table, 200 bytes of any string; each cut says how much it left out.
 function k3.inspect(v) return inspect(v, 0, {n = INSPECT_TOTAL}) end
