@@ -218,6 +218,24 @@ K3_API k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1
  * -1 (inferred). shape may be NULL only when ndim is 0. */
 K3_API k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                                 const int64_t *shape);
+/* Reshape, permute, squeeze, unsqueeze (the Torch7/PyTorch forms; 0-based dims):
+ *  - reshape: t's elements in row-major order in a new shape (one size may be -1); a view when
+ *    t's strides allow one (PyTorch's view rule: dims may be split or merged only where they
+ *    are contiguous with one another), else a contiguous copy (K3_ENOMEM/K3_EDEVICE as
+ *    k3_tensor_empty, named "reshape:"). Element-count mismatch is K3_ESHAPE ("reshape: shape
+ *    [4, 2] has 8 elements; tensor has 6").
+ *  - permute: dims[i] is the dim of t that becomes dim i; a permutation of 0..ndim-1, else
+ *    K3_ESHAPE ("permute: dim 2 appears twice (positions 1 and 2)").
+ *  - squeeze: drops dim d when its size is 1 (a no-op for another size), or every size-1 dim
+ *    when d is -1.
+ *  - unsqueeze: a new size-1 dim at position d (0..ndim); K3_ESHAPE for a K3_MAX_DIMS-dim t.
+ * Each but reshape's copy shares t's storage. */
+K3_API k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int64_t *shape);
+K3_API k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int *dims);
+K3_API k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d);
+K3_API k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d);
 /* Broadcast size-1 dims (and new leading dims) to shape with stride 0. shape may be NULL
  * only when ndim is 0. */
 K3_API k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,

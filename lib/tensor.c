@@ -1,7 +1,7 @@
 /*
  * tensor.c — the tensor core: reference-counted storage, views (narrow, select, transpose,
- * view, expand, as_strided), copies between any strides, dtypes and devices, fill, element
- * access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
+ * view, reshape, permute, squeeze, unsqueeze, expand, as_strided), copies between any strides,
+ * dtypes and devices, fill, element access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
  * device work is handed to the CUDA backend's table.
  */
 #include "k3_impl.h"
@@ -652,6 +652,88 @@ k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d
     return K3_OK;
 }
 
+/* A target shape for view or reshape: at most one size -1 (inferred from t's element count),
+ * the others >= 0, the same element count as t; sh gets the shape with -1 resolved. */
+static k3_status resolve_shape(const char *op, const k3_tensor *t, int ndim, const int64_t *shape,
+                               int64_t *sh, int base) {
+    if (ndim < 0 || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op, K3_MAX_DIMS,
+                        ndim);
+    if (ndim > 0 && !shape) return null_arg(op, "shape");
+    int64_t known = 1, numel = k3_tensor_numel(t);
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        sh[i] = shape[i];
+        if (shape[i] == -1) {
+            if (infer >= 0)
+                return k3_error(K3_ESHAPE, "%s: only one size may be -1 (dims %d and %d)", op,
+                                infer + base, i + base);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0 or -1; got %lld", op,
+                            i + base, (long long)shape[i]);
+        } else if (!k3_mul_ok(known, shape[i], &known)) {
+            return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d", op, i + base);
+        }
+    }
+    char b1[160];
+    if (infer >= 0) {
+        if (known == 0 || numel % known != 0)
+            return k3_error(K3_ESHAPE, "%s: cannot infer dim %d: %lld elements over %lld", op,
+                            infer + base, (long long)numel, (long long)known);
+        sh[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel)
+        return k3_error(K3_ESHAPE, "%s: shape %s has %lld elements; tensor has %lld", op,
+                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
+                        (long long)numel);
+    int64_t checked;
+    return check_shape(op, ndim, sh, &checked, base);
+}
+
+/* Row-major strides of shape into st. */
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        st[i] = s;
+        s *= shape[i] ? shape[i] : 1;
+    }
+}
+
+/* Strides that show t's elements, in row-major order, in shape sh (same element count), or
+ * false when t's strides allow none. The rule is the one PyTorch's view applies: t's dims are
+ * cut into chunks of dims that are contiguous with one another (stride[d] == size[d+1] *
+ * stride[d+1], size-1 dims ignored); the new shape must split or merge dims only inside a
+ * chunk, and each new dim inside a chunk gets the chunk's innermost stride times the sizes to
+ * its right. No product overflows: each is at most the stride of a dim of the non-empty view,
+ * whose extent was checked when it was made. */
+static bool view_strides(const k3_tensor *t, int ndim, const int64_t *sh, int64_t *st) {
+    if (k3_tensor_numel(t) == 0 || t->ndim == 0) {
+        contiguous_strides(ndim, sh, st);
+        return true;
+    }
+    int v = ndim - 1;
+    int64_t base_stride = t->stride[t->ndim - 1], chunk = 1, seen = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        chunk *= t->size[d];
+        bool chunk_ends = d == 0 || (t->size[d - 1] != 1 &&
+                                     t->stride[d - 1] != chunk * base_stride);
+        if (!chunk_ends) continue;
+        while (v >= 0 && (seen < chunk || sh[v] == 1)) {
+            st[v] = seen * base_stride;
+            seen *= sh[v];
+            v--;
+        }
+        if (seen != chunk) return false;
+        if (d > 0) {
+            base_stride = t->stride[d - 1];
+            chunk = seen = 1;
+        }
+    }
+    return v == -1;
+}
+
 k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                               const int64_t *shape) {
     int base = k3_message_base();
@@ -660,7 +742,6 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "view: a tensor has 0 to %d dimensions; got %d", K3_MAX_DIMS,
                         ndim);
-    if (ndim > 0 && !shape) return null_arg("view", "shape");
     char b1[160], b2[160];
     if (!k3_tensor_is_contiguous(t))
         return k3_error(K3_ELAYOUT,
@@ -668,44 +749,114 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                         "contiguous() first",
                         k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
                         k3_fmt_dims(b2, sizeof b2, t->ndim, t->stride));
-    int64_t sh[K3_MAX_DIMS], known = 1, numel = k3_tensor_numel(t);
-    int infer = -1;
-    for (int i = 0; i < ndim; i++) {
-        sh[i] = shape[i];
-        if (shape[i] == -1) {
-            if (infer >= 0)
-                return k3_error(K3_ESHAPE, "view: only one size may be -1 (dims %d and %d)",
-                                infer + base, i + base);
-            infer = i;
-        } else if (shape[i] < 0) {
-            return k3_error(K3_ESHAPE, "view: size of dim %d must be >= 0 or -1; got %lld",
-                            i + base, (long long)shape[i]);
-        } else if (!k3_mul_ok(known, shape[i], &known)) {
-            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + base);
-        }
-    }
-    if (infer >= 0) {
-        if (known == 0 || numel % known != 0)
-            return k3_error(K3_ESHAPE, "view: cannot infer dim %d: %lld elements over %lld",
-                            infer + base, (long long)numel, (long long)known);
-        sh[infer] = numel / known;
-        known = numel;
-    }
-    if (known != numel)
-        return k3_error(K3_ESHAPE, "view: shape %s has %lld elements; tensor has %lld",
-                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
-                        (long long)numel);
-    int64_t checked;
-    K3_TRY(check_shape("view", ndim, sh, &checked, base));
+    int64_t sh[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("view", t, ndim, shape, sh, base));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;
-    int64_t st = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        r->size[i] = sh[i];
-        r->stride[i] = st;
-        st *= sh[i] ? sh[i] : 1;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    contiguous_strides(ndim, sh, r->stride);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    int base = k3_message_base();
+    if (!out) return null_arg("reshape", "out");
+    K3_TRY(need_tensor("reshape", "t", t));
+    int64_t sh[K3_MAX_DIMS], st[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("reshape", t, ndim, shape, sh, base));
+    k3_tensor *r;
+    if (view_strides(t, ndim, sh, st)) {
+        K3_TRY(k3_tensor_alias(&r, t));
+    } else {
+        /* A contiguous copy in t's own shape (copy needs equal shapes), then given the new
+         * shape: a fresh handle nothing else sees yet. */
+        K3_TRY(k3_tensor_new(&r, t->ndim, t->size, t->dtype, t->storage->device, "reshape"));
+        k3_status s = k3_tensor_copy(r, t);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return s;
+        }
+        contiguous_strides(ndim, sh, st);
     }
+    r->ndim = ndim;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    memcpy(r->stride, st, sizeof(int64_t) * (size_t)ndim);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim, const int *dims) {
+    int base = k3_message_base();
+    if (!out) return null_arg("permute", "out");
+    K3_TRY(need_tensor("permute", "t", t));
+    if (ndim != t->ndim)
+        return k3_error(K3_ESHAPE, "permute: expected %d dims for a %d-dim tensor; got %d",
+                        t->ndim, t->ndim, ndim);
+    if (ndim > 0 && !dims) return null_arg("permute", "dims");
+    int used[K3_MAX_DIMS] = {0};
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0 || dims[i] >= ndim)
+            return k3_error(K3_ESHAPE, "permute: dim %d must be in %d..%d; got %d", i + base,
+                            base, ndim - 1 + base, dims[i] + base);
+        if (used[dims[i]])
+            return k3_error(K3_ESHAPE, "permute: dim %d appears twice (positions %d and %d)",
+                            dims[i] + base, used[dims[i]] - 1 + base, i + base);
+        used[dims[i]] = i + 1;
+    }
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = 0; i < ndim; i++) {
+        r->size[i] = t->size[dims[i]];
+        r->stride[i] = t->stride[dims[i]];
+    }
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("squeeze", "out");
+    K3_TRY(need_tensor("squeeze", "t", t));
+    if (d != -1) K3_TRY(check_dim("squeeze", t, d, "dim", base));
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->size[i] == 1 && (d == -1 || d == i)) continue;
+        r->size[n] = t->size[i];
+        r->stride[n] = t->stride[i];
+        n++;
+    }
+    r->ndim = n;
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("unsqueeze", "out");
+    K3_TRY(need_tensor("unsqueeze", "t", t));
+    if (t->ndim == K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "unsqueeze: the tensor has %d dims already (the most a "
+                        "tensor has)", K3_MAX_DIMS);
+    if (d < 0 || d > t->ndim)
+        return k3_error(K3_ESHAPE, "unsqueeze: dim must be in %d..%d for a %d-dim tensor; got %lld",
+                        base, t->ndim + base, t->ndim, (long long)d + base);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = t->ndim; i > d; i--) {
+        r->size[i] = t->size[i - 1];
+        r->stride[i] = t->stride[i - 1];
+    }
+    /* The new dim steps over the dims after it, as a contiguous tensor's would (PyTorch's
+     * choice); with size 1 its stride is never used to reach an element. */
+    int64_t st = 1;
+    if (d < t->ndim && !k3_mul_ok(t->size[d], t->stride[d], &st)) st = 1; /* an empty view's */
+    r->size[d] = 1;
+    r->stride[d] = st;
+    r->ndim = t->ndim + 1;
     *out = r;
     return K3_OK;
 }

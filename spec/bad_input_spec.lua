@@ -111,9 +111,9 @@ end
 
 -- ---- creation ------------------------------------------------------------------------------
 case("empty(nil)", function() return function() k3.empty(nil) end end,
-  "bad argument #1 to 'empty' (table expected, got nil)")
+  "bad argument #1 to 'empty' (shape table or sizes expected, got nil)")
 case("zeros(string)", function() return function() k3.zeros("3") end end,
-  "bad argument #1 to 'zeros' (table expected, got string)")
+  "bad argument #1 to 'zeros' (shape table or sizes expected, got string)")
 case("ones with no dims", function() return function() k3.ones({}) end end,
   "bad argument #1 to 'ones' (shape must have 1 to 8 dims; got 0)")
 case("empty with 9 dims", function() return function() k3.empty({1, 1, 1, 1, 1, 1, 1, 1, 1}) end end,

@@ -22,6 +22,8 @@
 #define K3L_REG_POLICY "k3.policy.compiled"
 #define K3L_REG_TRACE "k3.trace"
 #define K3L_REG_STATS "k3.stats.sink"
+#define K3L_REG_TENSOR_METHODS "k3.Tensor.methods"
+#define K3L_REG_COMPLETER "k3.repl.completer"
 
 /* ---- errors (args.c) ------------------------------------------------------------------------ */
 
@@ -118,6 +120,16 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * tensor is LEFT ON THE STACK so it stays alive until the call returns: the table may be a
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
+
+/* Makes the tensor metatable's __index the function that serves t[i] as well as methods,
+ * looking methods up in the table the binding's files filled while the module opened (the
+ * metatable's __index until then; kept in the registry and as k3.core._tensor_methods, the
+ * one place to add a method later). Called once the module's files are open, with the module
+ * table on top; safe to call again. */
+void k3l_tensor_index(lua_State *L);
+
+/* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */
+void k3l_open_repl(lua_State *L);
 
 /* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 
