@@ -387,6 +387,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     out->graph_end = k3c_graph_end;
     out->graph_replay = k3c_graph_replay;
     out->graph_free = k3c_graph_free;
+    out->capturing = k3c_capturing;
     k3c_dist_fill(out);
     return K3_OK;
 }

@@ -42,6 +42,8 @@ k3_status k3c_alloc(int dev, size_t bytes, void **ptr);
 void k3c_free(int dev, void *ptr, size_t bytes);
 k3_status k3c_empty_cache(void);
 void k3c_memory_init(int device_count);
+/* 1 while this thread's stream of dev is being captured into a CUDA graph (k3_backend.capturing). */
+int k3c_capturing(int dev);
 
 /* A scoped device temporary: freed (back to the cache) when it leaves scope. Reuse is safe
  * because blocks are handed out again only in stream order (see memory.cu). */
