@@ -71,11 +71,11 @@ K3_API int k3_log_hook_set(void);
 
 /* ---- memory pressure (lib/tensor.c) -------------------------------------------------------- */
 
-/* Bytes of tensor storage (host and device) this thread has allocated since its last call, and
- * resets that count to 0. A front end with a garbage collector reports them to it, so that a
- * loop of temporary tensors is collected at the pace it allocates (the Lua binding: lua_gc
- * LUA_GCSTEP). */
-K3_API uint64_t k3_take_allocated_bytes(void);
+/* Bytes of tensor storage (host and device) this thread has allocated since they were last
+ * taken, when they reach at_least (the count then restarts from 0), else 0 (the count is kept).
+ * A front end with a garbage collector reports them to it, so that a loop of temporary tensors
+ * is collected at the pace it allocates (the Lua binding: lua_gc LUA_GCSTEP). */
+K3_API uint64_t k3_take_allocated_bytes(uint64_t at_least);
 /* This thread's device-pressure hook: when a device storage allocation fails with K3_ENOMEM and
  * the device's stream is not being captured into a CUDA graph, k3 calls fn(ud) once (the Lua
  * binding runs a full collection, whose finalizers free unreachable tensors) and retries the

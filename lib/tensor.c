@@ -201,8 +201,9 @@ static _Thread_local uint64_t t_allocated;
 static _Thread_local k3_pressure_fn t_pressure;
 static _Thread_local void *t_pressure_ud;
 
-uint64_t k3_take_allocated_bytes(void) {
+uint64_t k3_take_allocated_bytes(uint64_t at_least) {
     uint64_t n = t_allocated;
+    if (n < at_least || n == 0) return 0;
     t_allocated = 0;
     return n;
 }
