@@ -724,6 +724,8 @@ static int st_cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static k3_status st_index_names(k3_safetensors *st, const char *path);
+
 /* The index of a sharded checkpoint: {"metadata": {...}, "weight_map": {tensor: shard}}. Every
  * shard's header is read; the tensors are exactly the weight_map's, each in the shard it
  * names. The index's metadata (strings and numbers) becomes the handle's metadata. */
@@ -810,44 +812,26 @@ static k3_status st_open_index(k3_safetensors *st, const char *index_path, const
         if (s == K3_OK) s = st_read_header(st, st->nfiles - 1, false);
     }
     if (s != K3_OK) goto done;
-    /* Every tensor in the shard the map names; every shard tensor in the map. */
-    {
-        int *order = k3_host_calloc((size_t)(st->count ? st->count : 1), sizeof *order);
-        if (!order) {
-            s = k3_error(K3_ENOMEM, "safetensors: %s: out of memory", index_path);
-            goto done;
-        }
-        for (int i = 0; i < st->count; i++) order[i] = i;
-        qsort_r(order, (size_t)st->count, sizeof *order, st_cmp_name_r, st->entries);
-        for (const cJSON *m = map->child; m && s == K3_OK; m = m->next) {
-            int lo = 0, hi = st->count - 1, found = -1;
-            while (lo <= hi) {
-                int mid = lo + (hi - lo) / 2;
-                int c = strcmp(st->entries[order[mid]].name, m->string);
-                if (c == 0) {
-                    found = order[mid];
-                    break;
-                }
-                if (c < 0) lo = mid + 1;
-                else hi = mid - 1;
-            }
-            if (found < 0 || strcmp(st->files[st->entries[found].file].rel, m->valuestring) != 0)
+    /* No tensor in two shards; every tensor in the shard the map names; every shard tensor in
+     * the map. */
+    if ((s = st_index_names(st, index_path)) != K3_OK) goto done;
+    for (const cJSON *m = map->child; m && s == K3_OK; m = m->next) {
+        int found = k3_safetensors_find(st, m->string);
+        if (found < 0 || strcmp(st->files[st->entries[found].file].rel, m->valuestring) != 0)
+            s = k3_error(K3_EFORMAT,
+                         "safetensors: %s: weight_map puts tensor \"%s\" in %s, whose header has no such tensor",
+                         index_path, st_escape(ec, sizeof ec, m->string, strlen(m->string)),
+                         m->valuestring);
+    }
+    if (s == K3_OK && st->count > nmap) {
+        /* More tensors than map entries: name one the map does not list. */
+        for (int i = 0; i < st->count && s == K3_OK; i++) {
+            const cJSON *m = cJSON_GetObjectItemCaseSensitive(map, st->entries[i].name);
+            if (!m || strcmp(m->valuestring, st->files[st->entries[i].file].rel) != 0)
                 s = k3_error(K3_EFORMAT,
-                             "safetensors: %s: weight_map puts tensor \"%s\" in %s, whose header has no such tensor",
-                             index_path, st_escape(ec, sizeof ec, m->string, strlen(m->string)),
-                             m->valuestring);
+                             "safetensors: %s: tensor \"%s\" of %s is not in the index's weight_map",
+                             index_path, st->entries[i].name, st->files[st->entries[i].file].rel);
         }
-        if (s == K3_OK && st->count > nmap) {
-            /* More tensors than map entries: name one the map does not list. */
-            for (int i = 0; i < st->count && s == K3_OK; i++) {
-                const cJSON *m = cJSON_GetObjectItemCaseSensitive(map, st->entries[i].name);
-                if (!m || strcmp(m->valuestring, st->files[st->entries[i].file].rel) != 0)
-                    s = k3_error(K3_EFORMAT,
-                                 "safetensors: %s: tensor \"%s\" of %s is not in the index's weight_map",
-                                 index_path, st->entries[i].name, st->files[st->entries[i].file].rel);
-            }
-        }
-        k3_host_free(order, (size_t)(st->count ? st->count : 1) * sizeof *order);
     }
 done:
     if (shards) k3_host_free(shards, (size_t)(nmap ? nmap : 1) * sizeof *shards);
@@ -915,7 +899,7 @@ k3_status k3_safetensors_open(const char *path, k3_safetensors **out) {
         s = st_add_file(st, path, st_basename(path));
         if (s == K3_OK) s = st_read_header(st, 0, true);
     }
-    if (s == K3_OK) s = st_index_names(st, path);
+    if (s == K3_OK && !st->byname) s = st_index_names(st, path);
     if (s != K3_OK) {
         k3_safetensors_free(st);
         return s;
