@@ -196,3 +196,30 @@ describe("scripts/demo.lua --weights DIR", function()
     assert.are.equal(row(a), row(b))
   end)
 end)
+
+describe("README: loading a sharded checkpoint folder", function()
+  it("the example runs as written (on the GPU where there is one, else on the CPU)", function()
+    local f = assert(io.open(H.root() .. "/README.md"))
+    local readme = f:read("a")
+    f:close()
+    local code = readme:match("\n## Checkpoints\n.-\n```lua\n(.-)\n```\n")
+    assert.is_not_nil(code, "README has no ## Checkpoints example")
+    local dir = mkdir()
+    local cfg = kimi.config("tiny")
+    write_checkpoint(dir, hf.from_stack(kimi.generate_weights(cfg, {seed = 5, dtype = "bf16"}), cfg), 8)
+    local env = setmetatable({dir = dir, k3 = k3}, {__index = _G})
+    local printed = {}
+    env.print = function(...)
+      local parts = {}
+      for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
+      printed[#printed + 1] = table.concat(parts, "\t")
+    end
+    local chunk = assert(load(code, "=README", "t", env))
+    chunk()
+    os.execute("rm -rf " .. dir)
+    assert.are.equal("model-00001-of-00002.safetensors", printed[1])
+    local device = k3.backends().cuda.available and "cuda:0" or "cpu"
+    assert.truthy(printed[2]:find("k3.Tensor [512, 256] bf16 " .. device, 1, true), printed[2])
+    assert.truthy(printed[3]:find("k3.Tensor [1, 256] bf16 " .. device, 1, true), printed[3])
+  end)
+end)
