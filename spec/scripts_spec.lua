@@ -98,6 +98,16 @@ describe("scripts/k3", function()
   end)
   local k3sh = root .. "/scripts/k3"
 
+  it("--help and -h print k3's usage, not the interpreter's", function()
+    for _, flag in ipairs({"--help", "-h"}) do
+      local out, code = sh(("cd / && %q %s"):format(k3sh, flag))
+      assert.equal(0, code, out)
+      assert.truthy(out:find("^usage: scripts/k3 %[file%.lua"), out)
+      assert.truthy(out:find("--nproc N file.lua args", 1, true), out)
+      assert.is_nil(out:find("lua5.4: ", 1, true), out)
+    end
+  end)
+
   it("runs a script from any directory with its arguments in arg and ...", function()
     write(dir .. "/args.lua", [[io.write(arg[1], " ", arg[2], " ", select("#", ...), "\n")]])
     local out, code = sh(("cd / && %q %q a b"):format(k3sh, dir .. "/args.lua"))
