@@ -994,6 +994,19 @@ k3_status k3_safetensors_read(k3_safetensors *st, int n, const int *which,
     if (opts) o = *opts;
     if (o.convert && k3_dtype_size(o.dtype) == 0)
         return k3_error(K3_EDTYPE, "safetensors_read: dtype %d is not a k3 dtype", (int)o.dtype);
+    if (o.device.type == K3_DEVICE_CUDA) { /* before any data is read */
+        const char *why = NULL;
+        if (!k3_backend_available("cuda", &why))
+            return k3_error(K3_EDEVICE, "safetensors_read: device cuda:%d is not available: %s",
+                            o.device.index, why ? why : "no CUDA backend");
+        if (o.device.index >= k3_cuda_device_count())
+            return k3_error(K3_EDEVICE, "safetensors_read: device cuda:%d does not exist (%d CUDA devices)",
+                            o.device.index, k3_cuda_device_count());
+    } else if (o.device.type != K3_DEVICE_CPU || o.device.index != 0) {
+        char dn[32];
+        return k3_error(K3_EDEVICE, "safetensors_read: unknown device %s",
+                        k3_device_name(o.device, dn, sizeof dn));
+    }
     unsigned char *picked = k3_host_calloc((size_t)(st->count ? st->count : 1), 1);
     if (!picked) return k3_error(K3_ENOMEM, "safetensors_read: out of memory");
     k3_status s = K3_OK;

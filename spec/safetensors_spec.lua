@@ -455,6 +455,13 @@ describe("safetensors options and metadata", function()
     H.raises(function() k3.load_safetensors(path, {names = {"norm"}, match = "n"}) end, "give names or match, not both")
     H.raises(function() k3.load_safetensors(path, {dtype = "i8"}) end, "unknown dtype 'i8'")
     H.raises(function() k3.load_safetensors(path, {device = "tpu"}) end, "unknown device 'tpu'")
+    if not k3.backends().cuda.available then -- refused before any tensor is read
+      H.raises(function() k3.load_safetensors(path, {device = "cuda"}) end,
+               "load_safetensors: device cuda:0 is not available: ")
+    else
+      H.raises(function() k3.load_safetensors(path, {device = "cuda:1000"}) end,
+               "load_safetensors: device cuda:1000 does not exist")
+    end
     H.raises(function() k3.load_safetensors(path, {name = {"norm"}}) end,
              "bad argument #2 to 'load_safetensors' (unknown option 'name' (expected names, match, device or dtype))")
     H.raises(function() k3.save_safetensors(path, {}, {meta = {}}) end, "unknown option 'meta' (expected metadata)")

@@ -91,6 +91,8 @@ static int l_load_safetensors(lua_State *L) {
     int *which = lua_newuserdatauv(L, (size_t)(count ? count : 1) * sizeof *which, 0); /* at 4 */
     int n = 0;
     if (has_names) {
+        unsigned char *seen = lua_newuserdatauv(L, (size_t)(count ? count : 1), 0);
+        memset(seen, 0, (size_t)(count ? count : 1)); /* at 5, kept there until the call returns */
         lua_getfield(L, 2, "names");
         lua_Integer len = luaL_len(L, -1);
         for (lua_Integer j = 1; j <= len; j++) {
@@ -102,9 +104,8 @@ static int l_load_safetensors(lua_State *L) {
                 return luaL_error(L, "load_safetensors: %s: no tensor \"%s\" (the checkpoint holds %d)",
                                   path, k3l_push_echo(L, lua_tostring(L, -1)), count);
             lua_pop(L, 1);
-            int seen = 0;
-            for (int k = 0; k < n && !seen; k++) seen = which[k] == i;
-            if (!seen) which[n++] = i;
+            if (!seen[i]) which[n++] = i;
+            seen[i] = 1;
         }
         lua_pop(L, 1);
     } else if (has_match) {
