@@ -308,7 +308,7 @@ end
 end)
 
 describe("k3-host --tensor-cap and safetensors headers", function()
-  it("a 29 MB header is refused under a 40 MB cap before cJSON parses it (no process-wide hooks)", function()
+  it("a 16 MB header is refused under a 40 MB cap before cJSON parses it (no process-wide hooks)", function()
     if not have_host() then return end
     local out, code = run("--frames 2 --budget 0 --setup-budget 0 --mem-cap 0 --tensor-cap 40M --script " ..
                           SCRIPTS .. "big_header.lua")
@@ -316,6 +316,8 @@ describe("k3-host --tensor-cap and safetensors headers", function()
     assert.truthy(out:find("frame 1 failed %(memory%): tensor cap of 41943040 bytes exceeded [^\n]*" ..
                            "safetensors_info: [^\n]*: out of memory: parsing the %d+%-byte header takes about %d+ bytes"), out)
     assert.are.equal(1, field(out, "frames failed"), out)
-    assert.is_true(field(out, "peak tensor memory") <= 41943040, out)
+    local hwm = tonumber(out:match("peak resident memory: (%d+) kB"))
+    assert.is_not_nil(hwm, out)
+    assert.is_true(hwm < 300 * 1024, out) -- the parse was never attempted
   end)
 end)
