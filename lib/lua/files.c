@@ -59,21 +59,8 @@ static int l_load_safetensors(lua_State *L) {
     if (!lua_isnoneornil(L, 2)) {
         luaL_checktype(L, 2, LUA_TTABLE);
         k3l_check_option_keys(L, 2, keys, 2);
-        if (lua_getfield(L, 2, "device") != LUA_TNIL) {
-            if (lua_type(L, -1) != LUA_TSTRING)
-                return k3l_arg_error(L, 2, "device must be a string; got %s", luaL_typename(L, -1));
-            if (k3_device_parse(lua_tostring(L, -1), &o.device) != K3_OK)
-                return k3l_arg_error(L, 2, "unknown device '%s'; expected cpu, cuda or cuda:N",
-                                     k3l_push_echo(L, lua_tostring(L, -1)));
-        }
-        if (lua_getfield(L, 2, "dtype") != LUA_TNIL) {
-            if (lua_type(L, -1) != LUA_TSTRING)
-                return k3l_arg_error(L, 2, "dtype must be a string; got %s", luaL_typename(L, -1));
-            if (k3_dtype_parse(lua_tostring(L, -1), &o.dtype) != K3_OK)
-                return k3l_arg_error(L, 2, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
-                                     k3l_push_echo(L, lua_tostring(L, -1)));
-            o.convert = 1;
-        }
+        k3l_device_field(L, 2, &o.device, 2);
+        o.convert = k3l_dtype_field(L, 2, &o.dtype, 2);
         has_names = lua_getfield(L, 2, "names") != LUA_TNIL;
         if (has_names && !lua_istable(L, -1))
             return k3l_arg_error(L, 2, "names must be a list of tensor names; got %s",

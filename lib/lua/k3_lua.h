@@ -106,6 +106,10 @@ typedef struct k3l_create_opts {
     uint64_t seed;
 } k3l_create_opts;
 k3l_create_opts k3l_check_create_opts(lua_State *L, int idx);
+/* Fields "dtype" and "device" of the options table at idx into *out when present (returns 1;
+ * 0 leaves *out alone); a non-string or unknown name is a bad argument argn. */
+int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn);
+int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------------------- */
 
