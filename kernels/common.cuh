@@ -54,6 +54,8 @@ void k3c_memory_capture_take(int dev, cudaStream_t stream, std::vector<k3c_held_
 void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks);
 k3_status k3c_empty_cache(void);
 void k3c_memory_init(int device_count);
+/* 1 while this thread's stream of dev is being captured into a CUDA graph (k3_backend.capturing). */
+int k3c_capturing(int dev);
 
 /* A scoped device temporary: freed (back to the cache) when it leaves scope. Reuse is safe
  * because blocks are handed out again only in stream order (see memory.cu). */

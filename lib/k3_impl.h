@@ -86,6 +86,9 @@ K3_API void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((form
 K3_API void *k3_host_alloc(size_t n);            /* NULL on failure (caller reports K3_ENOMEM) */
 K3_API void *k3_host_calloc(size_t count, size_t size); /* overflow-checked, zeroed */
 K3_API void k3_host_free(void *p, size_t n);     /* n is the size given at allocation */
+/* The host half of k3_memory (lib/error.c): live bytes, peak, live allocations; and its reset. */
+void k3_host_memory(uint64_t *bytes, uint64_t *peak, uint64_t *allocations);
+void k3_host_memory_reset_peak(void);
 
 /* ---- checked size arithmetic ----------------------------------------------------------- */
 
@@ -357,6 +360,9 @@ typedef struct k3_backend {
     k3_status (*dist_synchronize)(void);
     k3_status (*dist_destroy)(int abort);
     k3_status (*dist_stats)(k3_dist_stats *out, int reset);
+    /* 1 while this thread's stream of `dev` is being captured into a CUDA graph (nothing may be
+     * freed to make room then), else 0. */
+    int (*capturing)(int dev);
 } k3_backend;
 #define K3_DIST_INTERNAL 0x100
 

@@ -195,6 +195,40 @@ static const k3_backend *cuda_for(k3_device d, const char *op) {
 
 /* ---- storage and handles ---------------------------------------------------------------- */
 
+/* k3_memory's device counters and the pressure report (k3_embed.h). */
+static uint64_t device_bytes, device_peak, device_allocations; /* __atomic */
+static _Thread_local uint64_t t_allocated;
+static _Thread_local k3_pressure_fn t_pressure;
+static _Thread_local void *t_pressure_ud;
+
+uint64_t k3_take_allocated_bytes(uint64_t at_least) {
+    uint64_t n = t_allocated;
+    if (n < at_least || n == 0) return 0;
+    t_allocated = 0;
+    return n;
+}
+
+k3_pressure_fn k3_set_pressure_hook(k3_pressure_fn fn, void *ud, void **prev_ud) {
+    k3_pressure_fn prev = t_pressure;
+    if (prev_ud) *prev_ud = t_pressure_ud;
+    t_pressure = fn;
+    t_pressure_ud = fn ? ud : NULL;
+    return prev;
+}
+
+void k3_memory(k3_memory_stats *out) {
+    if (!out) return;
+    k3_host_memory(&out->host_bytes, &out->host_peak, &out->host_allocations);
+    out->device_bytes = __atomic_load_n(&device_bytes, __ATOMIC_ACQUIRE);
+    out->device_peak = __atomic_load_n(&device_peak, __ATOMIC_ACQUIRE);
+    out->device_allocations = __atomic_load_n(&device_allocations, __ATOMIC_ACQUIRE);
+}
+
+void k3_memory_reset_peak(void) {
+    k3_host_memory_reset_peak();
+    __atomic_store_n(&device_peak, __atomic_load_n(&device_bytes, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+}
+
 void k3_storage_release_memory(k3_storage *s) {
     void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
     if (!data) return;
@@ -203,7 +237,27 @@ void k3_storage_release_memory(k3_storage *s) {
     } else {
         const k3_backend *b = k3_cuda_backend(NULL);
         if (b) b->free(s->device.index, data, s->nbytes);
+        __atomic_sub_fetch(&device_bytes, (uint64_t)s->nbytes, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&device_allocations, 1, __ATOMIC_ACQ_REL);
     }
+}
+
+/* Device storage through the backend; a K3_ENOMEM outside a graph capture gives the thread's
+ * pressure hook one chance to free unreachable tensors, then the allocation is retried once. */
+static k3_status device_alloc(const k3_backend *b, k3_storage *s) {
+    k3_status st = b->alloc(s->device.index, s->nbytes, &s->data);
+    if (st == K3_ENOMEM && t_pressure && !(b->capturing && b->capturing(s->device.index))) {
+        t_pressure(t_pressure_ud);
+        st = b->alloc(s->device.index, s->nbytes, &s->data);
+    }
+    if (st != K3_OK) return st;
+    uint64_t now = __atomic_add_fetch(&device_bytes, (uint64_t)s->nbytes, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&device_allocations, 1, __ATOMIC_ACQ_REL);
+    uint64_t peak = __atomic_load_n(&device_peak, __ATOMIC_ACQUIRE);
+    while (now > peak && !__atomic_compare_exchange_n(&device_peak, &peak, now, true,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    return K3_OK;
 }
 
 static void storage_unref(k3_storage *s) {
@@ -229,12 +283,13 @@ static k3_status storage_new(k3_storage **out, size_t nbytes, k3_device device,
         }
     } else {
         const k3_backend *b = cuda_for(device, op);
-        k3_status st = b ? b->alloc(device.index, nbytes, &s->data) : K3_EDEVICE;
+        k3_status st = b ? device_alloc(b, s) : K3_EDEVICE;
         if (st != K3_OK) {
             k3_host_free(s, sizeof *s);
             return st;
         }
     }
+    t_allocated += nbytes;
     *out = s;
     return K3_OK;
 }

@@ -41,12 +41,20 @@ int k3l_raise_as(lua_State *L, const char *fname);
 
 /* Runs a core call with its messages numbered as Lua counts (from 1), restoring the thread's
  * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). */
+/* For the call's duration the thread's device-pressure hook (k3_embed.h) is this state's full
+ * collection (k3l_collect), so a device allocation that fails first frees what the collector
+ * can; the previous hook is restored afterwards. Expands in functions with `L` in scope. */
 #define K3L_RUN(s, expr)                                                                   \
     do {                                                                                   \
         int k3l_base_ = k3_set_message_base(1);                                            \
+        void *k3l_pud_;                                                                    \
+        k3_pressure_fn k3l_pfn_ = k3_set_pressure_hook(k3l_collect, L, &k3l_pud_);          \
         (s) = (expr);                                                                      \
+        k3_set_pressure_hook(k3l_pfn_, k3l_pud_, NULL);                                    \
         k3_set_message_base(k3l_base_);                                                    \
     } while (0)
+/* The pressure hook: lua_gc(L, LUA_GCCOLLECT) on the lua_State ud (tensor.c). */
+void k3l_collect(void *ud);
 /* K3L_RUN, then raise the core's message on failure (plain, or renamed as fname). */
 #define CHECK_K3(L, expr)                                                                  \
     do {                                                                                   \
@@ -104,6 +112,10 @@ typedef struct k3l_create_opts {
     uint64_t seed;
 } k3l_create_opts;
 k3l_create_opts k3l_check_create_opts(lua_State *L, int idx);
+/* Fields "dtype" and "device" of the options table at idx into *out when present (returns 1;
+ * 0 leaves *out alone); a non-string or unknown name is a bad argument argn. */
+int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn);
+int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------------------- */
 
