@@ -853,8 +853,8 @@ k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim, const
     int used[K3_MAX_DIMS] = {0};
     for (int i = 0; i < ndim; i++) {
         if (dims[i] < 0 || dims[i] >= ndim)
-            return k3_error(K3_ESHAPE, "permute: dim %d must be in %d..%d; got %d", i + base,
-                            base, ndim - 1 + base, dims[i] + base);
+            return k3_error(K3_ESHAPE, "permute: dim %lld at position %d is out of range %d..%d",
+                            (long long)dims[i] + base, i + base, base, ndim - 1 + base);
         if (used[dims[i]])
             return k3_error(K3_ESHAPE, "permute: dim %d appears twice (positions %d and %d)",
                             dims[i] + base, used[dims[i]] - 1 + base, i + base);

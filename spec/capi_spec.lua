@@ -126,7 +126,7 @@ local checks = {
     {"expand", "K3_ESHAPE", "expand: dim 0 of size 2 cannot expand to 3 (tensor shape [2, 3], target [3, 3])"},
     {"reshape count", "K3_ESHAPE", "reshape: shape [4, 2] has 8 elements; tensor has 6"},
     {"reshape two -1", "K3_ESHAPE", "reshape: only one size may be -1 (dims 0 and 1)"},
-    {"permute range", "K3_ESHAPE", "permute: dim 1 must be in 0..1; got 2"},
+    {"permute range", "K3_ESHAPE", "permute: dim 2 at position 1 is out of range 0..1"},
     {"permute twice", "K3_ESHAPE", "permute: dim 1 appears twice (positions 0 and 1)"},
     {"squeeze dim", "K3_ESHAPE", "squeeze: dim must be in 0..1 for a 2-dim tensor; got 2"},
     {"unsqueeze dim", "K3_ESHAPE", "unsqueeze: dim must be in 0..2 for a 2-dim tensor; got 3"},

@@ -1073,8 +1073,10 @@ describe("reshape, permute, squeeze, unsqueeze", function()
     local t = k3.zeros(2, 3)
     H.raises_exact(function() t:permute(1) end, "permute: expected 2 dims for a 2-dim tensor; got 1")
     H.raises_exact(function() t:permute(1, 1) end, "permute: dim 1 appears twice (positions 1 and 2)")
-    H.raises_exact(function() t:permute(1, 3) end, "permute: dim 2 must be in 1..2; got 3")
-    H.raises_exact(function() t:permute(0, 1) end, "bad argument #1 to 'permute' (dim 1 must be in 1..2; got 0)")
+    H.raises_exact(function() t:permute(1, 3) end, "bad argument #2 to 'permute' (dim 3 at position 2 is out of range 1..2)")
+    H.raises_exact(function() t:permute(0, 1) end, "bad argument #1 to 'permute' (dim 0 at position 1 is out of range 1..2)")
+    H.raises_exact(function() t:permute({2, 2 ^ 40}) end,
+      "bad argument #1 to 'permute' (dim 1099511627776 at position 2 is out of range 1..2)")
   end)
 
   it("squeeze and unsqueeze add and remove size-1 dims as views", function()

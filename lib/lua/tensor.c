@@ -1,9 +1,8 @@
 /*
  * tensor.c — the k3.Tensor userdata: creation (empty, zeros, ones, full, randn, tensor),
  * metadata, views, copies, element access (t[i], t[i] = v, #t), arithmetic metamethods and
- * comparisons. Dims and
- * indices are 1-based here and 0-based in the C API: arguments are converted, and the core's
- * messages are numbered from 1 (K3L_RUN).
+ * comparisons. Dims and indices are 1-based here and 0-based in the C API: arguments are
+ * converted, and the core's messages are numbered from 1 (K3L_RUN).
  */
 #include "k3_lua.h"
 
@@ -390,12 +389,12 @@ static int m_permute(lua_State *L) {
     int64_t d64[K3_MAX_DIMS];
     int dims[K3_MAX_DIMS];
     int next, nd = check_shape_args(L, 2, d64, 1, &next);
-    for (int i = 0; i < nd; i++) {
-        /* out of int's range: an index the core reports as out of range */
-        dims[i] = d64[i] < 1 || d64[i] > K3_MAX_DIMS ? -1 : (int)d64[i] - 1;
-        if (dims[i] < 0)
-            k3l_arg_error(L, lua_istable(L, 2) ? 2 : 2 + i, "dim %d must be in 1..%d; got %I",
-                          i + 1, k3_tensor_ndim(t), (LUA_INTEGER)d64[i]);
+    for (int i = 0; i < nd; i++) { /* checked here: a dim past int's range cannot reach C */
+        if (d64[i] < 1 || d64[i] > k3_tensor_ndim(t))
+            k3l_arg_error(L, lua_istable(L, 2) ? 2 : 2 + i,
+                          "dim %I at position %d is out of range 1..%d", (LUA_INTEGER)d64[i],
+                          i + 1, k3_tensor_ndim(t));
+        dims[i] = (int)d64[i] - 1;
     }
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_permute(&u->t, t, nd, dims));
