@@ -391,6 +391,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     out->graph_free = k3c_graph_free;
     out->graph_abandon = k3c_graph_abandon;
     out->graph_kernels = k3c_graph_kernels;
+    out->capturing = k3c_capturing;
     k3c_dist_fill(out);
     return K3_OK;
 }

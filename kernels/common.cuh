@@ -54,6 +54,8 @@ void k3c_memory_capture_take(int dev, cudaStream_t stream, std::vector<k3c_held_
 void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks);
 k3_status k3c_empty_cache(void);
 void k3c_memory_init(int device_count);
+/* 1 while this thread's stream of dev is being captured into a CUDA graph (k3_backend.capturing). */
+int k3c_capturing(int dev);
 
 /* A scoped device temporary: freed (back to the cache) when it leaves scope. Reuse is safe
  * because blocks are handed out again only in stream order (see memory.cu). */
@@ -96,6 +98,12 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
 /* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_PACKED_CTAS,
  * K3_ATTN_RES_DECODE_CTAS: attn_res.cuh) once, when the backend opens (attn_res_decode.cu). */
 void k3c_attn_res_knobs_init(void);
+
+/* The silu_mul prologue through a temporary (linear_cublas.cu; also the skinny kernel's path
+ * where its in-kernel prologue does not pay or does not fit): h = silu(x[:, :K]) * x[:, K:]
+ * [M, K], written by cuda.silu_mul.generic's own run into buf on x's device (stream-ordered
+ * scratch); ht is h as a contiguous tensor. K is w's dim 1. */
+k3_status k3c_silu_mul_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht);
 
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);

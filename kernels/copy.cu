@@ -1,7 +1,7 @@
 /*
  * copy.cu — element movement for device tensors: copies host<->device and device<->device
  * (same or different GPUs) with any strides (zero strides in the source included) and any
- * dtype pair, rounding exactly as lib/tensor.c does; fill; and the elementwise + - *. Every
+ * dtype pair, rounding exactly as lib/tensor.c does; fill; and the elementwise + - * /. Every
  * kernel here launches with programmatic dependent launch (common.cuh), and a copy on one
  * device is always a kernel (16-byte vectors when both sides are dense and aligned), never a
  * memcpy node, so a captured step stays one PDL chain through its copies.
@@ -60,7 +60,7 @@ template <class U> __global__ void fill_kernel(U *__restrict__ dst, U bits, k3c_
 }
 
 template <class A> __device__ __forceinline__ A apply(int op, A x, A y) {
-    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : op == K3_MUL ? x * y : x / y;
 }
 
 /* lib/tensor.c's apply_op_odd: x op y rounded to odd at double precision (the exact
@@ -72,6 +72,13 @@ __device__ __forceinline__ double apply_odd(int op, double x, double y) {
     if (op == K3_MUL) {
         r = __dmul_rn(x, y);
         e = fma(x, y, -r);
+    } else if (op == K3_DIV) {
+        /* The exact remainder's sign, times y's, says on which side of r the quotient lies
+         * (lib/tensor.c). */
+        r = __ddiv_rn(x, y);
+        e = fma(-r, y, x);
+        if (y < 0) e = -e;
+        if (r == 0 || !isfinite(e)) e = 0;
     } else {
         double yy = op == K3_SUB ? -y : y;
         r = __dadd_rn(x, yy);
@@ -324,7 +331,7 @@ k3_status k3c_backend_binary(k3_tensor *out, k3_binop op, const k3_tensor *a, co
                              double s, int scalar_first) {
     int64_t n = k3_tensor_numel(out);
     if (n == 0) return K3_OK;
-    if ((unsigned)op > K3_MUL) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
+    if ((unsigned)op > K3_DIV) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a), &ctx));
     k3c_walk w;

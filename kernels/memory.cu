@@ -175,6 +175,18 @@ k3_status k3c_alloc(int dev, size_t bytes, void **ptr) {
     return K3_OK;
 }
 
+int k3c_capturing(int dev) {
+    if (!g_pools || dev < 0 || dev >= g_ndev) return 0;
+    k3c_ctx *ctx = nullptr;
+    if (k3c_context(dev, &ctx) != K3_OK) return 0;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1; /* unknown: assume the worst, nothing is freed to make room */
+    }
+    return cap != cudaStreamCaptureStatusNone;
+}
+
 void k3c_free(int dev, void *ptr, size_t bytes) {
     if (!ptr || !g_pools || dev < 0 || dev >= g_ndev) return;
     size_t cls = size_class(bytes);

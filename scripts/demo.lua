@@ -9,7 +9,9 @@ local usage = [[
 usage: scripts/k3 scripts/demo.lua [options]
   --config NAME             tiny | kimi-k3-tp8 (default: kimi-k3-tp8 with a CUDA device, else tiny)
   --device DEV              cpu | cuda | cuda:N (default: cuda when available, else cpu)
-  --weights FILE            load weights from a safetensors file instead of generating them
+  --weights PATH             load weights instead of generating them: a safetensors file, a
+                            checkpoint folder with model.safetensors.index.json, or that index
+                            (Hugging Face names are mapped: docs/API.md, "Checkpoints")
   --save-weights FILE       save the weights used to a safetensors file
   --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
   --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
@@ -92,7 +94,7 @@ if opts.device then
 end
 
 if opts.weights_path then
-  local lok, w = pcall(k3.load_safetensors, opts.weights_path)
+  local lok, w = pcall(require("k3.model.hf").load, opts.weights_path)
   if not lok then
     io.stderr:write("demo: ", tostring(w), "\n")
     os.exit(1)

@@ -212,6 +212,12 @@ int main(void) {
     CASE("view shape", k3_tensor_view(&v, a, 1, NULL));
     CASE("expand out", k3_tensor_expand(NULL, a, 2, s23));
     CASE("expand shape", k3_tensor_expand(&v, a, 2, NULL));
+    CASE("reshape out", k3_tensor_reshape(NULL, a, 1, (int64_t[1]){6}));
+    CASE("reshape shape", k3_tensor_reshape(&v, a, 1, NULL));
+    CASE("permute out", k3_tensor_permute(NULL, a, 2, (int[2]){1, 0}));
+    CASE("permute dims", k3_tensor_permute(&v, a, 2, NULL));
+    CASE("squeeze t", k3_tensor_squeeze(&v, NULL, -1));
+    CASE("unsqueeze out", k3_tensor_unsqueeze(NULL, a, 0));
     CASE("as_strided out", k3_tensor_as_strided(NULL, a, 1, s4, (int64_t[1]){1}, 0));
     CASE("as_strided shape", k3_tensor_as_strided(&v, a, 1, NULL, (int64_t[1]){1}, 0));
     CASE("as_strided stride", k3_tensor_as_strided(&v, a, 1, s4, NULL, 0));
@@ -288,6 +294,12 @@ int main(void) {
     CASE("view two -1", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, -1}));
     CASE("view infer", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, 4}));
     CASE("expand", k3_tensor_expand(&v, a, 2, (int64_t[2]){3, 3}));
+    CASE("reshape count", k3_tensor_reshape(&v, a, 2, (int64_t[2]){4, 2}));
+    CASE("reshape two -1", k3_tensor_reshape(&v, a, 2, (int64_t[2]){-1, -1}));
+    CASE("permute range", k3_tensor_permute(&v, a, 2, (int[2]){0, 2}));
+    CASE("permute twice", k3_tensor_permute(&v, a, 2, (int[2]){1, 1}));
+    CASE("squeeze dim", k3_tensor_squeeze(&v, a, 2));
+    CASE("unsqueeze dim", k3_tensor_unsqueeze(&v, a, 3));
     CASE("as_strided negative stride", k3_tensor_as_strided(&v, a, 2, s23, (int64_t[2]){3, -1}, 0));
     CASE("empty size", k3_tensor_empty(&v, 2, (int64_t[2]){2, -1}, f32, cpu));
     CASE("empty overflow", k3_tensor_empty(&v, 2, (int64_t[2]){1LL << 62, 1LL << 62}, f32, cpu));

@@ -250,4 +250,12 @@ function Stream.expected_counts(num_layers, bs)
   return c
 end
 
+
+function Stream:__tostring()
+  return string.format("AttnResStream(%d token%s, hidden_size %d, %d layers, block_size %d, " ..
+                       "%d slots, %s on %s)", self.tokens, self.tokens == 1 and "" or "s",
+                       self.hidden_size, self.num_layers,
+                       self.block_size, self.num_slots, self.dtype, self.device)
+end
+
 return Stream
