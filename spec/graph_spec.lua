@@ -141,7 +141,7 @@ describe("k3.cuda_graph #gpu", function()
     local y = k3.empty({4, 256}, {dtype = "bf16", device = "cuda"})
     local g <close> = capture_step(step, x, y)
     assert.truthy(tostring(g):find("^k3%.Graph%(cuda:0, %d+ kernels, %d+ tensors held%)$"), tostring(g))
-    for i = 1, 4 do
+    for i = 1, 3 do
       local xi = k3.randn({4, 256}, {dtype = "bf16", device = "cuda", seed = 100 + i})
       local want = step(xi)
       x:copy(xi)
@@ -160,11 +160,11 @@ describe("k3.cuda_graph #gpu", function()
     local cfg = kimi.config("tiny")
     local weights = kimi.generate_weights(cfg, {seed = 7, dtype = "bf16", device = "cuda"})
     local stack = kimi.build(cfg, weights, {dtype = "bf16", device = "cuda"})
-    for _, m in ipairs({1, 3}) do
+    for _, m in ipairs({2}) do
       local x = kimi.embedding(cfg, m, {seed = 7, step = 0, dtype = "bf16", device = "cuda"})
       local y = k3.empty({m, cfg.hidden_size}, {dtype = "bf16", device = "cuda"})
       local g <close> = capture_step(function(t) return (stack:forward(t)) end, x, y)
-      for s = 1, 3 do
+      for s = 1, 2 do
         local xs = kimi.embedding(cfg, m, {seed = 7, step = s, dtype = "bf16", device = "cuda"})
         local want = stack:forward(xs)
         x:copy(xs)
