@@ -283,6 +283,100 @@ static inline k3_status fast_path_checks(const char *K, const k3_op_args *oa, ch
     return K3_OK;
 }
 
+/* The arguments every fast kernel's parameter block starts with (each kernel's params derive
+ * from it): the tensors' data, the blocks strides in elements (multiples of 8), H, H / 8,
+ * num_blocks, both eps and 1 / H. delta and onw are NULL when absent. */
+struct row_args {
+    void *prefix;
+    const void *delta;
+    void *blocks;
+    void *out;
+    const void *nw, *qw, *onw;
+    int64_t sbt, sbs, H;
+    int vecs, nb;
+    float eps, oeps, invH;
+};
+/* Fills r from the call. */
+static inline void fill_row_args(row_args &r, const k3_op_args *oa) {
+    const k3_attn_res_kargs *ka = &oa->u.attn_res;
+    const k3_attn_res_args *a = &ka->p;
+    r.prefix = k3_tensor_ptr(a->prefix);
+    r.delta = a->delta ? k3_tensor_ptr(a->delta) : nullptr;
+    r.blocks = k3_tensor_ptr(a->blocks);
+    r.out = k3_tensor_ptr(ka->out);
+    r.nw = k3_tensor_ptr(a->norm_weight);
+    r.qw = k3_tensor_ptr(a->qk_weight);
+    r.onw = a->output_norm_weight ? k3_tensor_ptr(a->output_norm_weight) : nullptr;
+    r.sbt = a->blocks->stride[0];
+    r.sbs = a->blocks->stride[1];
+    r.H = a->prefix->size[1];
+    r.vecs = (int)(r.H / 8);
+    r.nb = (int)a->num_blocks;
+    r.eps = (float)a->eps;
+    r.oeps = (float)a->output_eps;
+    r.invH = 1.0f / (float)r.H;
+}
+
+template <class X> struct type_tag {
+    using type = X;
+};
+/* f(type_tag<T>, type_tag<W>) for the call's activation type T (bf16 or f16: the fast kernels'
+ * checks hold) and weight type W (T or f32), so one launch line serves the four instances:
+ * by_types(a, [&](auto t, auto w) { return go<typename decltype(t)::type,
+ * typename decltype(w)::type>(...); }). */
+template <class F> k3_status by_types(const k3_attn_res_args *a, F &&f) {
+    const bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
+    if (a->prefix->dtype == K3_DTYPE_BF16)
+        return wf32 ? f(type_tag<k3c_bf16>{}, type_tag<float>{})
+                    : f(type_tag<k3c_bf16>{}, type_tag<k3c_bf16>{});
+    return wf32 ? f(type_tag<k3c_f16>{}, type_tag<float>{}) : f(type_tag<k3c_f16>{}, type_tag<k3c_f16>{});
+}
+
+/* Which calls a fast kernel takes, beyond fast_path_checks: T in tmin..tmax (0: no bound);
+ * with `full`, delta and output_norm_weight present and no block write; num_blocks in
+ * nb_lo..nb_hi. */
+struct call_rules {
+    int64_t tmin, tmax;
+    bool full;
+    int64_t nb_lo, nb_hi;
+};
+/* The checks of rules r for kernel K, in the order above, then fast_path_checks: each a
+ * decline reason naming K (K3_ESHAPE for T, else K3_EINVAL). */
+static inline k3_status check_rules(const char *K, const k3_op_args *oa, const call_rules &r,
+                                    char *reason, size_t n) {
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    int64_t T = a->prefix->size[0];
+    if (r.tmax && T > r.tmax) {
+        snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
+                 (long long)r.tmax, (long long)T);
+        return K3_ESHAPE;
+    }
+    if (r.tmin && T < r.tmin) {
+        snprintf(reason, n, "%s serves T >= %lld tokens; got T = %lld", K, (long long)r.tmin,
+                 (long long)T);
+        return K3_ESHAPE;
+    }
+    if (r.full && !a->delta) {
+        snprintf(reason, n, "%s requires delta", K);
+        return K3_EINVAL;
+    }
+    if (r.full && !a->output_norm_weight) {
+        snprintf(reason, n, "%s requires output_norm_weight", K);
+        return K3_EINVAL;
+    }
+    if (a->num_blocks < r.nb_lo || a->num_blocks > r.nb_hi) {
+        snprintf(reason, n, "%s requires num_blocks in %lld..%lld; got %lld", K, (long long)r.nb_lo,
+                 (long long)r.nb_hi, (long long)a->num_blocks);
+        return K3_EINVAL;
+    }
+    if (r.full && a->write_block >= 0) {
+        snprintf(reason, n, "%s does not write blocks (write_block %lld)", K,
+                 (long long)k3_based(a->write_block, 1));
+        return K3_EINVAL;
+    }
+    return fast_path_checks(K, oa, reason, n);
+}
+
 /* Launches kern with the PDL attribute when pdl != 0 and a cluster of `cluster` CTAs when
  * cluster > 1 (cudaLaunchKernelEx). */
 template <class P>

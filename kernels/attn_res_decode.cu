@@ -21,22 +21,12 @@ const int kMaxThreads = 512;
 const int kMaxCtas = 8;
 const int kMaxBlocks = 16;
 
-struct decode_params {
-    void *prefix;
-    const void *delta; /* NULL: no delta */
-    void *blocks;
-    void *out;
-    const void *nw, *qw, *onw; /* onw NULL: no output norm */
-    int64_t sbt, sbs;          /* blocks strides in elements (multiples of 8) */
-    int64_t H;
-    int vecs;    /* H / 8 */
-    int nb;      /* 0..MAXS-1 */
+struct decode_params : row_args {
     int wb;      /* slot written, or -1 */
     int wstatic; /* the three weights are loaded before the PDL wait (static_weights) */
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
-    float eps, oeps, invH;
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -706,25 +696,11 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
 }
 
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
-    const char *K = k3_cuda_attn_res_decode_name;
-    int64_t T = a->prefix->size[0];
-    const int64_t kMaxTokens = get_knobs().decode_max_t;
-    if (T > kMaxTokens) {
-        snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
-                 (long long)kMaxTokens, (long long)T);
-        return K3_ESHAPE;
-    }
-    if (a->num_blocks > kMaxBlocks) {
-        snprintf(reason, n, "%s supports num_blocks up to %d; got %lld", K, kMaxBlocks,
-                 (long long)a->num_blocks);
-        return K3_EINVAL;
-    }
-    K3_TRY(fast_path_checks(K, oa, reason, n));
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa,
+                       call_rules{0, get_knobs().decode_max_t, false, 0, kMaxBlocks}, reason, n));
     decode_shape sh;
-    if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n))
-        return K3_ESHAPE;
+    if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n)) return K3_ESHAPE;
     return K3_OK;
 }
 
@@ -763,43 +739,26 @@ k3_status decode_run(const k3_op_args *oa) {
     char reason[256] = "";
     k3_status s = decode_supports(oa, reason, sizeof reason);
     if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     int64_t T_ = a->prefix->size[0], H = a->prefix->size[1];
+    int dev = k3c_dev(a->prefix);
     k3c_ctx *ctx = nullptr;
-    K3_TRY(k3c_context(k3c_dev(a->prefix), &ctx));
+    K3_TRY(k3c_context(dev, &ctx));
     if (T_ == 0 || H == 0) return K3_OK;
     decode_shape sh;
-    bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
     if (!decode_pick(H, a->num_blocks, &sh, reason, sizeof reason))
         return k3_error(K3_ESHAPE, "attn_res: %s", reason);
     decode_params p;
-    p.prefix = k3_tensor_ptr(a->prefix);
-    p.delta = a->delta ? k3_tensor_ptr(a->delta) : nullptr;
-    p.blocks = k3_tensor_ptr(a->blocks);
-    p.out = k3_tensor_ptr(ka->out);
-    p.nw = k3_tensor_ptr(a->norm_weight);
-    p.qw = k3_tensor_ptr(a->qk_weight);
-    p.onw = a->output_norm_weight ? k3_tensor_ptr(a->output_norm_weight) : nullptr;
-    p.sbt = a->blocks->stride[0];
-    p.sbs = a->blocks->stride[1];
-    p.H = H;
-    p.vecs = (int)(H / 8);
-    p.nb = (int)a->num_blocks;
+    fill_row_args(p, oa);
     p.wb = (int)a->write_block;
     p.wstatic = a->static_weights != 0;
     p.nstatic = (int)a->static_blocks;
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
-    p.eps = (float)a->eps;
-    p.oeps = (float)a->output_eps;
-    p.invH = 1.0f / (float)H;
-    int dev = k3c_dev(a->prefix);
-    if (a->prefix->dtype == K3_DTYPE_BF16)
-        return wf32 ? decode_launch_w<k3c_bf16, float>(p, sh, T_, dev, ctx->stream)
-                    : decode_launch_w<k3c_bf16, k3c_bf16>(p, sh, T_, dev, ctx->stream);
-    return wf32 ? decode_launch_w<k3c_f16, float>(p, sh, T_, dev, ctx->stream)
-                : decode_launch_w<k3c_f16, k3c_f16>(p, sh, T_, dev, ctx->stream);
+    return by_types(a, [&](auto t, auto w) {
+        return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_, dev,
+                                                                                      ctx->stream);
+    });
 }
 
 } // namespace

@@ -19,18 +19,8 @@ namespace {
 const int kMaxThreads = 512;
 const int64_t kMaxTokens = 64;
 
-struct packed_params {
-    void *prefix;
-    const void *delta;
-    const void *blocks;
-    void *out;
-    const void *nw, *qw, *onw;
-    int64_t sbt, sbs; /* blocks strides in elements (multiples of 8) */
-    int64_t H;
-    int vecs; /* H / 8 */
-    int nb;   /* 1..MAXS-1 */
+struct packed_params : row_args {
     int ctas; /* CTAs per token */
-    float eps, oeps, invH;
 };
 
 /*
@@ -425,34 +415,9 @@ k3_status packed_launch(const packed_params &p, const packed_shape &sh, int64_t 
 }
 
 k3_status packed_supports(const k3_op_args *oa, char *reason, size_t n) {
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     const char *K = k3_cuda_attn_res_packed_name;
-    int64_t T = a->prefix->size[0];
-    if (T > kMaxTokens) {
-        snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
-                 (long long)kMaxTokens, (long long)T);
-        return K3_ESHAPE;
-    }
-    if (!a->delta) {
-        snprintf(reason, n, "%s requires delta", K);
-        return K3_EINVAL;
-    }
-    if (!a->output_norm_weight) {
-        snprintf(reason, n, "%s requires output_norm_weight", K);
-        return K3_EINVAL;
-    }
-    if (a->num_blocks < 1 || a->num_blocks > 16) {
-        snprintf(reason, n, "%s requires num_blocks in 1..16; got %lld", K,
-                 (long long)a->num_blocks);
-        return K3_EINVAL;
-    }
-    if (a->write_block >= 0) {
-        snprintf(reason, n, "%s does not write blocks (write_block %lld)", K,
-                 (long long)a->write_block + 1);
-        return K3_EINVAL;
-    }
-    K3_TRY(fast_path_checks(K, oa, reason, n));
+    K3_TRY(check_rules(K, oa, call_rules{0, kMaxTokens, true, 1, 16}, reason, n));
     packed_shape sh;
     if (!packed_pick(a->prefix->size[1], a->num_blocks, &sh)) {
         snprintf(reason, n, "%s supports hidden sizes up to %d at num_blocks %lld; got %lld", K,
@@ -467,8 +432,7 @@ k3_status packed_run(const k3_op_args *oa) {
     char reason[256] = "";
     k3_status s = packed_supports(oa, reason, sizeof reason);
     if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     int64_t T_ = a->prefix->size[0], H = a->prefix->size[1];
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a->prefix), &ctx));
@@ -478,28 +442,12 @@ k3_status packed_run(const k3_op_args *oa) {
         return k3_error(K3_EINTERNAL, "attn_res: %s: no shape for hidden_size %lld",
                         k3_cuda_attn_res_packed_name, (long long)H);
     packed_params p;
-    p.prefix = k3_tensor_ptr(a->prefix);
-    p.delta = k3_tensor_ptr(a->delta);
-    p.blocks = k3_tensor_ptr(a->blocks);
-    p.out = k3_tensor_ptr(ka->out);
-    p.nw = k3_tensor_ptr(a->norm_weight);
-    p.qw = k3_tensor_ptr(a->qk_weight);
-    p.onw = k3_tensor_ptr(a->output_norm_weight);
-    p.sbt = a->blocks->stride[0];
-    p.sbs = a->blocks->stride[1];
-    p.H = H;
-    p.vecs = (int)(H / 8);
-    p.nb = (int)a->num_blocks;
+    fill_row_args(p, oa);
     p.ctas = sh.ctas;
-    p.eps = (float)a->eps;
-    p.oeps = (float)a->output_eps;
-    p.invH = 1.0f / (float)H;
-    bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
-    if (a->prefix->dtype == K3_DTYPE_BF16)
-        return wf32 ? packed_launch<k3c_bf16, float>(p, sh, T_, ctx->stream)
-                    : packed_launch<k3c_bf16, k3c_bf16>(p, sh, T_, ctx->stream);
-    return wf32 ? packed_launch<k3c_f16, float>(p, sh, T_, ctx->stream)
-                : packed_launch<k3c_f16, k3c_f16>(p, sh, T_, ctx->stream);
+    return by_types(a, [&](auto t, auto w) {
+        return packed_launch<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
+                                                                                     ctx->stream);
+    });
 }
 
 } // namespace
