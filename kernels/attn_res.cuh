@@ -1,8 +1,9 @@
 /*
  * attn_res.cuh — device and host code shared by the three CUDA AttnRes kernels
- * (attn_res_generic.cu, attn_res_packed.cu, attn_res_stream.cu): 16-byte vectors of bf16/f16
+ * (attn_res_generic.cu, attn_res_decode.cu, attn_res_stream.cu): 16-byte vectors of bf16/f16
  * to and from f32, weight loads, warp and cluster primitives, programmatic dependent launch,
- * the scale-safe RMS factor, the launch knobs read once at backend load, and host checks.
+ * the scale-safe RMS factor, the launch knobs read once at backend load, and the host side
+ * of the fast kernels (their checks, parameters, dtype instances and launch).
  */
 #ifndef K3_ATTN_RES_CUH
 #define K3_ATTN_RES_CUH
@@ -18,17 +19,15 @@ namespace k3ar {
 /* ---- launch knobs (read once when the backend loads: k3c_attn_res_knobs_init) ----------- */
 
 /* K3_ATTN_RES_PDL: "0" launches the decode and stream kernels without programmatic dependent
- * launch; anything else (or unset) launches them with it (cuda.attn_res.packed never uses
- * it). K3_ATTN_RES_PACKED_CTAS / K3_ATTN_RES_DECODE_CTAS: CTAs per token (a cluster when > 1)
- * of cuda.attn_res.packed / .decode, 1..8; unset or 0: each kernel's own rule. */
+ * launch; anything else (or unset) launches them with it. K3_ATTN_RES_DECODE_CTAS: CTAs per
+ * token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's rule. */
 struct knobs {
     int pdl;
-    int packed_ctas;
     int decode_ctas;
     int decode_regs; /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
     int64_t decode_max_t; /* K3_ATTN_RES_DECODE_MAX_T: the largest T decode serves (64) */
 };
-inline knobs g_knobs = {1, 0, 0, 0, 64};
+inline knobs g_knobs = {1, 0, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -36,11 +35,10 @@ inline int read_ctas(const char *name) {
     int c = e && *e ? atoi(e) : 0;
     return c >= 1 && c <= 8 ? c : 0;
 }
-/* Reads the three variables into g_knobs; a value out of range leaves the default. */
+/* Reads the variables into g_knobs; a value out of range leaves the default. */
 inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
-    g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
     e = getenv("K3_ATTN_RES_DECODE_BODY");
     g_knobs.decode_regs = e && !strcmp(e, "regs");
@@ -227,7 +225,7 @@ __device__ __forceinline__ float rms_factor_scaled(float ss_scaled, float invH, 
 
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* The checks the packed and stream kernels share, in this order, each a decline reason
+/* The checks the decode and stream kernels share, in this order, each a decline reason
  * naming the kernel K: bf16 or f16; H % 8 == 0; the three weights of one dtype, that of the
  * activations or f32; prefix, delta and out densely packed (K3_ELAYOUT); 16-byte alignment
  * of every row and blocks strides that are multiples of 8 elements. */

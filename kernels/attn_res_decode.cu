@@ -1,12 +1,11 @@
 /*
  * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64) for every case
  * of the op the Kimi-K3 stream makes (delta or none, a fused block write or none, num_blocks
- * 0..16, output norm or none) on densely packed bf16/f16 rows; the default policy puts it
- * after cuda.attn_res.packed, so it serves the reads packed declines (no delta, a fused seal,
- * num_blocks 0, no output norm). A token is a cluster of 2 CTAs (1..8) exchanging partial
- * sums through distributed shared memory; every 16-byte load of the token is in flight at
- * once, held in registers sized to num_blocks, and one reduction gives all the logits.
- * Launched with PDL; what it may load before the wait is the call's contract (k3.h).
+ * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
+ * default policy. A token is a cluster of CTAs (4 at H 7168; 1..8) exchanging partial sums
+ * through distributed shared memory; every 16-byte load of the token is in flight at once and
+ * one exchange gives all the logits. Launched with PDL; what it may load before the wait is
+ * the call's contract (k3.h).
  */
 #include "attn_res.cuh"
 

@@ -9,8 +9,8 @@
 -- static_blocks = num_blocks (its PDL contract: the weights and sealed blocks are loaded before
 -- it waits for the previous kernel). The launch variables (K3_ATTN_RES_DECODE_CTAS,
 -- K3_ATTN_RES_DECODE_BODY, K3_ATTN_RES_PDL, read when the backend loads) pick the shape: run it once per setting; the
--- label (default: their values) starts every line; cuda.attn_res.packed is timed only when
--- K3_ATTN_RES_DECODE_CTAS is unset or 0. K3_PROBE_OUT, when set, names a CSV file
+-- label (default: their values) starts every line; cuda.attn_res.stream (prefill sizes) is
+-- timed only when K3_ATTN_RES_DECODE_CTAS is unset or 0 and the body is the default. K3_PROBE_OUT, when set, names a CSV file
 -- the lines are appended to.
 local k3 = require "k3"
 local H, S = 7168, 16
@@ -21,8 +21,8 @@ local csv = os.getenv("K3_PROBE_OUT")
 local TS = {1, 4, 16}
 local NBS = {1, 4, 8, 15}
 local READS = {"full", "seal", "nodelta"}
--- The packed kernel has no launch variable: timed only in the run with the default shape.
-local with_packed = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0" and
+-- The stream kernel has no launch variable: timed only in the run with the default shape.
+local with_stream = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0" and
                     (os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop") ~= "regs"
 
 local rel_diff = require("k3.bench.util").rel_diff
@@ -61,8 +61,7 @@ for _, T in ipairs(TS) do
       end
       local runs = {{"decode", "cuda.attn_res.decode", false},
                     {"decode+static", "cuda.attn_res.decode", true}}
-      if with_packed and T <= 64 then table.insert(runs, 1, {"packed", "cuda.attn_res.packed", false}) end
-      if with_packed and T >= 64 then table.insert(runs, 1, {"stream", "cuda.attn_res.stream", false}) end
+      if with_stream and T >= 64 then table.insert(runs, 1, {"stream", "cuda.attn_res.stream", false}) end
       -- The reference output on set 1 (prefix restored around each call).
       local p0 = P:narrow(1, 1, T):clone()
       local b0 = B:narrow(1, 1, T):clone()
