@@ -24,10 +24,11 @@ namespace k3ar {
 struct knobs {
     int pdl;
     int decode_ctas;
-    int decode_regs; /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
+    int decode_regs;  /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
+    int decode_chunk; /* K3_ATTN_RES_DECODE_BODY=loop4: sources reduced four at a time */
     int64_t decode_max_t; /* K3_ATTN_RES_DECODE_MAX_T: the largest T decode serves (64) */
 };
-inline knobs g_knobs = {1, 0, 0, 64};
+inline knobs g_knobs = {1, 0, 0, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -42,6 +43,7 @@ inline void read_knobs() {
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
     e = getenv("K3_ATTN_RES_DECODE_BODY");
     g_knobs.decode_regs = e && !strcmp(e, "regs");
+    g_knobs.decode_chunk = e && !strcmp(e, "loop4");
     e = getenv("K3_ATTN_RES_DECODE_MAX_T");
     long long mt = e && *e ? atoll(e) : 0;
     g_knobs.decode_max_t = mt >= 1 && mt <= (1 << 24) ? mt : 64;

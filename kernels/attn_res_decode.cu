@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 /* ---- the loop body ------------------------------------------------------------------------ */
 
 const int kMaxSrc = kMaxBlocks + 1;
-const int kItems = 2 * kMaxSrc + 2; /* two per source, padded to a multiple of 4 */
+const int kItems = 2 * (kMaxSrc + 3); /* two per source, room for a last chunk of four */
 
 /* Warp sum of two values at once (the five exchanges of both interleaved). */
 __device__ __forceinline__ void warp_sum2(float &a, float &b) {
@@ -446,7 +446,7 @@ __device__ __forceinline__ item_row *exchange(int n, item_row *red, item_row (*r
  * A sum of squares that overflowed or underflowed takes the rare branch: the maxima, then the
  * sums of the values scaled by 2^-e, each through an exchange of its own.
  */
-template <class T, class W>
+template <class T, class W, int CH>
 __global__ void __launch_bounds__(kMaxThreads) attn_res_decode_loop_kernel(const decode_params p) {
     extern __shared__ __align__(16) uint4 stage[];
     __shared__ __align__(16) float red[kMaxThreads / 32][kItems];
@@ -521,13 +521,37 @@ __global__ void __launch_bounds__(kMaxThreads) attn_res_decode_loop_kernel(const
 
     /* Source s < nb: block slot s (this thread's stage slot); s = nb: p. Idle threads: 0. */
     auto src = [&](int s) { return !ok ? make_uint4(0, 0, 0, 0) : s < nb ? mine[s * NT] : pb; };
+    if constexpr (CH == 1) {
 #pragma unroll 2
-    for (int s = 0; s <= nb; s++) {
-        float v[8], dot = 0.0f, ss = 0.0f;
-        vec8<T>::unpack(src(s), v);
-        acc_source(v, w, dot, ss);
-        warp_sum2(dot, ss);
-        if (lane == 0) red[warp][2 * s] = dot, red[warp][2 * s + 1] = ss;
+        for (int s = 0; s <= nb; s++) {
+            float v[8], dot = 0.0f, ss = 0.0f;
+            vec8<T>::unpack(src(s), v);
+            acc_source(v, w, dot, ss);
+            warp_sum2(dot, ss);
+            if (lane == 0) red[warp][2 * s] = dot, red[warp][2 * s + 1] = ss;
+        }
+    } else {
+        /* CH sources at a time: their 2 CH partials reduced over the warp together in about
+         * 2 CH shuffles (spread_step); lane l ends with the total of item id[0]. Sources past
+         * nb add zeros into slots no exchange reads. */
+#pragma unroll 1
+        for (int s0 = 0; s0 <= nb; s0 += CH) {
+            float part[2 * CH];
+            int id[2 * CH];
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                float v[8];
+                part[2 * j] = part[2 * j + 1] = 0.0f;
+                if (s0 + j <= nb) {
+                    vec8<T>::unpack(src(s0 + j), v);
+                    acc_source(v, w, part[2 * j], part[2 * j + 1]);
+                }
+                id[2 * j] = 2 * j, id[2 * j + 1] = 2 * j + 1;
+            }
+            spread_step<2 * CH, 16, false>(part, id, lane);
+            static_assert(spread_count(2 * CH, 16) == 1, "one total per lane");
+            red[warp][2 * s0 + id[0]] = part[0];
+        }
     }
     item_row *buf = exchange<false>(2 * (nb + 1), red, recv, phase, C, rank);
 
@@ -720,7 +744,8 @@ k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_
                           cudaStream_t stream) {
     if (!get_knobs().decode_regs) {
         static int raised[64];
-        auto kern = attn_res_decode_loop_kernel<T, W>;
+        auto kern = get_knobs().decode_chunk ? attn_res_decode_loop_kernel<T, W, 4>
+                                             : attn_res_decode_loop_kernel<T, W, 1>;
         size_t smem = (size_t)p.nb * (size_t)sh.threads * sizeof(uint4);
         K3_TRY(raise_smem(kern, dev, smem, raised));
         K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)), dim3((unsigned)sh.threads), smem,
@@ -764,7 +789,7 @@ k3_status decode_run(const k3_op_args *oa) {
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    return cluster_loadable(dev, attn_res_decode_loop_kernel<k3c_bf16, k3c_bf16>) &&
+    return cluster_loadable(dev, attn_res_decode_loop_kernel<k3c_bf16, k3c_bf16, 1>) &&
            cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
 }
 

@@ -23,7 +23,7 @@ local NBS = {1, 4, 8, 15}
 local READS = {"full", "seal", "nodelta"}
 -- The stream kernel has no launch variable: timed only in the run with the default shape.
 local with_stream = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0" and
-                    (os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop") ~= "regs"
+                    (os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop") == "loop"
 
 local rel_diff = require("k3.bench.util").rel_diff
 
