@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define DIMS_LEN 160
@@ -131,9 +132,26 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     K3_TRY(need_opt(op, "bias", a->bias));
     K3_TRY(need_opt(op, "residual", a->residual));
     const k3_tensor *x = a->x, *w = a->w;
-    K3_TRY(need_ndim(op, "x", x, 2, "[M, K]"));
+    if (a->prologue != K3_LINEAR_PROLOGUE_NONE && a->prologue != K3_LINEAR_PROLOGUE_SILU_MUL)
+        return k3_error(K3_EINVAL, "linear: prologue must be %d (none) or %d (silu_mul); got %d",
+                        (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
+                        (int)a->prologue);
+    bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    K3_TRY(need_ndim(op, "x", x, 2, silu ? "[M, 2K]" : "[M, K]"));
     K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
-    if (x->size[1] != w->size[1])
+    /* The silu_mul prologue reads gate x[:, :K] and up x[:, K:] as silu_mul does: rows of 2K
+     * with unit last stride. */
+    if (silu && (x->size[1] % 2 != 0 || x->size[1] / 2 != w->size[1])) {
+        int64_t want;
+        if (!k3_mul_ok(w->size[1], 2, &want)) want = INT64_MAX;
+        return k3_error(K3_ESHAPE,
+                        "linear: x dim %d (%lld) must be 2 * w dim %d (%lld) = %lld for prologue "
+                        "silu_mul",
+                        1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1],
+                        (long long)want);
+    }
+    if (silu) K3_TRY(unit_last(op, "x", x));
+    if (!silu && x->size[1] != w->size[1])
         return k3_error(K3_ESHAPE, "linear: x dim %d (%lld) must match w dim %d (%lld)",
                         1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1]);
     K3_TRY(same_dtype(op, "w", w, "x", x));
@@ -493,6 +511,89 @@ static k3_status silu_mul_out(const k3_silu_mul_args *a) {
     return no_overlap(op, "out", a->out, "x", a->x);
 }
 
+/* ---- abs, exp, sqrt ---------------------------------------------------------------------- */
+
+static k3_status unary_inputs(const char *op, const k3_unary_args *a) { return need(op, "x", a->x); }
+
+static k3_status unary_out(const char *op, const k3_unary_args *a) {
+    K3_TRY(check_out(op, a->out, a->x->ndim, a->x->size, a->x->dtype, k3_tensor_device(a->x)));
+    return no_overlap(op, "out", a->out, "x", a->x);
+}
+
+#define K3_UNARY_CHECKS(name)                                                              \
+    static k3_status name##_inputs(const k3_unary_args *a) { return unary_inputs(#name, a); } \
+    static k3_status name##_out(const k3_unary_args *a) { return unary_out(#name, a); }
+K3_UNARY_CHECKS(abs)
+K3_UNARY_CHECKS(exp)
+K3_UNARY_CHECKS(sqrt)
+#undef K3_UNARY_CHECKS
+
+/* ---- sum, mean, max, min -------------------------------------------------------------------- */
+
+/* The result's shape: x's with dim of size 1, or 0-dim for dim = -1. */
+static int reduce_shape(const k3_reduce_args *a, int64_t *shape) {
+    if (a->dim < 0) return 0;
+    for (int d = 0; d < a->x->ndim; d++) shape[d] = d == a->dim ? 1 : a->x->size[d];
+    return a->x->ndim;
+}
+
+static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool needs_element) {
+    K3_TRY(need(op, "x", a->x));
+    int nd = a->x->ndim;
+    if (a->dim < -1 || a->dim >= nd) {
+        if (a->base == 0)
+            return k3_error(K3_EINVAL,
+                            "%s: dim %d is out of range for a %d-dim tensor (expected 0..%d or "
+                            "-1 for all)",
+                            op, a->dim, nd, nd - 1);
+        return k3_error(K3_EINVAL, "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)",
+                        op, k3_based(a->dim, a->base), nd, nd);
+    }
+    if (!needs_element) return K3_OK;
+    if (a->dim >= 0 && a->x->size[a->dim] == 0)
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty dim %d (size 0)", op,
+                        a->dim + a->base);
+    if (a->dim < 0 && k3_tensor_numel(a->x) == 0) {
+        char b[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op, shp(b, a->x));
+    }
+    return K3_OK;
+}
+
+static k3_status reduce_out(const char *op, const k3_reduce_args *a) {
+    int64_t shape[K3_MAX_DIMS];
+    int nd = reduce_shape(a, shape);
+    K3_TRY(check_out(op, a->out, nd, shape, a->x->dtype, k3_tensor_device(a->x)));
+    K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
+    if (!a->indices) return K3_OK;
+    K3_TRY(need(op, "indices", a->indices));
+    bool ok = a->indices->ndim == nd;
+    for (int d = 0; ok && d < nd; d++) ok = a->indices->size[d] == shape[d];
+    if (!ok) {
+        char b[DIMS_LEN], c[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "%s: indices must be %s; got %s", op,
+                        k3_fmt_dims(c, sizeof c, nd, shape), shp(b, a->indices));
+    }
+    if (a->indices->dtype != K3_DTYPE_F64)
+        return k3_error(K3_EDTYPE, "%s: indices dtype (%s) must be f64", op,
+                        k3_dtype_name(a->indices->dtype));
+    K3_TRY(same_device(op, "indices", a->indices, "x", a->x));
+    K3_TRY(written(op, "indices", a->indices));
+    K3_TRY(no_overlap(op, "indices", a->indices, "x", a->x));
+    return no_overlap(op, "indices", a->indices, "out", a->out);
+}
+
+#define K3_REDUCE_CHECKS(name, needs_element)                                              \
+    static k3_status name##_inputs(const k3_reduce_args *a) {                              \
+        return reduce_inputs(#name, a, needs_element);                                     \
+    }                                                                                      \
+    static k3_status name##_out(const k3_reduce_args *a) { return reduce_out(#name, a); }
+K3_REDUCE_CHECKS(sum, false)
+K3_REDUCE_CHECKS(mean, false)
+K3_REDUCE_CHECKS(max, true)
+K3_REDUCE_CHECKS(min, true)
+#undef K3_REDUCE_CHECKS
+
 /* ---- results ------------------------------------------------------------------------------- */
 
 /* The result of each op, once its inputs have passed: shape, dtype and device. */
@@ -516,6 +617,21 @@ static void silu_mul_result(const k3_silu_mul_args *a, k3_op_result *r) {
     int64_t shape[2] = {a->x->size[0], a->x->size[1] / 2};
     set_result(r, 2, shape, a->x);
 }
+
+static void unary_result(const k3_unary_args *a, k3_op_result *r) {
+    set_result(r, a->x->ndim, a->x->size, a->x);
+}
+static void reduce_result(const k3_reduce_args *a, k3_op_result *r) {
+    int64_t shape[K3_MAX_DIMS];
+    set_result(r, reduce_shape(a, shape), shape, a->x);
+}
+#define abs_result unary_result
+#define exp_result unary_result
+#define sqrt_result unary_result
+#define sum_result reduce_result
+#define mean_result reduce_result
+#define max_result reduce_result
+#define min_result reduce_result
 
 /* ---- the ops' table: what dispatch's prologue asks of each op -------------------------------- */
 
