@@ -12,7 +12,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace k3ar {
 
@@ -24,11 +23,8 @@ namespace k3ar {
 struct knobs {
     int pdl;
     int decode_ctas;
-    int decode_regs;  /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
-    int decode_chunk; /* K3_ATTN_RES_DECODE_BODY=loop4: sources reduced four at a time */
-    int64_t decode_max_t; /* K3_ATTN_RES_DECODE_MAX_T: the largest T decode serves (64) */
 };
-inline knobs g_knobs = {1, 0, 0, 0, 64};
+inline knobs g_knobs = {1, 0};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -41,12 +37,6 @@ inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
-    e = getenv("K3_ATTN_RES_DECODE_BODY");
-    g_knobs.decode_regs = e && !strcmp(e, "regs");
-    g_knobs.decode_chunk = e && !strcmp(e, "loop4");
-    e = getenv("K3_ATTN_RES_DECODE_MAX_T");
-    long long mt = e && *e ? atoll(e) : 0;
-    g_knobs.decode_max_t = mt >= 1 && mt <= (1 << 24) ? mt : 64;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -407,15 +397,16 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     return K3_OK;
 }
 
-/* Raises kern's dynamic shared memory limit to `bytes` the first time it is asked for more
- * than the 48 KB default on device dev (cudaFuncSetAttribute; one flag per device and kern
- * instance, the instance's own static). */
+/* Raises kern's dynamic shared memory limit on device dev to `bytes` when it is more than the
+ * 48 KB default and than what was set before (cudaFuncSetAttribute; `set` holds the limit set
+ * per device, an array the caller keeps per kern instance). The caller keeps bytes within the
+ * device's opt-in limit less kern's static shared memory. */
 template <class P>
-k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, int (&raised)[64]) {
+k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, size_t (&set)[64]) {
     if (bytes <= 48 * 1024) return K3_OK;
-    if (dev >= 0 && dev < 64 && raised[dev]) return K3_OK;
-    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-    if (dev >= 0 && dev < 64) raised[dev] = 1;
+    if (dev >= 0 && dev < 64 && set[dev] >= bytes) return K3_OK;
+    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (dev >= 0 && dev < 64) set[dev] = bytes;
     return K3_OK;
 }
 

@@ -371,7 +371,7 @@ k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t st
     auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV>;
     size_t smem = (size_t)(2 + kStreamNB) * kStreamV * (size_t)nt * sizeof(uint4);
     /* The dynamic limit raised once per device (up to 160 KB for H = 8192). */
-    static int raised[64];
+    static size_t raised[64];
     K3_TRY(raise_smem(kern, dev, smem, raised));
     int sms = k3c_sm_count(dev);
     if (sms <= 0) sms = 132;
