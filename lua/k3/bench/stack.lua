@@ -145,22 +145,6 @@ local function capture_step_copying_reads(stack, x, y)
   return g
 end
 
--- fn() with cuda.attn_res.decode (launched with PDL) ahead of cuda.attn_res.packed (a plain
--- cluster launch) in this state's attn_res candidates, the policy restored after: what the
--- plain launches of the packed reads cost a PDL chain.
-local function with_decode_first(fn)
-  local old = k3.policy
-  local list = {"cuda.attn_res.decode"}
-  for _, k in ipairs(old.attn_res) do
-    if k ~= "cuda.attn_res.decode" then list[#list + 1] = k end
-  end
-  k3.set_policy{attn_res = list}
-  local ok, res = pcall(fn)
-  k3.set_policy(old)
-  if not ok then error(res, 0) end
-  return res
-end
-
 -- Bytes rounded up to the read kernel's 16-byte granule.
 local function granule(b) return (b + 15) // 16 * 16 end
 
@@ -238,7 +222,6 @@ function S.run(env, peers, opts)
       -- Dry run: no graph on the CPU; the model's figures (AttnRes reads modelled at 2 µs).
       row.step_graph_us = st.m_step_g
       row.step_graph_copy_us = st.m_step_g - 2.0 * row.attn_res_calls
-      row.step_graph_decode_us = with_decode_first(function() return st.m_step_g end)
       row.kernels_per_step = row.ops_total
     else
       local ok, err = pcall(function()
@@ -251,9 +234,6 @@ function S.run(env, peers, opts)
         row.kernels_copy_reads = gc:kernels()
         row.step_graph_copy_us = env:time(function() gc:replay() end, {graph = false, iters = gi, warmup = 2})
         gc:free()
-        local gd = with_decode_first(function() return capture_step(stack, st.x, y) end)
-        row.step_graph_decode_us = env:time(function() gd:replay() end, {graph = false, iters = gi, warmup = 2})
-        gd:free()
         y:free()
       end)
       if not ok then row.step_graph_error = tostring(err):gsub("\n.*", "") end
@@ -323,7 +303,6 @@ function S.summarize(rows)
       s.attn_res_share_m1 = r.attn_res_marginal_share
       s.attn_res_replay_share_m1 = r.attn_res_share
       s.eager_over_graph_m1 = r.eager_over_graph
-      s.step_graph_decode_ms_m1 = ms(r.step_graph_decode_us)
     elseif r.M == 16 then
       s.step_graph_ms_m16 = ms(r.step_graph_us)
       s.read_limit_frac_m16 = r.read_limit_frac
@@ -383,9 +362,9 @@ function S.format(env, res)
     local parts = {}
     for _, k in ipairs(names) do parts[#parts + 1] = string.format("%s %d", k, r.ops[k]) end
     local function msu(v) return v and string.format("%.3f ms", v / 1000) or "-" end
-    p("M=%d: dispatches per step: %s (%d); eager replays: linear %s, attn_res %s; graph with copies for the reads %s (%s kernels); graph with every read on cuda.attn_res.decode (PDL) %s%s",
+    p("M=%d: dispatches per step: %s (%d); eager replays: linear %s, attn_res %s; graph with copies for the reads %s (%s kernels)%s",
       r.M, table.concat(parts, ", "), r.ops_total, msu(r.linear_eager_us), msu(r.attn_res_eager_us),
-      msu(r.step_graph_copy_us), r.kernels_copy_reads or "-", msu(r.step_graph_decode_us),
+      msu(r.step_graph_copy_us), r.kernels_copy_reads or "-",
       r.linear_unpacked_x > 0 and string.format("; %d linear calls had a strided x (replayed packed)", r.linear_unpacked_x) or "")
     if r.step_graph_error then p("M=%d: step not captured in a graph: %s", r.M, r.step_graph_error) end
   end
@@ -413,7 +392,7 @@ end
 
 S.CSV_KEYS = {"M", "config", "layers", "ops_total", "kernels_per_step", "linear_calls",
               "attn_res_calls", "linear_unpacked_x", "step_us", "step_min_us", "step_p90_us",
-              "step_graph_us", "step_graph_error", "eager_over_graph", "step_graph_decode_us",
+              "step_graph_us", "step_graph_error", "eager_over_graph",
               "step_bytes", "read_limit_us",
               "read_limit_frac", "step_graph_copy_us", "kernels_copy_reads", "attn_res_marginal_us",
               "attn_res_marginal_share", "linear_graph_us", "linear_eager_us", "attn_res_graph_us",
@@ -432,7 +411,7 @@ function S.summary_object(res, cmd, commit)
     step_eager_ms_m1 = s.step_eager_ms_m1, kernels_per_step = s.kernels_per_step,
     read_limit_ms = s.read_limit_ms, read_limit_frac_m1 = s.read_limit_frac_m1,
     read_limit_frac_m16 = s.read_limit_frac_m16, attn_res_share_m1 = s.attn_res_share_m1,
-    eager_over_graph_m1 = s.eager_over_graph_m1, step_graph_decode_ms_m1 = s.step_graph_decode_ms_m1,
+    eager_over_graph_m1 = s.eager_over_graph_m1,
     targets = S.TARGETS,
   }
 end
