@@ -117,11 +117,11 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
 
-/* Makes the tensor metatable's __index the function that serves t[i] as well as methods,
- * looking methods up in the table the binding's files filled while the module opened (the
- * metatable's __index until then; kept in the registry and as k3.core._tensor_methods, the
- * one place to add a method later). Called once the module's files are open, with the module
- * table on top; safe to call again. */
+/* Adds t[i] = v and #t to the tensor metatable (__newindex, __len) and makes its __index the
+ * function that serves t[i] as well as methods, looking methods up in the table the binding's
+ * files filled while the module opened (the metatable's __index until then; kept in the
+ * registry and as k3.core._tensor_methods, the one place to add a method later). Called once
+ * the module's files are open, with the module table on top; safe to call again. */
 void k3l_tensor_index(lua_State *L);
 
 /* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */

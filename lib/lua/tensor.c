@@ -713,8 +713,7 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {"__newindex", t_newindex},
-    {"__len", t_len},    {NULL, NULL}};
+    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {
     {"empty", l_empty},   {"zeros", l_zeros},   {"ones", l_ones},
@@ -734,6 +733,10 @@ void k3l_open_tensor(lua_State *L) {
 
 void k3l_tensor_index(lua_State *L) {
     luaL_getmetatable(L, K3L_TENSOR_MT);
+    lua_pushcfunction(L, t_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, t_len);
+    lua_setfield(L, -2, "__len");
     if (lua_getfield(L, -1, "__index") == LUA_TTABLE) {
         lua_pushvalue(L, -1);
         lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_TENSOR_METHODS);
