@@ -102,6 +102,10 @@ local checks = {
     {"safetensors_save tensors[0]", "K3_EINVAL", "safetensors_save: tensors[0] (\"w\") is NULL"},
     {"method_default out", "K3_EINVAL", "method_default: out is NULL"},
     {"linear x", "K3_EINVAL", "linear: x is required"},
+    {"graph_capture out", "K3_EINVAL", "graph_capture: out is NULL"},
+    {"graph_capture fn", "K3_EINVAL", "graph_capture: fn is NULL"},
+    {"graph_capture warmup", "K3_EINVAL", "graph_capture: warmup must be >= 0; got -1"},
+    {"graph_replay g", "K3_EINVAL", "graph_replay: g is NULL"},
     {"empty 0-dim shape NULL", "K3_OK", ""},
     {"get 0-dim idx NULL", "K3_OK", ""},
     {"from_f64 empty values NULL", "K3_OK", ""},
@@ -197,7 +201,7 @@ local checks = {
     {"method_low_latency M twice", "K3_EINVAL", "method.low_latency: plan has two entries for M = 3"},
     {"method_low_latency M twice out", "K3_OK", "NULL"},
     {"policy_set_candidates unknown op", "K3_EINVAL",
-     "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm or silu_mul)"},
+     "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)"},
     {"policy_set_candidates 17", "K3_EINVAL", "policy: linear has 17 candidates; expected 0..16"},
     {"linear y and out NULL", "K3_EINVAL", "linear: y and out are both NULL (the result would be lost)"},
     {"attn_res args NULL", "K3_EINVAL", "attn_res: args is NULL"},
@@ -236,7 +240,7 @@ local checks = {
       {"device_parse 10 MB text", "K3_EDEVICE", "unknown device '" .. x200 .. "' (expected cpu, cuda or cuda:N)"},
       {"policy_set_candidates 10 MB kernel", "K3_EINVAL", "policy: unknown linear kernel '" .. x200 ..
        "' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, " ..
-       "cuda.linear.skinny, cuda.linear.batch_invariant)"},
+       "cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant)"},
       {"safetensors_load 1,100-byte path", "K3_EIO", cut},
     }
   end)(),

@@ -63,7 +63,7 @@ describe("k3.help()", function()
       if not listed(text, "t:" .. m) then missing[#missing + 1] = "t:" .. m end
     end
     -- metamethods: how each one is written in Lua
-    local written = {__add = "t + u", __sub = "t - u", __mul = "t * u", __unm = "-t",
+    local written = {__add = "t + u", __sub = "t - u", __mul = "t * u", __div = "t / u", __unm = "-t",
                      __tostring = "tostring(t)", __close = "<close>", __gc = false,
                      __len = "#t", __newindex = "t[i] = v",
                      __index = false, __name = false}

@@ -9,7 +9,24 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The collector and tensor memory. Lua 5.4 has no external-memory API, and a tensor
+ * userdata is 8 bytes to the collector whatever its storage holds, so temporaries pile up far
+ * past what the Lua heap would trigger a cycle for. Every tensor is pushed here before the
+ * core allocates it: once this thread's tensor storage allocations reach GC_REPORT_BYTES
+ * since the last report (k3_take_allocated_bytes), they are added to the collector's debt
+ * (lua_gc LUA_GCSTEP, in KB), which runs the collection work that many bytes of Lua
+ * allocations would have. A loop of temporary 4 MB tensors then stays at a few tensors live
+ * instead of growing by gigabytes (spec/tensor_gc_spec.lua measures it). A stopped
+ * collector (collectgarbage "stop") is left alone. */
+#define GC_REPORT_BYTES ((uint64_t)1 << 20)
+
+void k3l_collect(void *ud) { lua_gc((lua_State *)ud, LUA_GCCOLLECT); }
+
 k3l_tensor_ud *k3l_push_tensor(lua_State *L) {
+    uint64_t grown = k3_take_allocated_bytes(GC_REPORT_BYTES);
+    /* An explicit step runs even in a stopped collector: collectgarbage("stop") is respected. */
+    if (grown && lua_gc(L, LUA_GCISRUNNING))
+        lua_gc(L, LUA_GCSTEP, (int)((grown >> 10) < INT32_MAX ? grown >> 10 : INT32_MAX));
     k3l_tensor_ud *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->t = NULL;
     luaL_setmetatable(L, K3L_TENSOR_MT);
@@ -638,7 +655,11 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
     if (lua_type(L, si) != LUA_TNUMBER)
         return luaL_error(L, "attempt to %s a k3.Tensor and a %s value", name,
                           luaL_typename(L, si));
-    double s = lua_tonumber(L, si);
+    /* A Lua integer beyond 2^53 has no double: it is rounded once to the tensor's dtype
+     * (k3l_check_value) instead of to a double and then again. */
+    lua_Integer si_v = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
+    double s = (si_v > (1LL << 53) || si_v < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
+                                                           : lua_tonumber(L, si);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;
@@ -646,6 +667,7 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
 static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
 static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
 static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
+static int t_div(lua_State *L) { return arith(L, K3_DIV, "divide"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
@@ -713,7 +735,8 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
+    {"__mul", t_mul},    {"__unm", t_unm},       {"__div", t_div},
+    {"__newindex", t_newindex}, {"__len", t_len}, {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {
     {"empty", l_empty},   {"zeros", l_zeros},   {"ones", l_ones},
@@ -725,6 +748,7 @@ void k3l_open_tensor(lua_State *L) {
     if (luaL_newmetatable(L, K3L_TENSOR_MT)) {
         luaL_setfuncs(L, tensor_meta, 0);
         luaL_newlib(L, tensor_methods);
+        k3l_add_tensor_op_methods(L);
         lua_setfield(L, -2, "__index");
     }
     lua_setfield(L, -2, "_tensor_mt");
@@ -733,10 +757,6 @@ void k3l_open_tensor(lua_State *L) {
 
 void k3l_tensor_index(lua_State *L) {
     luaL_getmetatable(L, K3L_TENSOR_MT);
-    lua_pushcfunction(L, t_newindex);
-    lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, t_len);
-    lua_setfield(L, -2, "__len");
     if (lua_getfield(L, -1, "__index") == LUA_TTABLE) {
         lua_pushvalue(L, -1);
         lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_TENSOR_METHODS);

@@ -262,6 +262,12 @@ local HELP = {
   {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values; rows wrap at 80 columns, over 1000 elements 3 at each end and ..."},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
+  -- tensor ops (the elementwise and reduction ops are catalogue lines, under "ops")
+  {"t / u, t / s, s / t", "elementwise division (IEEE: x / 0 is inf or NaN)"},
+  {"t:float() t:double() t:bf16() t:half()", "dtype conversions (new tensor on t's device, rounded once)"},
+  {"k3.cat(list, d) k3.stack(list, d)", "join along dim d / along a new dim d (default 1)"},
+  {"k3.arange(a, b [, step], opts) k3.linspace(a, b, n, opts)", "ranges: half-open, ceil((b - a) / step) elements / n points, both ends exact"},
+  {"k3.equal(a, b)", "same shape and values (NaN equals nothing)"},
   "ops", -- one line per op of the catalogue (lib/k3_ops.def), then each op's kernels
   {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
@@ -275,7 +281,9 @@ local HELP = {
   {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
   {"k3.stats() k3.stats_reset()", "this state's calls per kernel and declines per reason"},
   {"k3.synchronize() k3.empty_cache()", "device queue and cached memory"},
-  {"k3.load_safetensors(path) k3.save_safetensors(path, tbl)", "weights as {name = tensor}"},
+  {"k3.load_safetensors(path, {names, match, device, dtype}) k3.save_safetensors(path, tbl, {metadata})",
+   "weights as {name = tensor}: a file, a shard folder or its index"},
+  {"k3.safetensors_info(path) k3.memory() k3.memory_reset_peak()", "checkpoint headers; k3's live host and device bytes"},
   {"k3.dist.init(opts) k3.dist.initialized() k3.dist.destroy{abort}", "join / leave the process group (scripts/k3 --nproc N)"},
   {"k3.dist.rank() k3.dist.world_size() k3.dist.device()", "this rank, the world size, this rank's device"},
   {"k3.dist.all_reduce(t, op) k3.dist.all_gather(t, dim)", "collectives (NCCL; no-ops at world size 1)"},
@@ -287,6 +295,8 @@ local HELP = {
   {"scripts/k3", "the REPL: results print through __tostring or k3.inspect; Tab completes globals, fields and methods"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
+  {"k3.cuda_graph(fn, {device, warmup})", "capture what fn dispatches into a CUDA graph (static tensors; refuses syncs, host copies, CPU ops)"},
+  {"g:replay([n]) g:free() g:kernels() g:tensors() g:device()", "replay a captured graph / free it (also <close>, gc); its kernels, held tensors, device"},
   {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 

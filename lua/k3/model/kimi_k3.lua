@@ -253,11 +253,13 @@ local function build_layer(cfg, weights, specs, i, dtype, device, converted)
 end
 
 -- Builds the stack of config `cfg` (a name or a table) from `weights` ({name = tensor},
--- e.g. generate_weights or k3.load_safetensors). opts = {dtype =, device =}: weights of
+-- e.g. generate_weights, k3.load_safetensors or k3.model.hf.load; Hugging Face names are
+-- mapped and joined by k3.model.hf). opts = {dtype =, device =}: weights of
 -- another dtype or device are converted (the fp64 twin: {dtype = "f64", device = "cpu"}).
 function M.build(cfg, weights, opts)
   if type(cfg) == "string" then cfg = M.config(cfg) end
   opts = opts or {}
+  weights = require("k3.model.hf").to_stack(weights) -- Hugging Face names (lua/k3/model/hf.lua)
   local any = weights["model.norm.weight"]
   local dtype = opts.dtype or (any and any:dtype()) or "bf16"
   local device = M.canonical_device(opts.device or (any and any:device()) or "cpu")
