@@ -129,32 +129,24 @@ function dist.stats(opts) return core.dist_stats(boolean_option(opts, "reset", 1
 
 local function dims(t) return "[" .. table.concat(t:size(), ", ") .. "]" end
 
-local function describe(req)
-  if req.op == "barrier" then return "barrier" end
-  local name = req.op == "all_reduce" and ("all_reduce(" .. req.reduce .. ")") or req.op
-  return string.format("%s of %s %s", name, req.t:dtype(), dims(req.t))
+-- The board's name of a request's call (lib/dist.h).
+local function call_name(req)
+  if req.op == "all_reduce" then return "all_reduce(" .. req.reduce .. ")" end
+  return req.op
 end
 
--- Runs one collective for every rank's request; returns per-rank replies.
-local function run_collective(reqs, W)
+-- Runs one collective for every rank's request (each posted to `board`); returns per-rank
+-- replies. The agreement check is the process group's own (the C board): every rank's
+-- verdict over the same signatures, so a difference fails every rank with one message.
+local function run_collective(reqs, W, board)
+  local replies, differ = {}, false
+  for r = 0, W - 1 do
+    local msg = board:verdict(r, reqs[r].op)
+    if msg then differ = true end
+    replies[r] = {err = msg}
+  end
+  if differ then return replies end
   local first = reqs[0]
-  local same = true
-  for r = 1, W - 1 do
-    same = same and describe(reqs[r]) == describe(first)
-  end
-  if not same then
-    local parts = {}
-    for r = 0, W - 1 do parts[#parts + 1] = string.format("rank %d: %s", r, describe(reqs[r])) end
-    local msg = string.format("k3.dist.%s: the ranks' calls differ (every rank must make the same " ..
-                              "collective call with the same dtype and shape): %s", first.op,
-                              table.concat(parts, "; "))
-    local replies = {}
-    for r = 0, W - 1 do
-      replies[r] = {err = msg:gsub("^k3%.dist%.[%w_]+", "k3.dist." .. reqs[r].op, 1)}
-    end
-    return replies
-  end
-  local replies = {}
   if first.op == "all_reduce" then
     if first.reduce == "sum" then
       -- Summed in f64 and rounded once: what NCCL's sum gives for two ranks.
@@ -201,9 +193,12 @@ local function run_collective(reqs, W)
 end
 
 -- The rank object handed to each simulated rank: k3.dist's interface.
-local function sim_rank(rank, W)
+local function sim_rank(rank, W, board)
   local d = {}
+  local calls = {all_reduce = 0, all_gather = 0}
   local function call(req)
+    board:post(rank, call_name(req), req.t)
+    if calls[req.op] then calls[req.op] = calls[req.op] + 1 end
     local reply = coroutine.yield(req)
     if reply.err then error(reply.err, 0) end
     return reply.value
@@ -231,10 +226,18 @@ local function sim_rank(rank, W)
   end
   function d.barrier() call{op = "barrier"} end
   function d.synchronize() end
+  -- Calls made, and the checks this rank ran on the board; no time and no stream waits (a
+  -- simulated world has no streams, and the check never waits for one).
+  local checks0 = 0
   function d.stats(opts)
-    boolean_option(opts, "reset", 1, "stats")
-    return {all_reduce = {calls = 0, ms = 0}, all_gather = {calls = 0, ms = 0},
-                             check = {calls = 0, ms = 0}}
+    local reset = boolean_option(opts, "reset", 1, "stats")
+    local st = {all_reduce = {calls = calls.all_reduce, ms = 0, stream_waits = 0},
+                all_gather = {calls = calls.all_gather, ms = 0, stream_waits = 0},
+                check = {calls = board:checks(rank) - checks0, ms = 0, stream_waits = 0}}
+    if reset then
+      calls.all_reduce, calls.all_gather, checks0 = 0, 0, board:checks(rank)
+    end
+    return st
   end
   return d
 end
@@ -262,6 +265,7 @@ function dist.simulate(W, fn, opts)
           shown(opts.errors) .. ")", 2)
   end
   local cos, results, errors, pending, live = {}, {}, {}, {}, {}
+  local board = core.dist_board(W)
   local function step(r, reply)
     local ok, v = coroutine.resume(cos[r], reply)
     if not ok then
@@ -275,7 +279,7 @@ function dist.simulate(W, fn, opts)
     live[r] = nil
   end
   for r = 0, W - 1 do
-    cos[r] = coroutine.create(function() return fn(r, sim_rank(r, W)) end)
+    cos[r] = coroutine.create(function() return fn(r, sim_rank(r, W, board)) end)
     live[r] = true
   end
   for r = 0, W - 1 do step(r) end
@@ -287,7 +291,7 @@ function dist.simulate(W, fn, opts)
     local reqs = pending
     pending = {}
     if #gone == 0 then
-      local replies = run_collective(reqs, W)
+      local replies = run_collective(reqs, W, board)
       for r = 0, W - 1 do step(r, replies[r]) end
     else
       -- Ranks that finished or failed never join: in a real world the others would time out.
