@@ -197,8 +197,6 @@ static k3_status read_id(const char *path, const char *failed, int rank, double 
     }
 }
 
-static k3_status board_open(k3_dist_board **out, const char *path, int rank, int world);
-
 static const k3_backend *dist_backend(const char *what) {
     const char *reason = NULL;
     const k3_backend *be = k3_cuda_backend(&reason);
@@ -261,12 +259,12 @@ K3_API k3_status k3_dist_init(const k3_dist_options *o) {
         k3_dist_board *board = NULL;
         if (r.rank == 0) {
             /* The board exists before the id does, so a rank that read the id finds it. */
-            s = board_open(&board, board_path, 0, r.world_size);
+            s = k3_dist_board_open(&board, board_path, 0, r.world_size);
             if (s == K3_OK) s = be->dist_unique_id(id, sizeof id);
             if (s == K3_OK) s = write_id(path, id);
         } else {
             s = read_id(path, g_dist.failed_file, r.rank, r.timeout_s, id);
-            if (s == K3_OK) s = board_open(&board, board_path, r.rank, r.world_size);
+            if (s == K3_OK) s = k3_dist_board_open(&board, board_path, r.rank, r.world_size);
         }
         if (s == K3_OK)
             s = be->dist_init(r.device, r.rank, r.world_size, id, sizeof id, r.timeout_s,
@@ -379,10 +377,13 @@ K3_API void k3_dist_board_free(k3_dist_board *b) {
     free(b);
 }
 
-/* Rank 0 creates <path> (before it writes the NCCL id); the others open it once they read
- * the id, and check that it is this world's and that they run on rank 0's host. */
-static k3_status board_open(k3_dist_board **out, const char *path, int rank, int world) {
+K3_API k3_status k3_dist_board_open(k3_dist_board **out, const char *path, int rank,
+                                    int world) {
+    if (!out || !path) return k3_error(K3_EINVAL, "dist_board_open: out or path is NULL");
     *out = NULL;
+    if (world < 1 || world > DIST_MAX_WORLD || rank < 0 || rank >= world)
+        return k3_error(K3_EINVAL, "k3.dist.init: rank %d of world size %d is not in 0..%d", rank,
+                        world, world - 1);
     size_t bytes = board_bytes(world);
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
@@ -535,22 +536,59 @@ K3_API uint64_t k3_dist_board_checks(const k3_dist_board *b, int rank) {
     return b && rank >= 0 && rank < b->world ? b->done[rank] : 0;
 }
 
-/* ---- the check before each collective ------------------------------------------------------ */
-
 /* Tells the other ranks why this one gives up (the first note wins: O_EXCL), as the
  * backend does for its own waits. */
-static void note_failure(const char *msg) {
-    if (!g_dist.failed_file[0]) return;
-    int fd = open(g_dist.failed_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+static void note_failure(const char *failed_file, int rank, const char *msg) {
+    if (!failed_file || !failed_file[0]) return;
+    int fd = open(failed_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd < 0) return;
     char line[1200];
-    int len = snprintf(line, sizeof line, "rank %d: %s\n", g_dist.rank, msg);
+    int len = snprintf(line, sizeof line, "rank %d: %s\n", rank, msg);
     if (len > 0) {
         ssize_t w = write(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
         (void)w;
     }
     close(fd);
 }
+
+K3_API k3_status k3_dist_board_wait(k3_dist_board *b, int rank, const char *what,
+                                    double timeout_s, const char *failed_file) {
+    K3_TRY(board_rank(b, rank, "dist_board_wait"));
+    if (!what) what = "?";
+    double start = now_s(), last_file = start;
+    int spins = 0;
+    char missing[256];
+    for (;;) {
+        int ready = k3_dist_board_ready(b, rank, missing, sizeof missing);
+        if (ready == 1) return K3_OK;
+        if (ready < 0)
+            return k3_error(K3_EINVAL, "dist_board_wait: rank %d has no call on the board", rank);
+        double tn = now_s();
+        if (tn - last_file > 0.005) {
+            last_file = tn;
+            char note[512];
+            if (failed_file && failed_file[0] && read_failed(failed_file, note, sizeof note))
+                return k3_error(K3_ECUDA, "k3.dist.%s: rank %d stops: %s", what, rank, note);
+        }
+        if (tn - start > timeout_s) {
+            char msg[1100];
+            snprintf(msg, sizeof msg, "k3.dist.%s: rank %d timed out after %g s waiting for the "
+                                      "other ranks to make the same call (not there: rank%s %s; "
+                                      "a rank may have failed, or not made the call)",
+                     what, rank, timeout_s, strchr(missing, ',') ? "s" : "", missing);
+            note_failure(failed_file, rank, msg); /* the others stop now, not in turn */
+            return k3_error(K3_ECUDA, "%s", msg);
+        }
+        /* Spin briefly (the ranks' hosts reach a call microseconds apart), then sleep. */
+        int sp = spins++;
+        if (sp >= 200) {
+            struct timespec ts = {0, sp < 2000 ? 20000L : 500000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ---- the check before each collective ------------------------------------------------------ */
 
 /* A bounded wait ended without the peers: abort the communicator (its in-flight kernels
  * stop, so the stream drains) and fail this and every later call with the message. */
@@ -569,34 +607,11 @@ static k3_status check_across_ranks(const k3_backend *be, const char *what, int 
     k3_dist_board *b = g_dist.board;
     int r = g_dist.rank;
     K3_TRY(k3_dist_board_post(b, r, call, t));
-    double start = now_s(), last_file = start;
-    int spins = 0;
-    char missing[256];
-    while (k3_dist_board_ready(b, r, missing, sizeof missing) != 1) {
-        double tn = now_s();
+    double start = now_s();
+    if (k3_dist_board_wait(b, r, what, g_dist.timeout_s, g_dist.failed_file) != K3_OK) {
         char msg[1100];
-        if (tn - last_file > 0.005) {
-            last_file = tn;
-            char note[512];
-            if (read_failed(g_dist.failed_file, note, sizeof note)) {
-                snprintf(msg, sizeof msg, "k3.dist.%s: rank %d stops: %s", what, r, note);
-                return stop(be, msg);
-            }
-        }
-        if (tn - start > g_dist.timeout_s) {
-            snprintf(msg, sizeof msg, "k3.dist.%s: rank %d timed out after %g s waiting for the "
-                                      "other ranks to make the same call (not there: rank%s %s; "
-                                      "a rank may have failed, or not made the call)",
-                     what, r, g_dist.timeout_s, strchr(missing, ',') ? "s" : "", missing);
-            note_failure(msg); /* the other ranks stop at once instead of timing out in turn */
-            return stop(be, msg);
-        }
-        /* Spin briefly (the ranks' hosts reach a call microseconds apart), then sleep. */
-        int sp = spins++;
-        if (sp >= 200) {
-            struct timespec ts = {0, sp < 2000 ? 20000L : 500000L};
-            nanosleep(&ts, NULL);
-        }
+        snprintf(msg, sizeof msg, "%s", k3_last_error());
+        return stop(be, msg);
     }
     g_dist.check_calls++;
     g_dist.check_ms += (now_s() - start) * 1e3;

@@ -32,6 +32,12 @@ typedef struct k3_dist_board k3_dist_board;
 K3_API k3_status k3_dist_board_new(k3_dist_board **out, int world);
 K3_API void k3_dist_board_free(k3_dist_board *b);
 
+/* The board of a world of processes: a file of `path` mapped MAP_SHARED. Rank 0 creates it
+ * (the process group does so before it writes the NCCL id); the other ranks open it after,
+ * and fail (K3_EIO) when it is not this world's, or (K3_EINVAL) when rank 0 wrote another
+ * host's name in it. */
+K3_API k3_status k3_dist_board_open(k3_dist_board **out, const char *path, int rank, int world);
+
 /* Posts `rank`'s signature for its next collective: call (K3_DIST_CALL_*), and t's dtype and
  * shape (t NULL for a barrier). A rank that posts again before its verdict is K3_EINVAL. */
 K3_API k3_status k3_dist_board_post(k3_dist_board *b, int rank, int call, const k3_tensor *t);
@@ -39,6 +45,15 @@ K3_API k3_status k3_dist_board_post(k3_dist_board *b, int rank, int call, const 
 /* 1 when every rank has posted the collective `rank` last posted, else 0; -1 when `rank`
  * has nothing posted. `missing` (may be NULL) gets the ranks not there yet, as "1, 3". */
 K3_API int k3_dist_board_ready(const k3_dist_board *b, int rank, char *missing, size_t n);
+
+/* Waits on the host until the board is ready for `rank`'s posted call: spins, then sleeps in
+ * growing steps. Bounded: after timeout_s seconds K3_ECUDA "k3.dist.<what>: rank R timed out
+ * after T s waiting for the other ranks to make the same call (not there: rank 1; ...)",
+ * written first to failed_file (may be NULL) so the other ranks stop at once; and when
+ * failed_file appears (the launcher's note of a failed rank, or a peer's) K3_ECUDA
+ * "k3.dist.<what>: rank R stops: <its first line>". */
+K3_API k3_status k3_dist_board_wait(k3_dist_board *b, int rank, const char *what,
+                                    double timeout_s, const char *failed_file);
 
 /* Once ready: K3_OK when every rank posted the same signature, else K3_ESHAPE with
  * "k3.dist.<what>: the ranks' calls differ (...): rank 0: all_reduce(sum) of bf16 [2, 8];

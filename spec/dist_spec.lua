@@ -123,6 +123,50 @@ describe("k3.dist.simulate", function()
     assert.are.equal("rank 1: " .. want, errs[2])
   end)
 
+  it("a call, dtype or shape that differs on one rank of three fails all three alike", function()
+    local cases = {
+      {function(d) d.all_reduce(k3.zeros({2, 3})) end, function(d) d.all_reduce(k3.zeros({2, 3}), "max") end,
+       "rank 0: all_reduce(sum) of f32 [2, 3]; rank 1: all_reduce(max) of f32 [2, 3]; rank 2: all_reduce(sum) of f32 [2, 3]"},
+      {function(d) d.all_reduce(k3.zeros({4})) end, function(d) d.all_reduce(k3.zeros({4}, {dtype = "bf16"})) end,
+       "rank 0: all_reduce(sum) of f32 [4]; rank 1: all_reduce(sum) of bf16 [4]; rank 2: all_reduce(sum) of f32 [4]"},
+      {function(d) d.barrier() end, function(d) d.all_gather(k3.zeros({1, 2})) end,
+       "rank 0: barrier; rank 1: all_gather of f32 [1, 2]; rank 2: barrier"},
+    }
+    for _, c in ipairs(cases) do
+      local _, errs = k3.dist.simulate(3, function(r, d)
+        if r == 1 then c[2](d) else c[1](d) end
+      end, {errors = "return"})
+      local tail = ": the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): " .. c[3]
+      for r = 0, 2 do
+        local op = r == 1 and c[3]:match("rank 1: ([%w_]+)") or c[3]:match("rank 0: ([%w_]+)")
+        -- (all_gather raises at its caller, so its message starts with the caller's position)
+        local got = errs[r + 1]:gsub("^(rank %d+: )[^:]*:%d+: ", "%1")
+        assert.are.equal(string.format("rank %d: k3.dist.%s%s", r, op, tail), got)
+      end
+    end
+  end)
+
+  it("checks every collective on the host board and never waits for a stream", function()
+    local res = k3.dist.simulate(2, function(r, d)
+      local t = k3.ones({2, 4})
+      for _ = 1, 5 do d.all_reduce(t) end
+      d.all_gather(t, 2)
+      d.barrier()
+      local st = d.stats{reset = true}
+      local after = d.stats()
+      return {st, after, t:get(1, 1)}
+    end)
+    for r = 1, 2 do
+      local st, after = res[r][1], res[r][2]
+      assert.are.equal(5, st.all_reduce.calls)
+      assert.are.equal(1, st.all_gather.calls)
+      assert.are.equal(7, st.check.calls) -- 5 all-reduces, the gather and the barrier
+      assert.are.equal(0, st.check.stream_waits)
+      assert.are.equal(0, after.check.calls + after.all_reduce.calls)
+      assert.are.equal(32, res[r][3]) -- 2^5: the checks let every all-reduce through
+    end
+  end)
+
   it("fails the other ranks when one raises", function()
     local _, errs = k3.dist.simulate(2, function(r, d)
       if r == 1 then error("boom", 0) end
@@ -301,6 +345,114 @@ describe("scripts/k3 --nproc (launcher)", function()
     out, code = launch("--nproc 3 x.lua", "CUDA_VISIBLE_DEVICES=0,1")
     assert.are.equal(2, code)
     assert.truthy(out:find("--nproc 3 but CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)", 1, true), out)
+  end)
+end)
+
+describe("the agreement board between processes (scripts/k3 --nproc, CPU)", function()
+  -- Every rank maps K3_DIST_DIR/check.test as the process group does (rank 0 creates it and
+  -- leaves a marker once it is whole; the group orders it before the NCCL id instead), then
+  -- runs `body` with `board`, `rank` and `post(call, shape, dtype)` (post + wait + verdict;
+  -- returns the verdict's message or nil).
+  local function board_ranks(body, args)
+    local s = script([[
+      local k3 = require "k3"
+      local core = require "k3.core"
+      local rank = tonumber(os.getenv("K3_RANK"))
+      local dir = os.getenv("K3_DIST_DIR")
+      local path = dir .. "/check.test"
+      if rank ~= 0 then
+        for _ = 1, 400 do
+          if io.open(dir .. "/board.made") then break end
+          os.execute("sleep 0.01")
+        end
+      end
+      local board = core.dist_board_open(path, rank, 2)
+      if rank == 0 then io.open(dir .. "/board.made", "w"):close() end
+      local function post(call, shape, dtype, timeout)
+        board:post(rank, call, shape and k3.zeros(shape, {dtype = dtype or "f32"}) or nil)
+        local what = call:match("^[%w_]+")
+        local ok, err = pcall(board.wait, board, rank, what, timeout or 20, dir .. "/failed")
+        if not ok then error((tostring(err):gsub("^[^:]*:%d+: ", "")), 0) end
+        return board:verdict(rank, what)
+      end
+    ]] .. body)
+    local out, code, secs = launch("--nproc 2 " .. (args or "") .. " " .. s)
+    os.remove(s)
+    return out, code, secs
+  end
+
+  it("agrees over thousands of calls, names a difference alike on both ranks, stays usable", function()
+    local out, code = board_ranks([[
+      for i = 1, 3000 do
+        local call = ({"all_reduce(sum)", "all_gather", "barrier"})[i % 3 + 1]
+        local msg = post(call, call ~= "barrier" and {i % 5 + 1, 7} or nil, "bf16")
+        assert(msg == nil, msg)
+      end
+      print("rank " .. rank .. ": " .. tostring(post("all_reduce(sum)", {2, 8 * (rank + 1)}, "bf16")))
+      assert(post("barrier") == nil)
+      print("rank " .. rank .. " checks " .. board:checks(rank))]])
+    assert.are.equal(0, code, out)
+    local want = "k3.dist.all_reduce: the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): rank 0: all_reduce(sum) of bf16 [2, 8]; rank 1: all_reduce(sum) of bf16 [2, 16]"
+    for r = 0, 1 do
+      assert.truthy(out:find(string.format("rank %d: %s\n", r, want), 1, true), out)
+      assert.truthy(out:find(string.format("rank %d checks 3002", r), 1, true), out)
+    end
+  end)
+
+  it("a rank that exits makes the other stop with the launcher's note, within the bound", function()
+    local out, code, secs = board_ranks([[
+      assert(post("barrier") == nil)
+      if rank == 1 then os.exit(3) end
+      local ok, err = pcall(post, "all_reduce(sum)", {16, 7168}, "bf16", 30)
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
+      os.exit(ok and 0 or 7)]], "--grace 30")
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 stops: rank 1 exited with status 3", 1, true), out)
+    assert.is_true(secs < 20, "took " .. secs .. " s")
+  end)
+
+  it("a rank that never posts makes the other time out naming it, and tells the others", function()
+    local out, code, secs = board_ranks([[
+      if rank == 1 then
+        for _ = 1, 400 do
+          local f = io.open(os.getenv("K3_DIST_DIR") .. "/failed")
+          if f then io.stderr:write("rank 1 saw: " .. f:read("l") .. "\n") os.exit(0) end
+          os.execute("sleep 0.02")
+        end
+        os.exit(9)
+      end
+      local ok, err = pcall(post, "all_gather", {1, 4}, "f32", 1)
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
+      os.exit(ok and 0 or 7)]])
+    assert.are.equal(7, code, out)
+    local want = "k3.dist.all_gather: rank 0 timed out after 1 s waiting for the other ranks to make the same call (not there: rank 1; a rank may have failed, or not made the call)"
+    assert.truthy(out:find("rank 0 got: " .. want, 1, true), out)
+    assert.truthy(out:find("rank 1 saw: rank 0: " .. want, 1, true), out)
+    assert.is_true(secs < 20, "took " .. secs .. " s")
+  end)
+
+  it("refuses a board of another world and bad arguments", function()
+    local core = require "k3.core"
+    local path = os.tmpname()
+    os.remove(path)
+    local b0 = core.dist_board_open(path, 0, 2)
+    H.raises(function() core.dist_board_open(path, 1, 3) end, "k3.dist.init: " .. path .. " holds")
+    local b1 = core.dist_board_open(path, 1, 2)
+    H.raises(function() core.dist_board_open(path, 0, 2) end, "k3.dist.init: rank 0 cannot create the agreement board " .. path)
+    H.raises(function() b0:post(2, "barrier") end, "rank must be in 0..1; got 2")
+    H.raises(function() b0:post(0, "reduce") end, "unknown call 'reduce'")
+    H.raises(function() b0:ready(0) end, "k3.dist: rank 0 has no call on the board")
+    b0:post(0, "barrier")
+    H.raises(function() b0:post(0, "barrier") end, "dist_board_post: rank 0 posts collective 2 before the verdict on collective 1")
+    local ready, missing = b0:ready(0)
+    assert.is_false(ready)
+    assert.are.equal("1", missing)
+    H.raises(function() b0:verdict(0, "barrier") end, "dist_board_verdict: rank 0's collective 1 is not on the board from every rank")
+    b1:post(1, "barrier")
+    assert.is_true(b0:ready(0))
+    assert.is_nil(b0:verdict(0, "barrier"))
+    H.raises(function() core.dist_board(0) end, "world size must be in 1..4096; got 0")
+    os.remove(path)
   end)
 end)
 

@@ -209,27 +209,63 @@ static int l_board_gc(lua_State *L) {
     return 0;
 }
 
-/* core.dist_board(world_size) -> a board for a simulated world's ranks (in this process). */
-static int l_dist_board(lua_State *L) {
-    lua_Integer w = luaL_checkinteger(L, 1);
-    if (w < 1 || w > 4096) return k3l_arg_error(L, 1, "world size must be in 1..4096; got %I", w);
+/* board:wait(rank, what, timeout_s, failed_file = nil): k3_dist_board_wait (host only,
+ * bounded); raises its message. */
+static int l_board_wait(lua_State *L) {
+    k3_dist_board *b = check_board(L);
+    int rank = rank_arg(L, 2);
+    const char *what = luaL_checkstring(L, 3);
+    double timeout = luaL_checknumber(L, 4);
+    const char *failed = luaL_optstring(L, 5, NULL);
+    if (!(timeout > 0)) return k3l_arg_error(L, 4, "timeout must be > 0 seconds; got %f", timeout);
+    CHECK_K3(L, k3_dist_board_wait(b, rank, what, timeout, failed));
+    return 0;
+}
+
+/* A new board userdata for `world` ranks on the stack, its pointer still NULL. */
+static board_ud *push_board(lua_State *L, lua_Integer world) {
     board_ud *u = lua_newuserdatauv(L, sizeof *u, 1);
     u->b = NULL;
     if (luaL_newmetatable(L, DIST_BOARD_MT)) {
-        static const luaL_Reg methods[] = {{"post", l_board_post},
-                                           {"ready", l_board_ready},
-                                           {"verdict", l_board_verdict},
-                                           {"checks", l_board_checks},
-                                           {NULL, NULL}};
+        static const luaL_Reg methods[] = {{"post", l_board_post},       {"ready", l_board_ready},
+                                           {"wait", l_board_wait},       {"verdict", l_board_verdict},
+                                           {"checks", l_board_checks},   {NULL, NULL}};
         luaL_newlib(L, methods);
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_board_gc);
         lua_setfield(L, -2, "__gc");
     }
     lua_setmetatable(L, -2);
-    CHECK_K3(L, k3_dist_board_new(&u->b, (int)w));
-    lua_pushinteger(L, w);
+    lua_pushinteger(L, world);
     lua_setiuservalue(L, -2, 1);
+    return u;
+}
+
+static lua_Integer world_arg(lua_State *L, int arg) {
+    lua_Integer w = luaL_checkinteger(L, arg);
+    if (w < 1 || w > 4096)
+        return k3l_arg_error(L, arg, "world size must be in 1..4096; got %I", (LUA_INTEGER)w);
+    return w;
+}
+
+/* core.dist_board(world_size) -> a board for a simulated world's ranks (in this process). */
+static int l_dist_board(lua_State *L) {
+    lua_Integer w = world_arg(L, 1);
+    board_ud *u = push_board(L, w);
+    CHECK_K3(L, k3_dist_board_new(&u->b, (int)w));
+    return 1;
+}
+
+/* core.dist_board_open(path, rank, world_size) -> the board file a world of processes shares
+ * (rank 0 creates it; the process group's own, k3_dist_board_open). */
+static int l_dist_board_open(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    lua_Integer w = world_arg(L, 3);
+    lua_Integer r = luaL_checkinteger(L, 2);
+    if (r < 0 || r >= w)
+        return k3l_arg_error(L, 2, "rank must be in 0..%d; got %I", (int)w - 1, (LUA_INTEGER)r);
+    board_ud *u = push_board(L, w);
+    CHECK_K3(L, k3_dist_board_open(&u->b, path, (int)r, (int)w));
     return 1;
 }
 
@@ -246,6 +282,7 @@ static const luaL_Reg dist_funcs[] = {
     {"dist_destroy", l_dist_destroy},
     {"dist_stats", l_dist_stats},
     {"dist_board", l_dist_board},
+    {"dist_board_open", l_dist_board_open},
     {NULL, NULL}};
 
 void k3l_open_dist(lua_State *L) { luaL_setfuncs(L, dist_funcs, 0); }
