@@ -279,9 +279,10 @@ describe("the --tp demo's table", function()
       assert.is_nil(r.ar_alone_dev_us) -- no collective runs at world size 1
       assert.is_true(r.pass)
       assert.are.equal(0, r.rel_err) -- TP=1 is the same computation
+      assert.are.equal(0, r.waits) -- nothing to wait for at world size 1
     end
     local text = tp.format(res)
-    for _, col in ipairs({"TP1 ms", "speed-up", "AR alone µs", "(wall µs)", "AR ms/step"}) do
+    for _, col in ipairs({"TP1 ms", "speed-up", "AR alone µs", "(wall µs)", "AR ms/step", "waits/step", "check ms"}) do
       assert.truthy(text:find(col, 1, true), col)
     end
     assert.truthy(text:find("NCCL's own all-reduce of one [M, 256] bf16 tensor", 1, true), text)
@@ -529,6 +530,28 @@ describe("k3.dist on two GPUs #multigpu", function()
       print("rank " .. rank .. " parallel ok")]], 120)
     assert.are.equal(0, code, out)
     assert.truthy(out:find("rank 0 parallel ok", 1, true) and out:find("rank 1 parallel ok", 1, true), out)
+  end)
+
+  it("the agreement check waits for no stream: stream waits are the all-reduces' own", function()
+    if not two_gpus() then return end
+    for _, wait in ipairs{"each", "next"} do
+      local out, code = ranks(string.format([[
+        k3.dist.destroy()
+        k3.dist.init{wait = %q}
+        local t = k3.ones({1, 7168}, {dtype = "bf16", device = "cuda"})
+        k3.dist.stats{reset = true}
+        for _ = 1, 20 do k3.dist.all_reduce(t) end
+        k3.synchronize()
+        k3.dist.synchronize()
+        local st = k3.dist.stats()
+        assert(t:get(1, 1) == 2 ^ 20, "sum " .. t:get(1, 1))
+        assert(st.check.calls == 20 and st.check.stream_waits == 0, "check " .. st.check.calls)
+        assert(st.all_reduce.calls == 20 and st.all_reduce.stream_waits == 20,
+               "waits " .. st.all_reduce.stream_waits)
+        print("rank " .. rank .. " waits ok")]], wait), 60)
+      assert.are.equal(0, code, out)
+      assert.truthy(out:find("rank 0 waits ok", 1, true) and out:find("rank 1 waits ok", 1, true), out)
+    end
   end)
 
   it("a shape that differs across ranks is an error on both ranks, naming each shape", function()
