@@ -618,6 +618,60 @@ static k3_status check_across_ranks(const k3_backend *be, const char *what, int 
     return k3_dist_board_verdict(b, r, what);
 }
 
+/* ---- which collective runs (k3_dist_explain) ------------------------------------------------ */
+
+/* The message size up to which a one-shot all-reduce (each rank reads every peer's buffer
+ * through peer mappings and sums) beats NCCL's ring on NVLink; above it NCCL's bandwidth
+ * wins. The figure is the issue's target split, to be measured once the kernel exists. */
+#define ONE_SHOT_MAX_BYTES (512 * 1024)
+
+static void decline(k3_dispatch *rec, const char *kernel, const char *reason) {
+    if (rec->ndeclined >= K3_MAX_DECLINES) return;
+    k3_decline *d = &rec->declined[rec->ndeclined++];
+    snprintf(d->kernel, sizeof d->kernel, "%s", kernel);
+    snprintf(d->reason, sizeof d->reason, "%s", reason);
+}
+
+K3_API k3_status k3_dist_decide(k3_dispatch *rec, const char *collective, const k3_tensor *t,
+                                int world, int simulated) {
+    if (!rec) return k3_error(K3_EINVAL, "dist_explain: rec is NULL");
+    bool reduce = collective && strcmp(collective, "all_reduce") == 0;
+    if (!reduce && !(collective && strcmp(collective, "all_gather") == 0)) {
+        char e[K3_ECHO_SIZE];
+        return k3_error(K3_EINVAL, "k3.dist.explain: collective must be \"all_reduce\" or "
+                                   "\"all_gather\"; got '%s'",
+                        collective ? k3_echo(e, sizeof e, collective) : "(null)");
+    }
+    memset(rec, 0, sizeof *rec);
+    snprintf(rec->op, sizeof rec->op, "%s", collective);
+    static const char alone[] = "world size 1: no other rank to exchange with";
+    if (reduce) {
+        char why[256];
+        int64_t bytes = t ? k3_tensor_numel(t) * (int64_t)k3_dtype_size(t->dtype) : 0;
+        if (world == 1) snprintf(why, sizeof why, "%s", alone);
+        else if (bytes > ONE_SHOT_MAX_BYTES)
+            snprintf(why, sizeof why, "the message is %lld bytes, over the one-shot limit of %d",
+                     (long long)bytes, ONE_SHOT_MAX_BYTES);
+        else if (simulated) snprintf(why, sizeof why, "a simulated world has no device buffers "
+                                                      "to map between ranks");
+        else snprintf(why, sizeof why, "not in this build: no peer-mapped buffers yet (NCCL "
+                                       "serves every size)");
+        decline(rec, "cuda.all_reduce.one_shot", why);
+    }
+    const char *nccl = reduce ? "nccl.all_reduce" : "nccl.all_gather";
+    if (world == 1) decline(rec, nccl, alone);
+    else if (simulated) decline(rec, nccl, "a simulated world has no communicator");
+    const char *chosen = world == 1 ? (reduce ? "local.all_reduce" : "local.all_gather")
+                         : simulated ? (reduce ? "simulate.all_reduce" : "simulate.all_gather")
+                                     : nccl;
+    snprintf(rec->chosen, sizeof rec->chosen, "%s", chosen);
+    return K3_OK;
+}
+
+K3_API k3_status k3_dist_explain(k3_dispatch *rec, const char *collective, const k3_tensor *t) {
+    return k3_dist_decide(rec, collective, t, k3_dist_world_size(), 0);
+}
+
 /* Shared entry checks; *be is NULL at world size 1 (no backend needed). */
 static k3_status collective_prologue(const char *what, const k3_tensor *t, const char *arg,
                                      const k3_backend **be) {

@@ -64,6 +64,11 @@ K3_API k3_status k3_dist_board_verdict(k3_dist_board *b, int rank, const char *w
 /* Collectives `rank` has checked on this board. */
 K3_API uint64_t k3_dist_board_checks(const k3_dist_board *b, int rank);
 
+/* k3_dist_explain's decision for a world of `world` ranks; simulated: the ranks are
+ * k3.dist.simulate's coroutines (chosen "simulate.all_reduce", the in-process reference). */
+K3_API k3_status k3_dist_decide(k3_dispatch *rec, const char *collective, const k3_tensor *t,
+                                int world, int simulated);
+
 #ifdef __cplusplus
 }
 #endif

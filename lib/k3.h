@@ -898,6 +898,13 @@ typedef struct k3_dist_stats {
     uint64_t stream_waits[3];
 } k3_dist_stats;
 K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
+/* The collective k3_dist_all_reduce ("all_reduce") or k3_dist_all_gather ("all_gather") runs
+ * for t in this process group, as a dispatch record: chosen "nccl.all_reduce" above world
+ * size 1, "local.all_reduce" at 1 (the tensor is already the result; a gather copies), and
+ * each other candidate declined with its reason ("cuda.all_reduce.one_shot": peer-mapped
+ * buffers for messages <= 512 KiB, not in this build). Nothing runs. rec NULL or another
+ * collective name is K3_EINVAL. */
+K3_API k3_status k3_dist_explain(k3_dispatch *rec, const char *collective, const k3_tensor *t);
 
 /* ---- Lua embedding (libk3lua) --------------------------------------------------------------- */
 

@@ -257,14 +257,59 @@ describe("k3.trace and k3.dist.simulate", function()
         d.all_reduce(t)
       end)
     end)
-    assert.are.equal(2, #r)
+    assert.are.equal(4, #r)
     assert.are.equal("silu_mul", r[1].op)
+    assert.are.equal("silu_mul", r[2].op)
+    for i = 3, 4 do
+      assert.are.equal("all_reduce", r[i].op)
+      assert.are.equal("simulate.all_reduce", r[i].kernel)
+      assert.are.same({{kernel = "cuda.all_reduce.one_shot", reason = "a simulated world has no device buffers to map between ranks"},
+                       {kernel = "nccl.all_reduce", reason = "a simulated world has no communicator"}}, r[i].declined)
+    end
     local ok, err = pcall(k3.dist.simulate, 2, function(_, d)
       local t = k3.ones({2})
       return #k3.trace(function() d.all_reduce(t) end)
     end)
     assert.is_false(ok)
     assert.truthy(tostring(err):find("attempt to yield across a C-call boundary", 1, true), err)
+  end)
+end)
+
+describe("which collective runs (k3.dist.explain, k3.trace)", function()
+  after_each(function() k3.dist.destroy() end)
+
+  it("names the local collective at world size 1 and why NCCL and one-shot decline", function()
+    local alone = "world size 1: no other rank to exchange with"
+    local t = k3.zeros({1, 7168}, {dtype = "bf16"})
+    assert.are.same({op = "all_reduce", chosen = "local.all_reduce", kernel = "local.all_reduce",
+                     declined = {{kernel = "cuda.all_reduce.one_shot", reason = alone},
+                                 {kernel = "nccl.all_reduce", reason = alone}}},
+                    k3.dist.explain("all_reduce", t))
+    k3.dist.init{world_size = 1}
+    local r = k3.trace(function()
+      k3.dist.all_reduce(t)
+      k3.dist.all_gather(t, 2):free()
+      k3.dist.barrier()
+    end)
+    assert.are.equal(2, #r)
+    assert.are.same({"all_reduce", "local.all_reduce"}, {r[1].op, r[1].kernel})
+    assert.are.same({"all_gather", "local.all_gather"}, {r[2].op, r[2].kernel})
+    assert.are.same({{kernel = "nccl.all_gather", reason = alone}}, r[2].declined)
+    H.raises(function() k3.dist.explain("reduce_scatter", t) end,
+             "k3.dist.explain: collective must be \"all_reduce\" or \"all_gather\"; got 'reduce_scatter'")
+    H.raises(function() k3.dist.explain("all_reduce", 3) end,
+             "bad argument #2 to 'explain' (k3.Tensor expected, got number)")
+  end)
+
+  it("in a simulated world: the size decides whether one-shot would be in reach", function()
+    local res = k3.dist.simulate(2, function(_, d)
+      return {d.explain("all_reduce", k3.zeros({16, 7168}, {dtype = "bf16"})),
+              d.explain("all_reduce", k3.zeros({64, 7168}, {dtype = "bf16"}))}
+    end)
+    assert.are.equal("simulate.all_reduce", res[1][1].kernel)
+    assert.are.equal("a simulated world has no device buffers to map between ranks", res[1][1].declined[1].reason)
+    assert.are.equal("simulate.all_reduce", res[2][2].kernel)
+    assert.are.equal("the message is 917504 bytes, over the one-shot limit of 524288", res[2][2].declined[1].reason)
   end)
 end)
 

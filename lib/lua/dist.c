@@ -82,6 +82,49 @@ static int l_dist_device(lua_State *L) {
     return 1;
 }
 
+/* Appends the decision for `collective` on t to the active k3.trace, if any: `world` 0 is
+ * the process group's (k3_dist_explain), else a simulated world of that size. */
+static void trace_collective(lua_State *L, const char *collective, const k3_tensor *t,
+                             int world) {
+    if (lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_TRACE) == LUA_TTABLE) {
+        k3_dispatch rec;
+        k3_status s = world ? k3_dist_decide(&rec, collective, t, world, 1)
+                            : k3_dist_explain(&rec, collective, t);
+        if (s == K3_OK) {
+            k3l_push_dispatch(L, &rec);
+            lua_rawseti(L, -2, (lua_Integer)luaL_len(L, -2) + 1);
+        }
+    }
+    lua_pop(L, 1);
+}
+
+/* core.dist_explain(collective, t, simulated_world = nil) -> the record k3.explain would give:
+ * which collective runs for t ("all_reduce" or "all_gather") and why the others decline. */
+static int l_dist_explain(lua_State *L) {
+    const char *collective = luaL_checkstring(L, 1);
+    const k3_tensor *t = lua_isnoneornil(L, 2) ? NULL : k3l_check_tensor(L, 2);
+    lua_Integer w = luaL_optinteger(L, 3, 0);
+    if (w < 0 || w > 4096)
+        return k3l_arg_error(L, 3, "world size must be in 1..4096; got %I", (LUA_INTEGER)w);
+    k3_dispatch rec;
+    CHECK_K3(L, w ? k3_dist_decide(&rec, collective, t, (int)w, 1)
+                  : k3_dist_explain(&rec, collective, t));
+    k3l_push_dispatch(L, &rec);
+    return 1;
+}
+
+/* core.dist_trace(collective, t, simulated_world): a simulated rank's collective, recorded in
+ * the active k3.trace as the process group's are. */
+static int l_dist_trace(lua_State *L) {
+    const char *collective = luaL_checkstring(L, 1);
+    const k3_tensor *t = lua_isnoneornil(L, 2) ? NULL : k3l_check_tensor(L, 2);
+    lua_Integer w = luaL_checkinteger(L, 3);
+    if (w < 1 || w > 4096)
+        return k3l_arg_error(L, 3, "world size must be in 1..4096; got %I", (LUA_INTEGER)w);
+    trace_collective(L, collective, t, (int)w);
+    return 0;
+}
+
 /* core.dist_all_reduce(t, op = "sum"|"max"|"min") -> t (reduced in place). */
 static int l_dist_all_reduce(lua_State *L) {
     static const char *const ops[] = {"sum", "max", "min", NULL};
@@ -89,6 +132,7 @@ static int l_dist_all_reduce(lua_State *L) {
     int op = k3l_check_name(L, 2, "sum", ops, "op");
     CHECK_K3(L, k3_dist_all_reduce(t, (k3_dist_op)op));
     lua_settop(L, 1);
+    trace_collective(L, "all_reduce", t, 0);
     return 1;
 }
 
@@ -97,6 +141,7 @@ static int l_dist_all_gather(lua_State *L) {
     k3_tensor *t = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_dist_all_gather(&u->t, t));
+    trace_collective(L, "all_gather", t, 0);
     return 1;
 }
 
@@ -281,6 +326,8 @@ static const luaL_Reg dist_funcs[] = {
     {"dist_synchronize", l_dist_synchronize},
     {"dist_destroy", l_dist_destroy},
     {"dist_stats", l_dist_stats},
+    {"dist_explain", l_dist_explain},
+    {"dist_trace", l_dist_trace},
     {"dist_board", l_dist_board},
     {"dist_board_open", l_dist_board_open},
     {NULL, NULL}};

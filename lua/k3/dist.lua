@@ -113,6 +113,15 @@ function dist.all_gather(t, dim)
   return gather_along(core.dist_all_gather, t, dim, core.dist_world_size(), "all_gather")
 end
 
+--- k3.dist.explain(collective, t) -> record: which collective k3.dist.all_reduce
+--- ("all_reduce") or k3.dist.all_gather ("all_gather") runs for t now and why the others
+--- decline, as k3.explain gives a kernel's: {op =, chosen =, kernel =, declined = {{kernel =,
+--- reason =}, ...}}. Nothing runs. k3.trace records each collective the same way.
+function dist.explain(collective, t)
+  if t ~= nil then check_tensor(t, 2, "explain") end
+  return core.dist_explain(collective, t)
+end
+
 --- k3.dist.destroy{abort = false} leaves the group (graceful unless abort). opts other than
 --- nil or a table, or an abort other than a boolean, is a `bad argument` error.
 function dist.destroy(opts)
@@ -201,7 +210,12 @@ local function sim_rank(rank, W, board)
     if calls[req.op] then calls[req.op] = calls[req.op] + 1 end
     local reply = coroutine.yield(req)
     if reply.err then error(reply.err, 0) end
+    if req.op ~= "barrier" then core.dist_trace(req.op, req.t, W) end
     return reply.value
+  end
+  function d.explain(collective, t)
+    if t ~= nil then check_tensor(t, 2, "explain") end
+    return core.dist_explain(collective, t, W)
   end
   function d.rank() return rank end
   function d.world_size() return W end
