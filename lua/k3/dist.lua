@@ -1,8 +1,8 @@
 -- k3.dist: tensor parallelism. The process group (one process per GPU, started by
 -- `scripts/k3 --nproc N`) and its collectives are C (lib/dist.c, kernels/dist.cu over NCCL);
--- this file adds all_gather along any dim and `simulate`, which runs the ranks of a world as
--- coroutines in one process with the same collective semantics, so sharded layers can be
--- checked on the CPU without GPUs.
+-- this file adds all_gather along any dim, explain, and `simulate`, which runs the ranks of a
+-- world as coroutines in one process with the same collective semantics and the same
+-- agreement check, so sharded layers can be checked on the CPU without GPUs.
 local core = require "k3.core"
 
 local dist = {}
@@ -128,10 +128,12 @@ function dist.destroy(opts)
   core.dist_destroy(boolean_option(opts, "abort", 1, "destroy"))
 end
 
---- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =}, all_gather = ..., check = ...}:
---- device time of the collectives (CUDA events around each NCCL call; includes waiting for
---- the slowest rank). Zero at world size 1. opts other than nil or a table, or a reset other
---- than a boolean, is a `bad argument` error.
+--- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =, stream_waits =}, all_gather =
+--- ..., check = ...}: ms the device time of the collectives (CUDA events around each NCCL
+--- call; includes waiting for the slowest rank), stream_waits the host's waits for one on the
+--- compute stream; for check, ms the host time waiting for the other ranks' posts and
+--- stream_waits 0 (the check reads host metadata only). Zero at world size 1. opts other
+--- than nil or a table, or a reset other than a boolean, is a `bad argument` error.
 function dist.stats(opts) return core.dist_stats(boolean_option(opts, "reset", 1, "stats")) end
 
 -- ---- a simulated world ---------------------------------------------------------------------
@@ -258,8 +260,9 @@ end
 
 --- k3.dist.simulate(world_size, fn, {errors = "raise"|"return"}) runs fn(rank, d) for every
 --- rank as a coroutine; d has k3.dist's interface (rank, world_size, all_reduce, all_gather,
---- barrier) and its collectives meet like NCCL's: each waits for every rank's call, and calls
---- that differ in kind, dtype or shape fail on every rank. Returns {[rank + 1] = fn's first
+--- barrier, explain, stats) and its collectives meet like NCCL's: each waits for every rank's
+--- call, and calls that differ in kind, dtype or shape fail on every rank (checked on the
+--- process group's own agreement board, lib/dist.h). Returns {[rank + 1] = fn's first
 --- result}; with errors = "return" also {[rank + 1] = message} instead of raising. A world
 --- size that is not an integer >= 1, an fn that is not a function, opts other than nil or a
 --- table and an errors other than "raise" or "return" are `bad argument` errors; inside a
