@@ -167,13 +167,20 @@ describe("k3.dist.simulate", function()
     end
   end)
 
-  it("fails the other ranks when one raises", function()
+  it("fails the other ranks when one raises, and every later call of theirs alike", function()
     local _, errs = k3.dist.simulate(2, function(r, d)
       if r == 1 then error("boom", 0) end
       d.barrier()
     end, {errors = "return"})
     assert.are.equal("rank 1: boom", errs[2])
     assert.are.equal("rank 0: k3.dist.barrier: rank 0 waits for ranks that will not join (rank 1 failed)", errs[1])
+    local res = k3.dist.simulate(2, function(r, d)
+      if r == 1 then return "gone" end
+      local first = select(2, pcall(d.barrier))
+      return {first, select(2, pcall(d.all_reduce, k3.ones({2})))}
+    end)
+    local want = "k3.dist.barrier: rank 0 waits for ranks that will not join (rank 1 finished)"
+    assert.are.same({want, want}, res[1])
   end)
 end)
 

@@ -207,10 +207,13 @@ end
 local function sim_rank(rank, W, board)
   local d = {}
   local calls = {all_reduce = 0, all_gather = 0}
+  local dead -- as the process group's: after a wait that failed, every later call fails so
   local function call(req)
+    if dead then error(dead, 0) end
     board:post(rank, call_name(req), req.t)
     if calls[req.op] then calls[req.op] = calls[req.op] + 1 end
     local reply = coroutine.yield(req)
+    if reply.fatal then dead = reply.err end
     if reply.err then error(reply.err, 0) end
     if req.op ~= "barrier" then core.dist_trace(req.op, req.t, W) end
     return reply.value
@@ -318,7 +321,7 @@ function dist.simulate(W, fn, opts)
       end
       for _, r in ipairs(waiting) do
         step(r, {err = string.format("k3.dist.%s: rank %d waits for ranks that will not join (%s)",
-                                     reqs[r].op, r, table.concat(why, ", "))})
+                                     reqs[r].op, r, table.concat(why, ", ")), fatal = true})
       end
     end
   end
