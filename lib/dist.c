@@ -622,8 +622,8 @@ static k3_status check_across_ranks(const k3_backend *be, const char *what, int 
 
 /* The message size up to which a one-shot all-reduce (each rank reads every peer's buffer
  * through peer mappings and sums) beats NCCL's ring on NVLink; above it NCCL's bandwidth
- * wins. 512 KiB is the target split (custom all-reduces on NVLink, e.g. SGLang's, switch to
- * NCCL around there), to be measured once the kernel exists. */
+ * wins. 512 KiB is the split planned for two ranks on NVLink (an estimate, not a
+ * measurement here): to be measured once the kernel exists. */
 #define ONE_SHOT_MAX_BYTES (512 * 1024)
 
 static void decline(k3_dispatch *rec, const char *kernel, const char *reason) {
