@@ -271,6 +271,7 @@ K3_API k3_status k3_dist_init(const k3_dist_options *o) {
                               g_dist.failed_file, r.wait_each);
         if (s != K3_OK) {
             k3_dist_board_free(board);
+            if (r.rank == 0 && board) unlink(board_path); /* a retry creates it afresh */
             goto out;
         }
         g_dist.board = board;
@@ -397,7 +398,12 @@ K3_API k3_status k3_dist_board_open(k3_dist_board **out, const char *path, int r
         close(fd);
         return k3_error(K3_EIO, "k3.dist.init: rank 0 cannot size %s: %s", path, strerror(err));
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return k3_error(K3_EIO, "k3.dist.init: cannot stat %s: %s", path, strerror(err));
+    }
+    if ((size_t)st.st_size != bytes) {
         close(fd);
         return k3_error(K3_EIO, "k3.dist.init: %s holds %lld bytes; a board for %d ranks is %zu",
                         path, (long long)st.st_size, world, bytes);
