@@ -119,6 +119,8 @@ local checks = {
     {"empty overflow", "K3_EOVERFLOW", "empty: element count overflows at dim 1 (size 4611686018427387904)"},
     {"linear K mismatch", "K3_ESHAPE", "linear: x dim 1 (3) must match w dim 1 (4)"},
     {"linear bias", "K3_ESHAPE", "linear: bias must be [N] = [2] (w dim 0); got [4]"},
+    {"linear prologue silu_mul K", "K3_ESHAPE", "linear: x dim 1 (3) must be 2 * w dim 1 (3) = 6 for prologue silu_mul"},
+    {"linear prologue value", "K3_EINVAL", "linear: prologue must be 0 (none) or 1 (silu_mul); got 7"},
     {"rms_norm w", "K3_ESHAPE", "rms_norm: w must be [H] = [3] (x dim 1); got [4]"},
     {"silu_mul odd", "K3_ESHAPE", "silu_mul: x dim 1 (3) must be even ([M, 2I])"},
     {"narrow 0-dim", "K3_ESHAPE", "narrow: dim 0 is out of range: the tensor has 0 dims"},
