@@ -124,9 +124,11 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             k3_dtype_name(typed[i]->dtype)),
                    K3_EDTYPE;
     /* Packed row-major is checked on the strides themselves: is_contiguous ignores the
-     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. */
+     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. The rms_norm
+     * prologue reads x's rows through its stride (or a temporary does): x is exempt. */
     const k3_tensor *packed[2] = {x, w};
-    for (int i = 0; i < 2; i++) {
+    const int first = l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 1 : 0;
+    for (int i = first; i < 2; i++) {
         const k3_tensor *t = packed[i];
         if (t->stride[0] != t->size[1] || t->stride[1] != 1) {
             int64_t want[2] = {t->size[1], 1};
@@ -196,7 +198,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         (long long)K, r.vec),
                K3_ESHAPE;
     /* 16-byte loads need 16-byte aligned rows: with K % 8 == 0 that is the base address. */
-    for (int i = 0; i < 2; i++)
+    for (int i = first; i < 2; i++)
         if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
             return snprintf(why, n,
                             "%s is not 16-byte aligned (storage offset %lld elements); the "
@@ -280,7 +282,12 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.M = (int)l->x->size[0];
     p.N = (int)l->w->size[0];
     p.K = (int)l->w->size[1];
-    p.silu_mul = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    p.prologue = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL  ? 1
+                 : l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 2
+                                                              : 0;
+    p.x_row = l->x->stride[0] / 8;
+    p.norm_weight = l->norm_weight ? k3_tensor_data(l->norm_weight) : NULL;
+    p.eps = l->norm_eps;
     if (p.N == 0) return K3_OK;
     /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
@@ -293,12 +300,22 @@ static k3_status k3sk_run(const k3_op_args *a) {
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
-    if (p.silu_mul &&
-        (p.M > k3sk_silu_max_m() ||
-         !k3sk_silu_fits(ctx->dev, k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1)))) {
-        K3_TRY(k3c_silu_mul_temp(l, hbuf, ht));
+    /* In the kernel: the silu_mul prologue up to K3_SKINNY_SILU_MAX_M tokens; the rms_norm
+     * prologue (a multiply an element) always, where x's rows and a bf16 norm weight allow
+     * 16-byte loads; both where h fits in shared memory. */
+    const bool fits = k3sk_silu_fits(ctx->dev,
+                                     k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1));
+    bool temp = false;
+    if (p.prologue == 1) temp = p.M > k3sk_silu_max_m() || !fits;
+    if (p.prologue == 2)
+        temp = !fits || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
+               l->norm_weight->dtype != K3_DTYPE_BF16 ||
+               (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
+               (uintptr_t)p.norm_weight % 16 != 0;
+    if (temp) {
+        K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
-        p.silu_mul = 0;
+        p.prologue = 0;
     }
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
