@@ -60,6 +60,7 @@
 #define K3_LINEAR_SKINNY_CUH
 
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include "silu.cuh"
@@ -256,65 +257,103 @@ static __device__ __forceinline__ float k3sk_warp_max(float v) {
     return v;
 }
 
-/* The row scale of RMSNorm for row xr [K] of bf16, computed by the whole CTA in
- * cuda.rms_norm.generic's order (kernels/norm.cu, a CTA of 256 threads): virtual thread vt
- * (0..255) sums x[vt], x[vt + 256], ... (sum of squares and max |x|); each virtual warp's
- * butterfly; the 8 warp partials in order. Then its normal path, or for a finite nonzero max
- * with a sum that is not finite or below the smallest normal, its second pass over x 2^-k.
- * *r and *e (the exponent x is scaled by, 0 on the normal path) are the same in every
- * thread. part / part_max: 8 floats of shared memory each. Contains __syncthreads(). */
+/* One virtual thread's partial sums in cuda.rms_norm.generic's order: elements d = vt,
+ * vt + 256, ... of row xr (bf16, K of them), accumulated in increasing d; loads are issued
+ * eight at a time ahead of the sums (the order of the sums is unchanged). SCALED: the sum of
+ * (x 2^-k)^2 of the rescaled pass, without the max. */
+template <bool SCALED>
+static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *__restrict__ xr, int K,
+                                                        int vt, int k, float *ss, float *mx) {
+    float s = 0.f, m = 0.f;
+    for (int d0 = vt; d0 < K; d0 += 8 * 256) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int d = d0 + j * 256;
+            v[j] = d < K ? k3sk_bf16_to_f32(xr[d]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (d0 + j * 256 >= K) break;
+            if (SCALED) {
+                const float z = ldexpf(v[j], -k);
+                s += z * z;
+            } else {
+                s += v[j] * v[j];
+                m = fmaxf(m, fabsf(v[j]));
+            }
+        }
+    }
+    *ss = s;
+    *mx = m;
+}
+
+/* The RMSNorm row scales of the M rows of x (bf16 [M, K], rows xrow 16-byte vectors apart),
+ * computed by the whole CTA in cuda.rms_norm.generic's order (kernels/norm.cu, a CTA of 256
+ * threads per row): virtual thread vt (0..255) of a row sums x[vt], x[vt + 256], ... (squares,
+ * and max |x|); each virtual warp's butterfly (its lane 0's value); the 8 warp partials in
+ * order. Then that kernel's normal path, or, for a row whose max is finite and nonzero while
+ * its sum is not finite or below the smallest normal, its second pass over x 2^-k. The
+ * (row, virtual warp) tasks are spread over the CTA's warps. r[m], e[m] (the exponent x is
+ * scaled by; 0 on the normal path) and part, part_max ([16][8] floats) and flag ([16] ints)
+ * are shared memory. Contains __syncthreads(). */
 template <int THREADS>
-static __device__ void k3sk_rms_scale(const uint16_t *__restrict__ xr, int K, double eps,
-                                      float *part, float *part_max, float *r, int *e) {
+static __device__ void k3sk_rms_scales(const uint4 *__restrict__ x, int64_t xrow, int M, int K,
+                                       double eps, float (*part)[8], float (*part_max)[8],
+                                       int *flag, float *r, int *e) {
     constexpr int WARPS = THREADS / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int vw = warp; vw < 8; vw += WARPS) {
-        float ss = 0.f, mx = 0.f;
-        for (int d = vw * 32 + lane; d < K; d += 256) {
-            const float v = k3sk_bf16_to_f32(xr[d]);
-            ss += v * v;
-            mx = fmaxf(mx, fabsf(v));
-        }
+    for (int task = warp; task < M * 8; task += WARPS) {
+        const int m = task >> 3, vw = task & 7;
+        float ss, mx;
+        k3sk_rms_partial<false>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, 0, &ss, &mx);
         ss = k3sk_warp_sum(ss);
         mx = k3sk_warp_max(mx);
         if (lane == 0) {
-            part[vw] = ss;
-            part_max[vw] = mx;
+            part[m][vw] = ss;
+            part_max[m][vw] = mx;
         }
     }
     __syncthreads();
-    float tot = 0.f, m = 0.f;
-    for (int q = 0; q < 8; q++) {
-        tot += part[q];
-        m = fmaxf(m, part_max[q]);
-    }
-    *e = 0;
-    if (!(m > 0 && isfinite(m)) || (tot >= 0x1p-126f && isfinite(tot))) {
-        *r = 1.0f / sqrtf(tot / (float)K + (float)eps);
-        __syncthreads(); /* part is reused by the next row */
-        return;
-    }
-    int k;
-    frexpf(m, &k);
-    __syncthreads(); /* every thread has read part */
-    for (int vw = warp; vw < 8; vw += WARPS) {
-        float sz = 0.f;
-        for (int d = vw * 32 + lane; d < K; d += 256) {
-            const float z = ldexpf(k3sk_bf16_to_f32(xr[d]), -k);
-            sz += z * z;
+    if (threadIdx.x < M) {
+        const int m = threadIdx.x;
+        float tot = 0.f, mm = 0.f;
+        for (int q = 0; q < 8; q++) {
+            tot += part[m][q];
+            mm = fmaxf(mm, part_max[m][q]);
         }
+        e[m] = 0;
+        flag[m] = 0;
+        if (!(mm > 0 && isfinite(mm)) || (tot >= 0x1p-126f && isfinite(tot))) {
+            r[m] = 1.0f / sqrtf(tot / (float)K + (float)eps);
+        } else {
+            int k;
+            frexpf(mm, &k);
+            flag[m] = k == 0 ? INT_MIN : k; /* the rescale exponent (k = 0 kept apart) */
+        }
+    }
+    __syncthreads();
+    for (int task = warp; task < M * 8; task += WARPS) {
+        const int m = task >> 3, vw = task & 7;
+        if (!flag[m]) continue; /* the same for the whole warp */
+        const int k = flag[m] == INT_MIN ? 0 : flag[m];
+        float sz, unused;
+        k3sk_rms_partial<true>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, k, &sz, &unused);
         sz = k3sk_warp_sum(sz);
-        if (lane == 0) part[vw] = sz;
+        if (lane == 0) part[m][vw] = sz;
     }
     __syncthreads();
-    float szt = 0.f;
-    for (int q = 0; q < 8; q++) szt += part[q];
-    const float te = ldexpf((float)eps, -2 * k);
-    if (isfinite(te)) {
-        *e = -k;
-        *r = 1.0f / sqrtf(szt / (float)K + te);
-    } else {
-        *r = 1.0f / sqrtf((float)eps);
+    if (threadIdx.x < M && flag[threadIdx.x]) {
+        const int m = threadIdx.x, k = flag[m] == INT_MIN ? 0 : flag[m];
+        float szt = 0.f;
+        for (int q = 0; q < 8; q++) szt += part[m][q];
+        const float te = ldexpf((float)eps, -2 * k);
+        if (isfinite(te)) {
+            e[m] = -k;
+            r[m] = 1.0f / sqrtf(szt / (float)K + te);
+        } else {
+            r[m] = 1.0f / sqrtf((float)eps);
+        }
     }
     __syncthreads();
 }
@@ -404,17 +443,9 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ float rms_r[PRO == 2 ? K3_SKINNY_MAX_M : 1];
     __shared__ int rms_e[PRO == 2 ? K3_SKINNY_MAX_M : 1];
     if (PRO == 2) {
-        __shared__ float part8[8], part8_max[8];
-        for (int m = 0; m < M; ++m) {
-            float r;
-            int e;
-            k3sk_rms_scale<THREADS>((const uint16_t *)(x + m * xrow), K, eps, part8, part8_max, &r, &e);
-            if (threadIdx.x == 0) {
-                rms_r[m] = r;
-                rms_e[m] = e;
-            }
-        }
-        __syncthreads();
+        __shared__ float rms_part[K3_SKINNY_MAX_M][8], rms_part_max[K3_SKINNY_MAX_M][8];
+        __shared__ int rms_flag[K3_SKINNY_MAX_M];
+        k3sk_rms_scales<THREADS>(x, xrow, M, K, eps, rms_part, rms_part_max, rms_flag, rms_r, rms_e);
     }
     if (PRO != 0) {
         const int items = M * nvs;
