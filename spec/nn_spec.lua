@@ -206,3 +206,28 @@ describe("k3.nn", function()
     end
   end)
 end)
+
+describe("k3.nn printing", function()
+  it("every layer prints through __tostring, also inside k3.inspect", function()
+    local lin = nn.Linear(k3.zeros({8, 16}, {dtype = "bf16"}))
+    assert.are.equal("Linear(16 -> 8, bf16)", tostring(lin))
+    assert.are.equal("Linear(16 -> 8, f32, bias)", tostring(nn.Linear(k3.zeros(8, 16), {bias = k3.zeros(8)})))
+    assert.are.equal("RMSNorm(7168, eps=1e-05, bf16)", tostring(nn.RMSNorm(k3.ones(7168, {dtype = "bf16"}))))
+    assert.are.equal("RMSNorm(4, eps=1e-06, f32)", tostring(nn.RMSNorm(k3.ones(4), 1e-6)))
+    assert.are.equal("SwiGLU(8 -> 4 -> 8)", tostring(nn.SwiGLU(k3.zeros(8, 8), k3.zeros(8, 4))))
+    assert.are.equal("{Linear(16 -> 8, bf16), norm = RMSNorm(4, eps=1e-05, f32)}",
+                     k3.inspect({lin, norm = nn.RMSNorm(k3.ones(4))}))
+  end)
+
+  it("tensor-parallel layers print their shard", function()
+    local P = require "k3.nn.parallel"
+    local w = k3.zeros(16, 8)
+    assert.are.equal("ColumnParallelLinear(8 -> 16, shard 1/2: 8 rows, f32)",
+                     tostring(P.ColumnParallelLinear(w, {rank = 1, world_size = 2})))
+    assert.truthy(tostring(P.RowParallelLinear(w, {rank = 0, world_size = 2})):find("^RowParallelLinear%(8 %-> 16, shard 0/2"))
+  end)
+
+  it("k3.nn is the module require 'k3.nn' returns", function()
+    assert.are.equal(nn, k3.nn)
+  end)
+end)

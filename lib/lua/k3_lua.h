@@ -22,6 +22,8 @@
 #define K3L_REG_POLICY "k3.policy.compiled"
 #define K3L_REG_TRACE "k3.trace"
 #define K3L_REG_STATS "k3.stats.sink"
+#define K3L_REG_TENSOR_METHODS "k3.Tensor.methods"
+#define K3L_REG_COMPLETER "k3.repl.completer"
 
 /* ---- errors (args.c) ------------------------------------------------------------------------ */
 
@@ -39,12 +41,20 @@ int k3l_raise_as(lua_State *L, const char *fname);
 
 /* Runs a core call with its messages numbered as Lua counts (from 1), restoring the thread's
  * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). */
+/* For the call's duration the thread's device-pressure hook (k3_embed.h) is this state's full
+ * collection (k3l_collect), so a device allocation that fails first frees what the collector
+ * can; the previous hook is restored afterwards. Expands in functions with `L` in scope. */
 #define K3L_RUN(s, expr)                                                                   \
     do {                                                                                   \
         int k3l_base_ = k3_set_message_base(1);                                            \
+        void *k3l_pud_;                                                                    \
+        k3_pressure_fn k3l_pfn_ = k3_set_pressure_hook(k3l_collect, L, &k3l_pud_);          \
         (s) = (expr);                                                                      \
+        k3_set_pressure_hook(k3l_pfn_, k3l_pud_, NULL);                                    \
         k3_set_message_base(k3l_base_);                                                    \
     } while (0)
+/* The pressure hook: lua_gc(L, LUA_GCCOLLECT) on the lua_State ud (tensor.c). */
+void k3l_collect(void *ud);
 /* K3L_RUN, then raise the core's message on failure (plain, or renamed as fname). */
 #define CHECK_K3(L, expr)                                                                  \
     do {                                                                                   \
@@ -104,6 +114,10 @@ typedef struct k3l_create_opts {
     uint64_t seed;
 } k3l_create_opts;
 k3l_create_opts k3l_check_create_opts(lua_State *L, int idx);
+/* Fields "dtype" and "device" of the options table at idx into *out when present (returns 1;
+ * 0 leaves *out alone); a non-string or unknown name is a bad argument argn. */
+int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn);
+int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------------------- */
 
@@ -120,6 +134,16 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * tensor is LEFT ON THE STACK so it stays alive until the call returns: the table may be a
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
+
+/* Makes the tensor metatable's __index the function that serves t[i] as well as methods,
+ * looking methods up in the table the binding's files filled while the module opened (the
+ * metatable's __index until then; kept in the registry and as k3.core._tensor_methods, the
+ * one place to add a method later). Called once the module's files are open, with the module
+ * table on top; safe to call again. */
+void k3l_tensor_index(lua_State *L);
+
+/* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */
+void k3l_open_repl(lua_State *L);
 
 /* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 
@@ -153,9 +177,16 @@ int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain);
 /* ---- registration: each adds its functions to the table on top of the stack ---------------------- */
 
 void k3l_open_tensor(lua_State *L);
+/* Tensor ops (tensor_ops.c, ops.c): k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal; and
+ * into the tensor methods table on top of the stack, t:float() ... and the catalogue's t:abs(),
+ * t:sum(d) ... (k3l_add_op_methods, ops.c). */
+void k3l_open_tensor_ops(lua_State *L);
+void k3l_add_tensor_op_methods(lua_State *L);
+void k3l_add_op_methods(lua_State *L);
 void k3l_open_ops(lua_State *L);
 void k3l_open_policy(lua_State *L);
 void k3l_open_files(lua_State *L);
 void k3l_open_dist(lua_State *L);
+void k3l_open_graph(lua_State *L); /* k3.cuda_graph and k3.Graph (graph.c) */
 
 #endif /* K3_LUA_H */
