@@ -56,21 +56,22 @@ static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     return K3_OK;
 }
 
-/* The silu_mul prologue runs in the kernel (h computed once per CTA into shared memory,
- * linear_skinny.cuh) for M up to this, and through a temporary above it (cuda.silu_mul.generic
- * into scratch, then the plain kernel: the same bits either way). Every CTA recomputes the
- * whole h of its k range, so the in-kernel cost grows with M and the number of CTAs while a
- * separate gate kernel costs a launch (notes/PERF.md, "silu_mul prologue"). K3_SKINNY_SILU_MAX_M
- * (0..16, read once) overrides it, for measuring both paths. */
-#define K3SK_SILU_MAX_M_DEFAULT 16
-static int k3sk_silu_max_m(void) {
+/* A prologue runs in the kernel (h computed once per CTA into shared memory,
+ * linear_skinny.cuh) for M up to this, and through a temporary otherwise (the separate op's
+ * kernel into scratch, then the plain kernel: the same bits either way). Every CTA recomputes
+ * the whole h of its k range before its first MMA, while the separate kernel costs ~0.8 µs in a
+ * graph with PDL: measured on an H200 (notes/PERF.md, "silu_mul prologue"), the in-kernel
+ * silu_mul lost at every M, so the default is 0: the temporary. K3_SKINNY_PROLOGUE_MAX_M
+ * (0..16, read once) overrides it, to measure or use the in-kernel path. */
+#define K3SK_PROLOGUE_MAX_M_DEFAULT 0
+static int k3sk_prologue_max_m(void) {
     static const int v = [] {
-        const char *e = getenv("K3_SKINNY_SILU_MAX_M");
+        const char *e = getenv("K3_SKINNY_PROLOGUE_MAX_M");
         char *end = NULL;
         long n = e && *e ? strtol(e, &end, 10) : -1;
         return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M
                    ? (int)n
-                   : K3SK_SILU_MAX_M_DEFAULT;
+                   : K3SK_PROLOGUE_MAX_M_DEFAULT;
     }();
     return v;
 }
@@ -300,15 +301,15 @@ static k3_status k3sk_run(const k3_op_args *a) {
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
-    /* In the kernel: the silu_mul prologue up to K3_SKINNY_SILU_MAX_M tokens; the rms_norm
-     * prologue (a multiply an element) always, where x's rows and a bf16 norm weight allow
-     * 16-byte loads; both where h fits in shared memory. */
+    /* In the kernel, up to K3_SKINNY_PROLOGUE_MAX_M tokens and where h fits in shared
+     * memory; the rms_norm prologue also needs x's rows and a bf16 norm weight that allow
+     * 16-byte loads. */
     const bool fits = k3sk_silu_fits(ctx->dev,
                                      k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1));
     bool temp = false;
-    if (p.prologue == 1) temp = p.M > k3sk_silu_max_m() || !fits;
+    if (p.prologue == 1) temp = p.M > k3sk_prologue_max_m() || !fits;
     if (p.prologue == 2)
-        temp = !fits || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
+        temp = p.M > k3sk_prologue_max_m() || !fits || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;

@@ -380,13 +380,15 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
  * gridDim.y = 1 and ws / counters are unused (may be NULL). PRO: the prologue (0 none,
  * 1 silu_mul: x rows of 2K, gate | up; 2 rms_norm: x rows xs vectors apart, norm weight nw,
  * eps). */
+#define K3SK_PARAMS                                                                        \
+    const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
+        int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
+        int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
+/* The kernel's body; k3_skinny_kernel (no prologue) and k3_skinny_pro_kernel wrap it. */
 template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
-__global__ void __launch_bounds__(THREADS)
-    k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
-                     const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
-                     uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl,
-                     int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps) {
+static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -568,6 +570,21 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+__global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 0>(K3SK_ARGS);
+}
+/* With a prologue the kernel holds more live values (the fill's loads, the row scales): its
+ * registers are capped at 64 (1024 threads' worth per SM), so as many CTAs stay resident as
+ * for the plain kernel (~58 registers); uncapped it took 87, one CTA of 512 threads per SM
+ * where the plain kernel has two, and the grid ran in two waves. */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO>(K3SK_ARGS);
+}
+#undef K3SK_PARAMS
+#undef K3SK_ARGS
+
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
@@ -588,21 +605,22 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaError_t e;
     /* Above 48 KB a kernel must opt in to its dynamic shared memory. */
     const uint4 *nw = (const uint4 *)p.norm_weight;
-#define K3_SK_EX(MT, PRO)                                                                  \
+#define K3_SK_EX(KERNEL)                                                                   \
     ((lc.dynamicSmemBytes > 48u * 1024u &&                                                 \
-      (e = cudaFuncSetAttribute(k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, PRO>,     \
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,               \
+      (e = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
-         : cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, PRO>, x,  \
-                              w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, \
-                              counters, pdl, st, p.x_row, nw, p.eps))
+         : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
+                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
     if (p.prologue == 1)
-        e = p.M <= 8 ? K3_SK_EX(1, 1) : K3_SK_EX(2, 1);
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
     else if (p.prologue == 2)
-        e = p.M <= 8 ? K3_SK_EX(1, 2) : K3_SK_EX(2, 2);
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 2>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 2>));
     else
-        e = p.M <= 8 ? K3_SK_EX(1, 0) : K3_SK_EX(2, 0);
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>))
+                     : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>));
 #undef K3_SK_EX
     return e != cudaSuccess ? e : cudaGetLastError();
 }

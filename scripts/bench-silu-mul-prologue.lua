@@ -6,7 +6,7 @@
 -- Each figure is the median µs per call in a CUDA graph of 8 calls rotating 4 weight copies
 -- (242 MB, above the 60 MB L2) and 4 inputs; the read floor is the weight's bytes over
 -- 4.45 TB/s. Also checks that fused and unfused give the same bits. Writes
--- $OUT/silu_mul_prologue_max_m<K3_SKINNY_SILU_MAX_M or default>.csv when OUT is set.
+-- $OUT/silu_mul_prologue_max_m<K3_SKINNY_PROLOGUE_MAX_M or default>.csv when OUT is set.
 --   scripts/k3 scripts/bench-silu-mul-prologue.lua [N K]
 local k3 = require "k3"
 
@@ -35,9 +35,9 @@ local function time(fn)
   local us = k3.cuda_time(fn, {iters = 30, warmup = 3, graph = true, calls = CALLS})
   return us
 end
-print(string.format("silu_mul prologue, w %dx%d bf16 (%s), read floor %.2f µs, K3_SKINNY_SILU_MAX_M=%s",
+print(string.format("silu_mul prologue, w %dx%d bf16 (%s), read floor %.2f µs, K3_SKINNY_PROLOGUE_MAX_M=%s",
                     N, K, plan and "plan of this GPU" or "no plan: default method", floor_us,
-                    os.getenv("K3_SKINNY_SILU_MAX_M") or "(default)"))
+                    os.getenv("K3_SKINNY_PROLOGUE_MAX_M") or "(default)"))
 print(string.format("%-4s %-24s %10s %10s %8s %6s", "M", "kernel", "unfused", "fused", "fused/", "bits"))
 for _, M in ipairs({1, 2, 4, 8, 16}) do
   local xs, hs, ys = {}, {}, {}
@@ -138,7 +138,7 @@ end
 
 local out = os.getenv("OUT")
 if out and out ~= "" then
-  local knob = os.getenv("K3_SKINNY_SILU_MAX_M")
+  local knob = os.getenv("K3_SKINNY_PROLOGUE_MAX_M")
   local f = assert(io.open(string.format("%s/silu_mul_prologue_max_m%s.csv", out,
                                          knob and knob ~= "" and knob or "default"), "w"))
   f:write("N,K,M,kernel,unfused_us,fused_us,read_floor_us,bits\n", table.concat(rows, "\n"), "\n")

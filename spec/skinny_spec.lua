@@ -657,6 +657,17 @@ describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
     end
   end)
 
+  -- By default the skinny kernel takes a prologue's h from a temporary (the in-kernel path lost
+  -- on the H200: notes/PERF.md); K3_SKINNY_PROLOGUE_MAX_M, read once per process, switches the
+  -- in-kernel path on, so a child process checks its bits.
+  it("the in-kernel prologues (K3_SKINNY_PROLOGUE_MAX_M=16, a child process): the bits of the separate ops", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    local out, code = H.sh("cd '" .. H.root() .. "' && K3_SKINNY_PROLOGUE_MAX_M=16 scripts/k3 spec/scripts/prologue_in_kernel.lua")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("in-kernel prologues: %d+ cases, 0 differ"), out)
+  end)
+
   it("skinny with h above 48 KB of shared memory, and past the device's limit (through a temporary)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     -- K = 14336: h is 28.7 KB per token, so M = 4 opts in to 115 KB and M = 16 (459 KB) goes

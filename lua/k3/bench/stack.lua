@@ -43,11 +43,11 @@ local function record_step(stack, x)
   local nn = require "k3.nn"
   local rec = {linear = {}, attn = {}}
   local orig_call, orig_attn = nn.Linear.__call, k3.attn_res
-  nn.Linear.__call = function(self, xx)
+  nn.Linear.__call = function(self, xx, opts) -- opts: the linear's prologue, if any
     rec.linear[#rec.linear + 1] = {method = self.method, weight = self.weight, bias = self.bias,
-                                   M = xx:size(1), K = xx:size(2), N = self.weight:size(1),
+                                   M = xx:size(1), K = self.weight:size(2), N = self.weight:size(1),
                                    packed = xx:stride(1) == xx:size(2) and xx:stride(2) == 1}
-    return orig_call(self, xx)
+    return orig_call(self, xx, opts)
   end
   k3.attn_res = function(a)
     rec.attn[#rec.attn + 1] = {T = a.prefix:size(1), H = a.prefix:size(2),
