@@ -99,11 +99,12 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
  * once, when the backend opens (attn_res_decode.cu). */
 void k3c_attn_res_knobs_init(void);
 
-/* The silu_mul prologue through a temporary (linear_cublas.cu; also the skinny kernel's path
- * where its in-kernel prologue does not pay or does not fit): h = silu(x[:, :K]) * x[:, K:]
- * [M, K], written by cuda.silu_mul.generic's own run into buf on x's device (stream-ordered
- * scratch); ht is h as a contiguous tensor. K is w's dim 1. */
-k3_status k3c_silu_mul_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht);
+/* A linear's prologue through a temporary (linear_cublas.cu; also the other CUDA linear
+ * kernels' path where their own prologue does not pay or does not fit): h [M, K] written by
+ * the separate op's own kernel, cuda.silu_mul.generic (h = silu(x[:, :K]) * x[:, K:]) or
+ * cuda.rms_norm.generic (h = rms_norm(x, norm_weight, eps)), into buf on x's device
+ * (stream-ordered scratch); ht is h as a contiguous tensor. K is w's dim 1. */
+k3_status k3c_prologue_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht);
 
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);

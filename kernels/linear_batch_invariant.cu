@@ -8,7 +8,8 @@
  * accumulation) and f64 (f64 accumulation, same order); any non-negative strides. The
  * silu_mul prologue (x [M, 2K]) computes each h = silu(gate) * up as cuda.silu_mul.generic
  * does (kernels/silu.cuh, rounded to the dtype) where it would load x, so the order above
- * sees exactly the h a separate silu_mul writes.
+ * sees exactly the h a separate silu_mul writes; the rms_norm prologue goes through a
+ * temporary (k3c_prologue_temp).
  */
 #include "common.cuh"
 #include "silu.cuh"
@@ -153,7 +154,18 @@ static k3_status k3bi_run(const k3_op_args *a) {
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    K3C_DISPATCH_DTYPE(l->x->dtype, T, return k3bi_launch<T>(l, ctx->stream));
+    /* The rms_norm prologue's row scale spans the whole row: h comes from a temporary that
+     * cuda.rms_norm.generic writes, then the plain kernel runs on it. */
+    k3_linear_args plain = *l;
+    k3c_buffer hbuf;
+    k3c_temp_tensor ht;
+    if (l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) {
+        K3_TRY(k3c_prologue_temp(l, hbuf, ht));
+        plain.x = &ht.t;
+        plain.prologue = K3_LINEAR_PROLOGUE_NONE;
+        plain.norm_weight = nullptr;
+    }
+    K3C_DISPATCH_DTYPE(l->x->dtype, T, return k3bi_launch<T>(&plain, ctx->stream));
     return k3_error(K3_EDTYPE, "linear: %s: unknown dtype %d", k3_cuda_linear_batch_invariant_name,
                     (int)l->x->dtype);
 }

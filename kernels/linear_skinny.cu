@@ -56,21 +56,22 @@ static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     return K3_OK;
 }
 
-/* The silu_mul prologue runs in the kernel (h computed once per CTA into shared memory,
- * linear_skinny.cuh) for M up to this, and through a temporary above it (cuda.silu_mul.generic
- * into scratch, then the plain kernel: the same bits either way). Every CTA recomputes the
- * whole h of its k range, so the in-kernel cost grows with M and the number of CTAs while a
- * separate gate kernel costs a launch (notes/PERF.md, "silu_mul prologue"). K3_SKINNY_SILU_MAX_M
- * (0..16, read once) overrides it, for measuring both paths. */
-#define K3SK_SILU_MAX_M_DEFAULT 16
-static int k3sk_silu_max_m(void) {
+/* A prologue runs in the kernel (h computed once per CTA into shared memory,
+ * linear_skinny.cuh) for M up to this, and through a temporary otherwise (the separate op's
+ * kernel into scratch, then the plain kernel: the same bits either way). Every CTA recomputes
+ * the whole h of its k range before its first MMA, while the separate kernel costs ~0.8 µs in a
+ * graph with PDL: measured on an H200 (notes/PERF.md, "silu_mul prologue"), the in-kernel
+ * silu_mul lost at every M, so the default is 0: the temporary. K3_SKINNY_PROLOGUE_MAX_M
+ * (0..16, read once) overrides it, to measure or use the in-kernel path. */
+#define K3SK_PROLOGUE_MAX_M_DEFAULT 0
+static int k3sk_prologue_max_m(void) {
     static const int v = [] {
-        const char *e = getenv("K3_SKINNY_SILU_MAX_M");
+        const char *e = getenv("K3_SKINNY_PROLOGUE_MAX_M");
         char *end = NULL;
         long n = e && *e ? strtol(e, &end, 10) : -1;
         return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M
                    ? (int)n
-                   : K3SK_SILU_MAX_M_DEFAULT;
+                   : K3SK_PROLOGUE_MAX_M_DEFAULT;
     }();
     return v;
 }
@@ -124,9 +125,11 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             k3_dtype_name(typed[i]->dtype)),
                    K3_EDTYPE;
     /* Packed row-major is checked on the strides themselves: is_contiguous ignores the
-     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. */
+     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. The rms_norm
+     * prologue reads x's rows through its stride (or a temporary does): x is exempt. */
     const k3_tensor *packed[2] = {x, w};
-    for (int i = 0; i < 2; i++) {
+    const int first = l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 1 : 0;
+    for (int i = first; i < 2; i++) {
         const k3_tensor *t = packed[i];
         if (t->stride[0] != t->size[1] || t->stride[1] != 1) {
             int64_t want[2] = {t->size[1], 1};
@@ -196,7 +199,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         (long long)K, r.vec),
                K3_ESHAPE;
     /* 16-byte loads need 16-byte aligned rows: with K % 8 == 0 that is the base address. */
-    for (int i = 0; i < 2; i++)
+    for (int i = first; i < 2; i++)
         if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
             return snprintf(why, n,
                             "%s is not 16-byte aligned (storage offset %lld elements); the "
@@ -280,7 +283,12 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.M = (int)l->x->size[0];
     p.N = (int)l->w->size[0];
     p.K = (int)l->w->size[1];
-    p.silu_mul = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    p.prologue = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL  ? 1
+                 : l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 2
+                                                              : 0;
+    p.x_row = l->x->stride[0] / 8;
+    p.norm_weight = l->norm_weight ? k3_tensor_data(l->norm_weight) : NULL;
+    p.eps = l->norm_eps;
     if (p.N == 0) return K3_OK;
     /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
@@ -293,12 +301,22 @@ static k3_status k3sk_run(const k3_op_args *a) {
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
-    if (p.silu_mul &&
-        (p.M > k3sk_silu_max_m() ||
-         !k3sk_silu_fits(ctx->dev, k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1)))) {
-        K3_TRY(k3c_silu_mul_temp(l, hbuf, ht));
+    /* In the kernel, up to K3_SKINNY_PROLOGUE_MAX_M tokens and where h fits in shared
+     * memory; the rms_norm prologue also needs x's rows and a bf16 norm weight that allow
+     * 16-byte loads. */
+    const bool fits = k3sk_silu_fits(ctx->dev,
+                                     k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1));
+    bool temp = false;
+    if (p.prologue == 1) temp = p.M > k3sk_prologue_max_m() || !fits;
+    if (p.prologue == 2)
+        temp = p.M > k3sk_prologue_max_m() || !fits || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
+               l->norm_weight->dtype != K3_DTYPE_BF16 ||
+               (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
+               (uintptr_t)p.norm_weight % 16 != 0;
+    if (temp) {
+        K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
-        p.silu_mul = 0;
+        p.prologue = 0;
     }
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));

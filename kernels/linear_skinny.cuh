@@ -14,11 +14,15 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
- * SwiGLU prologue (k3_skinny_problem.silu_mul): x is [M, 2K], gate | up. After the PDL wait
- * the CTA's threads together compute h = silu(gate) * up for the M tokens over the CTA's own
- * k range (all of K, or its split's slice) into dynamic shared memory, in fp32 rounded to bf16
- * as cuda.silu_mul.generic rounds (kernels/silu.cuh); the warps then read their x fragments
- * from there instead of from global memory. Every warp of the CTA needs the same h, so it is
+ * Prologues (k3_skinny_problem.prologue). SwiGLU (1): x is [M, 2K], gate | up; RMSNorm (2): x
+ * is [M, K] with any 16-byte-aligned row stride. After the PDL wait the CTA's threads together
+ * compute h for the M tokens over the CTA's own k range (all of K, or its split's slice) into
+ * dynamic shared memory: silu(gate) * up in fp32 rounded to bf16 as cuda.silu_mul.generic
+ * rounds (kernels/silu.cuh), or x * r * norm_weight with the row scale r of each token summed
+ * over the whole row in cuda.rms_norm.generic's own order (256 strided partial sums, the warp
+ * butterfly, the 8 warps in order, its rescaled second pass for rows whose sum overflows or
+ * underflows: kernels/norm.cu), so h has the separate kernel's bits. The warps then read their
+ * x fragments from there instead of from global memory. Every warp of the CTA needs the same h, so it is
  * computed once per CTA rather than once per warp row group (the SiLU's exp and division cost
  * ~20 instructions an element: per warp, in registers, they would outweigh the weight stream).
  * The product sees exactly the h a separate silu_mul writes. w's loads and the PDL/static_w
@@ -56,6 +60,7 @@
 #define K3_LINEAR_SKINNY_CUH
 
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include "silu.cuh"
@@ -92,11 +97,16 @@ typedef struct k3_skinny_problem {
      * the first step's w loads are issued before that wait (the weight is not written by a
      * kernel in flight). */
     int pdl, static_w;
-    /* silu_mul: x is [M, 2K] (row stride 2K) and the product takes silu(x[:, :K]) *
-     * x[:, K:] rounded to bf16 (the SwiGLU prologue above); the launch then uses
+    /* prologue: 0 none; 1 silu_mul: x is [M, 2K] (row stride 2K) and the product takes
+     * silu(x[:, :K]) * x[:, K:] rounded to bf16; 2 rms_norm: x is [M, K] with row stride
+     * x_row 16-byte vectors and the product takes rms_norm(x, norm_weight (bf16 [K], 16-byte
+     * aligned), eps) (the prologues above). With a prologue the launch uses
      * k3_skinny_silu_smem_bytes of dynamic shared memory, which the caller checks against the
      * device's limit. */
-    int silu_mul;
+    int prologue;
+    int64_t x_row;
+    const void *norm_weight;
+    double eps;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
@@ -234,17 +244,151 @@ static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
                       k3sk_silu_mul2(g.z, u.z), k3sk_silu_mul2(g.w, u.w));
 }
 
+/* cuda.rms_norm.generic's warp reductions (kernels/norm.cu): the xor butterfly, whose lane 0
+ * holds the value that kernel keeps. */
+static __device__ __forceinline__ float k3sk_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float k3sk_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* One virtual thread's partial sums in cuda.rms_norm.generic's order: elements d = vt,
+ * vt + 256, ... of row xr (bf16, K of them), accumulated in increasing d; loads are issued
+ * eight at a time ahead of the sums (the order of the sums is unchanged). SCALED: the sum of
+ * (x 2^-k)^2 of the rescaled pass, without the max. */
+template <bool SCALED>
+static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *__restrict__ xr, int K,
+                                                        int vt, int k, float *ss, float *mx) {
+    float s = 0.f, m = 0.f;
+    for (int d0 = vt; d0 < K; d0 += 8 * 256) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int d = d0 + j * 256;
+            v[j] = d < K ? k3sk_bf16_to_f32(xr[d]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (d0 + j * 256 >= K) break;
+            if (SCALED) {
+                const float z = ldexpf(v[j], -k);
+                s += z * z;
+            } else {
+                s += v[j] * v[j];
+                m = fmaxf(m, fabsf(v[j]));
+            }
+        }
+    }
+    *ss = s;
+    *mx = m;
+}
+
+/* The RMSNorm row scales of the M rows of x (bf16 [M, K], rows xrow 16-byte vectors apart),
+ * computed by the whole CTA in cuda.rms_norm.generic's order (kernels/norm.cu, a CTA of 256
+ * threads per row): virtual thread vt (0..255) of a row sums x[vt], x[vt + 256], ... (squares,
+ * and max |x|); each virtual warp's butterfly (its lane 0's value); the 8 warp partials in
+ * order. Then that kernel's normal path, or, for a row whose max is finite and nonzero while
+ * its sum is not finite or below the smallest normal, its second pass over x 2^-k. The
+ * (row, virtual warp) tasks are spread over the CTA's warps. r[m], e[m] (the exponent x is
+ * scaled by; 0 on the normal path) and part, part_max ([16][8] floats) and flag ([16] ints)
+ * are shared memory. Contains __syncthreads(). */
+template <int THREADS>
+static __device__ void k3sk_rms_scales(const uint4 *__restrict__ x, int64_t xrow, int M, int K,
+                                       double eps, float (*part)[8], float (*part_max)[8],
+                                       int *flag, float *r, int *e) {
+    constexpr int WARPS = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int task = warp; task < M * 8; task += WARPS) {
+        const int m = task >> 3, vw = task & 7;
+        float ss, mx;
+        k3sk_rms_partial<false>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, 0, &ss, &mx);
+        ss = k3sk_warp_sum(ss);
+        mx = k3sk_warp_max(mx);
+        if (lane == 0) {
+            part[m][vw] = ss;
+            part_max[m][vw] = mx;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        const int m = threadIdx.x;
+        float tot = 0.f, mm = 0.f;
+        for (int q = 0; q < 8; q++) {
+            tot += part[m][q];
+            mm = fmaxf(mm, part_max[m][q]);
+        }
+        e[m] = 0;
+        flag[m] = 0;
+        if (!(mm > 0 && isfinite(mm)) || (tot >= 0x1p-126f && isfinite(tot))) {
+            r[m] = 1.0f / sqrtf(tot / (float)K + (float)eps);
+        } else {
+            int k;
+            frexpf(mm, &k);
+            flag[m] = k == 0 ? INT_MIN : k; /* the rescale exponent (k = 0 kept apart) */
+        }
+    }
+    __syncthreads();
+    for (int task = warp; task < M * 8; task += WARPS) {
+        const int m = task >> 3, vw = task & 7;
+        if (!flag[m]) continue; /* the same for the whole warp */
+        const int k = flag[m] == INT_MIN ? 0 : flag[m];
+        float sz, unused;
+        k3sk_rms_partial<true>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, k, &sz, &unused);
+        sz = k3sk_warp_sum(sz);
+        if (lane == 0) part[m][vw] = sz;
+    }
+    __syncthreads();
+    if (threadIdx.x < M && flag[threadIdx.x]) {
+        const int m = threadIdx.x, k = flag[m] == INT_MIN ? 0 : flag[m];
+        float szt = 0.f;
+        for (int q = 0; q < 8; q++) szt += part[m][q];
+        const float te = ldexpf((float)eps, -2 * k);
+        if (isfinite(te)) {
+            e[m] = -k;
+            r[m] = 1.0f / sqrtf(szt / (float)K + te);
+        } else {
+            r[m] = 1.0f / sqrtf((float)eps);
+        }
+    }
+    __syncthreads();
+}
+
+/* h = round(((x 2^e) r) w) for 8 bf16 of x and of the norm weight, as cuda.rms_norm.generic
+ * writes its output. */
+static __device__ __forceinline__ uint32_t k3sk_rms2(uint32_t xv, uint32_t wv, float r, int e) {
+    float x0 = k3sk_bf16_to_f32((uint16_t)(xv & 0xffffu)), x1 = k3sk_bf16_to_f32((uint16_t)(xv >> 16));
+    if (e) {
+        x0 = ldexpf(x0, e);
+        x1 = ldexpf(x1, e);
+    }
+    const uint32_t h0 = k3sk_f32_to_bf16(x0 * r * k3sk_bf16_to_f32((uint16_t)(wv & 0xffffu)));
+    const uint32_t h1 = k3sk_f32_to_bf16(x1 * r * k3sk_bf16_to_f32((uint16_t)(wv >> 16)));
+    return h0 | (h1 << 16);
+}
+static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, int e) {
+    return make_uint4(k3sk_rms2(xv.x, wv.x, r, e), k3sk_rms2(xv.y, wv.y, r, e),
+                      k3sk_rms2(xv.z, wv.z, r, e), k3sk_rms2(xv.w, wv.w, r, e));
+}
+
 /* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
 /* SPLIT: split-K across CTAs (gridDim.y = kcta >= 2, ws and counters used); otherwise
- * gridDim.y = 1 and ws / counters are unused (may be NULL). SILU: the SwiGLU prologue (x rows
- * of 2K, gate | up). */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, bool SILU>
-__global__ void __launch_bounds__(THREADS)
-    k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
-                     const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
-                     uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1, int M, int N,
-                     int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl,
-                     int static_w) {
+ * gridDim.y = 1 and ws / counters are unused (may be NULL). PRO: the prologue (0 none,
+ * 1 silu_mul: x rows of 2K, gate | up; 2 rms_norm: x rows xs vectors apart, norm weight nw,
+ * eps). */
+#define K3SK_PARAMS                                                                        \
+    const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
+        int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
+        int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
+/* The kernel's body; k3_skinny_kernel (no prologue) and k3_skinny_pro_kernel wrap it. */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
+static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     constexpr int KW = WARPS / GROUPS;
@@ -254,7 +398,7 @@ __global__ void __launch_bounds__(THREADS)
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
     __shared__ float partial[WARPS][4][32];
-    extern __shared__ uint4 k3sk_h[]; /* SILU: h [M][hrow] of this CTA's k range */
+    extern __shared__ uint4 k3sk_h[]; /* PRO: h [M][hrow] of this CTA's k range */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = warp / KW, kw = warp % KW;
@@ -267,7 +411,8 @@ __global__ void __launch_bounds__(THREADS)
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
-    const int64_t xrow = SILU ? 2 * (int64_t)nvec : (int64_t)nvec; /* x's row in vectors */
+    /* x's row in vectors */
+    const int64_t xrow = PRO == 1 ? 2 * (int64_t)nvec : PRO == 2 ? xs : (int64_t)nvec;
     const uint4 *x0 = x + (x0_ok ? g : 0) * xrow;
     const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * xrow;
 
@@ -293,11 +438,18 @@ __global__ void __launch_bounds__(THREADS)
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
-    /* SILU: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
+    /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
      * are issued four items at a time so their latencies overlap. */
     const int vbeg = cbeg * 4, vend = cend * 4 < nvec ? cend * 4 : nvec;
     const int nvs = vend > vbeg ? vend - vbeg : 0, hrow = k3_skinny_silu_row(nvs);
-    if (SILU) {
+    __shared__ float rms_r[PRO == 2 ? K3_SKINNY_MAX_M : 1];
+    __shared__ int rms_e[PRO == 2 ? K3_SKINNY_MAX_M : 1];
+    if (PRO == 2) {
+        __shared__ float rms_part[K3_SKINNY_MAX_M][8], rms_part_max[K3_SKINNY_MAX_M][8];
+        __shared__ int rms_flag[K3_SKINNY_MAX_M];
+        k3sk_rms_scales<THREADS>(x, xrow, M, K, eps, rms_part, rms_part_max, rms_flag, rms_r, rms_e);
+    }
+    if (PRO != 0) {
         const int items = M * nvs;
         for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
             uint4 gv[4], uv[4];
@@ -308,14 +460,16 @@ __global__ void __launch_bounds__(THREADS)
                 const int m = in ? i / nvs : 0, q = in ? i - m * nvs : 0;
                 const uint4 *xr = x + m * xrow + vbeg + q;
                 gv[j] = k3sk_load_x(xr, in);
-                uv[j] = k3sk_load_x(xr + nvec, in);
+                /* the up half, or the norm weight's 8 values */
+                uv[j] = k3sk_load_x(PRO == 1 ? xr + nvec : nw + vbeg + q, in);
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int i = i0 + j * THREADS;
                 if (i < items) {
                     const int m = i / nvs, q = i - m * nvs;
-                    k3sk_h[m * hrow + q] = k3sk_silu_mul(gv[j], uv[j]);
+                    k3sk_h[m * hrow + q] = PRO == 1 ? k3sk_silu_mul(gv[j], uv[j])
+                                                    : k3sk_rms(gv[j], uv[j], rms_r[m], rms_e[m]);
                 }
             }
         }
@@ -332,7 +486,7 @@ __global__ void __launch_bounds__(THREADS)
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
             const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            if (SILU) {
+            if (PRO != 0) {
                 /* kin puts v in [vbeg, vend): h's own row; tokens >= M read zeros. */
                 if (!have_w) {
                     if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
@@ -416,6 +570,21 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+__global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 0>(K3SK_ARGS);
+}
+/* With a prologue the kernel holds more live values (the fill's loads, the row scales): its
+ * registers are capped at 64 (1024 threads' worth per SM), so as many CTAs stay resident as
+ * for the plain kernel (~58 registers); uncapped it took 87, one CTA of 512 threads per SM
+ * where the plain kernel has two, and the grid ran in two waves. */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO>(K3SK_ARGS);
+}
+#undef K3SK_PARAMS
+#undef K3SK_ARGS
+
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
@@ -428,26 +597,30 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = p.silu_mul ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
+    lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
     const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
     /* Above 48 KB a kernel must opt in to its dynamic shared memory. */
-#define K3_SK_EX(MT, SILU)                                                                 \
+    const uint4 *nw = (const uint4 *)p.norm_weight;
+#define K3_SK_EX(KERNEL)                                                                   \
     ((lc.dynamicSmemBytes > 48u * 1024u &&                                                 \
-      (e = cudaFuncSetAttribute(k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, SILU>,    \
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,               \
+      (e = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
-         : cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, SILU>, x, \
-                              w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, \
-                              counters, pdl, st))
-    if (p.silu_mul)
-        e = p.M <= 8 ? K3_SK_EX(1, true) : K3_SK_EX(2, true);
+         : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
+                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
+    if (p.prologue == 1)
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
+    else if (p.prologue == 2)
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 2>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 2>));
     else
-        e = p.M <= 8 ? K3_SK_EX(1, false) : K3_SK_EX(2, false);
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>))
+                     : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>));
 #undef K3_SK_EX
     return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -465,24 +465,36 @@ K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
 
-/* What a linear computes from x before the product (k3_linear_with_prologue).
- * K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K], gate | up halves as k3_silu_mul takes it, and the
- * product's left operand is h[M, K] = silu(x[:, :K]) * x[:, K:], each element computed and
- * rounded to x's dtype exactly as k3_silu_mul computes it, so the fused call gives the bits of
- * k3_silu_mul followed by k3_linear on every kernel (the SwiGLU MLP's down projection). */
+/* What a linear computes from x before the product (k3_linear_with_prologue): the product's
+ * left operand is h instead of x, each element of h computed and rounded to x's dtype exactly
+ * as the separate op computes it, so the fused call gives the bits of that op followed by
+ * k3_linear on every kernel.
+ * K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K], gate | up halves as k3_silu_mul takes it, and
+ *   h[M, K] = silu(x[:, :K]) * x[:, K:] (the SwiGLU MLP's down projection).
+ * K3_LINEAR_PROLOGUE_RMS_NORM: x is [M, K] and h = k3_rms_norm(x, norm_weight, eps)
+ *   (an RMSNorm right before a projection). */
 typedef enum k3_linear_prologue {
     K3_LINEAR_PROLOGUE_NONE = 0,
     K3_LINEAR_PROLOGUE_SILU_MUL = 1,
+    K3_LINEAR_PROLOGUE_RMS_NORM = 2,
 } k3_linear_prologue;
-/* k3_linear with a prologue: y[M,N] = h w[N,K]^T (+ bias) (+ residual), h as above. With
- * SILU_MUL, x must be [M, 2K] against w [N, K] (K3_ESHAPE "linear: x dim 2 (10) must be
- * 2 * w dim 2 (4) = 8 for prologue silu_mul", dims counted as the caller counts them) and have
- * unit stride in its last dim (K3_ELAYOUT); a prologue value out of range is K3_EINVAL. A
- * kernel that cannot apply it declines with a reason and dispatch goes on to the next. */
+typedef struct k3_linear_prologue_args {
+    k3_linear_prologue kind;
+    const k3_tensor *norm_weight; /* RMS_NORM: [K], on x's device, any dtype (as rms_norm's w) */
+    double eps;                   /* RMS_NORM: finite, >= 0 */
+} k3_linear_prologue_args;
+/* k3_linear with a prologue (NULL: none): y[M,N] = h w[N,K]^T (+ bias) (+ residual), h as
+ * above. SILU_MUL: x must be [M, 2K] against w [N, K] (K3_ESHAPE "linear: x dim 2 (10) must
+ * be 2 * w dim 2 (4) = 8 for prologue silu_mul", dims counted as the caller counts them).
+ * RMS_NORM: norm_weight must be [K] (K3_ESHAPE "linear: norm_weight must be [K] = [4] (w dim
+ * 2); got [3]") on x's device, eps finite and >= 0 (K3_EINVAL). Both: x has unit stride in its
+ * last dim (K3_ELAYOUT); a kind out of range, or a norm_weight with another kind, is
+ * K3_EINVAL. A kernel that cannot apply a prologue declines with a reason and dispatch goes
+ * on to the next. */
 K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                          const k3_tensor *bias, const k3_tensor *residual,
-                                         k3_linear_prologue prologue, k3_tensor *out,
-                                         const k3_call *call);
+                                         const k3_linear_prologue_args *prologue,
+                                         k3_tensor *out, const k3_call *call);
 
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
@@ -644,8 +656,8 @@ K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_ten
 K3_API k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y,
                                                const k3_tensor *x, const k3_tensor *w,
                                                const k3_tensor *bias, const k3_tensor *residual,
-                                               k3_linear_prologue prologue, k3_tensor *out,
-                                               const k3_call *call);
+                                               const k3_linear_prologue_args *prologue,
+                                               k3_tensor *out, const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 

@@ -185,10 +185,13 @@ typedef struct k3_linear_args {
     const k3_skinny_config *config; /* only cuda.linear.skinny reads it; may be NULL */
     bool batch_invariant;           /* reduce each row in one fixed order, independent of M */
     int base;                       /* dims in messages count from it ("message numbering") */
-    /* K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K] and the product's left operand is
-     * silu(x[:, :K]) * x[:, K:] rounded to x's dtype (k3.h); every linear kernel applies it
-     * or declines. K is always w's dim 1. */
+    /* The prologue (k3.h, k3_linear_prologue): NONE, SILU_MUL (x is [M, 2K], the product
+     * takes silu(x[:, :K]) * x[:, K:]) or RMS_NORM (the product takes rms_norm(x, norm_weight,
+     * norm_eps)), h rounded to x's dtype as the separate op rounds it; every linear kernel
+     * applies it or declines. K is always w's dim 1. */
     k3_linear_prologue prologue;
+    const k3_tensor *norm_weight;
+    double norm_eps;
 } k3_linear_args;
 
 /* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
@@ -452,8 +455,9 @@ K3_API k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *c
 /* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                const k3_tensor *bias, const k3_tensor *residual,
-                               k3_linear_prologue prologue, k3_tensor *out, const k3_call *call,
-                               const k3_skinny_config *config, const k3_dispatch_ext *ext);
+                               const k3_linear_prologue_args *prologue, k3_tensor *out,
+                               const k3_call *call, const k3_skinny_config *config,
+                               const k3_dispatch_ext *ext);
 
 /* ---- CUDA graph capture (lib/graph.c) ------------------------------------------------------ */
 /* While this thread captures (k3_graph_capturing()), what cannot be captured is refused here

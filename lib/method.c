@@ -112,7 +112,7 @@ void k3_method_free(k3_method *m) {
  * method was built. */
 static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                const k3_tensor *w, const k3_tensor *bias,
-                               const k3_tensor *residual, k3_linear_prologue prologue,
+                               const k3_tensor *residual, const k3_linear_prologue_args *prologue,
                                k3_tensor *out, const k3_call *call,
                                const k3_skinny_config *config, const k3_dispatch_ext *ext) {
     k3_call c = call ? *call : (k3_call){0};
@@ -127,8 +127,9 @@ static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tenso
 
 k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                         const k3_tensor *w, const k3_tensor *bias,
-                                        const k3_tensor *residual, k3_linear_prologue prologue,
-                                        k3_tensor *out, const k3_call *call) {
+                                        const k3_tensor *residual,
+                                        const k3_linear_prologue_args *prologue, k3_tensor *out,
+                                        const k3_call *call) {
     if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
     if (!m->low_latency)
         return apply_default(m, y, x, w, bias, residual, prologue, out, call, NULL, NULL);
@@ -160,6 +161,5 @@ k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const
 k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                           const k3_tensor *w, const k3_tensor *bias, const k3_tensor *residual,
                           k3_tensor *out, const k3_call *call) {
-    return k3_method_apply_with_prologue(m, y, x, w, bias, residual, K3_LINEAR_PROLOGUE_NONE, out,
-                                         call);
+    return k3_method_apply_with_prologue(m, y, x, w, bias, residual, NULL, out, call);
 }

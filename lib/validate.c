@@ -132,11 +132,17 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     K3_TRY(need_opt(op, "bias", a->bias));
     K3_TRY(need_opt(op, "residual", a->residual));
     const k3_tensor *x = a->x, *w = a->w;
-    if (a->prologue != K3_LINEAR_PROLOGUE_NONE && a->prologue != K3_LINEAR_PROLOGUE_SILU_MUL)
-        return k3_error(K3_EINVAL, "linear: prologue must be %d (none) or %d (silu_mul); got %d",
+    if (a->prologue != K3_LINEAR_PROLOGUE_NONE && a->prologue != K3_LINEAR_PROLOGUE_SILU_MUL &&
+        a->prologue != K3_LINEAR_PROLOGUE_RMS_NORM)
+        return k3_error(K3_EINVAL,
+                        "linear: prologue must be %d (none), %d (silu_mul) or %d (rms_norm); got %d",
                         (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
-                        (int)a->prologue);
+                        (int)K3_LINEAR_PROLOGUE_RMS_NORM, (int)a->prologue);
     bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    bool rms = a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM;
+    if (!rms && a->norm_weight)
+        return k3_error(K3_EINVAL, "linear: norm_weight is given but the prologue is not rms_norm");
+    if (rms) K3_TRY(need(op, "norm_weight", a->norm_weight));
     K3_TRY(need_ndim(op, "x", x, 2, silu ? "[M, 2K]" : "[M, K]"));
     K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
     /* The silu_mul prologue reads gate x[:, :K] and up x[:, K:] as silu_mul does: rows of 2K
@@ -150,12 +156,23 @@ static k3_status linear_inputs(const k3_linear_args *a) {
                         1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1],
                         (long long)want);
     }
-    if (silu) K3_TRY(unit_last(op, "x", x));
+    if (silu || rms) K3_TRY(unit_last(op, "x", x));
     if (!silu && x->size[1] != w->size[1])
         return k3_error(K3_ESHAPE, "linear: x dim %d (%lld) must match w dim %d (%lld)",
                         1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1]);
     K3_TRY(same_dtype(op, "w", w, "x", x));
     K3_TRY(same_device(op, "w", w, "x", x));
+    if (rms) { /* as rms_norm's w and eps (any dtype) */
+        const k3_tensor *nw = a->norm_weight;
+        if (nw->ndim != 1 || nw->size[0] != w->size[1]) {
+            char b[DIMS_LEN];
+            return k3_error(K3_ESHAPE, "linear: norm_weight must be [K] = [%lld] (w dim %d); got %s",
+                            (long long)w->size[1], 1 + a->base, shp(b, nw));
+        }
+        K3_TRY(same_device(op, "norm_weight", nw, "x", x));
+        K3_TRY(unit_last(op, "norm_weight", nw));
+        K3_TRY(finite_eps(op, "eps", a->norm_eps));
+    }
     int64_t M = x->size[0], N = w->size[0];
     if (a->bias) {
         char b[DIMS_LEN];
@@ -184,6 +201,7 @@ static k3_status linear_out(const k3_linear_args *a) {
     K3_TRY(no_overlap(op, "out", a->out, "w", a->w));
     K3_TRY(no_overlap(op, "out", a->out, "bias", a->bias));
     K3_TRY(no_overlap(op, "out", a->out, "residual", a->residual));
+    K3_TRY(no_overlap(op, "out", a->out, "norm_weight", a->norm_weight));
     return K3_OK;
 }
 

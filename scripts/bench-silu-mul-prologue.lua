@@ -2,10 +2,11 @@
 -- (k3.linear(x, w, {prologue = "silu_mul"}), x [M, 2K] gate | up) against the separate
 -- k3.silu_mul followed by the plain projection, on the GPU: the low-latency plan's kernel (what
 -- k3.nn.SwiGLU runs) and cuBLAS, M = 1, 2, 4, 8, 16, for Kimi-K3's TP8 down shape 7168x4224.
+-- Then the rms_norm prologue on the stack's q_b shape (2304x1536, x a narrow of [M, 2112]).
 -- Each figure is the median µs per call in a CUDA graph of 8 calls rotating 4 weight copies
 -- (242 MB, above the 60 MB L2) and 4 inputs; the read floor is the weight's bytes over
 -- 4.45 TB/s. Also checks that fused and unfused give the same bits. Writes
--- $OUT/silu_mul_prologue_max_m<K3_SKINNY_SILU_MAX_M or default>.csv when OUT is set.
+-- $OUT/silu_mul_prologue_max_m<K3_SKINNY_PROLOGUE_MAX_M or default>.csv when OUT is set.
 --   scripts/k3 scripts/bench-silu-mul-prologue.lua [N K]
 local k3 = require "k3"
 
@@ -34,9 +35,9 @@ local function time(fn)
   local us = k3.cuda_time(fn, {iters = 30, warmup = 3, graph = true, calls = CALLS})
   return us
 end
-print(string.format("silu_mul prologue, w %dx%d bf16 (%s), read floor %.2f µs, K3_SKINNY_SILU_MAX_M=%s",
+print(string.format("silu_mul prologue, w %dx%d bf16 (%s), read floor %.2f µs, K3_SKINNY_PROLOGUE_MAX_M=%s",
                     N, K, plan and "plan of this GPU" or "no plan: default method", floor_us,
-                    os.getenv("K3_SKINNY_SILU_MAX_M") or "(default)"))
+                    os.getenv("K3_SKINNY_PROLOGUE_MAX_M") or "(default)"))
 print(string.format("%-4s %-24s %10s %10s %8s %6s", "M", "kernel", "unfused", "fused", "fused/", "bits"))
 for _, M in ipairs({1, 2, 4, 8, 16}) do
   local xs, hs, ys = {}, {}, {}
@@ -88,9 +89,56 @@ for _, M in ipairs({1, 2, 4, 8, 16}) do
   end
   for i = 1, COPIES do xs[i]:free(); hs[i]:free(); ys[i]:free() end
 end
+-- The rms_norm prologue on the stack's q_b (2304x1536): x a narrow of the [M, 2112] qkv_a
+-- output, q_a_layernorm fused (k3.linear {prologue = "rms_norm"}) against rms_norm then q_b.
+do
+  local QN, QK = 2304, 1536
+  local qws, qms = {}, {}
+  for i = 1, COPIES do
+    local w = k3.randn({QN, QK}, {dtype = "bf16", device = "cuda", seed = 50 + i})
+    qws[i] = w * (1 / math.sqrt(QK))
+    w:free()
+    local qplan = k3.plan_for(qws[i])
+    qms[i] = qplan and k3.method.low_latency(qplan, {static_weights = true}) or k3.method.default()
+  end
+  local nw = (k3.randn({QK}, {device = "cuda", seed = 60}) * 0.1 + 1):to("bf16")
+  print(string.format("rms_norm prologue, w %dx%d bf16, x a narrow of [M, 2112], read floor %.2f µs",
+                      QN, QK, QN * QK * 2 / 4.45e12 * 1e6))
+  print(string.format("%-4s %-24s %10s %10s %8s %6s", "M", "kernel", "unfused", "fused", "fused/", "bits"))
+  for _, M in ipairs({1, 2, 4, 8, 16}) do
+    local xs, hs, ys = {}, {}, {}
+    for i = 1, COPIES do
+      xs[i] = k3.randn({M, 2112}, {dtype = "bf16", device = "cuda", seed = 70 * M + i}):narrow(2, 1, QK)
+      hs[i] = k3.empty({M, QK}, o)
+      ys[i] = k3.empty({M, QN}, o)
+    end
+    local opts = {prologue = "rms_norm", norm_weight = nw, eps = 1e-5}
+    local chosen = qms[1]:explain(xs[1], qws[1], nil, opts).chosen
+    local a = qms[1]:apply(xs[1], qws[1], nil, opts)
+    local b = qms[1]:apply(k3.rms_norm(xs[1], nw, 1e-5), qws[1])
+    local same = k3.max_abs_diff(a, b) == 0
+    local ok_u, unfused = pcall(time, function(i)
+      local c = (i - 1) % COPIES + 1
+      k3.rms_norm(xs[c], nw, 1e-5, {out = hs[c]})
+      qms[c]:apply(hs[c], qws[c], nil, {out = ys[c]})
+    end)
+    local ok_f, fused = pcall(time, function(i)
+      local c = (i - 1) % COPIES + 1
+      qms[c]:apply(xs[c], qws[c], nil, {prologue = "rms_norm", norm_weight = nw, eps = 1e-5, out = ys[c]})
+    end)
+    unfused = ok_u and unfused or 0 / 0
+    fused = ok_f and fused or 0 / 0
+    if not ok_f then print("  fused timing failed: " .. tostring(fused)) end
+    print(string.format("%-4d %-24s %10.2f %10.2f %8.3f %6s", M, chosen, unfused, fused, fused / unfused,
+                        same and "same" or "DIFFER"))
+    rows[#rows + 1] = string.format("%d,%d,%d,%s rms_norm,%.3f,%.3f,%.3f,%s", QN, QK, M, chosen, unfused,
+                                    fused, QN * QK * 2 / 4.45e12 * 1e6, same and "same" or "differ")
+  end
+end
+
 local out = os.getenv("OUT")
 if out and out ~= "" then
-  local knob = os.getenv("K3_SKINNY_SILU_MAX_M")
+  local knob = os.getenv("K3_SKINNY_PROLOGUE_MAX_M")
   local f = assert(io.open(string.format("%s/silu_mul_prologue_max_m%s.csv", out,
                                          knob and knob ~= "" and knob or "default"), "w"))
   f:write("N,K,M,kernel,unfused_us,fused_us,read_floor_us,bits\n", table.concat(rows, "\n"), "\n")

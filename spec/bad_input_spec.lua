@@ -482,10 +482,35 @@ linear_case("linear prologue silu_mul with a transposed x", function(_, w, e)
 end, "linear: x must have unit stride in its last dim; got strides [1, 2]")
 linear_case("linear prologue unknown name", function(x, w)
   return function() k3.linear(x, w, {prologue = "gelu"}) end
-end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got \"gelu\")")
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"gelu\")")
 linear_case("linear prologue a boolean", function(x, w)
   return function() k3.linear(x, w, {prologue = true}) end
-end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got boolean)")
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got boolean)")
+linear_case("linear prologue rms_norm without norm_weight", function(x, w)
+  return function() k3.linear(x, w, {prologue = "rms_norm"}) end
+end, "linear: norm_weight is required")
+linear_case("linear prologue rms_norm with norm_weight of the wrong size", function(x, w, e)
+  e[1] = k3.ones({4})
+  return function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = e[1]}) end
+end, "linear: norm_weight must be [K] = [3] (w dim 2); got [4]")
+linear_case("linear prologue rms_norm with a negative eps", function(x, w, e)
+  e[1] = k3.ones({3})
+  return function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = e[1], eps = -1}) end
+end, "linear: eps must be a finite number >= 0; got -1")
+linear_case("linear prologue rms_norm with a NaN eps", function(x, w, e)
+  e[1] = k3.ones({3})
+  return function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = e[1], eps = 0 / 0}) end
+end, "linear: eps must be a finite number >= 0; got nan")
+linear_case("linear norm_weight without the rms_norm prologue", function(x, w, e)
+  e[1] = k3.ones({3})
+  return function() k3.linear(x, w, {norm_weight = e[1]}) end
+end, "linear: norm_weight is given but the prologue is not rms_norm")
+linear_case("linear eps without the rms_norm prologue", function(x, w)
+  return function() k3.linear(x, w, {eps = 1e-5}) end
+end, "bad argument #3 to 'linear' (field 'eps' is for prologue \"rms_norm\" only)")
+linear_case("linear prologue rms_norm with norm_weight a string", function(x, w)
+  return function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = "w"}) end
+end, "bad argument #3 to 'linear' (field 'norm_weight' must be a k3.Tensor; got string)")
 case("method apply prologue silu_mul with x dim 2 not 2K", function()
   local x, w = mat(1, 3, {seed = 25}), mat(4, 3, {seed = 26})
   return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w, nil, {prologue = "silu_mul"}) end,
@@ -495,7 +520,7 @@ case("method apply prologue unknown name", function()
   local x, w = mat(1, 3, {seed = 27}), mat(4, 3, {seed = 28})
   return function() k3.method.default():apply(x, w, nil, {prologue = "swiglu"}) end,
     {x, w}, function() valid_method(x, w) end
-end, "bad argument #4 to 'apply' (field 'prologue' must be \"silu_mul\" or nil; got \"swiglu\")")
+end, "bad argument #4 to 'apply' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"swiglu\")")
 -- Where CUDA runs, the kernel refuses the CPU tensors; elsewhere it is not registered.
 linear_case("linear CUDA kernel on CPU tensors", function(x, w)
   return function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end

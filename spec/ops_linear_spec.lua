@@ -443,15 +443,96 @@ describe("linear with prologue silu_mul", function()
     end)
     it("the option names silu_mul or nothing", function()
       H.raises(function() k3.linear(k3.randn({3, 8}), w, {prologue = "SiLU"}) end,
-        "field 'prologue' must be \"silu_mul\" or nil; got \"SiLU\"")
+        "field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"SiLU\"")
       H.raises(function() k3.linear(k3.randn({3, 8}), w, {prologue = 1}) end,
-        "field 'prologue' must be \"silu_mul\" or nil; got number")
+        "field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got number")
     end)
     it("changes nothing when it raises", function()
       local out = H.poisoned({3, 5})
       H.raises(function() k3.linear(k3.randn({3, 6}), w, {prologue = "silu_mul", out = out}) end, "linear: x dim 2")
       local v = out:get(2, 2)
       assert.is_true(v ~= v)
+    end)
+  end)
+end)
+
+-- The rms_norm prologue: y = rms_norm(x, norm_weight, eps) w^T. Every CPU kernel gives the bits
+-- of k3.rms_norm followed by the same kernel, over dtypes, views of x with a row stride (a
+-- narrow of a wider projection output, as the stack's q_b reads it), rows whose sum of squares
+-- overflows or underflows (rms_norm's rescaled pass) and norm weights of another dtype; the fp64
+-- oracle; and the refusals.
+describe("linear with prologue rms_norm", function()
+  local function rows_of(M, K, dt, kind, seed)
+    local base = k3.randn({M, K + 11}, {dtype = "f32", seed = seed})
+    if kind == "huge" then base = base * 1e30 elseif kind == "tiny" then base = base * 1e-30 end
+    return base:to(dt):narrow(2, 4, K) -- row stride K + 11, offset 3
+  end
+  for _, kernel in ipairs(KERNELS) do
+    for _, dt in ipairs(DTYPES) do
+      it(string.format("%s %s: the bits of rms_norm then linear, and the fp64 oracle", kernel, dt), function()
+        for _, kind in ipairs({"plain", "huge", "tiny"}) do
+          for _, size in ipairs({{3, 33, 33}, {5, 17, 260}, {1, 7, 8}, {16, 24, 1536}}) do
+            local M, N, K = size[1], size[2], size[3]
+            if not (kind ~= "plain" and dt ~= "f32" and dt ~= "bf16") then -- 1e30 is inf in f16
+              local what = string.format("%s M=%d N=%d K=%d", kind, M, N, K)
+              local x = rows_of(M, K, dt, kind, M + K)
+              local nw = (k3.randn({K}, {seed = K}) * 0.1 + 1):to(dt)
+              local w = k3.randn({N, K}, {dtype = dt, seed = N}) * (1 / math.sqrt(K))
+              local eps = kind == "tiny" and 0 or 1e-5
+              local out = H.poisoned({M, N}, {dtype = dt})
+              local y = k3.linear(x, w, {prologue = "rms_norm", norm_weight = nw, eps = eps, out = out, kernel = kernel})
+              assert.is_false(H.has_nan(y), what)
+              local unfused = k3.linear(k3.rms_norm(x, nw, eps), w, {kernel = kernel})
+              assert.equal(0, k3.max_abs_diff(y, unfused), what .. ": fused differs from rms_norm then linear")
+              local f = function(t) return t:to("f64") end
+              local ref = k3.linear(k3.rms_norm(f(x), f(nw), eps), f(w), {kernel = "cpu.linear.reference"})
+              local tol = TOL[dt]
+              assert.is_true(k3.allclose(f(y), ref, {atol = tol.atol * 4 * math.sqrt(K), rtol = tol.rtol}),
+                string.format("%s: max diff %g", what, k3.max_abs_diff(f(y), ref)))
+            end
+          end
+        end
+      end)
+    end
+  end
+
+  it("a norm weight of another dtype than x, with bias and residual, through a method", function()
+    local x = k3.randn({4, 64}, {dtype = "bf16", seed = 81})
+    local nw = k3.randn({64}, {dtype = "f32", seed = 82})
+    local w = k3.randn({9, 64}, {dtype = "bf16", seed = 83})
+    local b, r = k3.randn({9}, {dtype = "bf16", seed = 84}), k3.randn({4, 9}, {dtype = "bf16", seed = 85})
+    local want = k3.linear(k3.rms_norm(x, nw, 1e-6), w, {bias = b, residual = r})
+    local opts = {prologue = "rms_norm", norm_weight = nw, eps = 1e-6}
+    assert.equal(0, k3.max_abs_diff(k3.linear(x, w, {bias = b, residual = r, prologue = "rms_norm",
+                                                      norm_weight = nw, eps = 1e-6}), want))
+    local ll = k3.method.low_latency({[4] = {kernel = "skinny"}}, {static_weights = true})
+    assert.equal(0, k3.max_abs_diff(ll:apply(x, w, b, {residual = r, prologue = "rms_norm", norm_weight = nw, eps = 1e-6}), want))
+    assert.equal("cpu.linear.blas", ll:explain(x, w, b, opts).chosen)
+    -- the default eps is rms_norm's, 1e-5
+    assert.equal(0, k3.max_abs_diff(k3.linear(x, w, {prologue = "rms_norm", norm_weight = nw}),
+                                    k3.linear(k3.rms_norm(x, nw, 1e-5), w)))
+  end)
+
+  describe("errors", function()
+    local x, w = k3.randn({3, 4}), k3.randn({5, 4}, {seed = 1})
+    it("norm_weight and eps", function()
+      H.raises(function() k3.linear(x, w, {prologue = "rms_norm"}) end, "linear: norm_weight is required")
+      H.raises(function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = k3.ones({5})}) end,
+        "linear: norm_weight must be [K] = [4] (w dim 2); got [5]")
+      H.raises(function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = k3.ones({2, 2})}) end,
+        "linear: norm_weight must be [K] = [4] (w dim 2); got [2, 2]")
+      H.raises(function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = k3.ones({4}), eps = math.huge}) end,
+        "linear: eps must be a finite number >= 0; got inf")
+      H.raises(function() k3.linear(x, w, {prologue = "silu_mul", norm_weight = k3.ones({4})}) end,
+        "linear: norm_weight is given but the prologue is not rms_norm")
+      H.raises(function() k3.linear(x, w, {prologue = "silu_mul", eps = 1e-5}) end,
+        "field 'eps' is for prologue \"rms_norm\" only")
+    end)
+    it("x must have unit stride in its last dim; norm_weight too", function()
+      H.raises(function() k3.linear(k3.randn({4, 3}):t(), w, {prologue = "rms_norm", norm_weight = k3.ones({4})}) end,
+        "linear: x must have unit stride in its last dim; got strides [1, 3]")
+      H.raises(function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = k3.ones({4, 2}):select(2, 1)}) end,
+        "linear: norm_weight must have unit stride in its last dim; got strides [2]")
     end)
   end)
 end)

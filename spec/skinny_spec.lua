@@ -656,6 +656,17 @@ describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
     end
   end)
 
+  -- By default the skinny kernel takes a prologue's h from a temporary (the in-kernel path lost
+  -- on the H200: notes/PERF.md); K3_SKINNY_PROLOGUE_MAX_M, read once per process, switches the
+  -- in-kernel path on, so a child process checks its bits.
+  it("the in-kernel prologues (K3_SKINNY_PROLOGUE_MAX_M=16, a child process): the bits of the separate ops", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    local out, code = H.sh("cd '" .. H.root() .. "' && K3_SKINNY_PROLOGUE_MAX_M=16 scripts/k3 spec/scripts/prologue_in_kernel.lua")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("in-kernel prologues: %d+ cases, 0 differ"), out)
+  end)
+
   it("skinny with h above 48 KB of shared memory, and past the device's limit (through a temporary)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     -- K = 14336: h is 28.7 KB per token, so M = 4 opts in to 115 KB and M = 16 (459 KB) goes
@@ -760,4 +771,109 @@ describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
       end
     end)
   end
+end)
+
+-- The rms_norm prologue on the GPU kernels: the skinny kernel computes each token's row scale in
+-- cuda.rms_norm.generic's reduction order and h = x r norm_weight into shared memory, reading x
+-- through its row stride (the stack's q_b reads a narrow of the qkv_a output, stride 2112);
+-- rows whose sum of squares overflows or underflows take rms_norm's rescaled pass. Each must give
+-- the bits of cuda.rms_norm.generic then the same kernel; what the kernel cannot load 16 bytes
+-- at a time (a misaligned x, an f32 norm weight) goes through a temporary with the same bits.
+describe("linear with prologue rms_norm on the GPU kernels #gpu", function()
+  -- [M, K] bf16 rows of a wider [M, K + pad] tensor, values ~ scale N(0, 1).
+  local function rows(M, K, pad, seed, scale)
+    local base = k3.randn({M, K + pad}, {dtype = "f32", seed = seed, device = "cuda"})
+    if scale then base = base * scale end
+    return base:to("bf16"):narrow(2, 1, K)
+  end
+  local function norm_weight(K, seed, dt)
+    return (k3.randn({K}, {seed = seed, device = "cuda"}) * 0.1 + 1):to(dt or "bf16")
+  end
+  local function poisoned(M, N) return H.poisoned({M, N}, {dtype = "bf16", device = "cuda"}) end
+  local function check(fused, unfused, x, nw, eps, w, what)
+    assert.is_false(H.has_nan(fused:to("cpu")), what .. ": unwritten (NaN) outputs")
+    assert.equal(0, k3.max_abs_diff(fused, unfused), what .. ": fused differs from rms_norm then linear")
+    local f = function(t) return t:to("cpu"):to("f64") end
+    local ref = k3.linear(k3.rms_norm(f(x), f(nw), eps), f(w), {kernel = "cpu.linear.blas"})
+    local K = w:size(2)
+    assert.is_true(k3.allclose(f(fused), ref, {atol = 4e-2 * math.sqrt(K), rtol = 2e-2}),
+      string.format("%s: max |y - ref| = %g", what, k3.max_abs_diff(f(fused), ref)))
+  end
+
+  it("skinny on the q_b shape 2304x1536, x a narrow of [M, 2112], M = 1..16, plain and static-weight plans", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 2304, 1536
+    local w = bf16({N, K}, 2200)
+    local nw = norm_weight(K, 2201)
+    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
+    for M = 1, 16 do
+      local x = rows(M, K, 2112 - K, 2210 + M)
+      assert.same({2112, 1}, x:stride())
+      local what = "2304x1536 M=" .. M
+      local opts = {prologue = "rms_norm", norm_weight = nw, eps = 1e-5}
+      assert.equal(SKINNY, ll:explain(x, w, nil, opts).chosen, what)
+      local unfused = k3.linear(k3.rms_norm(x, nw, 1e-5), w, {kernel = SKINNY})
+      check(ll:apply(x, w, nil, {prologue = "rms_norm", norm_weight = nw, eps = 1e-5, out = poisoned(M, N)}),
+        unfused, x, nw, 1e-5, w, what)
+      check(k3.linear(x, w, {prologue = "rms_norm", norm_weight = nw, eps = 1e-5, kernel = SKINNY,
+        out = poisoned(M, N)}), unfused, x, nw, 1e-5, w, what .. " direct")
+    end
+  end)
+
+  it("skinny, every classic and split configuration, K = 1536 and 4104", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    for _, K in ipairs({1536, 4104}) do
+      local N = 200
+      local w = bf16({N, K}, 2300 + K)
+      local nw = norm_weight(K, 2301)
+      local configs = {}
+      for _, c in ipairs(CONFIGS) do configs[#configs + 1] = {threads = c[1], rows = c[2], unroll = c[3], vec = 8} end
+      for _, c in ipairs(SPLIT_CONFIGS) do configs[#configs + 1] = split_config(c) end
+      for _, config in ipairs(configs) do
+        local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
+        for _, M in ipairs({1, 9, 16}) do
+          local x = rows(M, K, 8, 2310 + M)
+          local what = string.format("K=%d threads=%d rows=%d unroll=%d split_k=%s M=%d", K, config.threads,
+            config.rows, config.unroll, tostring(config.split_k), M)
+          local fused = ll:apply(x, w, nil, {prologue = "rms_norm", norm_weight = nw, eps = 1e-5, out = poisoned(M, N)})
+          check(fused, ll:apply(k3.rms_norm(x, nw, 1e-5), w), x, nw, 1e-5, w, what)
+        end
+      end
+    end
+  end)
+
+  it("rows whose sum of squares overflows (|x| ~ 1e30) or underflows (|x| ~ 1e-30, eps = 0)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 64, 1536
+    local w = bf16({N, K}, 2400)
+    local nw = norm_weight(K, 2401)
+    for _, case in ipairs({{1e30, 1e-5}, {1e-30, 0}, {1e-30, 1e-5}, {1, 0}}) do
+      for _, M in ipairs({1, 3, 16}) do
+        local x = rows(M, K, 576, 2410 + M, case[1])
+        local what = string.format("scale %g eps %g M=%d", case[1], case[2], M)
+        local fused = k3.linear(x, w, {prologue = "rms_norm", norm_weight = nw, eps = case[2], kernel = SKINNY,
+          out = poisoned(M, N)})
+        check(fused, k3.linear(k3.rms_norm(x, nw, case[2]), w, {kernel = SKINNY}), x, nw, case[2], w, what)
+      end
+    end
+  end)
+
+  it("through a temporary: x misaligned, an f32 norm weight; cuBLAS and the batch-invariant kernel", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 96, 256
+    local w = bf16({N, K}, 2500)
+    local nw, nw32 = norm_weight(K, 2501), norm_weight(K, 2502, "f32")
+    local M = 5
+    local odd = rows(M, K + 1, 7, 2503):narrow(2, 2, K) -- offset 1: not 16-byte aligned
+    local x = rows(M, K, 0, 2504)
+    local cases = {{odd, nw, SKINNY}, {x, nw32, SKINNY}, {x, nw, CUBLAS}, {odd, nw32, CUBLAS}, {x, nw, BI}, {odd, nw32, BI}}
+    for i, c in ipairs(cases) do
+      if k3.has_kernel(c[3]) then
+        local what = string.format("case %d %s", i, c[3])
+        local fused = k3.linear(c[1], w, {prologue = "rms_norm", norm_weight = c[2], eps = 1e-5, kernel = c[3],
+          out = poisoned(M, N)})
+        check(fused, k3.linear(k3.rms_norm(c[1], c[2], 1e-5), w, {kernel = c[3]}), c[1], c[2], 1e-5, w, what)
+      end
+    end
+  end)
 end)

@@ -6,7 +6,10 @@
  * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64, and
  * apply the silu_mul prologue (k3.h) while they widen x: each element of the gate is computed
  * and rounded to x's dtype exactly as cpu.silu_mul.reference does (cpu/silu.h), so the fused
- * call gives the bits of silu_mul followed by the plain linear on the same kernel.
+ * call gives the bits of silu_mul followed by the plain linear on the same kernel. The
+ * rms_norm prologue runs cpu.rms_norm.reference into a temporary and the kernel on it (on the
+ * CPU a fused row norm would save nothing; the temporary gives rms_norm's bits by
+ * construction).
  */
 #include "k3_impl.h"
 #include "silu.h"
@@ -111,11 +114,35 @@ static void widen_lhs(void *dst, bool dbl, const k3_linear_args *a, int64_t r0, 
         widen_rows(dst, dbl, a->x, r0, rows);
 }
 
+/* The rms_norm prologue on the CPU: h = cpu.rms_norm.reference(x, norm_weight, eps) into a
+ * temporary [M, K] of x's dtype, then run(h) as a plain call. */
+static k3_status with_rms_norm(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
+    const k3_linear_args *a = &oa->u.linear;
+    int64_t shape[2] = {a->x->size[0], a->x->size[1]};
+    k3_tensor *h = NULL;
+    K3_TRY(k3_tensor_new(&h, 2, shape, a->x->dtype, k3_tensor_device(a->x), "linear"));
+    k3_op_args norm;
+    memset(&norm, 0, sizeof norm);
+    norm.op = K3_OP_RMS_NORM;
+    norm.u.rms_norm = (k3_rms_norm_args){a->x, a->norm_weight, a->norm_eps, h, a->base};
+    k3_status s = k3_cpu_rms_norm_reference.run(&norm);
+    if (s == K3_OK) {
+        k3_op_args plain = *oa;
+        plain.u.linear.x = h;
+        plain.u.linear.prologue = K3_LINEAR_PROLOGUE_NONE;
+        plain.u.linear.norm_weight = NULL;
+        s = run(&plain);
+    }
+    k3_tensor_free(h);
+    return s;
+}
+
 /* Bytes of host scratch, overflow-checked by the caller's sizes (all < 2^31 elements). */
 #define TILE_ELEMS ((int64_t)1 << 22)
 
 static k3_status run_blas(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_blas);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
     int64_t M = x->size[0], K = w->size[1], N = w->size[0];
@@ -262,6 +289,7 @@ const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, suppor
  * silu_mul prologue, of products with h, itself rounded as silu_mul rounds it). */
 static k3_status run_reference(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_reference);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
     int64_t M = x->size[0], K = w->size[1], N = w->size[0];
@@ -319,6 +347,7 @@ DEFINE_BI_ROW(bi_row_f64, double, fma)
 
 static k3_status run_batch_invariant(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_batch_invariant);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
     int64_t M = x->size[0], K = w->size[1], N = w->size[0];

@@ -96,10 +96,12 @@ int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn)
  * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what);
-/* Field 'prologue' of the options table at idx (0: no table): nil gives
- * K3_LINEAR_PROLOGUE_NONE, "silu_mul" K3_LINEAR_PROLOGUE_SILU_MUL; anything else raises
- * "field 'prologue' must be \"silu_mul\" or nil; got ..." (lib/lua/ops.c). */
-k3_linear_prologue k3l_prologue_field(lua_State *L, int idx, int argn);
+/* The linear prologue of the options table at idx (0: no table; lib/lua/ops.c): field
+ * 'prologue' nil (none), "silu_mul" or "rms_norm" (then 'norm_weight', a tensor, and 'eps', a
+ * number, default 1e-5); anything else raises "field 'prologue' must be \"silu_mul\",
+ * \"rms_norm\" or nil; got ...", and 'eps' without "rms_norm" raises too. The norm_weight
+ * tensor stays referenced by the table. */
+k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn);
 /* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
  * allow_neg, for view's -1). Returns n. */
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);

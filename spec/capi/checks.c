@@ -308,6 +308,14 @@ int main(void) {
     CASE("linear K mismatch", k3_linear(&v, a, w14, NULL, NULL, NULL, NULL));
     k3_tensor_free(w14);
     CASE("linear bias", k3_linear(&v, a, a, w, NULL, NULL, NULL));
+    {
+        k3_linear_prologue_args silu = {K3_LINEAR_PROLOGUE_SILU_MUL, NULL, 0};
+        k3_linear_prologue_args bad = {(k3_linear_prologue)7, NULL, 0};
+        k3_linear_prologue_args rms = {K3_LINEAR_PROLOGUE_RMS_NORM, w, 1e-5};
+        CASE("linear prologue silu_mul K", k3_linear_with_prologue(&v, a, a, NULL, NULL, &silu, NULL, NULL));
+        CASE("linear prologue value", k3_linear_with_prologue(&v, a, a, NULL, NULL, &bad, NULL, NULL));
+        CASE("linear prologue rms_norm weight", k3_linear_with_prologue(&v, a, a, NULL, NULL, &rms, NULL, NULL));
+    }
     CASE("rms_norm w", k3_rms_norm(&v, a, w, 1e-5, NULL, NULL));
     CASE("silu_mul odd", k3_silu_mul(&v, a, NULL, NULL));
     if (k3_tensor_empty(&x, 0, NULL, f32, cpu) != K3_OK) return 1;
