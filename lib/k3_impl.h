@@ -244,6 +244,7 @@ typedef struct k3_reduce_plan {
     int64_t outer_istride[K3_MAX_DIMS]; /* indices' strides (0 when there are none) */
     int64_t inner_size[K3_MAX_DIMS], inner_xstride[K3_MAX_DIMS];
     int64_t outer_n, inner_n; /* how many outputs, how many elements each reduces */
+    int64_t chunks;           /* lane groups per output (K3_REDUCE_CHUNK, k3.h) */
 } k3_reduce_plan;
 K3_API void k3_reduce_plan_init(k3_reduce_plan *p, const k3_reduce_args *a);
 

@@ -34,6 +34,9 @@ void k3_reduce_plan_init(k3_reduce_plan *p, const k3_reduce_args *a) {
     for (int k = 0; k < p->inner_ndim; k++) p->inner_n *= p->inner_size[k];
     /* An empty x gives no outputs (an empty kept dim: outer_n = 0) or outputs over nothing
      * (inner_n = 0; the walk over the inner dims is then never started). */
+    p->chunks = p->inner_n / K3_REDUCE_CHUNK;
+    if (p->chunks < 1) p->chunks = 1;
+    if (p->chunks > K3_REDUCE_MAX_CHUNKS) p->chunks = K3_REDUCE_MAX_CHUNKS;
 }
 
 /* The row-major offsets of a walk over `nd` dims, advanced one element at a time. */
@@ -78,19 +81,37 @@ static void outer_offsets(const k3_reduce_plan *p, int64_t o, int64_t *xo, int64
     }
 }
 
-/* The lanes combined as the CUDA kernel's warps do (k3.h, K3_REDUCE_LANES). */
+/* The 256 lanes at v combined as a CUDA CTA's warps do (k3.h, K3_REDUCE_LANES). */
 #define LANES K3_REDUCE_LANES
 #define COMBINE_LANES(T, v, total)                                                         \
     do {                                                                                   \
         T w_[32];                                                                          \
         total = 0;                                                                         \
         for (int g_ = 0; g_ < LANES / 32; g_++) {                                          \
-            T *l_ = v + 32 * g_;                                                           \
+            T *l_ = (v) + 32 * g_;                                                         \
             for (int o_ = 16; o_ > 0; o_ >>= 1) {                                          \
                 for (int i_ = 0; i_ < 32; i_++) w_[i_] = l_[i_] + l_[i_ ^ o_];             \
                 memcpy(l_, w_, sizeof w_);                                                 \
             }                                                                              \
             total += l_[0];                                                                \
+        }                                                                                  \
+    } while (0)
+
+/* One output's sum in the order of k3.h over lanes[chunks * 256] (zeroed here). */
+#define SUM_IN_ORDER(T, load, lanes, total)                                                \
+    do {                                                                                   \
+        int64_t nl_ = p.chunks * LANES;                                                    \
+        memset(lanes, 0, (size_t)nl_ * sizeof(T));                                         \
+        int64_t l_ = 0;                                                                    \
+        for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it)) {                           \
+            lanes[l_] += load(xb, dt, xo + it.off);                                        \
+            if (++l_ == nl_) l_ = 0;                                                       \
+        }                                                                                  \
+        total = 0;                                                                         \
+        for (int64_t c_ = 0; c_ < p.chunks; c_++) {                                        \
+            T part_;                                                                       \
+            COMBINE_LANES(T, lanes + c_ * LANES, part_);                                   \
+            total += part_;                                                                \
         }                                                                                  \
     } while (0)
 
@@ -110,25 +131,26 @@ static k3_status run_sum_mean(const k3_op_args *oa) {
     const void *xb = k3_tensor_data(a->x);
     void *ob = k3_tensor_data(a->out);
     k3_dtype dt = a->x->dtype;
+    size_t bytes = (size_t)(p.chunks * LANES) * sizeof(double);
+    void *lanes = k3_host_alloc(bytes);
+    if (!lanes)
+        return k3_error(K3_ENOMEM, "%s: out of host memory (%zu bytes)", k3_op_name(oa->op), bytes);
     for (int64_t o = 0; o < p.outer_n; o++) {
         int64_t xo, oo, io;
         outer_offsets(&p, o, &xo, &oo, &io);
         odometer it;
         if (p.inner_n > 0) odo_start(&it, p.inner_ndim, p.inner_size, p.inner_xstride, 0);
         if (dt == K3_DTYPE_F64) {
-            double v[LANES] = {0}, total;
-            for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it))
-                v[j % LANES] += k3_load_f64(xb, dt, xo + it.off);
-            COMBINE_LANES(double, v, total);
+            double *v = lanes, total;
+            SUM_IN_ORDER(double, k3_load_f64, v, total);
             k3_store_f64(ob, dt, oo, mean ? mean_of(total, p.inner_n) : total);
         } else {
-            float v[LANES] = {0}, total;
-            for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it))
-                v[j % LANES] += k3_load_f32(xb, dt, xo + it.off);
-            COMBINE_LANES(float, v, total);
+            float *v = lanes, total;
+            SUM_IN_ORDER(float, k3_load_f32, v, total);
             k3_store_f32(ob, dt, oo, mean ? mean_of_f32(total, p.inner_n) : total);
         }
     }
+    k3_host_free(lanes, bytes);
     return K3_OK;
 }
 
