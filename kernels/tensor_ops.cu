@@ -1,9 +1,10 @@
 /*
  * tensor_ops.cu — cuda.{abs,exp,sqrt}.generic (one grid-stride kernel, templated over dtype and
  * the function) and cuda.{sum,mean,max,min}.generic (one CTA per lane group of each output,
- * templated over dtype and the reduction), for any strides, zero strides included. Arithmetic in fp32 (fp64 for
- * f64), in the order of lib/cpu/elementwise.c and lib/cpu/reduce.c (K3_REDUCE_LANES, k3.h),
- * so both backends give the same bits for abs, sqrt, sum, mean, max and min.
+ * templated over dtype and the reduction), for any strides, zero strides included. Arithmetic
+ * in fp32 (fp64 for f64), in the order of lib/cpu/elementwise.c and lib/cpu/reduce.c
+ * (K3_REDUCE_LANES, k3.h), so both backends give the same bits for abs, sqrt, sum, mean, max
+ * and min.
  */
 #include "common.cuh"
 
@@ -304,12 +305,17 @@ k3_status run_reduce(const k3_op_args *oa) {
 
 } // namespace
 
-extern "C" const k3_kernel k3_cuda_abs_generic = K3_KERNEL_RECORD(k3_cuda_abs_generic, supports, run_unary);
-extern "C" const k3_kernel k3_cuda_exp_generic = K3_KERNEL_RECORD(k3_cuda_exp_generic, supports, run_unary);
+extern "C" const k3_kernel k3_cuda_abs_generic =
+    K3_KERNEL_RECORD(k3_cuda_abs_generic, supports, run_unary);
+extern "C" const k3_kernel k3_cuda_exp_generic =
+    K3_KERNEL_RECORD(k3_cuda_exp_generic, supports, run_unary);
 extern "C" const k3_kernel k3_cuda_sqrt_generic =
     K3_KERNEL_RECORD(k3_cuda_sqrt_generic, supports, run_unary);
-extern "C" const k3_kernel k3_cuda_sum_generic = K3_KERNEL_RECORD(k3_cuda_sum_generic, supports, run_reduce);
+extern "C" const k3_kernel k3_cuda_sum_generic =
+    K3_KERNEL_RECORD(k3_cuda_sum_generic, supports, run_reduce);
 extern "C" const k3_kernel k3_cuda_mean_generic =
     K3_KERNEL_RECORD(k3_cuda_mean_generic, supports, run_reduce);
-extern "C" const k3_kernel k3_cuda_max_generic = K3_KERNEL_RECORD(k3_cuda_max_generic, supports, run_reduce);
-extern "C" const k3_kernel k3_cuda_min_generic = K3_KERNEL_RECORD(k3_cuda_min_generic, supports, run_reduce);
+extern "C" const k3_kernel k3_cuda_max_generic =
+    K3_KERNEL_RECORD(k3_cuda_max_generic, supports, run_reduce);
+extern "C" const k3_kernel k3_cuda_min_generic =
+    K3_KERNEL_RECORD(k3_cuda_min_generic, supports, run_reduce);

@@ -396,7 +396,9 @@ static k3_status silu_mul_out(const k3_silu_mul_args *a) {
 
 /* ---- abs, exp, sqrt ---------------------------------------------------------------------- */
 
-static k3_status unary_inputs(const char *op, const k3_unary_args *a) { return need(op, "x", a->x); }
+static k3_status unary_inputs(const char *op, const k3_unary_args *a) {
+    return need(op, "x", a->x);
+}
 
 static k3_status unary_out(const char *op, const k3_unary_args *a) {
     K3_TRY(check_out(op, a->out, a->x->ndim, a->x->size, a->x->dtype, k3_tensor_device(a->x)));
@@ -429,8 +431,9 @@ static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool nee
                             "%s: dim %d is out of range for a %d-dim tensor (expected 0..%d or "
                             "-1 for all)",
                             op, a->dim, nd, nd - 1);
-        return k3_error(K3_EINVAL, "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)",
-                        op, k3_based(a->dim, a->base), nd, nd);
+        return k3_error(K3_EINVAL,
+                        "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)", op,
+                        k3_based(a->dim, a->base), nd, nd);
     }
     if (!needs_element) return K3_OK;
     if (a->dim >= 0 && a->x->size[a->dim] == 0)
@@ -438,7 +441,8 @@ static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool nee
                         a->dim + a->base);
     if (a->dim < 0 && k3_tensor_numel(a->x) == 0) {
         char b[DIMS_LEN];
-        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op, shp(b, a->x));
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op,
+                        shp(b, a->x));
     }
     return K3_OK;
 }

@@ -48,6 +48,9 @@ static k3_status run_unary(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_abs_reference = K3_KERNEL_RECORD(k3_cpu_abs_reference, supports, run_unary);
-const k3_kernel k3_cpu_exp_reference = K3_KERNEL_RECORD(k3_cpu_exp_reference, supports, run_unary);
-const k3_kernel k3_cpu_sqrt_reference = K3_KERNEL_RECORD(k3_cpu_sqrt_reference, supports, run_unary);
+const k3_kernel k3_cpu_abs_reference =
+    K3_KERNEL_RECORD(k3_cpu_abs_reference, supports, run_unary);
+const k3_kernel k3_cpu_exp_reference =
+    K3_KERNEL_RECORD(k3_cpu_exp_reference, supports, run_unary);
+const k3_kernel k3_cpu_sqrt_reference =
+    K3_KERNEL_RECORD(k3_cpu_sqrt_reference, supports, run_unary);

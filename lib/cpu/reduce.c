@@ -186,8 +186,11 @@ static k3_status run_max_min(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_sum_reference = K3_KERNEL_RECORD(k3_cpu_sum_reference, supports, run_sum_mean);
+const k3_kernel k3_cpu_sum_reference =
+    K3_KERNEL_RECORD(k3_cpu_sum_reference, supports, run_sum_mean);
 const k3_kernel k3_cpu_mean_reference =
     K3_KERNEL_RECORD(k3_cpu_mean_reference, supports, run_sum_mean);
-const k3_kernel k3_cpu_max_reference = K3_KERNEL_RECORD(k3_cpu_max_reference, supports, run_max_min);
-const k3_kernel k3_cpu_min_reference = K3_KERNEL_RECORD(k3_cpu_min_reference, supports, run_max_min);
+const k3_kernel k3_cpu_max_reference =
+    K3_KERNEL_RECORD(k3_cpu_max_reference, supports, run_max_min);
+const k3_kernel k3_cpu_min_reference =
+    K3_KERNEL_RECORD(k3_cpu_min_reference, supports, run_max_min);

@@ -1,8 +1,8 @@
 /*
- * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res, and the tensor ops k3.abs,
- * k3.exp, k3.sqrt, k3.sum, k3.mean, k3.max, k3.min, also as tensor methods), k3.explain and k3.trace,
- * the state's dispatch data (its compiled policy, its counters: k3.stats), what is registered
- * and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
+ * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res, and the tensor ops
+ * k3.abs, k3.exp, k3.sqrt, k3.sum, k3.mean, k3.max, k3.min, also as tensor methods), k3.explain
+ * and k3.trace, the state's dispatch data (its compiled policy, its counters: k3.stats), what
+ * is registered and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
  * k3.empty_cache, k3.cuda_time.
  */
 #include "k3_lua.h"
@@ -263,8 +263,12 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
 }
 
 /* k3.abs / exp / sqrt(x, {out =, kernel =}) -> y elementwise, also t:abs() ... */
-static int abs_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_abs); }
-static int exp_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_exp); }
+static int abs_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_abs);
+}
+static int exp_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_exp);
+}
 static int sqrt_impl(lua_State *L, int base, int explain) {
     return unary_impl(L, base, explain, k3_sqrt);
 }

@@ -490,9 +490,9 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
                           luaL_typename(L, si));
     /* A Lua integer beyond 2^53 has no double: it is rounded once to the tensor's dtype
      * (k3l_check_value) instead of to a double and then again. */
-    lua_Integer si_v = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
-    double s = (si_v > (1LL << 53) || si_v < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
-                                                           : lua_tonumber(L, si);
+    lua_Integer iv = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
+    double s = (iv > (1LL << 53) || iv < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
+                                                       : lua_tonumber(L, si);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;

@@ -30,7 +30,8 @@ static int check_list(lua_State *L, const k3_tensor ***ts) {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
     if (n < 1) return k3l_arg_error(L, 1, "expected a non-empty list of tensors");
-    if (n > 1 << 20) return k3l_arg_error(L, 1, "at most %d tensors; got %I", 1 << 20, (LUA_INTEGER)n);
+    if (n > 1 << 20)
+        return k3l_arg_error(L, 1, "at most %d tensors; got %I", 1 << 20, (LUA_INTEGER)n);
     *ts = lua_newuserdatauv(L, (size_t)n * sizeof **ts, 0);
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
@@ -88,8 +89,9 @@ static int l_arange(lua_State *L) {
     int opts = trailing_opts(L, 2);
     int nnum = opts ? opts - 1 : lua_gettop(L);
     if (nnum < 1 || nnum > 3)
-        return luaL_error(L, "arange: expected arange(a, b [, step] [, opts]) or arange(b [, opts]); "
-                             "got %d numbers", nnum);
+        return luaL_error(L,
+                          "arange: expected arange(a, b [, step] [, opts]) or arange(b [, opts]); "
+                          "got %d numbers", nnum);
     for (int i = 1; i <= nnum; i++) luaL_checknumber(L, i);
     int ints = 1;
     for (int i = 1; i <= nnum; i++) ints = ints && lua_isinteger(L, i);
@@ -100,7 +102,8 @@ static int l_arange(lua_State *L) {
     if (step == 0) return k3l_arg_error(L, 3, "step must not be zero");
     double count;
     if (ints) {
-        lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0, ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
+        lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0;
+        lua_Integer ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
         lua_Integer is = nnum == 3 ? lua_tointeger(L, 3) : 1;
         /* ceil((b - a) / step) in integers; the difference in double only when it would
          * overflow (beyond 2^63 the count cannot be allocated anyway). */
