@@ -63,8 +63,10 @@ template <class F> k3_status launch_unary(const k3_unary_args *a, F f) {
 
 k3_status supports(const k3_op_args *, char *, size_t) { return K3_OK; }
 
+
 k3_status run_unary(const k3_op_args *oa) {
     const k3_unary_args *a = &oa->u.abs;
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CUDA, "generic"));
     switch (oa->op) {
     case K3_OP_ABS: return launch_unary(a, abs_fn());
     case K3_OP_EXP: return launch_unary(a, exp_fn());
@@ -284,6 +286,7 @@ k3_status launch_max_min(const k3_reduce_args *a, const k3_reduce_plan &p, unsig
 
 k3_status run_reduce(const k3_op_args *oa) {
     const k3_reduce_args *a = &oa->u.sum;
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CUDA, "generic"));
     k3_reduce_plan p;
     k3_reduce_plan_init(&p, a);
     if (p.outer_n == 0) return K3_OK;

@@ -396,6 +396,11 @@ typedef struct k3_op_result {
 k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r);
 k3_status k3_op_check_out(const k3_op_args *a);
 k3_tensor **k3_op_out(k3_op_args *a);
+/* Both checks again, with out required, and the call's device against the kernel's: the entry
+ * check of kernels that take every valid call (the tensor ops' kernels, named
+ * "<device>.<op>.<variant>"), so a kernel called with arguments dispatch never saw still
+ * refuses them in the op's words instead of reading or writing out of bounds. */
+K3_API k3_status k3_op_recheck(const k3_op_args *a, k3_device_type device, const char *variant);
 
 /* A compiled policy (k3.h): candidates are catalogue indices, so the per-call cost is an
  * array lookup. batch_invariant is the policy's batch-invariant mode (k3.h,

@@ -549,4 +549,20 @@ k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r) {
 
 k3_status k3_op_check_out(const k3_op_args *a) { return g_ops[a->op].out(a); }
 
+k3_status k3_op_recheck(const k3_op_args *a, k3_device_type device, const char *variant) {
+    if ((unsigned)a->op >= K3_OP_COUNT)
+        return k3_error(K3_EINTERNAL, "kernel entry: invalid op %d", (int)a->op);
+    const char *op = k3_op_name(a->op);
+    k3_op_result r;
+    K3_TRY(k3_op_check_inputs(a, &r));
+    if (!*k3_op_out((k3_op_args *)a))
+        return k3_error(K3_EINVAL, "%s: out is required at kernel entry", op);
+    K3_TRY(k3_op_check_out(a));
+    if (r.device.type == device) return K3_OK;
+    const char *dn = device == K3_DEVICE_CUDA ? "cuda" : "cpu";
+    char got[32];
+    return k3_error(K3_EDEVICE, "%s: kernel %s.%s.%s runs on %s tensors; got tensors on %s", op,
+                    dn, op, variant, dn, k3_device_name(r.device, got, sizeof got));
+}
+
 k3_tensor **k3_op_out(k3_op_args *a) { return (k3_tensor **)((char *)a + g_ops[a->op].out_offset); }

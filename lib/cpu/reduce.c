@@ -124,6 +124,7 @@ static float mean_of_f32(float total, int64_t n) { return n ? total / (float)n :
 
 /* sum and mean (mean divides in the accumulator, then rounds once). */
 static k3_status run_sum_mean(const k3_op_args *oa) {
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CPU, "reference"));
     const k3_reduce_args *a = &oa->u.sum;
     bool mean = oa->op == K3_OP_MEAN;
     k3_reduce_plan p;
@@ -157,6 +158,7 @@ static k3_status run_sum_mean(const k3_op_args *oa) {
 /* max and min: the first NaN, else the first of the extreme values. Loaded as f64 (exact for
  * every dtype) and stored back unchanged. */
 static k3_status run_max_min(const k3_op_args *oa) {
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CPU, "reference"));
     const k3_reduce_args *a = &oa->u.max;
     bool is_max = oa->op == K3_OP_MAX;
     k3_reduce_plan p;
