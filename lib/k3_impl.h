@@ -237,7 +237,8 @@ typedef struct k3_op_args {
 
 /* The reduction's walk (lib/cpu/reduce.c, kernels/tensor_ops.cu): x seen as [outer, inner],
  * the reduced dims last. outer_* are the kept dims (x's and out's strides), inner_* the
- * reduced dims (x's strides), both row-major; dims of size 1 dropped. */
+ * reduced dims (x's strides), both row-major; dims of size 1 dropped, reduced dims that
+ * continue each other in x merged. */
 typedef struct k3_reduce_plan {
     int outer_ndim, inner_ndim;
     int64_t outer_size[K3_MAX_DIMS], outer_xstride[K3_MAX_DIMS], outer_ostride[K3_MAX_DIMS];

@@ -13,8 +13,17 @@ static void plan_add(k3_reduce_plan *p, const k3_reduce_args *a, int d, int od, 
     const k3_tensor *x = a->x;
     if (x->size[d] == 1) return;
     if (inner) {
-        p->inner_size[p->inner_ndim] = x->size[d];
-        p->inner_xstride[p->inner_ndim++] = x->stride[d];
+        /* A dim that continues the previous one in memory merges with it (the row-major
+         * order of the elements, and so the order of summation, stays the same). */
+        int k = p->inner_ndim;
+        if (k > 0 && p->inner_xstride[k - 1] == x->stride[d] * x->size[d]) {
+            p->inner_size[k - 1] *= x->size[d];
+            p->inner_xstride[k - 1] = x->stride[d];
+            return;
+        }
+        p->inner_size[k] = x->size[d];
+        p->inner_xstride[k] = x->stride[d];
+        p->inner_ndim++;
         return;
     }
     int k = p->outer_ndim++;
