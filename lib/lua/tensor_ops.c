@@ -82,6 +82,26 @@ static int trailing_opts(lua_State *L, int from) {
     return top >= from && lua_istable(L, top) ? top : 0;
 }
 
+/* Pushes arange's n integers a + i * step, each rounded once to dt (k3_int64_to_dtype) where a
+ * double cannot hold them (beyond 2^53): made on the host, then moved to the device. */
+static int arange_integers(lua_State *L, lua_Integer a, lua_Integer step, int64_t n,
+                           k3l_create_opts o) {
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    k3_tensor *h;
+    CHECK_K3_AS(L, "arange", k3_tensor_empty(&h, 1, &n, o.dtype, (k3_device){K3_DEVICE_CPU, 0}));
+    k3_status s = K3_OK;
+    for (int64_t i = 0; i < n && s == K3_OK; i++)
+        s = k3_tensor_set(h, &i, k3_int64_to_dtype((int64_t)(a + (lua_Integer)i * step), o.dtype));
+    if (s == K3_OK && o.device.type == K3_DEVICE_CPU) {
+        u->t = h;
+        return 1;
+    }
+    if (s == K3_OK) K3L_RUN(s, k3_tensor_to(&u->t, h, o.device, o.dtype));
+    k3_tensor_free(h);
+    if (s != K3_OK) return k3l_raise_as(L, "arange");
+    return 1;
+}
+
 /* k3.arange(a, b [, step], opts) or k3.arange(b, opts) -> the 1-dim tensor a, a + step, ...
  * below b (above b for step < 0), half-open as PyTorch: ceil((b - a) / step) elements (exact
  * for integer arguments), element i = a + i * step rounded once; opts {dtype, device}. */
@@ -101,10 +121,11 @@ static int l_arange(lua_State *L) {
         return luaL_error(L, "arange: start, end and step must be finite");
     if (step == 0) return k3l_arg_error(L, 3, "step must not be zero");
     double count;
+    lua_Integer ia = 0, is = 1;
     if (ints) {
-        lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0;
+        ia = nnum >= 2 ? lua_tointeger(L, 1) : 0;
         lua_Integer ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
-        lua_Integer is = nnum == 3 ? lua_tointeger(L, 3) : 1;
+        is = nnum == 3 ? lua_tointeger(L, 3) : 1;
         /* ceil((b - a) / step) in integers; the difference in double only when it would
          * overflow (beyond 2^63 the count cannot be allocated anyway). */
         lua_Integer diff;
@@ -123,6 +144,12 @@ static int l_arange(lua_State *L) {
                           b, a, step);
     if (!(count < 9.2e18)) return luaL_error(L, "arange: too many elements (%f)", count);
     k3l_create_opts o = k3l_check_create_opts(L, opts ? opts : lua_gettop(L) + 1);
+    if (ints && count > 0 && count < 0x1p53) {
+        /* The last element lies between a and b, so a + (n - 1) step does not overflow. */
+        lua_Integer last = ia + (lua_Integer)(count - 1) * is, big = (lua_Integer)1 << 53;
+        if (ia > big || ia < -big || last > big || last < -big)
+            return arange_integers(L, ia, is, (int64_t)count, o);
+    }
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_arange(&u->t, a, step, (int64_t)count, o.dtype, o.device));
     return 1;
