@@ -63,7 +63,6 @@ template <class F> k3_status launch_unary(const k3_unary_args *a, F f) {
 
 k3_status supports(const k3_op_args *, char *, size_t) { return K3_OK; }
 
-
 k3_status run_unary(const k3_op_args *oa) {
     const k3_unary_args *a = &oa->u.abs;
     K3_TRY(k3_op_recheck(oa, K3_DEVICE_CUDA, "generic"));
