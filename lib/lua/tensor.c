@@ -475,7 +475,7 @@ static int m_totable(lua_State *L) {
 
 /* ---- arithmetic ---------------------------------------------------------------------------- */
 
-static int arith(lua_State *L, k3_binop op, const char *name) {
+int k3l_tensor_arith(lua_State *L, k3_binop op, const char *name) {
     k3l_tensor_ud *ua = luaL_testudata(L, 1, K3L_TENSOR_MT), *ub = luaL_testudata(L, 2, K3L_TENSOR_MT);
     if (ua && ub) {
         k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
@@ -497,10 +497,9 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;
 }
-static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
-static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
-static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
-static int t_div(lua_State *L) { return arith(L, K3_DIV, "divide"); }
+static int t_add(lua_State *L) { return k3l_tensor_arith(L, K3_ADD, "add"); }
+static int t_sub(lua_State *L) { return k3l_tensor_arith(L, K3_SUB, "subtract"); }
+static int t_mul(lua_State *L) { return k3l_tensor_arith(L, K3_MUL, "multiply"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
@@ -566,7 +565,7 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {"__div", t_div}, {NULL, NULL}};
+    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {
     {"empty", l_empty},   {"zeros", l_zeros},   {"ones", l_ones},

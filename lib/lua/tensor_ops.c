@@ -1,8 +1,8 @@
 /*
- * tensor_ops.c — the binding's tensor functions that make new tensors from others: dtype
- * conversions (t:float(), t:double(), t:bf16(), t:half()), k3.cat, k3.stack, k3.arange,
- * k3.linspace and k3.equal; and the registration of every tensor-op method (with the
- * catalogue's elementwise and reduction ops of ops.c).
+ * tensor_ops.c — the binding's tensor functions that make new tensors from others: t / u,
+ * dtype conversions (t:float(), t:double(), t:bf16(), t:half()), k3.cat, k3.stack, k3.arange,
+ * k3.linspace and k3.equal; and the registration of every tensor-op method and metamethod
+ * (with the catalogue's elementwise and reduction ops of ops.c).
  */
 #include "k3_lua.h"
 
@@ -179,11 +179,16 @@ static int l_equal(lua_State *L) {
 
 /* ---- registration ---------------------------------------------------------------------------- */
 
+/* t / u, t / s, s / t: elementwise division, each quotient rounded once (k3_tensor_binary). */
+static int t_div(lua_State *L) { return k3l_tensor_arith(L, K3_DIV, "divide"); }
+
 void k3l_add_tensor_op_methods(lua_State *L) {
     static const luaL_Reg methods[] = {{"float", m_float}, {"double", m_double}, {"bf16", m_bf16},
                                        {"half", m_half},   {NULL, NULL}};
     luaL_setfuncs(L, methods, 0);
     k3l_add_op_methods(L);
+    lua_pushcfunction(L, t_div);
+    lua_setfield(L, -3, "__div"); /* the metatable, below the methods table */
 }
 
 void k3l_open_tensor_ops(lua_State *L) {
