@@ -185,3 +185,28 @@ void k3_convert_to_f32(float *dst, const void *src, k3_dtype dt, int64_t n) {
         break;
     }
 }
+
+/* ---- FP8 (OCP 8-bit floating point, v1.0, 2023) -------------------------------------------- */
+
+/* E4M3: sign, 4 exponent bits (bias 7), 3 mantissa bits. No infinities: S.1111.111 (0x7F,
+ * 0xFF) is the only NaN, so S.1111.000..110 are finite (the largest 448). Exponent 0 is
+ * subnormal: m/8 * 2^-6. */
+double k3_f8e4m3_to_f64(uint8_t v) {
+    int e = (v >> 3) & 0xF, m = v & 0x7;
+    double mag;
+    if (e == 0xF && m == 0x7) mag = NAN;
+    else if (e == 0) mag = ldexp((double)m, -9);
+    else mag = ldexp((double)(8 + m), e - 10);
+    return (v & 0x80) ? -mag : mag;
+}
+
+/* E5M2: sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-754-like: exponent 31 is
+ * infinity (m = 0) or NaN (m != 0); exponent 0 is subnormal: m/4 * 2^-14. */
+double k3_f8e5m2_to_f64(uint8_t v) {
+    int e = (v >> 2) & 0x1F, m = v & 0x3;
+    double mag;
+    if (e == 0x1F) mag = m ? NAN : INFINITY;
+    else if (e == 0) mag = ldexp((double)m, -16);
+    else mag = ldexp((double)(4 + m), e - 17);
+    return (v & 0x80) ? -mag : mag;
+}

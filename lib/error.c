@@ -210,10 +210,21 @@ k3_status k3_set_allocator(k3_alloc_fn fn, void *ud) {
     return K3_OK;
 }
 
+/* k3_memory's host counters: bytes as callers asked for them (n, or 1 for n = 0). */
+static uint64_t host_bytes, host_peak; /* __atomic */
+
 void *k3_host_alloc(size_t n) {
     /* A zero-size request still returns a unique pointer so callers need no special case. */
     void *p = alloc_fn(alloc_ud, NULL, 0, n ? n : 1);
-    if (p) __atomic_add_fetch(&live_allocations, 1, __ATOMIC_ACQ_REL);
+    if (p) {
+        __atomic_add_fetch(&live_allocations, 1, __ATOMIC_ACQ_REL);
+        uint64_t now = __atomic_add_fetch(&host_bytes, (uint64_t)(n ? n : 1), __ATOMIC_ACQ_REL);
+        uint64_t peak = __atomic_load_n(&host_peak, __ATOMIC_ACQUIRE);
+        while (now > peak &&
+               !__atomic_compare_exchange_n(&host_peak, &peak, now, true, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+        }
+    }
     return p;
 }
 
@@ -229,4 +240,15 @@ void k3_host_free(void *p, size_t n) {
     if (!p) return;
     alloc_fn(alloc_ud, p, n ? n : 1, 0);
     __atomic_sub_fetch(&live_allocations, 1, __ATOMIC_ACQ_REL);
+    __atomic_sub_fetch(&host_bytes, (uint64_t)(n ? n : 1), __ATOMIC_ACQ_REL);
+}
+
+void k3_host_memory(uint64_t *bytes, uint64_t *peak, uint64_t *allocations) {
+    *bytes = __atomic_load_n(&host_bytes, __ATOMIC_ACQUIRE);
+    *peak = __atomic_load_n(&host_peak, __ATOMIC_ACQUIRE);
+    *allocations = (uint64_t)__atomic_load_n(&live_allocations, __ATOMIC_ACQUIRE);
+}
+
+void k3_host_memory_reset_peak(void) {
+    __atomic_store_n(&host_peak, __atomic_load_n(&host_bytes, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
 }

@@ -132,6 +132,13 @@ K3_API uint16_t k3_f64_to_f16(double x);
  * would round twice: 2^55 + 2^31 + 1 gives 2^55 + 2^31 as a double, then 2^55 in f32 (a tie
  * to even), where rounding once gives 2^55 + 2^32. Beyond f16's range the result is inf. */
 K3_API double k3_int64_to_dtype(int64_t v, k3_dtype dt);
+/* The exact value of an 8-bit float code, as the OCP 8-bit floating point specification (v1.0)
+ * defines it. E4M3 (bias 7, 3 mantissa bits) has no infinities; 0x7F and 0xFF are NaN, 448 the
+ * largest finite value. E5M2 (bias 15, 2 mantissa bits) follows IEEE-754: infinities at 0x7C
+ * and 0xFC, NaN above them. Both are exact in bf16, f16, f32 and f64 (k3 has no FP8 tensors:
+ * safetensors files holding F8_E4M3 or F8_E5M2 load through these). */
+K3_API double k3_f8e4m3_to_f64(uint8_t v);
+K3_API double k3_f8e5m2_to_f64(uint8_t v);
 
 /* ---- tensors ------------------------------------------------------------------------- */
 
@@ -218,6 +225,24 @@ K3_API k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1
  * -1 (inferred). shape may be NULL only when ndim is 0. */
 K3_API k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                                 const int64_t *shape);
+/* Reshape, permute, squeeze, unsqueeze (the Torch7/PyTorch forms; 0-based dims):
+ *  - reshape: t's elements in row-major order in a new shape (one size may be -1); a view when
+ *    t's strides allow one (PyTorch's view rule: dims may be split or merged only where they
+ *    are contiguous with one another), else a contiguous copy (K3_ENOMEM/K3_EDEVICE as
+ *    k3_tensor_empty, named "reshape:"). Element-count mismatch is K3_ESHAPE ("reshape: shape
+ *    [4, 2] has 8 elements; tensor has 6").
+ *  - permute: dims[i] is the dim of t that becomes dim i; a permutation of 0..ndim-1, else
+ *    K3_ESHAPE ("permute: dim 2 appears twice (positions 1 and 2)").
+ *  - squeeze: drops dim d when its size is 1 (a no-op for another size), or every size-1 dim
+ *    when d is -1.
+ *  - unsqueeze: a new size-1 dim at position d (0..ndim); K3_ESHAPE for a K3_MAX_DIMS-dim t.
+ * Each but reshape's copy shares t's storage. */
+K3_API k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int64_t *shape);
+K3_API k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int *dims);
+K3_API k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d);
+K3_API k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d);
 /* Broadcast size-1 dims (and new leading dims) to shape with stride 0. shape may be NULL
  * only when ndim is 0. */
 K3_API k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,
@@ -325,6 +350,22 @@ K3_API k3_status k3_cuda_arch(int device, char *buf, size_t n);
 /* Releases cached device memory back to the driver (no-op without CUDA). */
 K3_API k3_status k3_empty_cache(void);
 
+/* ---- memory counters (lib/error.c, lib/tensor.c) ---------------------------------------- */
+
+/* Process-wide counters of what k3 holds now. host_bytes: every live host allocation k3 made
+ * through its allocator (tensor storage, handles, scratch, parsed headers), in the sizes it
+ * asked for; host_peak: the most host_bytes reached since the process started or the last
+ * k3_memory_reset_peak; device_bytes: live device tensor storage, as tensors requested it (the
+ * backend's caching allocator rounds up and keeps freed blocks: the driver sees more).
+ * host_allocations / device_allocations count live allocations. */
+typedef struct k3_memory_stats {
+    uint64_t host_bytes, host_peak, host_allocations;
+    uint64_t device_bytes, device_peak, device_allocations;
+} k3_memory_stats;
+K3_API void k3_memory(k3_memory_stats *out); /* out NULL: no-op */
+/* Sets host_peak and device_peak to the current host_bytes and device_bytes. */
+K3_API void k3_memory_reset_peak(void);
+
 /* A compiled policy: per op, the ordered candidate kernels, what a layout mismatch does,
  * and the batch-invariant mode of the calls made with it. k3_policy_new gives the built-in
  * default (see lua/k3/policy/default.lua) with batch-invariant mode set to the process
@@ -385,6 +426,7 @@ typedef struct k3_dispatch {
     char chosen[64]; /* "" when nothing was chosen */
     int ndeclined;
     k3_decline declined[K3_MAX_DECLINES];
+    int captured; /* 1: made while a CUDA graph was being captured (k3_graph_capture) */
 } k3_dispatch;
 
 /* Per-call options of every op; a NULL k3_call means all defaults. */
@@ -422,6 +464,25 @@ K3_API int k3_batch_invariant(void);
 K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
+
+/* What a linear computes from x before the product (k3_linear_with_prologue).
+ * K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K], gate | up halves as k3_silu_mul takes it, and the
+ * product's left operand is h[M, K] = silu(x[:, :K]) * x[:, K:], each element computed and
+ * rounded to x's dtype exactly as k3_silu_mul computes it, so the fused call gives the bits of
+ * k3_silu_mul followed by k3_linear on every kernel (the SwiGLU MLP's down projection). */
+typedef enum k3_linear_prologue {
+    K3_LINEAR_PROLOGUE_NONE = 0,
+    K3_LINEAR_PROLOGUE_SILU_MUL = 1,
+} k3_linear_prologue;
+/* k3_linear with a prologue: y[M,N] = h w[N,K]^T (+ bias) (+ residual), h as above. With
+ * SILU_MUL, x must be [M, 2K] against w [N, K] (K3_ESHAPE "linear: x dim 2 (10) must be
+ * 2 * w dim 2 (4) = 8 for prologue silu_mul", dims counted as the caller counts them) and have
+ * unit stride in its last dim (K3_ELAYOUT); a prologue value out of range is K3_EINVAL. A
+ * kernel that cannot apply it declines with a reason and dispatch goes on to the next. */
+K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                         const k3_tensor *bias, const k3_tensor *residual,
+                                         k3_linear_prologue prologue, k3_tensor *out,
+                                         const k3_call *call);
 
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
@@ -581,13 +642,21 @@ K3_API void k3_method_free(k3_method *m);
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
+/* k3_method_apply with a prologue (k3_linear_with_prologue): the plan is looked up by x's M,
+ * and the planned kernel and the owned default method's candidates all get the prologue. */
+K3_API k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y,
+                                               const k3_tensor *x, const k3_tensor *w,
+                                               const k3_tensor *bias, const k3_tensor *residual,
+                                               k3_linear_prologue prologue, k3_tensor *out,
+                                               const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 
 /* Process-wide totals: calls each kernel served and declines each (kernel, reason) caused, by
  * every caller in the process (C calls and every lua_State), since load or the last
- * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
- * (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
+ * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count), "captured" (the
+ * calls of that kernel that were captured into a CUDA graph, also counted under "kernel") or
+ * "decline" (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
  * k3.stats_reset() see and clear only that state's own counters, never these totals. */
 typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
 K3_API void k3_stats(k3_stats_fn fn, void *ud); /* fn NULL: nothing is called */
@@ -623,42 +692,145 @@ typedef struct k3_time_result {
 K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
                               k3_time_result *out);
 
+/* ---- CUDA graphs (lib/graph.c, kernels/graph.cu) --------------------------------------------- */
+
+/* A captured sequence of device work: everything fn dispatches on this thread's stream of one
+ * CUDA device, recorded once into a CUDA graph and replayed any number of times. Tensors used
+ * inside are static: the graph reads and writes the same memory on every replay, so a caller
+ * fills the inputs (k3_tensor_copy into them) before k3_graph_replay and reads the outputs
+ * after it. What cannot be captured is refused while capturing, with K3_EINVAL naming it, and
+ * never reaches CUDA: a host synchronisation (k3_synchronize, k3_empty_cache, a copy to or from
+ * the host, an element read, k3_tensor_mark_static's first mark), a copy between two devices,
+ * an op, copy, fill or arithmetic on CPU tensors, and a device allocation that the caching
+ * allocator cannot serve from blocks it held before the capture (it never calls cudaMalloc
+ * while capturing: "cuda:0: allocating 28.00 KiB while a CUDA graph is being captured: ...").
+ * The warmup calls fill that cache: blocks fn allocated and freed there serve the capture.
+ * Every storage a captured op, copy, fill or arithmetic touches is held by the graph until
+ * k3_graph_free: after the capture, freeing its tensors (k3_tensor_free, k3_tensor_release)
+ * keeps that memory for the replays (k3_tensor_release still marks the views freed). A tensor
+ * released during the capture (an intermediate fn frees once consumed) gives its memory to
+ * later work of the same capture only, as do the kernels' temporaries: such blocks are the
+ * graph's until it is freed, never handed to other work. Dispatch records made while capturing have k3_dispatch.captured set and are counted
+ * under the kind "captured" as well (k3_stats). Replays of one graph must not overlap (replay
+ * it from one thread); the kernels launch with programmatic dependent launch, so a replay
+ * runs them back to back. */
+typedef struct k3_graph k3_graph;
+/* The captured function: returns K3_OK, or a status (with k3_error's message) that ends the
+ * capture and is returned by k3_graph_capture unchanged. */
+typedef k3_status (*k3_graph_fn)(void *ud);
+typedef struct k3_graph_options {
+    int device; /* the CUDA device whose stream is captured (default 0) */
+    int warmup; /* eager calls of fn before the capture, then k3_synchronize (default 0) */
+} k3_graph_options;
+/* Captures fn into *out (o NULL: device 0, no warmup). On any error *out is NULL, the capture
+ * is ended and discarded (the stream is usable: eager work runs), and the status is fn's
+ * own, a refusal's, or K3_ECUDA when CUDA invalidated the capture. Errors: K3_EINVAL (out or
+ * fn NULL: "graph_capture: fn is NULL"; a capture already in progress on this thread:
+ * "graph_capture: a CUDA graph is already being captured on this thread"; warmup < 0),
+ * K3_EDEVICE ("graph_capture: needs a CUDA device: <reason>", or no such device), K3_ENOMEM,
+ * K3_ECUDA. */
+K3_API k3_status k3_graph_capture(k3_graph **out, k3_graph_fn fn, void *ud,
+                                  const k3_graph_options *o);
+/* Launches the graph once on this thread's stream of its device (asynchronous, like the ops).
+ * Errors: K3_EINVAL (g NULL, or called while this thread is capturing), K3_ECUDA. */
+K3_API k3_status k3_graph_replay(k3_graph *g);
+/* Destroys the graph and drops its hold on every storage (memory whose tensors were freed is
+ * released then). A replay still running completes first (stream order). NULL: no-op. Called
+ * while this thread captures another graph, the destruction waits until that capture ends. */
+K3_API void k3_graph_free(k3_graph *g);
+/* The graph's kernel nodes (cuBLAS's kernels included), storages held, and device. */
+K3_API int k3_graph_kernels(const k3_graph *g);
+K3_API int k3_graph_tensors(const k3_graph *g);
+K3_API int k3_graph_device(const k3_graph *g);
+/* 1 while this thread is inside k3_graph_capture's capture (not its warmup), else 0. */
+K3_API int k3_graph_capturing(void);
+
 /* ---- safetensors files (lib/safetensors.c) -------------------------------------------------- */
 
-/* A loaded safetensors file: its tensors, in header order, each a contiguous CPU tensor
- * holding a copy of the file's data (the file is closed when load returns). The header
- * (cJSON) is validated before any data is read: header length (8-byte little-endian, at most
- * the file size - 8 and 100 MB), dtype (BF16, F16, F32, F64), shape (<= K3_MAX_DIMS dims,
- * non-negative integers), data_offsets within the data section and equal to the shape's
- * byte size, ranges tiling the data section without overlap or gap, names unique;
- * "__metadata__" (an object of strings) is accepted and ignored. */
+/* A safetensors checkpoint: one file, or a Hugging Face sharded checkpoint (a directory with
+ * model.safetensors.index.json, or that index file). Headers are parsed with cJSON and
+ * validated before any data is read: header length (8-byte little-endian, at most the file
+ * size - 8 and 100 MB, refused before it is parsed), plain JSON (no byte-order mark, no
+ * trailing bytes but the format's space padding), dtype (one the format names; BF16, F16, F32,
+ * F64, F8_E4M3 and F8_E5M2 load), shape (<= K3_MAX_DIMS dims, integers: "8.0" is refused),
+ * data_offsets within the data section and equal to the shape's byte size, ranges tiling the
+ * data section without overlap or gap, names non-empty valid UTF-8 without NUL and unique
+ * across shards; "__metadata__" must be an object of strings. The memory cJSON will allocate
+ * is estimated from the text and charged to k3's allocator (k3_set_allocator) for the parse,
+ * so a host that caps k3's memory refuses a header it cannot afford (K3_ENOMEM); k3 installs
+ * no cJSON hooks. Files open with O_NONBLOCK and must be regular (a FIFO is refused, never
+ * waited on). Data is copied from a read-only mapping (mmap) of each shard, made for the call
+ * that reads it and released before that call returns. */
 typedef struct k3_safetensors k3_safetensors;
 
-/* Loads `path`. *out (owned by the caller, free with k3_safetensors_free) is NULL on error.
- * path or out NULL: K3_EINVAL ("safetensors_load: path is NULL").
- * Errors: K3_EIO (cannot open/read, or the file shrank while reading), K3_EFORMAT (any
- * malformed field; the message names the file, the tensor and the problem, e.g.
- * `safetensors: w.st: tensor "a": data_offsets [0, 64] out of range: the data section
+/* Opens `path` (a file; a directory holding model.safetensors.index.json or model.safetensors;
+ * or a path ending in ".json", an index) and reads every header; no data. For an index the
+ * tensors are exactly its weight_map's, each in the shard it names (shard names are relative
+ * paths inside the index's directory). *out (free with k3_safetensors_free) is NULL on error.
+ * Errors: K3_EINVAL (NULL arguments), K3_EIO (cannot open or read, not a regular file),
+ * K3_EFORMAT (any malformed field; the message names the file, the tensor and the problem,
+ * e.g. `safetensors: w.st: tensor "a": data_offsets [0, 64] out of range: the data section
  * holds 32 bytes`), K3_ENOMEM. */
+K3_API k3_status k3_safetensors_open(const char *path, k3_safetensors **out);
+
+/* How k3_safetensors_read makes tensors: on `device` (default CPU), and in `dtype` when
+ * `convert` is set, else in the file's dtype (F8_E4M3 / F8_E5M2: bf16). FP8 codes become their
+ * exact values (k3_f8e4m3_to_f64), unscaled. */
+typedef struct k3_safetensors_read_opts {
+    k3_device device;
+    int convert;
+    k3_dtype dtype;
+} k3_safetensors_read_opts;
+/* Reads tensors which[0..n) (entry indices; n < 0: every tensor) into st (k3_safetensors_tensor
+ * hands them out; a tensor read again replaces the earlier one). opts NULL: CPU, file dtypes.
+ * A picked tensor whose dtype k3 cannot hold (I64, BOOL, ...) is refused before any data is
+ * read: "safetensors: m.st: tensor "ids": dtype I64 is not loadable (...)" (K3_EFORMAT). A file
+ * whose size changed since open is K3_EIO. */
+K3_API k3_status k3_safetensors_read(k3_safetensors *st, int n, const int *which,
+                                     const k3_safetensors_read_opts *opts);
+/* k3_safetensors_open, then every tensor read to the CPU in its file's dtype. */
 K3_API k3_status k3_safetensors_load(const char *path, k3_safetensors **out);
 /* Number of tensors (0 for NULL). */
 K3_API int k3_safetensors_count(const k3_safetensors *st);
 /* Name of tensor i (0-based), owned by st; NULL when i is out of range. */
 K3_API const char *k3_safetensors_name(const k3_safetensors *st, int i);
+/* Index of the tensor called name, or -1. */
+K3_API int k3_safetensors_find(const k3_safetensors *st, const char *name);
+/* What the header says of tensor i (strings owned by st): dtype as the file names it ("BF16",
+ * "F8_E4M3"), shape, the file holding it relative to the directory given (the shard's name in
+ * the index; for a single file, its base name), and whether k3 can load that dtype. */
+typedef struct k3_safetensors_entry {
+    const char *name, *dtype, *file;
+    int ndim;
+    int64_t shape[K3_MAX_DIMS];
+    int loadable;
+} k3_safetensors_entry;
+K3_API k3_status k3_safetensors_describe(const k3_safetensors *st, int i, k3_safetensors_entry *out);
+/* The metadata: a file's "__metadata__", or an index's "metadata" (its numbers written as
+ * decimal text). Strings owned by st. */
+K3_API int k3_safetensors_metadata_count(const k3_safetensors *st);
+K3_API k3_status k3_safetensors_metadata(const k3_safetensors *st, int i, const char **key,
+                                         const char **value);
 /* *out = a new handle (one more storage reference, the caller frees it) on tensor i.
- * K3_EINVAL when i is out of range or st or out is NULL. The tensor outlives st. */
+ * K3_EINVAL when i is out of range, the tensor was not read, or st or out is NULL. The tensor
+ * outlives st. */
 K3_API k3_status k3_safetensors_tensor(const k3_safetensors *st, int i, k3_tensor **out);
-/* Frees the file handle and its references; tensors handed out stay valid. NULL: no-op. */
+/* Frees the handle and its references; tensors handed out stay valid. NULL: no-op. */
 K3_API void k3_safetensors_free(k3_safetensors *st);
 /* Writes n tensors (any dtype, device, strides: non-contiguous and device tensors are copied
- * through k3_tensor_to) as contiguous little-endian data, sorted by name, with
- * {"__metadata__": {"format": "pt"}}. The file is written beside `path` and renamed into
- * place, so a failure leaves no partial file. Names must be non-empty, unique and not
- * "__metadata__" (K3_EINVAL); path NULL, names or tensors NULL with n > 0, or a NULL
- * names[i] or tensors[i] is K3_EINVAL ("safetensors_save: tensors[2] ("w") is NULL"); a
- * freed tensor is K3_EFREED; write failures K3_EIO, naming `path` as passed (never the
- * temporary file alone): "safetensors_save: /no/dir/x.st: cannot open for writing: No such
- * file or directory". */
+ * through k3_tensor_to) as contiguous little-endian data, sorted by name, with a cJSON header
+ * whose "__metadata__" is {"format": "pt"} plus the nmeta keys[i] = values[i] (sorted; a key
+ * "format" replaces the default). The file is written beside `path` and renamed into place, so
+ * a failure leaves no partial file. Names must be non-empty valid UTF-8, unique and not
+ * "__metadata__"; metadata keys likewise, values valid UTF-8 (K3_EINVAL); path NULL, names or
+ * tensors NULL with n > 0, or a NULL names[i] or tensors[i] is K3_EINVAL
+ * ("safetensors_save: tensors[2] ("w") is NULL"); a freed tensor is K3_EFREED; write failures
+ * K3_EIO, naming `path` as passed (never the temporary file alone): "safetensors_save:
+ * /no/dir/x.st: cannot open for writing: No such file or directory". */
+K3_API k3_status k3_safetensors_save_metadata(const char *path, int n, const char *const *names,
+                                              const k3_tensor *const *tensors, int nmeta,
+                                              const char *const *keys, const char *const *values);
+/* k3_safetensors_save_metadata without metadata of the caller's. */
 K3_API k3_status k3_safetensors_save(const char *path, int n, const char *const *names,
                                      const k3_tensor *const *tensors);
 

@@ -69,6 +69,21 @@ K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud)
 K3_API const char *k3_config_warnings_take(void);
 K3_API int k3_log_hook_set(void);
 
+/* ---- memory pressure (lib/tensor.c) -------------------------------------------------------- */
+
+/* Bytes of tensor storage (host and device) this thread has allocated since they were last
+ * taken, when they reach at_least (the count then restarts from 0), else 0 (the count is kept).
+ * A front end with a garbage collector reports them to it, so that a loop of temporary tensors
+ * is collected at the pace it allocates (the Lua binding: lua_gc LUA_GCSTEP). */
+K3_API uint64_t k3_take_allocated_bytes(uint64_t at_least);
+/* This thread's device-pressure hook: when a device storage allocation fails with K3_ENOMEM and
+ * the device's stream is not being captured into a CUDA graph, k3 calls fn(ud) once (the Lua
+ * binding runs a full collection, whose finalizers free unreachable tensors) and retries the
+ * allocation once. fn must not raise or longjmp. Returns the previous hook (and *prev_ud its
+ * ud) so a caller can restore it; fn NULL removes the hook. */
+typedef void (*k3_pressure_fn)(void *ud);
+K3_API k3_pressure_fn k3_set_pressure_hook(k3_pressure_fn fn, void *ud, void **prev_ud);
+
 #ifdef __cplusplus
 }
 #endif

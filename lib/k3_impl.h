@@ -30,7 +30,13 @@ typedef struct k3_storage {
     int released; /* __atomic; 1 once the memory is released */
     int is_static; /* __atomic; 1 once k3_tensor_mark_static marked it: writes are refused */
     char static_owner[64]; /* who marked it (set before is_static) */
+    int graph_holds; /* __atomic; captured CUDA graphs holding it (lib/graph.c): while > 0,
+                      * k3_tensor_release marks it released but keeps its memory */
 } k3_storage;
+
+/* Frees s's memory now (once: data becomes NULL); the storage record stays with its
+ * references. */
+void k3_storage_release_memory(k3_storage *s);
 
 /* k3_tensor_mark_static without the wait for queued device work (t checked by the caller; the
  * skinny kernel marks the weights of a static-weights plan with it). */
@@ -80,6 +86,9 @@ K3_API void k3_log(k3_log_level level, const char *fmt, ...) __attribute__((form
 K3_API void *k3_host_alloc(size_t n);            /* NULL on failure (caller reports K3_ENOMEM) */
 K3_API void *k3_host_calloc(size_t count, size_t size); /* overflow-checked, zeroed */
 K3_API void k3_host_free(void *p, size_t n);     /* n is the size given at allocation */
+/* The host half of k3_memory (lib/error.c): live bytes, peak, live allocations; and its reset. */
+void k3_host_memory(uint64_t *bytes, uint64_t *peak, uint64_t *allocations);
+void k3_host_memory_reset_peak(void);
 
 /* ---- checked size arithmetic ----------------------------------------------------------- */
 
@@ -176,6 +185,10 @@ typedef struct k3_linear_args {
     const k3_skinny_config *config; /* only cuda.linear.skinny reads it; may be NULL */
     bool batch_invariant;           /* reduce each row in one fixed order, independent of M */
     int base;                       /* dims in messages count from it ("message numbering") */
+    /* K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K] and the product's left operand is
+     * silu(x[:, :K]) * x[:, K:] rounded to x's dtype (k3.h); every linear kernel applies it
+     * or declines. K is always w's dim 1. */
+    k3_linear_prologue prologue;
 } k3_linear_args;
 
 /* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
@@ -294,7 +307,7 @@ typedef struct k3_kernel {
 
 /* ---- the CUDA backend's table (libk3_cuda.so) ------------------------------------------------ */
 
-#define K3_BACKEND_ABI 2
+#define K3_BACKEND_ABI 3
 
 typedef struct k3_backend {
     int abi;              /* K3_BACKEND_ABI the backend was built with */
@@ -330,6 +343,11 @@ typedef struct k3_backend {
     k3_status (*graph_end)(int dev, void **graph);
     k3_status (*graph_replay)(void *graph, int n);
     void (*graph_free)(void *graph);
+    /* Ends this thread's capture on `dev` and discards it, whatever state CUDA left it in
+     * (every error path of a capture; the stream is usable after it). */
+    void (*graph_abandon)(int dev);
+    /* Kernel nodes of a graph made by graph_end. */
+    int (*graph_kernels)(void *graph);
     /* Tensor parallelism (kernels/dist.cu; filled by k3c_dist_fill). NCCL is loaded with
      * dlopen on first use; NULL entries (a backend built without nccl.h) make k3_dist_init
      * fail with a reason. One communicator per process, on device `dev`; every wait is bounded by
@@ -344,6 +362,9 @@ typedef struct k3_backend {
     k3_status (*dist_synchronize)(void);
     k3_status (*dist_destroy)(int abort);
     k3_status (*dist_stats)(k3_dist_stats *out, int reset);
+    /* 1 while this thread's stream of `dev` is being captured into a CUDA graph (nothing may be
+     * freed to make room then), else 0. */
+    int (*capturing)(int dev);
 } k3_backend;
 #define K3_DIST_INTERNAL 0x100
 
@@ -438,9 +459,19 @@ K3_API k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *c
                                   const k3_dispatch_ext *ext);
 /* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
-                               const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
-                               const k3_call *call, const k3_skinny_config *config,
-                               const k3_dispatch_ext *ext);
+                               const k3_tensor *bias, const k3_tensor *residual,
+                               k3_linear_prologue prologue, k3_tensor *out, const k3_call *call,
+                               const k3_skinny_config *config, const k3_dispatch_ext *ext);
+
+/* ---- CUDA graph capture (lib/graph.c) ------------------------------------------------------ */
+/* While this thread captures (k3_graph_capturing()), what cannot be captured is refused here
+ * before it reaches CUDA, and what the captured work touches is held by the graph. Each is
+ * K3_OK and does nothing outside a capture. k3_graph_refuse: K3_EINVAL "<op>: <what> cannot be
+ * captured into a CUDA graph ..."; k3_graph_note: the graph holds t's storage (K3_ENOMEM);
+ * k3_graph_note_op: refuses a CPU op (device) and notes every tensor of a. */
+k3_status k3_graph_refuse(const char *op, const char *what);
+k3_status k3_graph_note(const k3_tensor *t);
+k3_status k3_graph_note_op(const k3_op_args *a, k3_device device);
 
 /* ---- core functions the CUDA backend calls ---------------------------------------------- */
 /* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these

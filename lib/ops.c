@@ -8,20 +8,29 @@
 #include <string.h>
 
 k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
-                        const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
-                        const k3_call *call, const k3_skinny_config *config,
-                        const k3_dispatch_ext *ext) {
+                        const k3_tensor *bias, const k3_tensor *residual,
+                        k3_linear_prologue prologue, k3_tensor *out, const k3_call *call,
+                        const k3_skinny_config *config, const k3_dispatch_ext *ext) {
     k3_op_args a;
     memset(&a, 0, sizeof a);
     a.op = K3_OP_LINEAR;
-    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, k3_message_base()};
+    a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, k3_message_base(),
+                                  prologue};
     return k3_dispatch_call(&a, y, call, ext);
 }
 
 k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                     const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                     const k3_call *call) {
-    return k3_linear_ext(y, x, w, bias, residual, out, call, NULL, NULL);
+    return k3_linear_ext(y, x, w, bias, residual, K3_LINEAR_PROLOGUE_NONE, out, call, NULL,
+                         NULL);
+}
+
+k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                  const k3_tensor *bias, const k3_tensor *residual,
+                                  k3_linear_prologue prologue, k3_tensor *out,
+                                  const k3_call *call) {
+    return k3_linear_ext(y, x, w, bias, residual, prologue, out, call, NULL, NULL);
 }
 
 k3_status k3_attn_res(k3_tensor **y, const k3_attn_res_args *p, k3_tensor *out,

@@ -1,7 +1,7 @@
 /*
  * tensor.c — the tensor core: reference-counted storage, views (narrow, select, transpose,
- * view, expand, as_strided), copies between any strides, dtypes and devices, fill, element
- * access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
+ * view, reshape, permute, squeeze, unsqueeze, expand, as_strided), copies between any strides,
+ * dtypes and devices, fill, element access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
  * device work is handed to the CUDA backend's table.
  */
 #include "k3_impl.h"
@@ -195,7 +195,41 @@ static const k3_backend *cuda_for(k3_device d, const char *op) {
 
 /* ---- storage and handles ---------------------------------------------------------------- */
 
-static void storage_release_memory(k3_storage *s) {
+/* k3_memory's device counters and the pressure report (k3_embed.h). */
+static uint64_t device_bytes, device_peak, device_allocations; /* __atomic */
+static _Thread_local uint64_t t_allocated;
+static _Thread_local k3_pressure_fn t_pressure;
+static _Thread_local void *t_pressure_ud;
+
+uint64_t k3_take_allocated_bytes(uint64_t at_least) {
+    uint64_t n = t_allocated;
+    if (n < at_least || n == 0) return 0;
+    t_allocated = 0;
+    return n;
+}
+
+k3_pressure_fn k3_set_pressure_hook(k3_pressure_fn fn, void *ud, void **prev_ud) {
+    k3_pressure_fn prev = t_pressure;
+    if (prev_ud) *prev_ud = t_pressure_ud;
+    t_pressure = fn;
+    t_pressure_ud = fn ? ud : NULL;
+    return prev;
+}
+
+void k3_memory(k3_memory_stats *out) {
+    if (!out) return;
+    k3_host_memory(&out->host_bytes, &out->host_peak, &out->host_allocations);
+    out->device_bytes = __atomic_load_n(&device_bytes, __ATOMIC_ACQUIRE);
+    out->device_peak = __atomic_load_n(&device_peak, __ATOMIC_ACQUIRE);
+    out->device_allocations = __atomic_load_n(&device_allocations, __ATOMIC_ACQUIRE);
+}
+
+void k3_memory_reset_peak(void) {
+    k3_host_memory_reset_peak();
+    __atomic_store_n(&device_peak, __atomic_load_n(&device_bytes, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+}
+
+void k3_storage_release_memory(k3_storage *s) {
     void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
     if (!data) return;
     if (s->device.type == K3_DEVICE_CPU) {
@@ -203,12 +237,32 @@ static void storage_release_memory(k3_storage *s) {
     } else {
         const k3_backend *b = k3_cuda_backend(NULL);
         if (b) b->free(s->device.index, data, s->nbytes);
+        __atomic_sub_fetch(&device_bytes, (uint64_t)s->nbytes, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&device_allocations, 1, __ATOMIC_ACQ_REL);
     }
+}
+
+/* Device storage through the backend; a K3_ENOMEM outside a graph capture gives the thread's
+ * pressure hook one chance to free unreachable tensors, then the allocation is retried once. */
+static k3_status device_alloc(const k3_backend *b, k3_storage *s) {
+    k3_status st = b->alloc(s->device.index, s->nbytes, &s->data);
+    if (st == K3_ENOMEM && t_pressure && !(b->capturing && b->capturing(s->device.index))) {
+        t_pressure(t_pressure_ud);
+        st = b->alloc(s->device.index, s->nbytes, &s->data);
+    }
+    if (st != K3_OK) return st;
+    uint64_t now = __atomic_add_fetch(&device_bytes, (uint64_t)s->nbytes, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&device_allocations, 1, __ATOMIC_ACQ_REL);
+    uint64_t peak = __atomic_load_n(&device_peak, __ATOMIC_ACQUIRE);
+    while (now > peak && !__atomic_compare_exchange_n(&device_peak, &peak, now, true,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    return K3_OK;
 }
 
 static void storage_unref(k3_storage *s) {
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        storage_release_memory(s);
+        k3_storage_release_memory(s);
         k3_host_free(s, sizeof *s);
     }
 }
@@ -229,12 +283,13 @@ static k3_status storage_new(k3_storage **out, size_t nbytes, k3_device device,
         }
     } else {
         const k3_backend *b = cuda_for(device, op);
-        k3_status st = b ? b->alloc(device.index, nbytes, &s->data) : K3_EDEVICE;
+        k3_status st = b ? device_alloc(b, s) : K3_EDEVICE;
         if (st != K3_OK) {
             k3_host_free(s, sizeof *s);
             return st;
         }
     }
+    t_allocated += nbytes;
     *out = s;
     return K3_OK;
 }
@@ -257,7 +312,10 @@ void k3_tensor_free(k3_tensor *t) {
 void k3_tensor_release(k3_tensor *t) {
     if (!t) return;
     __atomic_store_n(&t->storage->released, 1, __ATOMIC_RELEASE);
-    storage_release_memory(t->storage);
+    /* A CUDA graph holding the storage keeps its memory for its replays: it is released when
+     * the last such graph is freed (lib/graph.c). */
+    if (__atomic_load_n(&t->storage->graph_holds, __ATOMIC_ACQUIRE) == 0)
+        k3_storage_release_memory(t->storage);
     k3_tensor_free(t);
 }
 
@@ -439,6 +497,15 @@ k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
         return s;
     }
     k3_device dd = dst->storage->device, sd = src->storage->device;
+    if (k3_graph_capturing()) {
+        if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy between CPU tensors");
+        if (dd.type == K3_DEVICE_CPU || sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy to or from the host (a host synchronisation)");
+        if (dd.index != sd.index) return k3_graph_refuse("copy", "a copy between two devices");
+        K3_TRY(k3_graph_note(dst));
+        K3_TRY(k3_graph_note(src));
+    }
     if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU) return copy_cpu(dst, src);
     const k3_backend *b = cuda_for(dd.type == K3_DEVICE_CUDA ? dd : sd, "copy");
     if (!b) return K3_EDEVICE;
@@ -484,6 +551,11 @@ k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     k3_tensor view = *t_in, *t = &view;
     for (int d = 0; d < t->ndim; d++)
         if (t->stride[d] == 0) t->size[d] = 1;
+    if (k3_graph_capturing()) {
+        if (t->storage->device.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("fill", "a fill of a CPU tensor");
+        K3_TRY(k3_graph_note(t));
+    }
     if (t->storage->device.type == K3_DEVICE_CUDA) {
         const k3_backend *b = cuda_for(t->storage->device, "fill");
         return b ? b->fill(t, value) : K3_EDEVICE;
@@ -635,6 +707,88 @@ k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d
     return K3_OK;
 }
 
+/* A target shape for view or reshape: at most one size -1 (inferred from t's element count),
+ * the others >= 0, the same element count as t; sh gets the shape with -1 resolved. */
+static k3_status resolve_shape(const char *op, const k3_tensor *t, int ndim, const int64_t *shape,
+                               int64_t *sh, int base) {
+    if (ndim < 0 || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op, K3_MAX_DIMS,
+                        ndim);
+    if (ndim > 0 && !shape) return null_arg(op, "shape");
+    int64_t known = 1, numel = k3_tensor_numel(t);
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        sh[i] = shape[i];
+        if (shape[i] == -1) {
+            if (infer >= 0)
+                return k3_error(K3_ESHAPE, "%s: only one size may be -1 (dims %d and %d)", op,
+                                infer + base, i + base);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0 or -1; got %lld", op,
+                            i + base, (long long)shape[i]);
+        } else if (!k3_mul_ok(known, shape[i], &known)) {
+            return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d", op, i + base);
+        }
+    }
+    char b1[160];
+    if (infer >= 0) {
+        if (known == 0 || numel % known != 0)
+            return k3_error(K3_ESHAPE, "%s: cannot infer dim %d: %lld elements over %lld", op,
+                            infer + base, (long long)numel, (long long)known);
+        sh[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel)
+        return k3_error(K3_ESHAPE, "%s: shape %s has %lld elements; tensor has %lld", op,
+                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
+                        (long long)numel);
+    int64_t checked;
+    return check_shape(op, ndim, sh, &checked, base);
+}
+
+/* Row-major strides of shape into st. */
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        st[i] = s;
+        s *= shape[i] ? shape[i] : 1;
+    }
+}
+
+/* Strides that show t's elements, in row-major order, in shape sh (same element count), or
+ * false when t's strides allow none. The rule is the one PyTorch's view applies: t's dims are
+ * cut into chunks of dims that are contiguous with one another (stride[d] == size[d+1] *
+ * stride[d+1], size-1 dims ignored); the new shape must split or merge dims only inside a
+ * chunk, and each new dim inside a chunk gets the chunk's innermost stride times the sizes to
+ * its right. No product overflows: each is at most the stride of a dim of the non-empty view,
+ * whose extent was checked when it was made. */
+static bool view_strides(const k3_tensor *t, int ndim, const int64_t *sh, int64_t *st) {
+    if (k3_tensor_numel(t) == 0 || t->ndim == 0) {
+        contiguous_strides(ndim, sh, st);
+        return true;
+    }
+    int v = ndim - 1;
+    int64_t base_stride = t->stride[t->ndim - 1], chunk = 1, seen = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        chunk *= t->size[d];
+        bool chunk_ends = d == 0 || (t->size[d - 1] != 1 &&
+                                     t->stride[d - 1] != chunk * base_stride);
+        if (!chunk_ends) continue;
+        while (v >= 0 && (seen < chunk || sh[v] == 1)) {
+            st[v] = seen * base_stride;
+            seen *= sh[v];
+            v--;
+        }
+        if (seen != chunk) return false;
+        if (d > 0) {
+            base_stride = t->stride[d - 1];
+            chunk = seen = 1;
+        }
+    }
+    return v == -1;
+}
+
 k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                               const int64_t *shape) {
     int base = k3_message_base();
@@ -643,7 +797,6 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "view: a tensor has 0 to %d dimensions; got %d", K3_MAX_DIMS,
                         ndim);
-    if (ndim > 0 && !shape) return null_arg("view", "shape");
     char b1[160], b2[160];
     if (!k3_tensor_is_contiguous(t))
         return k3_error(K3_ELAYOUT,
@@ -651,44 +804,114 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                         "contiguous() first",
                         k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
                         k3_fmt_dims(b2, sizeof b2, t->ndim, t->stride));
-    int64_t sh[K3_MAX_DIMS], known = 1, numel = k3_tensor_numel(t);
-    int infer = -1;
-    for (int i = 0; i < ndim; i++) {
-        sh[i] = shape[i];
-        if (shape[i] == -1) {
-            if (infer >= 0)
-                return k3_error(K3_ESHAPE, "view: only one size may be -1 (dims %d and %d)",
-                                infer + base, i + base);
-            infer = i;
-        } else if (shape[i] < 0) {
-            return k3_error(K3_ESHAPE, "view: size of dim %d must be >= 0 or -1; got %lld",
-                            i + base, (long long)shape[i]);
-        } else if (!k3_mul_ok(known, shape[i], &known)) {
-            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + base);
-        }
-    }
-    if (infer >= 0) {
-        if (known == 0 || numel % known != 0)
-            return k3_error(K3_ESHAPE, "view: cannot infer dim %d: %lld elements over %lld",
-                            infer + base, (long long)numel, (long long)known);
-        sh[infer] = numel / known;
-        known = numel;
-    }
-    if (known != numel)
-        return k3_error(K3_ESHAPE, "view: shape %s has %lld elements; tensor has %lld",
-                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
-                        (long long)numel);
-    int64_t checked;
-    K3_TRY(check_shape("view", ndim, sh, &checked, base));
+    int64_t sh[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("view", t, ndim, shape, sh, base));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;
-    int64_t st = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        r->size[i] = sh[i];
-        r->stride[i] = st;
-        st *= sh[i] ? sh[i] : 1;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    contiguous_strides(ndim, sh, r->stride);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    int base = k3_message_base();
+    if (!out) return null_arg("reshape", "out");
+    K3_TRY(need_tensor("reshape", "t", t));
+    int64_t sh[K3_MAX_DIMS], st[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("reshape", t, ndim, shape, sh, base));
+    k3_tensor *r;
+    if (view_strides(t, ndim, sh, st)) {
+        K3_TRY(k3_tensor_alias(&r, t));
+    } else {
+        /* A contiguous copy in t's own shape (copy needs equal shapes), then given the new
+         * shape: a fresh handle nothing else sees yet. */
+        K3_TRY(k3_tensor_new(&r, t->ndim, t->size, t->dtype, t->storage->device, "reshape"));
+        k3_status s = k3_tensor_copy(r, t);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return s;
+        }
+        contiguous_strides(ndim, sh, st);
     }
+    r->ndim = ndim;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    memcpy(r->stride, st, sizeof(int64_t) * (size_t)ndim);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim, const int *dims) {
+    int base = k3_message_base();
+    if (!out) return null_arg("permute", "out");
+    K3_TRY(need_tensor("permute", "t", t));
+    if (ndim != t->ndim)
+        return k3_error(K3_ESHAPE, "permute: expected %d dims for a %d-dim tensor; got %d",
+                        t->ndim, t->ndim, ndim);
+    if (ndim > 0 && !dims) return null_arg("permute", "dims");
+    int used[K3_MAX_DIMS] = {0};
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0 || dims[i] >= ndim)
+            return k3_error(K3_ESHAPE, "permute: dim %lld at position %d is out of range %d..%d",
+                            (long long)dims[i] + base, i + base, base, ndim - 1 + base);
+        if (used[dims[i]])
+            return k3_error(K3_ESHAPE, "permute: dim %d appears twice (positions %d and %d)",
+                            dims[i] + base, used[dims[i]] - 1 + base, i + base);
+        used[dims[i]] = i + 1;
+    }
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = 0; i < ndim; i++) {
+        r->size[i] = t->size[dims[i]];
+        r->stride[i] = t->stride[dims[i]];
+    }
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("squeeze", "out");
+    K3_TRY(need_tensor("squeeze", "t", t));
+    if (d != -1) K3_TRY(check_dim("squeeze", t, d, "dim", base));
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->size[i] == 1 && (d == -1 || d == i)) continue;
+        r->size[n] = t->size[i];
+        r->stride[n] = t->stride[i];
+        n++;
+    }
+    r->ndim = n;
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("unsqueeze", "out");
+    K3_TRY(need_tensor("unsqueeze", "t", t));
+    if (t->ndim == K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "unsqueeze: the tensor has %d dims already (the most a "
+                        "tensor has)", K3_MAX_DIMS);
+    if (d < 0 || d > t->ndim)
+        return k3_error(K3_ESHAPE, "unsqueeze: dim must be in %d..%d for a %d-dim tensor; got %lld",
+                        base, t->ndim + base, t->ndim, (long long)d + base);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = t->ndim; i > d; i--) {
+        r->size[i] = t->size[i - 1];
+        r->stride[i] = t->stride[i - 1];
+    }
+    /* The new dim steps over the dims after it, as a contiguous tensor's would (PyTorch's
+     * choice); with size 1 its stride is never used to reach an element. */
+    int64_t st = 1;
+    if (d < t->ndim && !k3_mul_ok(t->size[d], t->stride[d], &st)) st = 1; /* an empty view's */
+    r->size[d] = 1;
+    r->stride[d] = st;
+    r->ndim = t->ndim + 1;
     *out = r;
     return K3_OK;
 }
@@ -813,6 +1036,7 @@ k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
         *out = k3_load_f64(t->storage->data, t->dtype, off);
         return K3_OK;
     }
+    K3_TRY(k3_graph_refuse("get", "an element read (a host synchronisation)"));
     k3_tensor *v, *h;
     K3_TRY(element_view(&v, t, off));
     k3_status s = k3_tensor_to(&h, v, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64);
@@ -846,6 +1070,7 @@ k3_status k3_tensor_to_f64(const k3_tensor *t, double *out) {
     int64_t n = k3_tensor_numel(t);
     if (n == 0) return K3_OK;
     if (!out) return null_arg("to_f64", "out");
+    K3_TRY(k3_graph_refuse("to_f64", "a read back to the host (a host synchronisation)"));
     k3_tensor *h;
     K3_TRY(k3_tensor_to(&h, t, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64));
     memcpy(out, h->storage->data, (size_t)n * sizeof(double));
@@ -966,10 +1191,14 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                             k3_device_name(da, x, sizeof x), k3_device_name(db, y, sizeof y));
         }
     }
+    if (k3_graph_capturing() && a->storage->device.type == K3_DEVICE_CPU)
+        return k3_graph_refuse(name, "arithmetic on CPU tensors");
     k3_tensor *r;
     K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
-    k3_status st = K3_OK;
-    if (k3_tensor_numel(r) > 0) {
+    k3_status st = k3_graph_note(a);
+    if (st == K3_OK) st = k3_graph_note(b);
+    if (st == K3_OK) st = k3_graph_note(r);
+    if (st == K3_OK && k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
             const k3_backend *be = cuda_for(a->storage->device, name);
             st = be ? be->binary(r, op, a, b, s, scalar_first) : K3_EDEVICE;
@@ -1109,6 +1338,7 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
 }
 
 k3_status k3_synchronize(void) {
+    K3_TRY(k3_graph_refuse("synchronize", "a host synchronisation"));
     const k3_backend *b = k3_cuda_backend(NULL);
     return b ? b->synchronize() : K3_OK;
 }

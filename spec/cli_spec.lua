@@ -87,6 +87,24 @@ describe("progress output", function()
     assert.equal("step 1/4\nstep 3/4\nstep 4/4\nnext phase\n", s.text)
   end)
 
+  it("plain mode (K3_PROGRESS=plain, a pipe): each phase's first line at once, not held by the interval", function()
+    local s, now = capture(), 100
+    local r = cli.progress{stream = s, mode = "plain", interval = 5, clock = function() return now end}
+    r:update("generating weights %d/%d", 50, 100)
+    now = 101
+    r:update("generating weights %d/%d", 100, 100)  -- held: within the interval
+    now = 102
+    r:update("M = %d: warm-up", 1)                  -- a new phase: at once, after the held line
+    now = 103
+    r:update("M = %d: step %d", 1, 1)
+    r:update("M = %d: step %d", 1, 2)               -- same phase within the interval: held
+    assert.equal("generating weights 50/100\ngenerating weights 100/100\nM = 1: warm-up\n" ..
+                 "M = 1: step 1\n", s.text)
+    r:done()
+    assert.equal("generating weights 50/100\ngenerating weights 100/100\nM = 1: warm-up\n" ..
+                 "M = 1: step 1\nM = 1: step 2\n", s.text)
+  end)
+
   it("tty mode rewrites one line; off and quiet write nothing", function()
     local s = capture()
     local r = cli.progress{stream = s, mode = "tty"}

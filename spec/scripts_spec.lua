@@ -67,6 +67,20 @@ end)
 ]])
     assert.equal("1 passed, 0 failed, 1 skipped", last_line(out), out)
     assert.equal(0, code, out)
+    -- the TAP skip line keeps the test's name, with the reason as the SKIP directive
+    assert.truthy(out:find("\nok 2 - t waits # SKIP not here\n", 1, true), out)
+  end)
+
+  it("a pending describe (a GPU spec without a device) is named in its skip line", function()
+    local out, code = run_specs("gpu_skip_spec.lua", [[
+describe("cuda things #gpu", function()
+  require("busted").pending("no CUDA device: none here")
+end)
+describe("cpu things", function() it("run", function() end) end)
+]])
+    assert.equal("1 passed, 0 failed, 1 skipped", last_line(out), out)
+    assert.truthy(("\n" .. out):find("\nok 1 - cuda things #gpu # SKIP no CUDA device: none here\n", 1, true), out)
+    assert.equal(0, code, out)
   end)
 
   it("a spec file that does not load counts as a failure and exits non-zero", function()
@@ -83,6 +97,16 @@ describe("scripts/k3", function()
     if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
   end)
   local k3sh = root .. "/scripts/k3"
+
+  it("--help and -h print k3's usage, not the interpreter's", function()
+    for _, flag in ipairs({"--help", "-h"}) do
+      local out, code = sh(("cd / && %q %s"):format(k3sh, flag))
+      assert.equal(0, code, out)
+      assert.truthy(out:find("^usage: scripts/k3 %[file%.lua"), out)
+      assert.truthy(out:find("--nproc N file.lua args", 1, true), out)
+      assert.is_nil(out:find("lua5.4: ", 1, true), out)
+    end
+  end)
 
   it("runs a script from any directory with its arguments in arg and ...", function()
     write(dir .. "/args.lua", [[io.write(arg[1], " ", arg[2], " ", select("#", ...), "\n")]])

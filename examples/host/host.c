@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -45,13 +46,14 @@ typedef struct host_opts {
 } host_opts;
 
 static const char *usage_text =
-    "usage: k3-host [options]\n"
+    "usage: k3-host [options]   (--key value or --key=value)\n"
     "  --script FILE       the frame script (defines on_frame(dt)); default: clean.lua\n"
     "  --frames N          frames to run (default 10)\n"
     "  --budget N          Lua instructions per frame, 0 = unlimited (default 5000000)\n"
     "  --setup-budget N    Lua instructions for the script's main chunk (default 500000000)\n"
     "  --mem-cap BYTES     live Lua memory per state, 0 = unlimited (default 64M; K/M/G ok)\n"
-    "  --tensor-cap BYTES  k3 host memory per state, 0 = unlimited (default 1G)\n"
+    "  --tensor-cap BYTES  k3 host memory per state (tensor storage and k3's records for\n"
+    "                      each tensor), 0 = unlimited (default 1G)\n"
     "  --dt SECONDS        the dt passed to on_frame (default 1/60)\n"
     "  --threads N         run N states on N threads at once and compare them with a\n"
     "                      single-threaded run, bit for bit\n"
@@ -119,6 +121,8 @@ typedef struct host_state {
     int in_frame;       /* a phase (setup or a frame) is running: the hook enforces its limits */
     /* k3 host memory charged to this state (tensor storage and kernel scratch) */
     size_t t_used, t_peak;
+    size_t t_allocs;      /* k3 host allocations live */
+    size_t t_refused;     /* the size of the allocation the cap refused */
     int tensor_refused; /* this frame asked k3 for more than the tensor cap */
     /* this frame */
     fail_kind fail;
@@ -190,14 +194,17 @@ static void *k3_alloc_counted(void *ud, void *ptr, size_t old_size, size_t new_s
     if (new_size == 0) {
         free(ptr);
         if (h) h->t_used -= old;
+        if (h && ptr) h->t_allocs--;
         return NULL;
     }
     if (h && h->o->tensor_cap && new_size > old && h->t_used - old + new_size > h->o->tensor_cap) {
         h->tensor_refused = 1;
+        h->t_refused = new_size;
         return NULL; /* k3 turns this into K3_ENOMEM, a Lua error the frame reports */
     }
     void *p = realloc(ptr, new_size);
     if (p && h) {
+        if (!ptr) h->t_allocs++;
         h->t_used = h->t_used - old + new_size;
         if (h->t_used > h->t_peak) h->t_peak = h->t_used;
     }
@@ -416,8 +423,11 @@ static void report_failure(host_state *h, const char *what) {
     /* Only a string is read: converting a number would allocate, outside any protection. */
     const char *msg = lua_type(h->L, -1) == LUA_TSTRING ? lua_tostring(h->L, -1) : NULL;
     if (h->fail == FAIL_MEMORY && h->tensor_refused)
-        say(h->prefix, "%s failed (memory): tensor cap of %zu bytes exceeded (%zu bytes in use): %s\n",
-            what, h->o->tensor_cap, h->t_used, msg ? msg : "(no message)");
+        say(h->prefix,
+            "%s failed (memory): tensor cap of %zu bytes exceeded (%zu bytes in use in %zu "
+            "allocations, %zu more asked for; the cap counts all of k3's host memory: each "
+            "tensor's storage plus its handle and storage record, parsed headers, scratch): %s\n",
+            what, h->o->tensor_cap, h->t_used, h->t_allocs, h->t_refused, msg ? msg : "(no message)");
     else if (h->fail == FAIL_MEMORY && h->cap && !strstr(msg ? msg : "", "memory cap"))
         say(h->prefix, "%s failed (memory): Lua memory cap of %zu bytes exceeded (%zu bytes live): %s\n",
             what, h->cap, h->used, msg ? msg : "(no message)");
@@ -735,43 +745,62 @@ int main(int argc, char **argv) {
                    .tensor_cap = 1u << 30,
                    .dt = 1.0 / 60.0,
                    .threads = 0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long n = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    /* getopt_long: "--key value" and "--key=value"; '+' stops at the first non-option (a
+     * script path given without --script is then reported), ':' reports a missing value. */
+    static const struct option longopts[] = {
+        {"script", required_argument, NULL, 's'},   {"lua-root", required_argument, NULL, 'r'},
+        {"frames", required_argument, NULL, 'f'},   {"budget", required_argument, NULL, 'b'},
+        {"setup-budget", required_argument, NULL, 'u'}, {"mem-cap", required_argument, NULL, 'm'},
+        {"tensor-cap", required_argument, NULL, 't'}, {"dt", required_argument, NULL, 'd'},
+        {"threads", required_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    opterr = 0;
+    int c, idx = -1;
+    while ((c = getopt_long(argc, argv, "+:h", longopts, &idx)) != -1) {
+        const char *a = argv[optind - 1], *v = optarg;
+        char name[64]; /* the option as given (without "=value"), or its long name */
+        if (c != '?' && c != ':' && idx >= 0) snprintf(name, sizeof name, "--%s", longopts[idx].name);
+        else snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+        idx = -1;
+        if (c == 'h') {
             fputs(usage_text, stdout);
             return 0;
         }
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "k3-host: unexpected argument '%s' (options only; a script is "
-                            "given as --script FILE)\n%s", a, usage_text);
+        if (c == '?') {
+            fprintf(stderr, "k3-host: unknown option %s\n%s", optopt ? (char[]){'-', (char)optopt, 0} : name,
+                    usage_text);
             return 1;
         }
-        if (!v) {
-            fprintf(stderr, "k3-host: %s needs a value\n%s", a, usage_text);
+        if (c == ':') {
+            fprintf(stderr, "k3-host: %s needs a value\n%s", name, usage_text);
             return 1;
         }
+        long long n = 0;
         int ok = 1;
         char *end = NULL;
-        if (!strcmp(a, "--script")) o.script = v;
-        else if (!strcmp(a, "--lua-root")) o.lua_root = v;
-        else if (!strcmp(a, "--dt")) {
+        if (c == 's') o.script = v;
+        else if (c == 'r') o.lua_root = v;
+        else if (c == 'd') {
             o.dt = strtod(v, &end); /* seconds: a finite number >= 0 */
             ok = end != v && !*end && isfinite(o.dt) && o.dt >= 0;
         }
         else if (!parse_size(v, &n)) ok = 0;
-        else if (!strcmp(a, "--frames")) o.frames = (long)n;
-        else if (!strcmp(a, "--budget")) o.budget = (long)n;
-        else if (!strcmp(a, "--setup-budget")) o.setup_budget = (long)n;
-        else if (!strcmp(a, "--mem-cap")) o.mem_cap = (size_t)n;
-        else if (!strcmp(a, "--tensor-cap")) o.tensor_cap = (size_t)n;
-        else if (!strcmp(a, "--threads") && n >= 1 && n <= 64) o.threads = (int)n;
+        else if (c == 'f') o.frames = (long)n;
+        else if (c == 'b') o.budget = (long)n;
+        else if (c == 'u') o.setup_budget = (long)n;
+        else if (c == 'm') o.mem_cap = (size_t)n;
+        else if (c == 't') o.tensor_cap = (size_t)n;
+        else if (c == 'n' && n >= 1 && n <= 64) o.threads = (int)n;
         else ok = 0;
         if (!ok) {
-            fprintf(stderr, "k3-host: bad option %s %s\n%s", a, v, usage_text);
+            fprintf(stderr, "k3-host: bad option %s %s\n%s", name, v, usage_text);
             return 1;
         }
-        i++;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "k3-host: unexpected argument '%s' (options only; a script is "
+                        "given as --script FILE)\n%s", argv[optind], usage_text);
+        return 1;
     }
     if (!find_lua_paths(o.lua_root, g_root, sizeof g_root, g_path, g_cpath, sizeof g_cpath)) {
         fprintf(stderr, "k3-host: lua/k3/init.lua not found (from %s); pass --lua-root DIR\n",

@@ -145,28 +145,40 @@ int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg) {
     return (int)n;
 }
 
+int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn) {
+    int present = lua_getfield(L, idx, "dtype") != LUA_TNIL;
+    if (present) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            k3l_arg_error(L, argn, "dtype must be a string; got %s", luaL_typename(L, -1));
+        if (k3_dtype_parse(lua_tostring(L, -1), out) != K3_OK)
+            k3l_arg_error(L, argn, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
+                          k3l_push_echo(L, lua_tostring(L, -1)));
+    }
+    lua_pop(L, 1);
+    return present;
+}
+
+int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn) {
+    int present = lua_getfield(L, idx, "device") != LUA_TNIL;
+    if (present) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            k3l_arg_error(L, argn, "device must be a string; got %s", luaL_typename(L, -1));
+        if (k3_device_parse(lua_tostring(L, -1), out) != K3_OK)
+            k3l_arg_error(L, argn, "unknown device '%s'; expected cpu, cuda or cuda:N",
+                          k3l_push_echo(L, lua_tostring(L, -1)));
+    }
+    lua_pop(L, 1);
+    return present;
+}
+
 k3l_create_opts k3l_check_create_opts(lua_State *L, int idx) {
     static const char *const keys[] = {"dtype", "device", "seed", NULL};
     k3l_create_opts o = {K3_DTYPE_F32, {K3_DEVICE_CPU, 0}, 0};
     if (lua_isnoneornil(L, idx)) return o;
     luaL_checktype(L, idx, LUA_TTABLE);
     k3l_check_option_keys(L, idx, keys, idx);
-    if (lua_getfield(L, idx, "dtype") != LUA_TNIL) {
-        if (lua_type(L, -1) != LUA_TSTRING)
-            k3l_arg_error(L, idx, "dtype must be a string; got %s", luaL_typename(L, -1));
-        if (k3_dtype_parse(lua_tostring(L, -1), &o.dtype) != K3_OK)
-            k3l_arg_error(L, idx, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
-                          k3l_push_echo(L, lua_tostring(L, -1)));
-    }
-    lua_pop(L, 1);
-    if (lua_getfield(L, idx, "device") != LUA_TNIL) {
-        if (lua_type(L, -1) != LUA_TSTRING)
-            k3l_arg_error(L, idx, "device must be a string; got %s", luaL_typename(L, -1));
-        if (k3_device_parse(lua_tostring(L, -1), &o.device) != K3_OK)
-            k3l_arg_error(L, idx, "unknown device '%s'; expected cpu, cuda or cuda:N",
-                          k3l_push_echo(L, lua_tostring(L, -1)));
-    }
-    lua_pop(L, 1);
+    k3l_dtype_field(L, idx, &o.dtype, idx);
+    k3l_device_field(L, idx, &o.device, idx);
     if (lua_getfield(L, idx, "seed") != LUA_TNIL) {
         int isnum;
         lua_Integer s = lua_tointegerx(L, -1, &isnum);

@@ -22,6 +22,8 @@
 #define K3L_REG_POLICY "k3.policy.compiled"
 #define K3L_REG_TRACE "k3.trace"
 #define K3L_REG_STATS "k3.stats.sink"
+#define K3L_REG_TENSOR_METHODS "k3.Tensor.methods"
+#define K3L_REG_COMPLETER "k3.repl.completer"
 
 /* ---- errors (args.c) ------------------------------------------------------------------------ */
 
@@ -39,12 +41,20 @@ int k3l_raise_as(lua_State *L, const char *fname);
 
 /* Runs a core call with its messages numbered as Lua counts (from 1), restoring the thread's
  * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). */
+/* For the call's duration the thread's device-pressure hook (k3_embed.h) is this state's full
+ * collection (k3l_collect), so a device allocation that fails first frees what the collector
+ * can; the previous hook is restored afterwards. Expands in functions with `L` in scope. */
 #define K3L_RUN(s, expr)                                                                   \
     do {                                                                                   \
         int k3l_base_ = k3_set_message_base(1);                                            \
+        void *k3l_pud_;                                                                    \
+        k3_pressure_fn k3l_pfn_ = k3_set_pressure_hook(k3l_collect, L, &k3l_pud_);          \
         (s) = (expr);                                                                      \
+        k3_set_pressure_hook(k3l_pfn_, k3l_pud_, NULL);                                    \
         k3_set_message_base(k3l_base_);                                                    \
     } while (0)
+/* The pressure hook: lua_gc(L, LUA_GCCOLLECT) on the lua_State ud (tensor.c). */
+void k3l_collect(void *ud);
 /* K3L_RUN, then raise the core's message on failure (plain, or renamed as fname). */
 #define CHECK_K3(L, expr)                                                                  \
     do {                                                                                   \
@@ -86,6 +96,10 @@ int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn)
  * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what);
+/* Field 'prologue' of the options table at idx (0: no table): nil gives
+ * K3_LINEAR_PROLOGUE_NONE, "silu_mul" K3_LINEAR_PROLOGUE_SILU_MUL; anything else raises
+ * "field 'prologue' must be \"silu_mul\" or nil; got ..." (lib/lua/ops.c). */
+k3_linear_prologue k3l_prologue_field(lua_State *L, int idx, int argn);
 /* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
  * allow_neg, for view's -1). Returns n. */
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);
@@ -98,6 +112,10 @@ typedef struct k3l_create_opts {
     uint64_t seed;
 } k3l_create_opts;
 k3l_create_opts k3l_check_create_opts(lua_State *L, int idx);
+/* Fields "dtype" and "device" of the options table at idx into *out when present (returns 1;
+ * 0 leaves *out alone); a non-string or unknown name is a bad argument argn. */
+int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn);
+int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------------------- */
 
@@ -114,6 +132,16 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * tensor is LEFT ON THE STACK so it stays alive until the call returns: the table may be a
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
+
+/* Makes the tensor metatable's __index the function that serves t[i] as well as methods,
+ * looking methods up in the table the binding's files filled while the module opened (the
+ * metatable's __index until then; kept in the registry and as k3.core._tensor_methods, the
+ * one place to add a method later). Called once the module's files are open, with the module
+ * table on top; safe to call again. */
+void k3l_tensor_index(lua_State *L);
+
+/* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */
+void k3l_open_repl(lua_State *L);
 
 /* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 
@@ -161,5 +189,6 @@ void k3l_open_ops(lua_State *L);
 void k3l_open_policy(lua_State *L);
 void k3l_open_files(lua_State *L);
 void k3l_open_dist(lua_State *L);
+void k3l_open_graph(lua_State *L); /* k3.cuda_graph and k3.Graph (graph.c) */
 
 #endif /* K3_LUA_H */

@@ -37,6 +37,9 @@ K3_API int luaopen_k3_core(lua_State *L) {
     k3l_open_policy(L);
     k3l_open_files(L);
     k3l_open_dist(L);
+    k3l_open_graph(L);
+    k3l_open_repl(L);
+    k3l_tensor_index(L); /* last: every file's tensor methods are in */
     lua_pushstring(L, K3_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

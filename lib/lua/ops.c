@@ -61,6 +61,10 @@ static void push_dispatch(lua_State *L, const k3_dispatch *d) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "declined");
+    if (d->captured) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "captured");
+    }
 }
 
 static void call_init(lua_State *L, k3l_call *c, const char *kernel, int explain) {
@@ -159,19 +163,38 @@ static int opt_table(lua_State *L, int idx, const char *const *keys) {
 
 /* ---- the ops --------------------------------------------------------------------------------- */
 
-/* k3.linear(x, w, {bias =, residual =, out =, kernel =}) -> y[M,N] = x[M,K] w[N,K]^T (+bias)
- * (+residual). base: the stack index of x (2 under k3.explain). */
+k3_linear_prologue k3l_prologue_field(lua_State *L, int idx, int argn) {
+    if (!idx) return K3_LINEAR_PROLOGUE_NONE;
+    k3_linear_prologue p = K3_LINEAR_PROLOGUE_NONE;
+    int ty = lua_getfield(L, idx, "prologue");
+    if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), "silu_mul") == 0)
+        p = K3_LINEAR_PROLOGUE_SILU_MUL;
+    else if (ty == LUA_TSTRING)
+        k3l_arg_error(L, argn, "field 'prologue' must be \"silu_mul\" or nil; got \"%s\"",
+                      k3l_push_echo(L, lua_tostring(L, -1)));
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field 'prologue' must be \"silu_mul\" or nil; got %s",
+                      luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return p;
+}
+
+/* k3.linear(x, w, {bias =, residual =, prologue =, out =, kernel =}) -> y[M,N] =
+ * x[M,K] w[N,K]^T (+bias) (+residual); prologue = "silu_mul": x is [M, 2K] and the product
+ * takes silu(x[:, 1..K]) * x[:, K+1..2K] rounded to x's dtype, the bits of k3.silu_mul (k3.h,
+ * k3_linear_with_prologue). base: the stack index of x (2 under k3.explain). */
 static int linear_impl(lua_State *L, int base, int explain) {
-    static const char *const keys[] = {"bias", "residual", "out", "kernel", NULL};
+    static const char *const keys[] = {"bias", "residual", "prologue", "out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base), *w = k3l_check_tensor(L, base + 1);
     int opts = opt_table(L, base + 2, keys);
     k3_tensor *bias = opts ? k3l_tensor_field(L, opts, "bias", 0, opts) : NULL;
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, opts) : NULL;
+    k3_linear_prologue pro = k3l_prologue_field(L, opts, opts);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_linear(y, x, w, bias, res, out, &c.call));
+    K3L_RUN(s, k3_linear_with_prologue(y, x, w, bias, res, pro, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 
@@ -409,8 +432,8 @@ static void push_catalogue(lua_State *L) {
     }
 }
 
-/* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
- * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
+/* k3.trace(fn) -> {{op =, kernel =, declined = {...}, captured = true|nil}, ...}: every
+ * dispatch made while fn runs (captured: made while a CUDA graph was being captured). Traces nest: an enclosing trace also gets every record of an inner one. When fn
  * raises, the enclosing trace (if any) is restored and still gets the records of the
  * dispatches that ran before the error, then the error propagates unchanged. fn runs under
  * lua_pcall and cannot yield: a coroutine that yields inside k3.trace (a rank of
@@ -447,13 +470,16 @@ static int l_trace(lua_State *L) {
 
 static void stats_cb(void *ud, const char *kind, const char *name, uint64_t count) {
     lua_State *L = ud;
-    lua_getfield(L, -1, strcmp(kind, "kernel") == 0 ? "kernels" : "declines");
+    lua_getfield(L, -1, strcmp(kind, "kernel") == 0     ? "kernels"
+                        : strcmp(kind, "captured") == 0 ? "captured"
+                                                        : "declines");
     lua_pushinteger(L, (lua_Integer)count);
     lua_setfield(L, -2, name);
     lua_pop(L, 1);
 }
 
-/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}}: the
+/* k3.stats() -> {kernels = {[name] = calls}, captured = {[name] = calls captured into a CUDA
+ * graph, also counted in kernels}, declines = {["kernel: reason"] = count}}: the
  * calls this Lua state's ops and methods made since the module was opened or the state's
  * last k3.stats_reset(); other lua_States and C callers are not counted here (C's k3_stats
  * has the process-wide totals). */
@@ -463,6 +489,8 @@ static int l_stats(lua_State *L) {
     lua_setfield(L, -2, "kernels");
     lua_newtable(L);
     lua_setfield(L, -2, "declines");
+    lua_newtable(L);
+    lua_setfield(L, -2, "captured");
     k3_stats_sink_read(state_stats(L), stats_cb, L);
     return 1;
 }

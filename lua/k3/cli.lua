@@ -69,10 +69,11 @@ Progress.__index = Progress
 --- ("tty" | "plain" | "off"; default cli.progress_mode(stream)), interval (seconds between
 --- plain lines, default 5), clock (a function returning seconds; default k3.clock).
 ---   "tty":   update rewrites one line in place ("\r\27[K" .. text); done and clear erase it.
----   "plain": update prints its text as a line of its own, the first at once and then at most
----            one per `interval` seconds; done prints the last text when it was not printed
----            (so a log ends on the final state) and lets the next update print at once;
----            clear prints nothing. No carriage returns or escape sequences.
+---   "plain": update prints its text as a line of its own, the first of each phase (each
+---            new format string) at once, after the held-back last line of the phase before,
+---            and then at most one per `interval` seconds; done prints the last text when it
+---            was not printed (so a log ends on the final state) and lets the next update print
+---            at once; clear prints nothing. No carriage returns or escape sequences.
 ---   "off":   nothing.
 function cli.progress(opts)
   opts = opts or {}
@@ -95,7 +96,12 @@ function Progress:update(fmt, ...)
     return
   end
   local now = self.clock()
-  if self.printed_at == nil or now - self.printed_at >= self.interval then
+  -- A new phase (another format string) prints at once, after the last state of the one
+  -- before when that was held back: a log shows every phase starting, and how each ended.
+  local new_phase = fmt ~= self.phase
+  if new_phase and self.pending then self.stream:write(self.pending, "\n") end
+  self.phase = fmt
+  if new_phase or self.printed_at == nil or now - self.printed_at >= self.interval then
     self.stream:write(text, "\n")
     self.stream:flush()
     self.printed_at, self.pending = now, nil
@@ -113,7 +119,7 @@ function Progress:done()
       self.stream:write(self.pending, "\n")
       self.stream:flush()
     end
-    self.printed_at, self.pending = nil, nil
+    self.printed_at, self.pending, self.phase = nil, nil, nil
   end
 end
 

@@ -2,8 +2,8 @@
  * fuzz_safetensors.c — libFuzzer target over k3_safetensors_load: the input bytes are
  * written to a temporary file (the loader takes a path) and loaded. A rejected file must
  * give K3_EFORMAT/K3_EIO with a message naming the file; an accepted one must hand out
- * tensors whose every byte can be read, whose sizes tile the data section exactly, and which
- * survive a save and reload unchanged.
+ * tensors whose every byte can be read, whose sizes tile the data section exactly, whose
+ * names are valid UTF-8, and which survive a save and reload unchanged.
  */
 #include "fuzz_common.h"
 
@@ -53,7 +53,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(k3_safetensors_tensor(st, i, &ts[i]) == K3_OK);
         int64_t numel = k3_tensor_numel(ts[i]);
         FZ_CHECK(k3_tensor_is_contiguous(ts[i]));
-        total += numel * (int64_t)k3_dtype_size(k3_tensor_dtype(ts[i]));
+        /* Bytes in the file: FP8 entries load as bf16, twice their size. */
+        k3_safetensors_entry e;
+        FZ_CHECK(k3_safetensors_describe(st, i, &e) == K3_OK && e.loadable && e.ndim == k3_tensor_ndim(ts[i]));
+        FZ_CHECK(strcmp(e.name, names[i]) == 0 && k3_safetensors_find(st, names[i]) == i);
+        total += numel * (strncmp(e.dtype, "F8_", 3) == 0 ? 1 : (int64_t)k3_dtype_size(k3_tensor_dtype(ts[i])));
         double *v = malloc(sizeof(double) * (size_t)(numel ? numel : 1));
         FZ_CHECK(v && k3_tensor_to_f64(ts[i], v) == K3_OK);
         free(v);

@@ -253,11 +253,13 @@ local function build_layer(cfg, weights, specs, i, dtype, device, converted)
 end
 
 -- Builds the stack of config `cfg` (a name or a table) from `weights` ({name = tensor},
--- e.g. generate_weights or k3.load_safetensors). opts = {dtype =, device =}: weights of
+-- e.g. generate_weights, k3.load_safetensors or k3.model.hf.load; Hugging Face names are
+-- mapped and joined by k3.model.hf). opts = {dtype =, device =}: weights of
 -- another dtype or device are converted (the fp64 twin: {dtype = "f64", device = "cpu"}).
 function M.build(cfg, weights, opts)
   if type(cfg) == "string" then cfg = M.config(cfg) end
   opts = opts or {}
+  weights = require("k3.model.hf").to_stack(weights) -- Hugging Face names (lua/k3/model/hf.lua)
   local any = weights["model.norm.weight"]
   local dtype = opts.dtype or (any and any:dtype()) or "bf16"
   local device = M.canonical_device(opts.device or (any and any:device()) or "cpu")
@@ -365,5 +367,40 @@ function Stack:free()
     self.ref = nil
   end
 end
+
+-- ---- printing (the REPL shows objects through __tostring) --------------------------------
+
+function Attention:__tostring()
+  return string.format("Attention(qkv_a %s, q_b %s, o_proj %s)", tostring(self.qkv_a),
+                       tostring(self.q_b), tostring(self.o_proj))
+end
+
+function Layer:__tostring()
+  return string.format("Layer %d: attn %s, mlp %s", self.index, tostring(self.attn),
+                       tostring(self.mlp))
+end
+
+--- M.describe(stack, title) -> a compact summary of a built stack: the config, then one line
+--- per module of a layer (every layer has the same shapes), then the final read. The
+--- tensor-parallel stack prints through it too.
+function M.describe(stack, title)
+  local cfg, layer = stack.cfg, stack.layers and stack.layers[1]
+  local lines = {string.format("%s(%s): %d layers, hidden_size %d, AttnRes block_size %d " ..
+                               "(%d sealed blocks), %s on %s", title, tostring(cfg.name or "custom"),
+                               cfg.num_layers, cfg.hidden_size, cfg.block_size,
+                               Stream.num_seals(cfg.num_layers, cfg.block_size), stack.dtype,
+                               stack.device)}
+  if layer then
+    lines[#lines + 1] = "  each layer: AttnRes read, Attention, AttnRes read, SwiGLU"
+    for _, m in ipairs({{"attn.qkv_a", layer.attn.qkv_a}, {"attn.q_b", layer.attn.q_b},
+                        {"attn.o_proj", layer.attn.o_proj}, {"mlp", layer.mlp}}) do
+      lines[#lines + 1] = string.format("    %-12s %s", m[1], tostring(m[2]))
+    end
+  end
+  lines[#lines + 1] = string.format("  final: AttnRes read, RMSNorm(%d)", cfg.hidden_size)
+  return table.concat(lines, "\n")
+end
+
+function Stack:__tostring() return M.describe(self, "KimiK3") end
 
 return M
