@@ -56,6 +56,7 @@ local function inputs(dt, device, seed)
     {"expanded [4, 7] of [1, 7]", randn({1, 7}, 4):expand({4, 7})},
     {"expanded [3, 6] of [3, 1]", randn({3, 1}, 5):expand({3, 6})},
     {"3-dim [5, 4, 3] transposed", randn({3, 4, 5}, 6):transpose(1, 3)},
+    {"as_strided [4, 3], strides [5, 2], offset 1", randn({30}, 10):as_strided({4, 3}, {5, 2}, 1)},
     {"long rows [3, 1000]", randn({3, 1000}, 7)},
     {"1-dim [2051]", randn({2051}, 8)},
     {"1-dim [40000]: two lane groups", randn({40000}, 9)},
