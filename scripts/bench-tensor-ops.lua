@@ -34,7 +34,7 @@ for _, dt in ipairs({"bf16", "f32"}) do
   case(dt .. " max over dim 2 (values and indices)", bytes, READ, function() k3.max(x, 2, {out = r}) end)
   local c = k3.empty({1, N}, {device = "cuda", dtype = dt})
   case(dt .. " sum over dim 1 (stride 7168)", bytes, READ, function() k3.sum(x, 1, {out = c}) end)
-  local flat = x:view({N * N})
+  local flat = x:view(N * N)
   local one = k3.empty({1}, {device = "cuda", dtype = dt})
   case(dt .. " sum of all 51.4M elements", bytes, READ, function() k3.sum(flat, 1, {out = one}) end)
   case(dt .. " max of all 51.4M elements", bytes, READ, function() k3.max(flat, 1, {out = one}) end)
