@@ -551,15 +551,18 @@ K3_API k3_status k3_abs(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const
 K3_API k3_status k3_exp(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
 K3_API k3_status k3_sqrt(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
 
-/* The fixed order of every sum (sum, mean): the n reduced elements, taken in row-major order
- * as j = 0..n-1, go to lane j mod K3_REDUCE_LANES; each lane adds its elements in order of j
- * into an fp32 accumulator (fp64 for f64 x); the 256 lanes are then combined as the CUDA
- * kernel's warps do (within each group of 32 lanes a butterfly: v[i] += v[i ^ o] for
- * o = 16, 8, 4, 2, 1; then the 8 groups' results added in order). CPU and CUDA kernels follow
- * it to the bit. Its error bound is that of a sum of n / 256 + 8 terms per lane:
- * |error| <= (n / 256 + 8) * 2^-24 * sum |x| (2^-53 for f64), before the one rounding to
- * the dtype. */
+/* The fixed order of every sum (sum, mean), a function of the reduced count n alone: the n
+ * elements, taken in row-major order as j = 0..n-1, are spread over C = n / K3_REDUCE_CHUNK
+ * (at least 1, at most K3_REDUCE_MAX_CHUNKS) groups of K3_REDUCE_LANES lanes: element j goes
+ * to lane l = j mod (256 C), which is lane l mod 256 of group l / 256. Each lane adds its
+ * elements in order of j into an fp32 accumulator (fp64 for f64 x); each group combines its
+ * 256 lanes as a CUDA CTA's warps do (within each 32 lanes a butterfly, v[i] += v[i ^ o] for
+ * o = 16, 8, 4, 2, 1, then the 8 results added in order, from 0); the C group results are
+ * added in order, from 0. CPU and CUDA kernels follow it to the bit. Its error is at most
+ * (n / 250 + 13) * 2^-24 * sum |x| (2^-53 for f64), before the one rounding to the dtype. */
 #define K3_REDUCE_LANES 256
+#define K3_REDUCE_CHUNK 16384
+#define K3_REDUCE_MAX_CHUNKS 512
 /* y = the sum (mean: sum / n, in the accumulator, then rounded once) of x over dim `dim`
  * (0-based; y has x's shape with that dim of size 1), or over every element (dim = -1: y is
  * 0-dim). The sum of no elements is 0 and their mean NaN. Any strides and dtype; out, when

@@ -253,13 +253,15 @@ typedef struct k3_op_args {
 
 /* The reduction's walk (lib/cpu/reduce.c, kernels/tensor_ops.cu): x seen as [outer, inner],
  * the reduced dims last. outer_* are the kept dims (x's and out's strides), inner_* the
- * reduced dims (x's strides), both row-major; dims of size 1 dropped. */
+ * reduced dims (x's strides), both row-major; dims of size 1 dropped, reduced dims that
+ * continue each other in x merged. */
 typedef struct k3_reduce_plan {
     int outer_ndim, inner_ndim;
     int64_t outer_size[K3_MAX_DIMS], outer_xstride[K3_MAX_DIMS], outer_ostride[K3_MAX_DIMS];
     int64_t outer_istride[K3_MAX_DIMS]; /* indices' strides (0 when there are none) */
     int64_t inner_size[K3_MAX_DIMS], inner_xstride[K3_MAX_DIMS];
     int64_t outer_n, inner_n; /* how many outputs, how many elements each reduces */
+    int64_t chunks;           /* lane groups per output (K3_REDUCE_CHUNK, k3.h) */
 } k3_reduce_plan;
 K3_API void k3_reduce_plan_init(k3_reduce_plan *p, const k3_reduce_args *a);
 
@@ -418,6 +420,11 @@ typedef struct k3_op_result {
 k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r);
 k3_status k3_op_check_out(const k3_op_args *a);
 k3_tensor **k3_op_out(k3_op_args *a);
+/* Both checks again, with out required, and the call's device against the kernel's: the entry
+ * check of kernels that take every valid call (the tensor ops' kernels, named
+ * "<device>.<op>.<variant>"), so a kernel called with arguments dispatch never saw still
+ * refuses them in the op's words instead of reading or writing out of bounds. */
+K3_API k3_status k3_op_recheck(const k3_op_args *a, k3_device_type device, const char *variant);
 
 /* A compiled policy (k3.h): candidates are catalogue indices, so the per-call cost is an
  * array lookup. batch_invariant is the policy's batch-invariant mode (k3.h,

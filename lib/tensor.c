@@ -1366,8 +1366,9 @@ static k3_status check_join(const char *op, const k3_tensor *const *ts, int n, i
                             i + base, t->ndim, base, r->ndim);
         for (int d = 0; d < t->ndim; d++)
             if (d != skip && t->size[d] != r->size[d])
-                return k3_error(K3_ESHAPE, "%s: tensor %d dim %d (%lld) must match tensor %d (%lld)",
-                                op, i + base, d + base, (long long)t->size[d], base,
+                return k3_error(K3_ESHAPE,
+                                "%s: tensor %d dim %d (%lld) must match tensor %d (%lld)", op,
+                                i + base, d + base, (long long)t->size[d], base,
                                 (long long)r->size[d]);
         if (t->dtype != r->dtype)
             return k3_error(K3_EDTYPE, "%s: tensor %d dtype (%s) must match tensor %d (%s)", op,

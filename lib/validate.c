@@ -531,7 +531,9 @@ static k3_status silu_mul_out(const k3_silu_mul_args *a) {
 
 /* ---- abs, exp, sqrt ---------------------------------------------------------------------- */
 
-static k3_status unary_inputs(const char *op, const k3_unary_args *a) { return need(op, "x", a->x); }
+static k3_status unary_inputs(const char *op, const k3_unary_args *a) {
+    return need(op, "x", a->x);
+}
 
 static k3_status unary_out(const char *op, const k3_unary_args *a) {
     K3_TRY(check_out(op, a->out, a->x->ndim, a->x->size, a->x->dtype, k3_tensor_device(a->x)));
@@ -564,8 +566,9 @@ static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool nee
                             "%s: dim %d is out of range for a %d-dim tensor (expected 0..%d or "
                             "-1 for all)",
                             op, a->dim, nd, nd - 1);
-        return k3_error(K3_EINVAL, "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)",
-                        op, k3_based(a->dim, a->base), nd, nd);
+        return k3_error(K3_EINVAL,
+                        "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)", op,
+                        k3_based(a->dim, a->base), nd, nd);
     }
     if (!needs_element) return K3_OK;
     if (a->dim >= 0 && a->x->size[a->dim] == 0)
@@ -573,7 +576,8 @@ static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool nee
                         a->dim + a->base);
     if (a->dim < 0 && k3_tensor_numel(a->x) == 0) {
         char b[DIMS_LEN];
-        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op, shp(b, a->x));
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op,
+                        shp(b, a->x));
     }
     return K3_OK;
 }
@@ -679,5 +683,21 @@ k3_status k3_op_check_inputs(const k3_op_args *a, k3_op_result *r) {
 }
 
 k3_status k3_op_check_out(const k3_op_args *a) { return g_ops[a->op].out(a); }
+
+k3_status k3_op_recheck(const k3_op_args *a, k3_device_type device, const char *variant) {
+    if ((unsigned)a->op >= K3_OP_COUNT)
+        return k3_error(K3_EINTERNAL, "kernel entry: invalid op %d", (int)a->op);
+    const char *op = k3_op_name(a->op);
+    k3_op_result r;
+    K3_TRY(k3_op_check_inputs(a, &r));
+    if (!*k3_op_out((k3_op_args *)a))
+        return k3_error(K3_EINVAL, "%s: out is required at kernel entry", op);
+    K3_TRY(k3_op_check_out(a));
+    if (r.device.type == device) return K3_OK;
+    const char *dn = device == K3_DEVICE_CUDA ? "cuda" : "cpu";
+    char got[32];
+    return k3_error(K3_EDEVICE, "%s: kernel %s.%s.%s runs on %s tensors; got tensors on %s", op,
+                    dn, op, variant, dn, k3_device_name(r.device, got, sizeof got));
+}
 
 k3_tensor **k3_op_out(k3_op_args *a) { return (k3_tensor **)((char *)a + g_ops[a->op].out_offset); }

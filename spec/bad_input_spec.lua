@@ -928,6 +928,45 @@ local function snapshot(t)
           device = t:device(), values = t:totable()}
 end
 
+-- ---- tensor ops: elementwise, reductions, division, joins, ranges ------------------------------------
+local function ops_case(name, call, text)
+  exact(name, function()
+    local x, y = mat(2, 3, {seed = 31}), k3.zeros({2, 3})
+    return function() call(x, y) end, {x, y}
+  end, text)
+end
+ops_case("sum dim out of range", function(x) x:sum(3) end,
+  "bad argument #1 to 'sum' (dim 3 is out of range for a 2-dim tensor (expected 1..2))")
+ops_case("max dim 0", function(x) x:max(0) end,
+  "bad argument #1 to 'max' (dim 0 is out of range for a 2-dim tensor (expected 1..2))")
+ops_case("mean dim not an integer", function(x) x:mean(0.5) end,
+  "bad argument #1 to 'mean' (dim must be an integer; got 0.5)")
+ops_case("sum out of the wrong shape", function(x, y) x:sum(1, {out = y}) end,
+  "sum: out must be [1, 3]; got [2, 3]")
+ops_case("abs out aliasing x", function(x) x:abs({out = x}) end, "abs: out overlaps x")
+ops_case("exp out of another dtype", function(x) x:exp({out = k3.zeros({2, 3}, {dtype = "f64"})}) end,
+  "exp: out dtype (f64) must be f32")
+ops_case("sqrt out an expanded view", function(x) x:sqrt({out = k3.zeros({1, 3}):expand({2, 3})}) end,
+  "sqrt: out is written but its elements overlap (shape [2, 3], strides [0, 1])")
+ops_case("max of an empty dim", function() k3.max(k3.zeros({0, 3}), 1) end,
+  "max: cannot reduce an empty dim 1 (size 0)")
+ops_case("min of an empty tensor", function() k3.min(k3.zeros({2, 0})) end,
+  "min: cannot reduce an empty tensor (shape [2, 0])")
+ops_case("division of dtypes that differ", function(x) local _ = x / k3.zeros({2, 3}, {dtype = "bf16"}) end,
+  "div: dtypes differ (f32 and bf16); convert with to()")
+ops_case("cat of mismatched sizes", function(x) k3.cat({x, mat(3, 3)}, 2) end,
+  "cat: tensor 2 dim 1 (3) must match tensor 1 (2)")
+ops_case("cat dim out of range", function(x) k3.cat({x}, 0) end,
+  "bad argument #2 to 'cat' (dim 0 is out of range (expected 1..2))")
+ops_case("stack of a non-tensor", function(x) k3.stack({x, "x"}) end,
+  "bad argument #1 to 'stack' (element 2 must be a k3.Tensor; got string)")
+ops_case("arange step zero", function() k3.arange(0, 4, 0) end,
+  "bad argument #3 to 'arange' (step must not be zero)")
+ops_case("arange NaN end", function() k3.arange(0, 0 / 0) end,
+  "arange: start, end and step must be finite")
+ops_case("linspace negative n", function() k3.linspace(0, 1, -2) end,
+  "bad argument #3 to 'linspace' (n must be >= 0; got -2)")
+
 local function deep_copy(v)
   if type(v) ~= "table" then return v end
   local r = {}

@@ -36,6 +36,7 @@ static void unary_row(void *c_, const int64_t *off, int64_t n) {
 }
 
 static k3_status run_unary(const k3_op_args *oa) {
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CPU, "reference"));
     const k3_unary_args *a = &oa->u.abs;
     const k3_tensor *x = a->x;
     k3_tensor *y = a->out;
@@ -48,6 +49,9 @@ static k3_status run_unary(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_abs_reference = K3_KERNEL_RECORD(k3_cpu_abs_reference, supports, run_unary);
-const k3_kernel k3_cpu_exp_reference = K3_KERNEL_RECORD(k3_cpu_exp_reference, supports, run_unary);
-const k3_kernel k3_cpu_sqrt_reference = K3_KERNEL_RECORD(k3_cpu_sqrt_reference, supports, run_unary);
+const k3_kernel k3_cpu_abs_reference =
+    K3_KERNEL_RECORD(k3_cpu_abs_reference, supports, run_unary);
+const k3_kernel k3_cpu_exp_reference =
+    K3_KERNEL_RECORD(k3_cpu_exp_reference, supports, run_unary);
+const k3_kernel k3_cpu_sqrt_reference =
+    K3_KERNEL_RECORD(k3_cpu_sqrt_reference, supports, run_unary);

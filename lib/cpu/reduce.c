@@ -13,8 +13,17 @@ static void plan_add(k3_reduce_plan *p, const k3_reduce_args *a, int d, int od, 
     const k3_tensor *x = a->x;
     if (x->size[d] == 1) return;
     if (inner) {
-        p->inner_size[p->inner_ndim] = x->size[d];
-        p->inner_xstride[p->inner_ndim++] = x->stride[d];
+        /* A dim that continues the previous one in memory merges with it (the row-major
+         * order of the elements, and so the order of summation, stays the same). */
+        int k = p->inner_ndim;
+        if (k > 0 && p->inner_xstride[k - 1] == x->stride[d] * x->size[d]) {
+            p->inner_size[k - 1] *= x->size[d];
+            p->inner_xstride[k - 1] = x->stride[d];
+            return;
+        }
+        p->inner_size[k] = x->size[d];
+        p->inner_xstride[k] = x->stride[d];
+        p->inner_ndim++;
         return;
     }
     int k = p->outer_ndim++;
@@ -34,6 +43,9 @@ void k3_reduce_plan_init(k3_reduce_plan *p, const k3_reduce_args *a) {
     for (int k = 0; k < p->inner_ndim; k++) p->inner_n *= p->inner_size[k];
     /* An empty x gives no outputs (an empty kept dim: outer_n = 0) or outputs over nothing
      * (inner_n = 0; the walk over the inner dims is then never started). */
+    p->chunks = p->inner_n / K3_REDUCE_CHUNK;
+    if (p->chunks < 1) p->chunks = 1;
+    if (p->chunks > K3_REDUCE_MAX_CHUNKS) p->chunks = K3_REDUCE_MAX_CHUNKS;
 }
 
 /* The row-major offsets of a walk over `nd` dims, advanced one element at a time. */
@@ -78,19 +90,37 @@ static void outer_offsets(const k3_reduce_plan *p, int64_t o, int64_t *xo, int64
     }
 }
 
-/* The lanes combined as the CUDA kernel's warps do (k3.h, K3_REDUCE_LANES). */
+/* The 256 lanes at v combined as a CUDA CTA's warps do (k3.h, K3_REDUCE_LANES). */
 #define LANES K3_REDUCE_LANES
 #define COMBINE_LANES(T, v, total)                                                         \
     do {                                                                                   \
         T w_[32];                                                                          \
         total = 0;                                                                         \
         for (int g_ = 0; g_ < LANES / 32; g_++) {                                          \
-            T *l_ = v + 32 * g_;                                                           \
+            T *l_ = (v) + 32 * g_;                                                         \
             for (int o_ = 16; o_ > 0; o_ >>= 1) {                                          \
                 for (int i_ = 0; i_ < 32; i_++) w_[i_] = l_[i_] + l_[i_ ^ o_];             \
                 memcpy(l_, w_, sizeof w_);                                                 \
             }                                                                              \
             total += l_[0];                                                                \
+        }                                                                                  \
+    } while (0)
+
+/* One output's sum in the order of k3.h over lanes[chunks * 256] (zeroed here). */
+#define SUM_IN_ORDER(T, load, lanes, total)                                                \
+    do {                                                                                   \
+        int64_t nl_ = p.chunks * LANES;                                                    \
+        memset(lanes, 0, (size_t)nl_ * sizeof(T));                                         \
+        int64_t l_ = 0;                                                                    \
+        for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it)) {                           \
+            lanes[l_] += load(xb, dt, xo + it.off);                                        \
+            if (++l_ == nl_) l_ = 0;                                                       \
+        }                                                                                  \
+        total = 0;                                                                         \
+        for (int64_t c_ = 0; c_ < p.chunks; c_++) {                                        \
+            T part_;                                                                       \
+            COMBINE_LANES(T, lanes + c_ * LANES, part_);                                   \
+            total += part_;                                                                \
         }                                                                                  \
     } while (0)
 
@@ -103,6 +133,7 @@ static float mean_of_f32(float total, int64_t n) { return n ? total / (float)n :
 
 /* sum and mean (mean divides in the accumulator, then rounds once). */
 static k3_status run_sum_mean(const k3_op_args *oa) {
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CPU, "reference"));
     const k3_reduce_args *a = &oa->u.sum;
     bool mean = oa->op == K3_OP_MEAN;
     k3_reduce_plan p;
@@ -110,31 +141,33 @@ static k3_status run_sum_mean(const k3_op_args *oa) {
     const void *xb = k3_tensor_data(a->x);
     void *ob = k3_tensor_data(a->out);
     k3_dtype dt = a->x->dtype;
+    size_t bytes = (size_t)(p.chunks * LANES) * sizeof(double);
+    void *lanes = k3_host_alloc(bytes);
+    if (!lanes)
+        return k3_error(K3_ENOMEM, "%s: out of host memory (%zu bytes)", k3_op_name(oa->op), bytes);
     for (int64_t o = 0; o < p.outer_n; o++) {
         int64_t xo, oo, io;
         outer_offsets(&p, o, &xo, &oo, &io);
         odometer it;
         if (p.inner_n > 0) odo_start(&it, p.inner_ndim, p.inner_size, p.inner_xstride, 0);
         if (dt == K3_DTYPE_F64) {
-            double v[LANES] = {0}, total;
-            for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it))
-                v[j % LANES] += k3_load_f64(xb, dt, xo + it.off);
-            COMBINE_LANES(double, v, total);
+            double *v = lanes, total;
+            SUM_IN_ORDER(double, k3_load_f64, v, total);
             k3_store_f64(ob, dt, oo, mean ? mean_of(total, p.inner_n) : total);
         } else {
-            float v[LANES] = {0}, total;
-            for (int64_t j = 0; j < p.inner_n; j++, odo_next(&it))
-                v[j % LANES] += k3_load_f32(xb, dt, xo + it.off);
-            COMBINE_LANES(float, v, total);
+            float *v = lanes, total;
+            SUM_IN_ORDER(float, k3_load_f32, v, total);
             k3_store_f32(ob, dt, oo, mean ? mean_of_f32(total, p.inner_n) : total);
         }
     }
+    k3_host_free(lanes, bytes);
     return K3_OK;
 }
 
 /* max and min: the first NaN, else the first of the extreme values. Loaded as f64 (exact for
  * every dtype) and stored back unchanged. */
 static k3_status run_max_min(const k3_op_args *oa) {
+    K3_TRY(k3_op_recheck(oa, K3_DEVICE_CPU, "reference"));
     const k3_reduce_args *a = &oa->u.max;
     bool is_max = oa->op == K3_OP_MAX;
     k3_reduce_plan p;
@@ -164,8 +197,11 @@ static k3_status run_max_min(const k3_op_args *oa) {
     return K3_OK;
 }
 
-const k3_kernel k3_cpu_sum_reference = K3_KERNEL_RECORD(k3_cpu_sum_reference, supports, run_sum_mean);
+const k3_kernel k3_cpu_sum_reference =
+    K3_KERNEL_RECORD(k3_cpu_sum_reference, supports, run_sum_mean);
 const k3_kernel k3_cpu_mean_reference =
     K3_KERNEL_RECORD(k3_cpu_mean_reference, supports, run_sum_mean);
-const k3_kernel k3_cpu_max_reference = K3_KERNEL_RECORD(k3_cpu_max_reference, supports, run_max_min);
-const k3_kernel k3_cpu_min_reference = K3_KERNEL_RECORD(k3_cpu_min_reference, supports, run_max_min);
+const k3_kernel k3_cpu_max_reference =
+    K3_KERNEL_RECORD(k3_cpu_max_reference, supports, run_max_min);
+const k3_kernel k3_cpu_min_reference =
+    K3_KERNEL_RECORD(k3_cpu_min_reference, supports, run_max_min);

@@ -180,12 +180,16 @@ void k3l_push_dispatch(lua_State *L, const k3_dispatch *d);
 /* ---- registration: each adds its functions to the table on top of the stack ---------------------- */
 
 void k3l_open_tensor(lua_State *L);
-/* Tensor ops (tensor_ops.c, ops.c): k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal; and
- * into the tensor methods table on top of the stack, t:float() ... and the catalogue's t:abs(),
- * t:sum(d) ... (k3l_add_op_methods, ops.c). */
+/* Tensor ops (tensor_ops.c, ops.c): k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal; and,
+ * with the tensor methods table on top of the stack and the tensor metatable below it, t / u
+ * (__div), t:float() ... and the catalogue's t:abs(), t:sum(d) ... (k3l_add_op_methods,
+ * ops.c). */
 void k3l_open_tensor_ops(lua_State *L);
 void k3l_add_tensor_op_methods(lua_State *L);
 void k3l_add_op_methods(lua_State *L);
+/* The tensor metamethods' arithmetic (tensor.c): t op u, t op s or s op t at arguments 1 and 2
+ * into a new tensor; name is the verb of the error for a non-number ("divide"). */
+int k3l_tensor_arith(lua_State *L, k3_binop op, const char *name);
 void k3l_open_ops(lua_State *L);
 void k3l_open_policy(lua_State *L);
 void k3l_open_files(lua_State *L);

@@ -1,8 +1,8 @@
 /*
- * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res, and the tensor ops k3.abs,
- * k3.exp, k3.sqrt, k3.sum, k3.mean, k3.max, k3.min, also as tensor methods), k3.explain and k3.trace,
- * the state's dispatch data (its compiled policy, its counters: k3.stats), what is registered
- * and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
+ * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res, and the tensor ops
+ * k3.abs, k3.exp, k3.sqrt, k3.sum, k3.mean, k3.max, k3.min, also as tensor methods), k3.explain
+ * and k3.trace, the state's dispatch data (its compiled policy, its counters: k3.stats), what
+ * is registered and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
  * k3.empty_cache, k3.cuda_time.
  */
 #include "k3_lua.h"
@@ -239,8 +239,10 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
     return k3l_op_finish(L, s, &c, explain);
 }
 
-/* k3.silu_mul(x, {out =, kernel =}) -> y[M,I] = silu(x[:, 1..I]) * x[:, I+1..2I]. */
-static int silu_mul_impl(lua_State *L, int base, int explain) {
+/* An op of one tensor and options {out =, kernel =}: k3.silu_mul, k3.abs, k3.exp, k3.sqrt. */
+static int unary_impl(lua_State *L, int base, int explain,
+                      k3_status (*fn)(k3_tensor **, const k3_tensor *, k3_tensor *,
+                                      const k3_call *)) {
     static const char *const keys[] = {"out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base);
     int opts = opt_table(L, base + 1, keys);
@@ -248,8 +250,13 @@ static int silu_mul_impl(lua_State *L, int base, int explain) {
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_silu_mul(y, x, out, &c.call));
+    K3L_RUN(s, fn(y, x, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
+}
+
+/* k3.silu_mul(x, {out =, kernel =}) -> y[M,I] = silu(x[:, 1..I]) * x[:, I+1..2I]. */
+static int silu_mul_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_silu_mul);
 }
 
 /* k3.attn_res{prefix =, delta =, blocks =, num_blocks =, write_block =, norm_weight =,
@@ -294,22 +301,13 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     return k3l_op_finish(L, s, &c, explain);
 }
 
-/* k3.abs / exp / sqrt(x, {out =, kernel =}) -> y, also t:abs() ... */
-static int unary_impl(lua_State *L, int base, int explain,
-                      k3_status (*fn)(k3_tensor **, const k3_tensor *, k3_tensor *,
-                                      const k3_call *)) {
-    static const char *const keys[] = {"out", "kernel", NULL};
-    k3_tensor *x = k3l_check_tensor(L, base);
-    int opts = opt_table(L, base + 1, keys);
-    k3l_call c;
-    k3_tensor *out, **y;
-    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
-    k3_status s;
-    K3L_RUN(s, fn(y, x, out, &c.call));
-    return k3l_op_finish(L, s, &c, explain);
+/* k3.abs / exp / sqrt(x, {out =, kernel =}) -> y elementwise, also t:abs() ... */
+static int abs_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_abs);
 }
-static int abs_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_abs); }
-static int exp_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_exp); }
+static int exp_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_exp);
+}
 static int sqrt_impl(lua_State *L, int base, int explain) {
     return unary_impl(L, base, explain, k3_sqrt);
 }

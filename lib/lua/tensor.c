@@ -642,7 +642,7 @@ static int m_totable(lua_State *L) {
 
 /* ---- arithmetic ---------------------------------------------------------------------------- */
 
-static int arith(lua_State *L, k3_binop op, const char *name) {
+int k3l_tensor_arith(lua_State *L, k3_binop op, const char *name) {
     k3l_tensor_ud *ua = luaL_testudata(L, 1, K3L_TENSOR_MT), *ub = luaL_testudata(L, 2, K3L_TENSOR_MT);
     if (ua && ub) {
         k3_tensor *a = k3l_check_tensor(L, 1), *b = k3l_check_tensor(L, 2);
@@ -657,17 +657,16 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
                           luaL_typename(L, si));
     /* A Lua integer beyond 2^53 has no double: it is rounded once to the tensor's dtype
      * (k3l_check_value) instead of to a double and then again. */
-    lua_Integer si_v = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
-    double s = (si_v > (1LL << 53) || si_v < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
-                                                           : lua_tonumber(L, si);
+    lua_Integer iv = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
+    double s = (iv > (1LL << 53) || iv < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
+                                                       : lua_tonumber(L, si);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;
 }
-static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
-static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
-static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
-static int t_div(lua_State *L) { return arith(L, K3_DIV, "divide"); }
+static int t_add(lua_State *L) { return k3l_tensor_arith(L, K3_ADD, "add"); }
+static int t_sub(lua_State *L) { return k3l_tensor_arith(L, K3_SUB, "subtract"); }
+static int t_mul(lua_State *L) { return k3l_tensor_arith(L, K3_MUL, "multiply"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
@@ -735,7 +734,7 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {"__div", t_div},
+    {"__mul", t_mul},    {"__unm", t_unm},
     {"__newindex", t_newindex}, {"__len", t_len}, {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {

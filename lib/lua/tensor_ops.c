@@ -1,8 +1,8 @@
 /*
- * tensor_ops.c — the binding's tensor functions that make new tensors from others: dtype
- * conversions (t:float(), t:double(), t:bf16(), t:half()), k3.cat, k3.stack, k3.arange,
- * k3.linspace and k3.equal; and the registration of every tensor-op method (with the
- * catalogue's elementwise and reduction ops of ops.c).
+ * tensor_ops.c — the binding's tensor functions that make new tensors from others: t / u,
+ * dtype conversions (t:float(), t:double(), t:bf16(), t:half()), k3.cat, k3.stack, k3.arange,
+ * k3.linspace and k3.equal; and the registration of every tensor-op method and metamethod
+ * (with the catalogue's elementwise and reduction ops of ops.c).
  */
 #include "k3_lua.h"
 
@@ -30,7 +30,8 @@ static int check_list(lua_State *L, const k3_tensor ***ts) {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
     if (n < 1) return k3l_arg_error(L, 1, "expected a non-empty list of tensors");
-    if (n > 1 << 20) return k3l_arg_error(L, 1, "at most %d tensors; got %I", 1 << 20, (LUA_INTEGER)n);
+    if (n > 1 << 20)
+        return k3l_arg_error(L, 1, "at most %d tensors; got %I", 1 << 20, (LUA_INTEGER)n);
     *ts = lua_newuserdatauv(L, (size_t)n * sizeof **ts, 0);
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
@@ -81,6 +82,26 @@ static int trailing_opts(lua_State *L, int from) {
     return top >= from && lua_istable(L, top) ? top : 0;
 }
 
+/* Pushes arange's n integers a + i * step, each rounded once to dt (k3_int64_to_dtype) where a
+ * double cannot hold them (beyond 2^53): made on the host, then moved to the device. */
+static int arange_integers(lua_State *L, lua_Integer a, lua_Integer step, int64_t n,
+                           k3l_create_opts o) {
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    k3_tensor *h;
+    CHECK_K3_AS(L, "arange", k3_tensor_empty(&h, 1, &n, o.dtype, (k3_device){K3_DEVICE_CPU, 0}));
+    k3_status s = K3_OK;
+    for (int64_t i = 0; i < n && s == K3_OK; i++)
+        s = k3_tensor_set(h, &i, k3_int64_to_dtype((int64_t)(a + (lua_Integer)i * step), o.dtype));
+    if (s == K3_OK && o.device.type == K3_DEVICE_CPU) {
+        u->t = h;
+        return 1;
+    }
+    if (s == K3_OK) K3L_RUN(s, k3_tensor_to(&u->t, h, o.device, o.dtype));
+    k3_tensor_free(h);
+    if (s != K3_OK) return k3l_raise_as(L, "arange");
+    return 1;
+}
+
 /* k3.arange(a, b [, step], opts) or k3.arange(b, opts) -> the 1-dim tensor a, a + step, ...
  * below b (above b for step < 0), half-open as PyTorch: ceil((b - a) / step) elements (exact
  * for integer arguments), element i = a + i * step rounded once; opts {dtype, device}. */
@@ -88,8 +109,9 @@ static int l_arange(lua_State *L) {
     int opts = trailing_opts(L, 2);
     int nnum = opts ? opts - 1 : lua_gettop(L);
     if (nnum < 1 || nnum > 3)
-        return luaL_error(L, "arange: expected arange(a, b [, step] [, opts]) or arange(b [, opts]); "
-                             "got %d numbers", nnum);
+        return luaL_error(L,
+                          "arange: expected arange(a, b [, step] [, opts]) or arange(b [, opts]); "
+                          "got %d numbers", nnum);
     for (int i = 1; i <= nnum; i++) luaL_checknumber(L, i);
     int ints = 1;
     for (int i = 1; i <= nnum; i++) ints = ints && lua_isinteger(L, i);
@@ -99,9 +121,11 @@ static int l_arange(lua_State *L) {
         return luaL_error(L, "arange: start, end and step must be finite");
     if (step == 0) return k3l_arg_error(L, 3, "step must not be zero");
     double count;
+    lua_Integer ia = 0, is = 1;
     if (ints) {
-        lua_Integer ia = nnum >= 2 ? lua_tointeger(L, 1) : 0, ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
-        lua_Integer is = nnum == 3 ? lua_tointeger(L, 3) : 1;
+        ia = nnum >= 2 ? lua_tointeger(L, 1) : 0;
+        lua_Integer ib = lua_tointeger(L, nnum >= 2 ? 2 : 1);
+        is = nnum == 3 ? lua_tointeger(L, 3) : 1;
         /* ceil((b - a) / step) in integers; the difference in double only when it would
          * overflow (beyond 2^63 the count cannot be allocated anyway). */
         lua_Integer diff;
@@ -120,6 +144,12 @@ static int l_arange(lua_State *L) {
                           b, a, step);
     if (!(count < 9.2e18)) return luaL_error(L, "arange: too many elements (%f)", count);
     k3l_create_opts o = k3l_check_create_opts(L, opts ? opts : lua_gettop(L) + 1);
+    if (ints && count > 0 && count < 0x1p53) {
+        /* The last element lies between a and b, so a + (n - 1) step does not overflow. */
+        lua_Integer last = ia + (lua_Integer)(count - 1) * is, big = (lua_Integer)1 << 53;
+        if (ia > big || ia < -big || last > big || last < -big)
+            return arange_integers(L, ia, is, (int64_t)count, o);
+    }
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_arange(&u->t, a, step, (int64_t)count, o.dtype, o.device));
     return 1;
@@ -149,11 +179,16 @@ static int l_equal(lua_State *L) {
 
 /* ---- registration ---------------------------------------------------------------------------- */
 
+/* t / u, t / s, s / t: elementwise division, each quotient rounded once (k3_tensor_binary). */
+static int t_div(lua_State *L) { return k3l_tensor_arith(L, K3_DIV, "divide"); }
+
 void k3l_add_tensor_op_methods(lua_State *L) {
     static const luaL_Reg methods[] = {{"float", m_float}, {"double", m_double}, {"bf16", m_bf16},
                                        {"half", m_half},   {NULL, NULL}};
     luaL_setfuncs(L, methods, 0);
     k3l_add_op_methods(L);
+    lua_pushcfunction(L, t_div);
+    lua_setfield(L, -3, "__div"); /* the metatable, below the methods table */
 }
 
 void k3l_open_tensor_ops(lua_State *L) {

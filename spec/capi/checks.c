@@ -529,6 +529,29 @@ int main(void) {
            k3_int64_to_dtype(((int64_t)1 << 55) + ((int64_t)1 << 31) + 1, K3_DTYPE_F32));
     printf("int64_to_dtype bf16\tK3_OK\t%a\n",
            k3_int64_to_dtype(((int64_t)1 << 60) + ((int64_t)1 << 52) + 1, K3_DTYPE_BF16));
+    /* ---- 10. tensor ops in C terms: 0-based dims, dim -1 for all, indices from index_base ---- */
+    {
+        k3_tensor *t = NULL, *r = NULL, *ix = NULL;
+        CASE("sum dim 2 of 2 dims", k3_sum(&v, a, 2, NULL, NULL));
+        CASE("max dim -2", k3_max(&v, NULL, a, -2, 0, NULL, NULL));
+        if (k3_tensor_empty(&t, 2, (int64_t[2]){0, 3}, f32, cpu) != K3_OK) return 1;
+        CASE("max of an empty dim 0", k3_max(&v, NULL, t, 0, 0, NULL, NULL));
+        k3_tensor_free(t);
+        if (k3_tensor_arange(&t, 5, -1, 6, f32, cpu) != K3_OK) return 1; /* 5 4 3 2 1 0 */
+        k3_status s = k3_min(&r, &ix, t, -1, 0, NULL, NULL);
+        if (s == K3_OK) s = k3_tensor_get(ix, NULL, &d);
+        report_value("min index over all, base 0", s, d);
+        k3_tensor_free(r);
+        k3_tensor_free(ix);
+        s = k3_sum(&r, t, 0, NULL, NULL);
+        if (s == K3_OK) s = k3_tensor_get(r, (int64_t[1]){0}, &d);
+        report_value("sum over dim 0", s, d);
+        k3_tensor_free(r);
+        const k3_tensor *two[2] = {t, a};
+        CASE("cat of 1-dim and 2-dim", k3_tensor_cat(&r, two, 2, 0));
+        CASE("cat of none", k3_tensor_cat(&r, two, 0, 0));
+        k3_tensor_free(t);
+    }
     /* ---- 8. the last error is per thread (see thread_a/thread_b) ---- */
     {
         thread_case ca = {a, K3_OK, ""}, cb = {a, K3_OK, ""};

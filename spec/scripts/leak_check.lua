@@ -4,7 +4,8 @@
 -- explain), k3.explain, k3.trace and k3.set_policy; and each of those again failing inside
 -- pcall (bad shapes, bad options, a bad plan or policy, an error inside a trace), so a binding
 -- that allocated temporaries and then raised shows up as a leak (m:explain answers instead of
--- raising: its refusal is checked as an answer). Ends with a full collection so every handle
+-- raising: its refusal is checked as an answer), and the tensor ops (abs ... max, cat, stack,
+-- arange, linspace, equal) with their refusals. Ends with a full collection so every handle
 -- is gone.
 local k3 = require "k3"
 
@@ -56,6 +57,16 @@ for i = 1, 10 do
   k3.attn_res(ar)
   assert(k3.explain("attn_res", ar).chosen)
   assert(k3.explain("linear", x, w, {bias = b}).chosen)
+  -- tensor ops, and their refusals (max's indices are made before dispatch refuses out)
+  local tv, ti = x:max(2)
+  assert(tv:numel() == 3 and ti:numel() == 3 and x:sum() == x:sum() and x:mean(1):numel() == 8)
+  assert((x:abs():exp():sqrt() / 2):numel() == 24 and x:min() <= x:max())
+  assert(k3.cat({x, x:float():to(dt)}, 1):numel() == 48 and k3.stack({x, x}, 3):numel() == 48)
+  assert(k3.equal(k3.arange(0, 4), k3.linspace(0, 3, 4)))
+  fails(k3.max, x, 2, {out = k3.empty({3, 8}, {dtype = dt})})
+  fails(k3.sum, x, 3)
+  fails(k3.cat, {x, w}, 2)
+  fails(k3.arange, 0, 1, 0)
 
   -- ---- methods ----
   local dm = k3.method.default()
