@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace k3ar {
 
@@ -24,8 +25,10 @@ struct knobs {
     int pdl;
     int packed_ctas;
     int decode_ctas;
+    int decode_regs; /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
+    int64_t decode_max_t; /* K3_ATTN_RES_DECODE_MAX_T: the largest T decode serves (64) */
 };
-inline knobs g_knobs = {1, 0, 0};
+inline knobs g_knobs = {1, 0, 0, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -39,6 +42,11 @@ inline void read_knobs() {
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
+    e = getenv("K3_ATTN_RES_DECODE_BODY");
+    g_knobs.decode_regs = e && !strcmp(e, "regs");
+    e = getenv("K3_ATTN_RES_DECODE_MAX_T");
+    long long mt = e && *e ? atoll(e) : 0;
+    g_knobs.decode_max_t = mt >= 1 && mt <= (1 << 24) ? mt : 64;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -189,21 +197,24 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ bool ss_needs_rescale(float ss) {
     return !(ss <= 3.0e38f) || ss < 0x1p-100f;
 }
-/* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1 (0 for 0, inf or NaN: the
- * recomputation then leaves the values as they are). */
+/* 2^k as a float for -126 <= k <= 127, from its exponent bits (exact). */
+__device__ __forceinline__ float pow2i(int k) { return __int_as_float((k + 127) << 23); }
+/* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1, as frexpf gives it, from the
+ * bits (0 for 0, inf or NaN: the recomputation then leaves the values as they are). */
 __device__ __forceinline__ int scale_exp(float amax) {
     if (!(amax > 0.0f) || isinf(amax)) return 0;
-    int e;
-    frexpf(amax, &e);
-    return e;
+    uint32_t b = __float_as_uint(amax);
+    int E = (int)(b >> 23);
+    return E ? E - 126 : (31 - __clz((int)(b & 0x7fffffu))) - 148;
 }
-/* v * 2^-e in two exact steps (2^-e alone can overflow for denormal inputs). */
+/* v * 2^-e in two exact steps (2^-e alone can overflow for denormal inputs); e in
+ * [-148, 128] (scale_exp's range), so each step is a normal power of two. */
 struct pow2_scale {
     float a, b;
     __device__ __forceinline__ explicit pow2_scale(int e) {
         int h = -e / 2;
-        a = ldexpf(1.0f, h);
-        b = ldexpf(1.0f, -e - h);
+        a = pow2i(h);
+        b = pow2i(-e - h);
     }
     __device__ __forceinline__ float operator()(float v) const { return (v * a) * b; }
 };
@@ -299,6 +310,18 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     cfg.attrs = na ? attr : nullptr;
     cfg.numAttrs = (unsigned)na;
     K3_CHECK(cudaLaunchKernelEx(&cfg, kern, p));
+    return K3_OK;
+}
+
+/* Raises kern's dynamic shared memory limit to `bytes` the first time it is asked for more
+ * than the 48 KB default on device dev (cudaFuncSetAttribute; one flag per device and kern
+ * instance, the instance's own static). */
+template <class P>
+k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, int (&raised)[64]) {
+    if (bytes <= 48 * 1024) return K3_OK;
+    if (dev >= 0 && dev < 64 && raised[dev]) return K3_OK;
+    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    if (dev >= 0 && dev < 64) raised[dev] = 1;
     return K3_OK;
 }
 

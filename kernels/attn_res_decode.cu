@@ -19,7 +19,6 @@ namespace {
 
 const int kMaxThreads = 512;
 const int kMaxCtas = 8;
-const int64_t kMaxTokens = 64;
 const int kMaxBlocks = 16;
 
 struct decode_params {
@@ -133,45 +132,71 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
     } else {
         __syncthreads();
     }
+    /* The C partials of every item, in rank order, 16 bytes per load (one short loop). */
+    constexpr int N4 = (N + 3) / 4;
+    float tot[4 * N4];
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-        float s = 0.0f;
-        for (int c = 0; c < C; c++) s = MAX ? fmaxf(s, buf[c][i]) : s + buf[c][i];
-        v[i] = s;
+    for (int i = 0; i < 4 * N4; i++) tot[i] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < C; c++) {
+        const float4 *r4 = (const float4 *)buf[c];
+#pragma unroll
+        for (int q = 0; q < N4; q++) {
+            float4 x = r4[q];
+            tot[4 * q] = MAX ? fmaxf(tot[4 * q], x.x) : tot[4 * q] + x.x;
+            tot[4 * q + 1] = MAX ? fmaxf(tot[4 * q + 1], x.y) : tot[4 * q + 1] + x.y;
+            tot[4 * q + 2] = MAX ? fmaxf(tot[4 * q + 2], x.z) : tot[4 * q + 2] + x.z;
+            tot[4 * q + 3] = MAX ? fmaxf(tot[4 * q + 3], x.w) : tot[4 * q + 3] + x.w;
+        }
     }
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = tot[i];
     phase++;
 }
 
-/* Per-source dot with w and sum of squares of one vector of 8 values, each scaled by a * b
- * (two exact power-of-two steps; 1, 1 in the common path). */
-__device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)[8], float a,
-                                           float b, float &dot, float &ss) {
+/* Per-source dot with w and sum of squares of one vector of 8 values. */
+__device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)[8], float &dot,
+                                           float &ss) {
 #pragma unroll
     for (int e = 0; e < 8; e++) {
-        float x = (v[e] * a) * b;
+        dot = fmaf(v[e], w[e], dot);
+        ss = fmaf(v[e], v[e], ss);
+    }
+}
+
+/* The same on the values scaled by ps (the rare path). */
+__device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)[8],
+                                           const pow2_scale &ps, float &dot, float &ss) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float x = ps(v[e]);
         dot = fmaf(x, w[e], dot);
         ss = fmaf(x, x, ss);
     }
 }
 
-/*
- * Thread `tid` of CTA `rank` owns the 16-byte vectors vi = k*C*NT + rank*NT + tid (k < V) of
- * every row of token blockIdx.x / C. Source slot MAXS-1 is p, so every register array is
- * indexed by compile-time constants.
- *  1. before the PDL wait: the weights when static_weights, block slots < static_blocks (the
- *     call's contract, k3.h); dependents may start only after the wait;
- *     after it: prefix, delta and the other slots, all issued before any is used;
- *  2. p = round(prefix + delta), written back, and into slot wb; per source dot, sum of
- *     squares and max |v| (one pass), one token reduction for all logits;
- *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
- * A sum of squares that overflowed or underflowed is recomputed on the values scaled by a
- * power of two near their max magnitude (ss_needs_rescale), so the norms hold at any scale.
- */
 /* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
- * the 17-source instances, whose register arrays are twice as long. */
+ * the 17-source instances, whose source registers are twice as many. */
 constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
 
-template <class T, class W, int MAXS, int V>
+/*
+ * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
+ * owns the 16-byte vector vi = rank * NT + tid of every row (one vector per thread: the
+ * register arrays are one uint4 per source). Source slot MAXS - 1 is p, so every register
+ * array is indexed by compile-time constants; MAXS is num_blocks + 1 rounded up to 2, 5, 9
+ * or 17, and slots >= num_blocks are skipped by uniform branches.
+ *  1. before the PDL wait: the weights when static_weights, block slots < static_blocks (the
+ *     call's contract, k3.h); dependents may start only after the wait; after it: prefix,
+ *     delta and the other slots, every load issued before any is used;
+ *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
+ *     reads p); per source dot and sum of squares, one token reduction for all logits;
+ *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
+ * The code is kept short on purpose: a decode launch runs each instruction once per warp, so
+ * the instruction fetch of a long unrolled body is its critical path (notes/PERF.md). A sum of
+ * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
+ * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
+ */
+template <class T, class W, int MAXS>
 __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
@@ -185,108 +210,80 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     int phase = 0;
     if (C > 1) cluster_arrive_relaxed();
 
-    int vi[V];
-    bool ok[V];
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        vi[k] = k * C * NT + (int)rank * NT + tid;
-        ok[k] = vi[k] < p.vecs;
-    }
-    const int64_t row = t * p.H;
-    T *prefix = (T *)p.prefix + row;
-    const T *delta = p.delta ? (const T *)p.delta + row : nullptr;
-    T *blocks = (T *)p.blocks + t * p.sbt;
-
-    wvec<T, W> wn[V], wq[V], wo[V];
-    uint4 src[NB][V];
+    const int vi = (int)rank * NT + tid;
+    const bool ok = vi < p.vecs;
+    const int64_t e0 = (int64_t)vi * 8, sbs = p.sbs;
+    T *prefix = (T *)p.prefix + t * p.H + e0;
+    const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
+    T *brow = (T *)p.blocks + t * p.sbt + e0;
     const bool wstatic = p.wstatic != 0;
-    if (wstatic)
+
+    wvec<T, W> wn, wq, wo;
+    wn.zero(), wq.zero(), wo.zero();
+    uint4 src[NB];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            wn[k].zero(), wq[k].zero(), wo[k].zero();
-            if (ok[k]) {
-                wn[k].load(p.nw, (int64_t)vi[k] * 8);
-                wq[k].load(p.qw, (int64_t)vi[k] * 8);
-                if (p.onw) wo[k].load(p.onw, (int64_t)vi[k] * 8);
-            }
+    for (int s = 0; s < NB; s++) src[s] = make_uint4(0, 0, 0, 0);
+    if (ok) {
+        if (wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
         }
 #pragma unroll
-    for (int s = 0; s < NB; s++)
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            src[s][k] = make_uint4(0, 0, 0, 0);
-            if (s < p.nstatic && s < p.nb && ok[k])
-                src[s][k] = ld_stream(blocks + s * p.sbs + (int64_t)vi[k] * 8);
-        }
+        for (int s = 0; s < NB; s++)
+            if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
+    }
     if (p.pdl) {
         pdl_wait();
         pdl_launch_dependents();
     }
-    if (!wstatic)
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            wn[k].zero(), wq[k].zero(), wo[k].zero();
-            if (ok[k]) {
-                wn[k].load(p.nw, (int64_t)vi[k] * 8);
-                wq[k].load(p.qw, (int64_t)vi[k] * 8);
-                if (p.onw) wo[k].load(p.onw, (int64_t)vi[k] * 8);
-            }
+    uint4 pb = make_uint4(0, 0, 0, 0), de = pb;
+    if (ok) {
+        pb = ld_coherent(prefix);
+        if (delta) de = ld_coherent(delta);
+        if (!wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
         }
-    uint4 pb[V];
-    uint4 de[V];
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        pb[k] = de[k] = make_uint4(0, 0, 0, 0);
-        if (ok[k]) {
-            pb[k] = ld_coherent(prefix + (int64_t)vi[k] * 8);
-            if (delta) de[k] = ld_coherent(delta + (int64_t)vi[k] * 8);
-        }
-    }
-#pragma unroll
-    for (int s = 0; s < NB; s++)
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            if (s >= p.nstatic && s < p.nb && ok[k])
-                src[s][k] = ld_coherent(blocks + s * p.sbs + (int64_t)vi[k] * 8);
-
-    /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
-    float part[NV], amax[MAXS];
-#pragma unroll
-    for (int i = 0; i < NV; i++) part[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < MAXS; s++) amax[s] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        if (delta) {
-            float a[8], b[8];
-            vec8<T>::unpack(pb[k], a);
-            vec8<T>::unpack(de[k], b);
-#pragma unroll
-            for (int e = 0; e < 8; e++) a[e] += b[e];
-            pb[k] = pack8<T>(a);
-            if (ok[k]) *(uint4 *)(prefix + (int64_t)vi[k] * 8) = pb[k];
-        }
-        if (p.wb >= 0 && ok[k]) *(uint4 *)(blocks + p.wb * p.sbs + (int64_t)vi[k] * 8) = pb[k];
 #pragma unroll
         for (int s = 0; s < NB; s++)
-            if (s == p.wb) src[s][k] = pb[k];
-        float w[8];
-        {
-            float x[8], y[8];
-            wn[k].get(x);
-            wq[k].get(y);
+            if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
+    }
+
+    /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
+    if (delta) {
+        float a[8], b[8];
+        vec8<T>::unpack(pb, a);
+        vec8<T>::unpack(de, b);
 #pragma unroll
-            for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
-        }
+        for (int e = 0; e < 8; e++) a[e] += b[e];
+        pb = pack8<T>(a);
+        if (ok) *(uint4 *)prefix = pb;
+    }
+    if (p.wb >= 0 && ok) *(uint4 *)(brow + p.wb * sbs) = pb;
+#pragma unroll
+    for (int s = 0; s < NB; s++)
+        if (s == p.wb) src[s] = pb;
+    float w[8];
+    {
+        float x[8], y[8];
+        wn.get(x);
+        wq.get(y);
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
+    }
+    float part[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) part[i] = 0.0f;
+    {
         float v[8];
-        vec8<T>::unpack(pb[k], v);
-        acc_source(v, w, 1.0f, 1.0f, part[2 * NB], part[2 * NB + 1]);
+        vec8<T>::unpack(pb, v);
+        acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
 #pragma unroll
-        for (int s = 0; s < NB; s++) {
-            if (s >= p.nb) continue;
-            vec8<T>::unpack(src[s][k], v);
-            acc_source(v, w, 1.0f, 1.0f, part[2 * s], part[2 * s + 1]);
-        }
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb) {
+                vec8<T>::unpack(src[s], v);
+                acc_source(v, w, part[2 * s], part[2 * s + 1]);
+            }
     }
     /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
     token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
@@ -299,173 +296,412 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     for (int s = 0; s < MAXS; s++)
         if (s == NB || s < p.nb) rescale = rescale || ss_needs_rescale(part[2 * s + 1]);
     if (rescale) {
-        /* Rare: recompute every source's sums on its values scaled by 2^-e (e from its max
-         * magnitude; e = 0 leaves a source's sums bit for bit as they were). */
-        /* The max magnitudes from the registers, on this rare path only. */
+        /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
+         * magnitude; e = 0 for a source whose sum was fine leaves it bit for bit). */
+        float amax[MAXS];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
+        for (int s = 0; s < MAXS; s++) {
             float v[8];
+            vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
+            amax[s] = 0.0f;
 #pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                vec8<T>::unpack(s == NB ? pb[k] : src[s < NB ? s : 0][k], v);
-#pragma unroll
-                for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
-            }
+            for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
         }
         token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank);
-        float sa[MAXS], sb[MAXS];
 #pragma unroll
         for (int s = 0; s < MAXS; s++) {
             int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1]) ? scale_exp(amax[s]) : 0;
             pow2_scale ps(e);
-            sa[s] = ps.a;
-            sb[s] = ps.b;
             epss[s] = ldexpf(p.eps, -2 * e);
             part[2 * s] = part[2 * s + 1] = 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            float w[8], v[8];
-            {
-                /* Reloaded (L1/L2-resident by now) so the common path need not keep them. */
-                wvec<T, W> a, b;
-                a.zero(), b.zero();
-                if (ok[k]) {
-                    a.load(p.nw, (int64_t)vi[k] * 8);
-                    b.load(p.qw, (int64_t)vi[k] * 8);
-                }
-                float x[8], y[8];
-                a.get(x);
-                b.get(y);
-#pragma unroll
-                for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
-            }
-#pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                vec8<T>::unpack(s == NB ? pb[k] : src[s < NB ? s : 0][k], v);
-                acc_source(v, w, sa[s], sb[s], part[2 * s], part[2 * s + 1]);
-            }
+            float v[8];
+            vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
+            acc_scaled(v, w, ps, part[2 * s], part[2 * s + 1]);
         }
         token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
     }
 
-    /* Softmax over the nb block sources and p; one source is exactly one. */
-    float logit[MAXS], mx = -INFINITY;
+    /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
+    float prob[MAXS], mx = -INFINITY;
 #pragma unroll
     for (int s = 0; s < MAXS; s++) {
         bool active = s == NB || s < p.nb;
-        logit[s] = active ? part[2 * s] * (1.0f / sqrtf(part[2 * s + 1] * p.invH + epss[s])) : -INFINITY;
-        mx = fmaxf(mx, logit[s]);
+        prob[s] = active ? part[2 * s] * rsqrtf(part[2 * s + 1] * p.invH + epss[s]) : -INFINITY;
+        mx = fmaxf(mx, prob[s]);
     }
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < MAXS; s++) {
-        bool active = s == NB || s < p.nb;
-        logit[s] = active ? expf(logit[s] - mx) : 0.0f;
-        sum += logit[s];
+        prob[s] = (s == NB || s < p.nb) ? __expf(prob[s] - mx) : 0.0f;
+        sum += prob[s];
     }
     const float inv_sum = 1.0f / sum;
-    float prob[MAXS];
 #pragma unroll
-    for (int s = 0; s < MAXS; s++) prob[s] = p.nb == 0 ? (s == NB ? 1.0f : 0.0f) : logit[s] * inv_sum;
+    for (int s = 0; s < MAXS; s++) prob[s] = p.nb == 0 ? (s == NB ? 1.0f : 0.0f) : prob[s] * inv_sum;
 
-    float m[V][8];
-    float sq[1] = {0.0f}, mmax[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < V; k++) {
+    float m[8], sq[1] = {0.0f};
+    {
         float v[8];
-        vec8<T>::unpack(pb[k], v);
+        vec8<T>::unpack(pb, v);
 #pragma unroll
-        for (int e = 0; e < 8; e++) m[k][e] = prob[NB] * v[e];
+        for (int e = 0; e < 8; e++) m[e] = prob[NB] * v[e];
 #pragma unroll
-        for (int s = 0; s < NB; s++) {
-            if (s >= p.nb) continue;
-            vec8<T>::unpack(src[s][k], v);
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb) {
+                vec8<T>::unpack(src[s], v);
 #pragma unroll
-            for (int e = 0; e < 8; e++) m[k][e] = fmaf(prob[s], v[e], m[k][e]);
-        }
+                for (int e = 0; e < 8; e++) m[e] = fmaf(prob[s], v[e], m[e]);
+            }
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            sq[0] = fmaf(m[k][e], m[k][e], sq[0]);
-        }
+        for (int e = 0; e < 8; e++) sq[0] = fmaf(m[e], m[e], sq[0]);
     }
-    T *out = (T *)p.out + row;
+    T *out = (T *)p.out + t * p.H + e0;
     if (!p.onw) {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            if (ok[k]) *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(m[k]);
+        if (ok) *(uint4 *)out = pack8<T>(m);
         return;
     }
     token_reduce<1, false, NP>(sq, red, recv, phase, C, rank);
     float r;
     if (!ss_needs_rescale(sq[0])) {
-        r = 1.0f / sqrtf(sq[0] * p.invH + p.oeps);
+        r = rsqrtf(sq[0] * p.invH + p.oeps);
     } else {
         /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */
+        float mmax[1] = {0.0f};
 #pragma unroll
-        for (int k = 0; k < V; k++)
-#pragma unroll
-            for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[k][e]));
+        for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[e]));
         token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank);
         int e = scale_exp(mmax[0]);
         pow2_scale ps(e);
         float s2[1] = {0.0f};
 #pragma unroll
-        for (int k = 0; k < V; k++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                m[k][i] = ps(m[k][i]);
-                s2[0] = fmaf(m[k][i], m[k][i], s2[0]);
-            }
+        for (int i = 0; i < 8; i++) {
+            m[i] = ps(m[i]);
+            s2[0] = fmaf(m[i], m[i], s2[0]);
+        }
         token_reduce<1, false, NP>(s2, red, recv, phase, C, rank);
         r = rms_factor_scaled(s2[0], p.invH, p.oeps, e);
     }
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        if (!ok[k]) continue;
+    if (ok) {
         float on[8], o[8];
-        wo[k].get(on);
+        wo.get(on);
 #pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = m[k][e] * r * on[e];
-        *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(o);
+        for (int e = 0; e < 8; e++) o[e] = m[e] * r * on[e];
+        *(uint4 *)out = pack8<T>(o);
     }
 }
 
-/* Launch shape for a hidden size and num_blocks. */
+/* ---- the loop body ------------------------------------------------------------------------ */
+
+const int kMaxSrc = kMaxBlocks + 1;
+const int kItems = 2 * kMaxSrc + 2; /* two per source, padded to a multiple of 4 */
+
+/* Warp sum of two values at once (the five exchanges of both interleaved). */
+__device__ __forceinline__ void warp_sum2(float &a, float &b) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+}
+
+/*
+ * The token-wide sum (MAX: max of non-negative values) of n items whose per-warp values lane
+ * 0 of every warp has put in red[warp][i]: thread i (i < n, strided) adds item i over the warps and
+ * push it into recv[phase & 1][rank][i] of every CTA of the cluster; one cluster barrier (a
+ * CTA barrier when C = 1) publishes them. The caller then adds recv[..][c][i] over c in rank
+ * order (every CTA the same bits). The first exchange also completes the barrier phase the
+ * kernel opened at entry (every CTA has started before any remote store); alternating recv
+ * buffers make a CTA write buffer b again only two barriers after every CTA last read it.
+ */
+using item_row = float[kItems];
+template <bool MAX>
+__device__ __forceinline__ item_row *exchange(int n, item_row *red, item_row (*recv)[kMaxCtas],
+                                              int &phase, int C, uint32_t rank) {
+    const int tid = threadIdx.x, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    item_row *buf = recv[phase & 1];
+    if (C > 1 && phase == 0) cluster_wait();
+    for (int i = tid; i < n; i += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll 1
+        for (int q = 0; q < nwarps; q++) v = MAX ? fmaxf(v, red[q][i]) : v + red[q][i];
+        if (C > 1)
+#pragma unroll 1
+            for (int c = 0; c < C; c++) st_cluster(&buf[rank][i], (uint32_t)c, v);
+        else
+            buf[0][i] = v;
+    }
+    if (C > 1) {
+        cluster_arrive();
+        cluster_wait();
+    } else {
+        __syncthreads();
+    }
+    phase++;
+    return buf;
+}
+
+/*
+ * The same read as the register body with every per-source step a loop, so that the code a
+ * launch runs once per warp stays a few hundred instructions whatever num_blocks is (the
+ * register body's straight-line code is fetched once per SM and paid ~0.25 µs per source on
+ * the H200; notes/PERF.md). Thread `tid` of CTA `rank` owns the 16-byte vector vi = rank * NT
+ * + tid of every row; the block rows it reads go to its own slots of dynamic shared memory
+ * (stage[s * NT + tid], cp.async, so no barrier guards them), p stays in registers.
+ *  1. before the PDL wait: the weights when static_weights, the copies of block slots <
+ *     static_blocks; after it: prefix, delta, the other slots;
+ *  2. p = round(prefix + delta), written back and into slot wb (stage slot wb holds p);
+ *  3. per source a dot and sum of squares, warp-reduced in the loop; one exchange gives the
+ *     token's sums; warp 0 (lane s: source s, lane nb: p) forms the logits and the softmax;
+ *  4. the mix, its sum of squares (a second exchange), the store.
+ * A sum of squares that overflowed or underflowed takes the rare branch: the maxima, then the
+ * sums of the values scaled by 2^-e, each through an exchange of its own.
+ */
+template <class T, class W>
+__global__ void __launch_bounds__(kMaxThreads) attn_res_decode_loop_kernel(const decode_params p) {
+    extern __shared__ __align__(16) uint4 stage[];
+    __shared__ __align__(16) float red[kMaxThreads / 32][kItems];
+    __shared__ __align__(16) float recv[2][kMaxCtas][kItems];
+    __shared__ float probs[kMaxSrc];
+    __shared__ int sexp[kMaxSrc];
+    __shared__ int rare;
+
+    const int C = p.ctas, NT = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t rank = C > 1 ? cluster_rank() : 0;
+    const int64_t t = blockIdx.x / C;
+    int phase = 0;
+    if (C > 1) cluster_arrive_relaxed();
+
+    const int vi = (int)rank * NT + tid, nb = p.nb, wb = p.wb;
+    const bool ok = vi < p.vecs;
+    const int64_t e0 = (int64_t)vi * 8, sbs = p.sbs;
+    T *prefix = (T *)p.prefix + t * p.H + e0;
+    const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
+    T *brow = (T *)p.blocks + t * p.sbt + e0;
+    uint4 *mine = stage + tid;
+    const bool wstatic = p.wstatic != 0;
+
+    wvec<T, W> wn, wq, wo;
+    wn.zero(), wq.zero(), wo.zero();
+    if (ok) {
+        if (wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
+        }
+#pragma unroll 1
+        for (int s = 0; s < p.nstatic; s++) cp_async16(mine + s * NT, brow + s * sbs);
+    }
+    if (p.pdl) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    uint4 pb = make_uint4(0, 0, 0, 0), de = pb;
+    if (ok) {
+        pb = ld_coherent(prefix);
+        if (delta) de = ld_coherent(delta);
+        if (!wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
+        }
+#pragma unroll 1
+        for (int s = p.nstatic; s < nb; s++)
+            if (s != wb) cp_async16(mine + s * NT, brow + s * sbs);
+    }
+    cp_async_commit();
+
+    if (delta) {
+        float a[8], b[8];
+        vec8<T>::unpack(pb, a);
+        vec8<T>::unpack(de, b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[e] += b[e];
+        pb = pack8<T>(a);
+        if (ok) *(uint4 *)prefix = pb;
+    }
+    if (wb >= 0 && ok) *(uint4 *)(brow + wb * sbs) = pb;
+    if (wb >= 0 && wb < nb) mine[wb * NT] = pb;
+    float w[8];
+    {
+        float x[8], y[8];
+        wn.get(x);
+        wq.get(y);
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
+    }
+    cp_async_wait_all();
+
+    /* Source s < nb: block slot s (this thread's stage slot); s = nb: p. Idle threads: 0. */
+    auto src = [&](int s) { return !ok ? make_uint4(0, 0, 0, 0) : s < nb ? mine[s * NT] : pb; };
+#pragma unroll 2
+    for (int s = 0; s <= nb; s++) {
+        float v[8], dot = 0.0f, ss = 0.0f;
+        vec8<T>::unpack(src(s), v);
+        acc_source(v, w, dot, ss);
+        warp_sum2(dot, ss);
+        if (lane == 0) red[warp][2 * s] = dot, red[warp][2 * s + 1] = ss;
+    }
+    item_row *buf = exchange<false>(2 * (nb + 1), red, recv, phase, C, rank);
+
+    /* Warp 0, lane s <= nb: source s's totals, logit and weight. */
+    bool need = false;
+    float dot = 0.0f, ss = 0.0f;
+    if (warp == 0) {
+        if (lane <= nb)
+#pragma unroll 1
+            for (int c = 0; c < C; c++) dot += buf[c][2 * lane], ss += buf[c][2 * lane + 1];
+        need = lane <= nb && ss_needs_rescale(ss);
+        const bool any = __any_sync(0xffffffffu, need);
+        if (lane == 0) rare = any;
+        if (!any) {
+            float lg = lane <= nb ? dot * rsqrtf(ss * p.invH + p.eps) : -INFINITY;
+            float mx = warp_max(lg);
+            float ex = lane <= nb ? __expf(lg - mx) : 0.0f;
+            float sum = warp_sum(ex);
+            if (lane <= nb) probs[lane] = nb == 0 ? 1.0f : ex * (1.0f / sum);
+        }
+    }
+    __syncthreads();
+    if (rare) {
+        /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
+         * magnitude; e = 0 for a source whose sums were fine leaves them as they were). */
+#pragma unroll 1
+        for (int s = 0; s <= nb; s++) {
+            float v[8], am = 0.0f;
+            vec8<T>::unpack(src(s), v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
+            am = warp_max(am);
+            if (lane == 0) red[warp][s] = am;
+        }
+        buf = exchange<true>(nb + 1, red, recv, phase, C, rank);
+        if (warp == 0 && lane <= nb) {
+            float am = 0.0f;
+            for (int c = 0; c < C; c++) am = fmaxf(am, buf[c][lane]);
+            sexp[lane] = need ? scale_exp(am) : 0;
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int s = 0; s <= nb; s++) {
+            float v[8], d2 = 0.0f, s2 = 0.0f;
+            vec8<T>::unpack(src(s), v);
+            acc_scaled(v, w, pow2_scale(sexp[s]), d2, s2);
+            warp_sum2(d2, s2);
+            if (lane == 0) red[warp][2 * s] = d2, red[warp][2 * s + 1] = s2;
+        }
+        buf = exchange<false>(2 * (nb + 1), red, recv, phase, C, rank);
+        if (warp == 0) {
+            dot = ss = 0.0f;
+            if (lane <= nb)
+#pragma unroll 1
+                for (int c = 0; c < C; c++) dot += buf[c][2 * lane], ss += buf[c][2 * lane + 1];
+            float lg = lane <= nb ? dot * rms_factor_scaled(ss, p.invH, p.eps, sexp[lane]) : -INFINITY;
+            float mx = warp_max(lg);
+            float ex = lane <= nb ? __expf(lg - mx) : 0.0f;
+            float sum = warp_sum(ex);
+            if (lane <= nb) probs[lane] = nb == 0 ? 1.0f : ex * (1.0f / sum);
+        }
+        __syncthreads();
+    }
+
+    float m[8], sq = 0.0f;
+    {
+        float v[8];
+        vec8<T>::unpack(pb, v);
+        const float pp = probs[nb];
+#pragma unroll
+        for (int e = 0; e < 8; e++) m[e] = pp * v[e];
+#pragma unroll 2
+        for (int s = 0; s < nb; s++) {
+            vec8<T>::unpack(src(s), v);
+            const float ps = probs[s];
+#pragma unroll
+            for (int e = 0; e < 8; e++) m[e] = fmaf(ps, v[e], m[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) sq = fmaf(m[e], m[e], sq);
+    }
+    T *out = (T *)p.out + t * p.H + e0;
+    if (!p.onw) {
+        if (ok) *(uint4 *)out = pack8<T>(m);
+        return;
+    }
+    sq = warp_sum(sq);
+    if (lane == 0) red[warp][0] = sq;
+    buf = exchange<false>(1, red, recv, phase, C, rank);
+    float tot = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < C; c++) tot += buf[c][0];
+    float r;
+    if (!ss_needs_rescale(tot)) {
+        r = rsqrtf(tot * p.invH + p.oeps);
+    } else {
+        /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */
+        float mm = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[e]));
+        mm = warp_max(mm);
+        if (lane == 0) red[warp][0] = mm;
+        buf = exchange<true>(1, red, recv, phase, C, rank);
+        mm = 0.0f;
+        for (int c = 0; c < C; c++) mm = fmaxf(mm, buf[c][0]);
+        const int e = scale_exp(mm);
+        const pow2_scale ps(e);
+        float s2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            m[i] = ps(m[i]);
+            s2 = fmaf(m[i], m[i], s2);
+        }
+        s2 = warp_sum(s2);
+        if (lane == 0) red[warp][0] = s2;
+        buf = exchange<false>(1, red, recv, phase, C, rank);
+        s2 = 0.0f;
+        for (int c = 0; c < C; c++) s2 += buf[c][0];
+        r = rms_factor_scaled(s2, p.invH, p.oeps, e);
+    }
+    if (ok) {
+        float on[8], o[8];
+        wo.get(on);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = m[e] * r * on[e];
+        *(uint4 *)out = pack8<T>(o);
+    }
+}
+
+/* Launch shape for a hidden size and num_blocks: CTAs per token and threads per CTA. */
 struct decode_shape {
-    int ctas, threads, v;
+    int ctas, threads;
 };
 
-/* The shape: with K3_ATTN_RES_DECODE_CTAS = c, c CTAs per token; else two (a cluster of 2:
- * 3.64 µs against one CTA's 4.08 at T = 1, num_blocks 1, H 7168, and 8.09 against 9.29 at
- * num_blocks 8; H200, notes/PERF.md) or one when the second would idle, then the fewest that fit. Two vectors per thread only for num_blocks <= 8 and 16-bit
- * weights (ptxas -v, sm_90a: these stay within 128 registers; the others would spill). False
- * with a reason when no shape covers H. */
-bool decode_pick(int64_t H, int64_t nb, bool wf32, decode_shape *out, char *reason, size_t n) {
+/* The shape: K3_ATTN_RES_DECODE_CTAS = c gives c CTAs per token; else the fewest CTAs whose
+ * threads (one 16-byte vector of each row per thread) stay within kPreferThreads, so that a
+ * token's rows are spread over several SMs (at H 7168: 4 CTAs of 224 threads); then fewer
+ * when the last CTA would idle. The 17-source instances take at most 256 threads (their
+ * register arrays are twice as long). False with a reason when no shape covers H. */
+const int kPreferThreads = 256;
+bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t n) {
     int64_t vecs = H / 8;
-    int maxv = nb <= 8 && !wf32 ? 2 : 1;
-    int maxt = nb <= 8 ? kMaxThreads : 256;
+    int maxt = get_knobs().decode_regs ? max_threads(nb <= 8 ? 9 : 17) : kMaxThreads;
     int force = get_knobs().decode_ctas;
-    int lo = force ? force : 2, hi = force ? force : kMaxCtas;
-    for (int c = lo; c <= hi; c++)
-        for (int v = 1; v <= maxv; v++) {
-            int nt = threads_for(vecs, c, v, maxt);
+    for (int pass = 0; pass < 2; pass++) {
+        int lim = pass == 0 && !force ? (kPreferThreads < maxt ? kPreferThreads : maxt) : maxt;
+        for (int c = force ? force : 1; c <= (force ? force : kMaxCtas); c++) {
+            int nt = threads_for(vecs, c, 1, lim);
             if (!nt) continue;
-            /* Fewer CTAs than asked when the last would idle (small H). */
             int cc = c;
-            while (cc > 1 && (int64_t)(cc - 1) * nt * v >= vecs) cc--;
-            *out = decode_shape{cc, nt, v};
+            while (cc > 1 && (int64_t)(cc - 1) * nt >= vecs) cc--;
+            *out = decode_shape{cc, nt};
             return true;
         }
+    }
     if (force)
         snprintf(reason, n,
                  "%s with K3_ATTN_RES_DECODE_CTAS=%d supports hidden sizes up to %d at num_blocks "
                  "%lld; got %lld",
-                 k3_cuda_attn_res_decode_name, force, 8 * force * maxt * maxv, (long long)nb, (long long)H);
+                 k3_cuda_attn_res_decode_name, force, 8 * force * maxt, (long long)nb, (long long)H);
     else
-        snprintf(reason, n,
-                 "%s supports hidden sizes up to %d at num_blocks %lld; got %lld",
-                 k3_cuda_attn_res_decode_name, 8 * kMaxCtas * maxt * maxv, (long long)nb, (long long)H);
+        snprintf(reason, n, "%s supports hidden sizes up to %d at num_blocks %lld; got %lld",
+                 k3_cuda_attn_res_decode_name, 8 * kMaxCtas * maxt, (long long)nb, (long long)H);
     return false;
 }
 
@@ -474,6 +710,7 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &ka->p;
     const char *K = k3_cuda_attn_res_decode_name;
     int64_t T = a->prefix->size[0];
+    const int64_t kMaxTokens = get_knobs().decode_max_t;
     if (T > kMaxTokens) {
         snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
                  (long long)kMaxTokens, (long long)T);
@@ -486,38 +723,36 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     }
     K3_TRY(fast_path_checks(K, oa, reason, n));
     decode_shape sh;
-    if (!decode_pick(a->prefix->size[1], a->num_blocks, a->norm_weight->dtype == K3_DTYPE_F32, &sh,
-                     reason, n))
+    if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n))
         return K3_ESHAPE;
     return K3_OK;
 }
 
-template <class T, class W, int MAXS, int V>
-k3_status decode_launch_t(const decode_params &p, const decode_shape &sh, int64_t T_,
+template <class T, class W, int MAXS>
+k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS, V>, p, dim3((unsigned)(T_ * sh.ctas)),
+    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS>, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
     return K3_OK;
 }
 
-/* The instance of MAXS sources (num_blocks + 1 <= MAXS) for the shape's vectors per thread. */
-template <class T, class W, int MAXS>
-k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
-                          cudaStream_t stream) {
-    if (sh.v == 1) return decode_launch_t<T, W, MAXS, 1>(p, sh, T_, stream);
-    /* decode_pick gives two vectors per thread only with 16-bit weights and num_blocks <= 8. */
-    if constexpr (!std::is_same<W, float>::value && MAXS <= 9)
-        return decode_launch_t<T, W, MAXS, 2>(p, sh, T_, stream);
-    return k3_error(K3_EINTERNAL, "attn_res: %s: no instance for num_blocks %d with %d vectors "
-                                  "per thread",
-                    k3_cuda_attn_res_decode_name, p.nb, sh.v);
-}
-
-/* Register arrays sized to num_blocks rounded up to 1, 4, 8 or 16 sources. */
+/* The loop body (K3_ATTN_RES_DECODE_BODY unset), with num_blocks * threads 16-byte stage slots
+ * of dynamic shared memory; else the register body, its arrays sized to num_blocks + 1
+ * rounded up to 2, 5, 9 or 17 sources. */
 template <class T, class W>
-k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_,
+k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_, int dev,
                           cudaStream_t stream) {
+    if (!get_knobs().decode_regs) {
+        static int raised[64];
+        auto kern = attn_res_decode_loop_kernel<T, W>;
+        size_t smem = (size_t)p.nb * (size_t)sh.threads * sizeof(uint4);
+        K3_TRY(raise_smem(kern, dev, smem, raised));
+        K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)), dim3((unsigned)sh.threads), smem,
+                      sh.ctas, p.pdl, stream));
+        K3_CHECK_LAUNCH(attn_res_decode_loop_kernel);
+        return K3_OK;
+    }
     if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, stream);
     if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, stream);
     if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, stream);
@@ -536,7 +771,7 @@ k3_status decode_run(const k3_op_args *oa) {
     if (T_ == 0 || H == 0) return K3_OK;
     decode_shape sh;
     bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
-    if (!decode_pick(H, a->num_blocks, wf32, &sh, reason, sizeof reason))
+    if (!decode_pick(H, a->num_blocks, &sh, reason, sizeof reason))
         return k3_error(K3_ESHAPE, "attn_res: %s", reason);
     decode_params p;
     p.prefix = k3_tensor_ptr(a->prefix);
@@ -559,18 +794,20 @@ k3_status decode_run(const k3_op_args *oa) {
     p.eps = (float)a->eps;
     p.oeps = (float)a->output_eps;
     p.invH = 1.0f / (float)H;
+    int dev = k3c_dev(a->prefix);
     if (a->prefix->dtype == K3_DTYPE_BF16)
-        return wf32 ? decode_launch_w<k3c_bf16, float>(p, sh, T_, ctx->stream)
-                    : decode_launch_w<k3c_bf16, k3c_bf16>(p, sh, T_, ctx->stream);
-    return wf32 ? decode_launch_w<k3c_f16, float>(p, sh, T_, ctx->stream)
-                : decode_launch_w<k3c_f16, k3c_f16>(p, sh, T_, ctx->stream);
+        return wf32 ? decode_launch_w<k3c_bf16, float>(p, sh, T_, dev, ctx->stream)
+                    : decode_launch_w<k3c_bf16, k3c_bf16>(p, sh, T_, dev, ctx->stream);
+    return wf32 ? decode_launch_w<k3c_f16, float>(p, sh, T_, dev, ctx->stream)
+                : decode_launch_w<k3c_f16, k3c_f16>(p, sh, T_, dev, ctx->stream);
 }
 
 } // namespace
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9, 1>);
+    return cluster_loadable(dev, attn_res_decode_loop_kernel<k3c_bf16, k3c_bf16>) &&
+           cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
 }
 
 extern "C" const k3_kernel k3_cuda_attn_res_decode = K3_KERNEL_RECORD_USABLE(

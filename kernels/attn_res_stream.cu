@@ -2,7 +2,9 @@
  * attn_res_stream.cu — cuda.attn_res.stream, the prefill AttnRes read (T >= 64 tokens) on
  * densely packed bf16/f16 rows with delta and output norm, num_blocks 1..8: one CTA per SM
  * streams tokens through shared memory so that the next token's rows are in flight while
- * the current one is reduced and written.
+ * the current one is reduced and written. The key and output norms hold at any scale: a sum
+ * of squares that overflowed or underflowed is recomputed on values scaled by a power of two
+ * (stream_rescale_partials, out of line so the common path keeps its registers).
  */
 #include "attn_res.cuh"
 
@@ -34,6 +36,7 @@ __device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
  */
 const int kStreamMaxThreads = 512;
 const int kStreamV = 2;
+const int kStreamNB = 8; /* block sources of the one instance */
 const int64_t kStreamMinT = 64;
 
 struct stream_params {
@@ -72,15 +75,90 @@ __device__ __forceinline__ void stream_issue(const stream_params &p, uint4 *stag
     cp_async_commit();
 }
 
+/* The rare path's block reduction of one value per warp (lane 0's v): a barrier first (every
+ * thread has read buf since its last write), then the sum or max over the warps. */
+__device__ __forceinline__ float block_max_sum(float v, float *buf, bool max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int q = 0; q < nwarps; q++) r = max ? fmaxf(r, buf[q]) : r + buf[q];
+    return r;
+}
+
+/*
+ * The rare path of the logits (some source's sum of squares overflowed or underflowed, bits
+ * of `needs`): every source's dot and sum of squares again on its values scaled by 2^-e, e
+ * from the source's max magnitude (0 for a source whose sums were fine, which leaves them
+ * as they were). Not inlined, and working from the token's rows in global memory (p as this
+ * thread wrote it back, the block rows; both L1/L2 resident) one source at a time, so the
+ * common path keeps its 128 registers and no array of it is passed by address. On return,
+ * red[w][2s], red[w][2s + 1] hold warp w's scaled dot and sum of squares of source s (slot
+ * nb is p) and redm[w][s] its max magnitude, behind a barrier. Every thread has read red
+ * before the call.
+ */
+template <class T, class W>
+__device__ __noinline__ void stream_rescale_partials(const T *prow, const T *brow, int64_t sbs,
+                                                     const void *nw, const void *qw, int vecs,
+                                                     int nb, uint32_t needs, float *red, int ldr,
+                                                     float *redm, int ldm) {
+    const int NT = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5,
+              nwarps = NT >> 5;
+    __syncthreads();
+    for (int s = 0; s <= nb; s++) {
+        const T *row = s == nb ? prow : brow + s * sbs;
+        float am = 0.0f;
+        for (int k = 0; k < kStreamV; k++) {
+            int vi = k * NT + tid;
+            if (vi >= vecs) continue;
+            float v[8];
+            vec8<T>::unpack(*(const uint4 *)(row + (int64_t)vi * 8), v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
+        }
+        am = warp_max(am);
+        if (lane == 0) redm[warp * ldm + s] = am;
+    }
+    __syncthreads();
+    for (int s = 0; s <= nb; s++) {
+        const T *row = s == nb ? prow : brow + s * sbs;
+        float am = 0.0f;
+        for (int q = 0; q < nwarps; q++) am = fmaxf(am, redm[q * ldm + s]);
+        const pow2_scale ps((needs >> (s == nb ? kStreamNB : s)) & 1u ? scale_exp(am) : 0);
+        float dot = 0.0f, ss = 0.0f;
+        for (int k = 0; k < kStreamV; k++) {
+            int vi = k * NT + tid;
+            if (vi >= vecs) continue;
+            float v[8], x[8], y[8];
+            wload<T, W>(nw, (int64_t)vi * 8, x);
+            wload<T, W>(qw, (int64_t)vi * 8, y);
+            vec8<T>::unpack(*(const uint4 *)(row + (int64_t)vi * 8), v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float z = ps(v[e]);
+                dot = fmaf(z, x[e] * y[e], dot);
+                ss = fmaf(z, z, ss);
+            }
+        }
+        dot = warp_sum(dot);
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp * ldr + 2 * s] = dot, red[warp * ldr + 2 * s + 1] = ss;
+    }
+    __syncthreads();
+}
+
 template <class T, class W, int NB, int V>
 __global__ void __launch_bounds__(kStreamMaxThreads, 1)
     attn_res_stream_kernel(const stream_params p) {
     constexpr int MAXS = NB + 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NVP = (NV + 3) & ~3;
+    static_assert(NB == kStreamNB, "stream_rescale_partials numbers p's bit as kStreamNB");
     extern __shared__ __align__(16) uint4 stage[];
     __shared__ __align__(16) float red[kStreamMaxThreads / 32][NVP];
     __shared__ float red2[kStreamMaxThreads / 32];
+    __shared__ float redm[kStreamMaxThreads / 32][MAXS]; /* the rare path's maxima */
 
     const int NT = blockDim.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = NT >> 5;
@@ -176,13 +254,41 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
                 tot[4 * j + 3] += x.w;
             }
         }
-        float logit[MAXS], mx = -INFINITY;
+        /* Bit s: source s's sum of squares overflowed or underflowed (the same in every
+         * thread: all read the same totals). */
+        uint32_t needs = 0;
 #pragma unroll
-        for (int s = 0; s < MAXS; s++) {
-            bool active = s == NB || s < p.nb;
-            logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
-            mx = fmaxf(mx, logit[s]);
+        for (int s = 0; s < MAXS; s++)
+            if ((s == NB || s < p.nb) && ss_needs_rescale(tot[2 * s + 1])) needs |= 1u << s;
+        float logit[MAXS], mx = -INFINITY;
+        if (!needs) {
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                bool active = s == NB || s < p.nb;
+                logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
+            }
+        } else {
+            /* Rare: the partials again on scaled values; source q's sums sit at slot q of
+             * the helper's numbering (p at nb). */
+            stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs, p.nw,
+                                          p.qw, p.vecs, p.nb, needs, &red[0][0], NVP, &redm[0][0],
+                                          MAXS);
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                const bool active = s == NB || s < p.nb;
+                const int q = s == NB ? p.nb : s;
+                float dot = 0.0f, ss = 0.0f, am = 0.0f;
+                for (int w = 0; w < nwarps; w++) {
+                    dot += red[w][2 * q];
+                    ss += red[w][2 * q + 1];
+                    am = fmaxf(am, redm[w][q]);
+                }
+                const int e = (needs >> s) & 1u ? scale_exp(am) : 0;
+                logit[s] = active ? dot * rms_factor_scaled(ss, p.invH, p.eps, e) : -INFINITY;
+            }
         }
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) mx = fmaxf(mx, logit[s]);
         float sum = 0.0f;
 #pragma unroll
         for (int s = 0; s < MAXS; s++) {
@@ -216,7 +322,30 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
         __syncthreads();
         float total = 0.0f;
         for (int q = 0; q < nwarps; q++) total += red2[q];
-        const float r = 1.0f / sqrtf(total * p.invH + p.oeps);
+        float r;
+        if (!ss_needs_rescale(total)) {
+            r = 1.0f / sqrtf(total * p.invH + p.oeps);
+        } else {
+            /* Rare: the same on the mix scaled by 2^-e; out = m' * r' * w. */
+            float mm = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[k][e]));
+            mm = block_max_sum(warp_max(mm), red2, true);
+            const int eo = scale_exp(mm);
+            const pow2_scale ps(eo);
+            float s2 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    m[k][e] = ps(m[k][e]);
+                    s2 = fmaf(m[k][e], m[k][e], s2);
+                }
+            s2 = block_max_sum(warp_sum(s2), red2, false);
+            r = rms_factor_scaled(s2, p.invH, p.oeps, eo);
+        }
         T *out = (T *)p.out + t * p.H;
 #pragma unroll
         for (int k = 0; k < V; k++) {
@@ -245,8 +374,8 @@ int stream_threads(int64_t H) {
  * 448), so one CTA of 448 threads per SM (57344 of 65536 registers). */
 template <class T, class W>
 k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
-    auto kern = attn_res_stream_kernel<T, W, 8, kStreamV>;
-    size_t smem = (size_t)(2 + 8) * kStreamV * (size_t)nt * sizeof(uint4);
+    auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV>;
+    size_t smem = (size_t)(2 + kStreamNB) * kStreamV * (size_t)nt * sizeof(uint4);
     /* Raise the dynamic limit once per device (up to 160 KB for H = 8192). */
     static int raised[64];
     if (dev < 0 || dev >= 64 || !raised[dev]) {

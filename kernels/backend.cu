@@ -263,6 +263,8 @@ k3_status k3c_graph_begin(int dev);
 k3_status k3c_graph_end(int dev, void **graph);
 k3_status k3c_graph_replay(void *graph, int n);
 void k3c_graph_free(void *graph);
+void k3c_graph_abandon(int dev);
+int k3c_graph_kernels(void *graph);
 void k3c_dist_fill(k3_backend *out); /* dist.cu: NCCL entries of the table */
 
 namespace {
@@ -387,6 +389,8 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
     out->graph_end = k3c_graph_end;
     out->graph_replay = k3c_graph_replay;
     out->graph_free = k3c_graph_free;
+    out->graph_abandon = k3c_graph_abandon;
+    out->graph_kernels = k3c_graph_kernels;
     out->capturing = k3c_capturing;
     k3c_dist_fill(out);
     return K3_OK;

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <vector>
 
 /* ---- backend internals (backend.cu, memory.cu) ----------------------------------------- */
 
@@ -40,6 +41,17 @@ int k3c_sm_count(int dev);
  * cache is emptied and the allocation retried before it is reported. */
 k3_status k3c_alloc(int dev, size_t bytes, void **ptr);
 void k3c_free(int dev, void *ptr, size_t bytes);
+/* A block freed on `stream` while it was being captured into a CUDA graph (size class cls). */
+struct k3c_held_block {
+    void *ptr;
+    size_t cls;
+    cudaStream_t stream;
+};
+/* When a capture of `stream` ends: moves the blocks freed during it into *out (the graph's
+ * from then on). k3c_memory_give_back returns such blocks to the cache (the graph freed, or
+ * the capture discarded), ordered after the work queued so far on each block's stream. */
+void k3c_memory_capture_take(int dev, cudaStream_t stream, std::vector<k3c_held_block> *out);
+void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks);
 k3_status k3c_empty_cache(void);
 void k3c_memory_init(int device_count);
 /* 1 while this thread's stream of dev is being captured into a CUDA graph (k3_backend.capturing). */
@@ -87,8 +99,50 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
  * K3_ATTN_RES_DECODE_CTAS: attn_res.cuh) once, when the backend opens (attn_res_decode.cu). */
 void k3c_attn_res_knobs_init(void);
 
+/* The silu_mul prologue through a temporary (linear_cublas.cu; also the skinny kernel's path
+ * where its in-kernel prologue does not pay or does not fit): h = silu(x[:, :K]) * x[:, K:]
+ * [M, K], written by cuda.silu_mul.generic's own run into buf on x's device (stream-ordered
+ * scratch); ht is h as a contiguous tensor. K is w's dim 1. */
+k3_status k3c_silu_mul_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht);
+
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);
+
+/* ---- programmatic dependent launch ---------------------------------------------------------- */
+
+/* PTX ISA "griddepcontrol". launch_dependents: the next kernel of the stream, when it was
+ * launched with the programmatic-stream-serialization attribute, may become resident before
+ * this one completes (its prologue overlaps this kernel's tail). wait: returns once every
+ * prerequisite grid has completed and its memory is visible. Both are no-ops in a launch
+ * without the attribute, so a kernel after cuBLAS or a memcpy stays correct. The row-wise and
+ * element kernels (norm.cu, copy.cu) call launch_dependents then wait at entry in every CTA,
+ * before their first load or store: nothing of theirs runs ahead of the previous kernel, and
+ * their completion still implies the completion of everything before them. */
+__device__ __forceinline__ void k3c_pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void k3c_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/* kern<<<grid, block, smem, stream>>>(args...) launched with programmatic dependent launch
+ * (cudaLaunchKernelEx, cudaLaunchAttributeProgrammaticStreamSerialization). A launch error is
+ * reported naming `name`. */
+template <class... P, class... A>
+k3_status k3c_launch_pdl(const char *name, void (*kern)(P...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((P)args)...);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return k3c_check(e, name, __FILE__, __LINE__);
+}
 
 /* ---- dtype tags and conversions ----------------------------------------------------------- */
 

@@ -1,7 +1,10 @@
 /*
  * copy.cu — element movement for device tensors: copies host<->device and device<->device
  * (same or different GPUs) with any strides (zero strides in the source included) and any
- * dtype pair, rounding exactly as lib/tensor.c does; fill; and the elementwise + - *.
+ * dtype pair, rounding exactly as lib/tensor.c does; fill; and the elementwise + - * /. Every
+ * kernel here launches with programmatic dependent launch (common.cuh), and a copy on one
+ * device is always a kernel (16-byte vectors when both sides are dense and aligned), never a
+ * memcpy node, so a captured step stays one PDL chain through its copies.
  */
 #include "common.cuh"
 
@@ -25,6 +28,8 @@ template <> __device__ __forceinline__ double convert<double, double>(double v) 
 template <class S, class D>
 __global__ void copy_kernel(D *__restrict__ dst, const S *__restrict__ src, k3c_walk w,
                             int64_t n) {
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[2];
@@ -33,7 +38,18 @@ __global__ void copy_kernel(D *__restrict__ dst, const S *__restrict__ src, k3c_
     }
 }
 
+/* Dense bytes, n 16-byte vectors (both sides 16-byte aligned). */
+__global__ void copy_vec16_kernel(uint4 *__restrict__ dst, const uint4 *__restrict__ src, int64_t n) {
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
 template <class U> __global__ void fill_kernel(U *__restrict__ dst, U bits, k3c_walk w, int64_t n) {
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[1];
@@ -43,7 +59,7 @@ template <class U> __global__ void fill_kernel(U *__restrict__ dst, U bits, k3c_
 }
 
 template <class A> __device__ __forceinline__ A apply(int op, A x, A y) {
-    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : op == K3_MUL ? x * y : x / y;
 }
 
 /* lib/tensor.c's apply_op_odd: x op y rounded to odd at double precision (the exact
@@ -55,6 +71,13 @@ __device__ __forceinline__ double apply_odd(int op, double x, double y) {
     if (op == K3_MUL) {
         r = __dmul_rn(x, y);
         e = fma(x, y, -r);
+    } else if (op == K3_DIV) {
+        /* The exact remainder's sign, times y's, says on which side of r the quotient lies
+         * (lib/tensor.c). */
+        r = __ddiv_rn(x, y);
+        e = fma(-r, y, x);
+        if (y < 0) e = -e;
+        if (r == 0 || !isfinite(e)) e = 0;
     } else {
         double yy = op == K3_SUB ? -y : y;
         r = __dadd_rn(x, yy);
@@ -72,6 +95,8 @@ template <class T>
 __global__ void binary_kernel(T *__restrict__ out, const T *__restrict__ a, const T *__restrict__ b,
                               double s, int op, int mode, k3c_walk w, int64_t n) {
     typedef typename k3c_acc<T>::type A;
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[3];
@@ -97,19 +122,23 @@ bool is_dense(const k3_tensor *t) { return k3_tensor_is_contiguous(t) != 0; }
 k3_status copy_on_device(k3_tensor *dst, const k3_tensor *src, cudaStream_t stream) {
     int64_t n = k3_tensor_numel(dst);
     if (n == 0) return K3_OK;
-    if (dst->dtype == src->dtype && is_dense(dst) && is_dense(src)) {
-        K3_CHECK(cudaMemcpyAsync(k3_tensor_ptr(dst), k3_tensor_ptr(src),
-                                 (size_t)n * k3_dtype_size(dst->dtype), cudaMemcpyDeviceToDevice,
-                                 stream));
-        return K3_OK;
+    size_t bytes = (size_t)n * k3_dtype_size(dst->dtype);
+    void *dp = k3_tensor_ptr(dst);
+    const void *sp = k3_tensor_ptr(src);
+    if (dst->dtype == src->dtype && is_dense(dst) && is_dense(src) && bytes % 16 == 0 &&
+        (uintptr_t)dp % 16 == 0 && (uintptr_t)sp % 16 == 0) {
+        int64_t nv = (int64_t)(bytes / 16);
+        return k3c_launch_pdl("launch of copy_vec16_kernel", copy_vec16_kernel,
+                              dim3(k3c_blocks_for(nv, kThreads)), dim3(kThreads), 0, stream,
+                              (uint4 *)dp, (const uint4 *)sp, nv);
     }
     k3c_walk w;
     const int64_t *strides[2] = {dst->stride, src->stride};
     k3c_walk_init(&w, dst->ndim, dst->size, 2, strides);
     unsigned blocks = k3c_blocks_for(n, kThreads);
     K3C_DISPATCH_DTYPE(src->dtype, S, K3C_DISPATCH_DTYPE(dst->dtype, D, {
-        copy_kernel<S, D><<<blocks, kThreads, 0, stream>>>(typed<D>(dst), typed<S>(src), w, n);
-        K3_CHECK_LAUNCH(copy_kernel);
+        K3_TRY(k3c_launch_pdl("launch of copy_kernel", copy_kernel<S, D>, dim3(blocks),
+                              dim3(kThreads), 0, stream, typed<D>(dst), typed<S>(src), w, n));
     }));
     return K3_OK;
 }
@@ -278,33 +307,30 @@ k3_status k3c_backend_fill(k3_tensor *t, double value) {
     k3c_walk_init(&w, t->ndim, t->size, 1, strides);
     unsigned blocks = k3c_blocks_for(n, kThreads);
     /* The value is rounded on the host by the core's own conversions. */
+    const char *name = "launch of fill_kernel";
+    dim3 g(blocks), b(kThreads);
     switch (t->dtype) {
     case K3_DTYPE_BF16:
-        fill_kernel<uint16_t><<<blocks, kThreads, 0, ctx->stream>>>(
-            (uint16_t *)k3_tensor_ptr(t), k3_f64_to_bf16(value), w, n);
-        break;
+        return k3c_launch_pdl(name, fill_kernel<uint16_t>, g, b, 0, ctx->stream,
+                              (uint16_t *)k3_tensor_ptr(t), k3_f64_to_bf16(value), w, n);
     case K3_DTYPE_F16:
-        fill_kernel<uint16_t><<<blocks, kThreads, 0, ctx->stream>>>(
-            (uint16_t *)k3_tensor_ptr(t), k3_f64_to_f16(value), w, n);
-        break;
+        return k3c_launch_pdl(name, fill_kernel<uint16_t>, g, b, 0, ctx->stream,
+                              (uint16_t *)k3_tensor_ptr(t), k3_f64_to_f16(value), w, n);
     case K3_DTYPE_F32:
-        fill_kernel<float><<<blocks, kThreads, 0, ctx->stream>>>((float *)k3_tensor_ptr(t),
-                                                                (float)value, w, n);
-        break;
+        return k3c_launch_pdl(name, fill_kernel<float>, g, b, 0, ctx->stream,
+                              (float *)k3_tensor_ptr(t), (float)value, w, n);
     case K3_DTYPE_F64:
-        fill_kernel<double><<<blocks, kThreads, 0, ctx->stream>>>((double *)k3_tensor_ptr(t),
-                                                                 value, w, n);
-        break;
+        return k3c_launch_pdl(name, fill_kernel<double>, g, b, 0, ctx->stream,
+                              (double *)k3_tensor_ptr(t), value, w, n);
     }
-    K3_CHECK_LAUNCH(fill_kernel);
-    return K3_OK;
+    return k3_error(K3_EINTERNAL, "fill: unknown dtype %d", (int)t->dtype);
 }
 
 k3_status k3c_backend_binary(k3_tensor *out, k3_binop op, const k3_tensor *a, const k3_tensor *b,
                              double s, int scalar_first) {
     int64_t n = k3_tensor_numel(out);
     if (n == 0) return K3_OK;
-    if ((unsigned)op > K3_MUL) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
+    if ((unsigned)op > K3_DIV) return k3_error(K3_EINVAL, "binary: invalid op %d", (int)op);
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a), &ctx));
     k3c_walk w;
@@ -314,9 +340,9 @@ k3_status k3c_backend_binary(k3_tensor *out, k3_binop op, const k3_tensor *a, co
     unsigned blocks = k3c_blocks_for(n, kThreads);
     K3C_DISPATCH_DTYPE(a->dtype, T, {
         /* The scalar stays a double: rounding it first would round twice (DESIGN.md). */
-        binary_kernel<T><<<blocks, kThreads, 0, ctx->stream>>>(
-            typed<T>(out), typed<T>(a), b ? typed<T>(b) : typed<T>(a), s, (int)op, mode, w, n);
-        K3_CHECK_LAUNCH(binary_kernel);
+        K3_TRY(k3c_launch_pdl("launch of binary_kernel", binary_kernel<T>, dim3(blocks),
+                              dim3(kThreads), 0, ctx->stream, typed<T>(out), (const T *)typed<T>(a),
+                              (const T *)(b ? typed<T>(b) : typed<T>(a)), s, (int)op, mode, w, n));
     });
     return K3_OK;
 }

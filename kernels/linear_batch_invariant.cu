@@ -5,9 +5,13 @@
  * the device: 32 lanes, lane j accumulates
  * fma(x[i,k], w[n,k], acc) for k = j, j+32, ... in increasing k, then the shfl_down tree
  * (16, 8, 4, 2, 1), then + bias, then + residual, rounded once. bf16, f16, f32 (f32
- * accumulation) and f64 (f64 accumulation, same order); any non-negative strides.
+ * accumulation) and f64 (f64 accumulation, same order); any non-negative strides. The
+ * silu_mul prologue (x [M, 2K]) computes each h = silu(gate) * up as cuda.silu_mul.generic
+ * does (kernels/silu.cuh, rounded to the dtype) where it would load x, so the order above
+ * sees exactly the h a separate silu_mul writes.
  */
 #include "common.cuh"
+#include "silu.cuh"
 
 #include <stdio.h>
 
@@ -25,7 +29,17 @@ static __device__ __forceinline__ double k3bi_fma(double a, double b, double c) 
 static __device__ __forceinline__ float k3bi_add(float a, float b) { return __fadd_rn(a, b); }
 static __device__ __forceinline__ double k3bi_add(double a, double b) { return __dadd_rn(a, b); }
 
-template <class T>
+/* x[i, k], or under SILU h[i, k] = round(silu(x[i, k]) * x[i, K + k]) widened back. */
+template <class T, bool SILU>
+static __device__ __forceinline__ typename k3c_acc<T>::type
+    k3bi_lhs(const T *__restrict__ x, int64_t i, int64_t k, int64_t xs0, int64_t xs1, int64_t K) {
+    if (!SILU) return k3c_load_acc<T>(x[i * xs0 + k * xs1]);
+    const typename k3c_acc<T>::type g = k3c_load_acc<T>(x[i * xs0 + k * xs1]);
+    const typename k3c_acc<T>::type u = k3c_load_acc<T>(x[i * xs0 + (K + k) * xs1]);
+    return k3c_load_acc<T>(k3c_store_acc<T>(k3c_silu(g) * u));
+}
+
+template <class T, bool SILU>
 __global__ void __launch_bounds__(BI_THREADS)
     k3_bi_kernel(const T *__restrict__ x, int64_t xs0, int64_t xs1, const T *__restrict__ w,
                  int64_t ws0, int64_t ws1, const T *__restrict__ bias, int64_t bs0,
@@ -50,7 +64,8 @@ __global__ void __launch_bounds__(BI_THREADS)
             const A wv = k3c_load_acc<T>(wr[k * ws1]);
 #pragma unroll
             for (int r = 0; r < BI_ROWS; r++)
-                if (r < rows) acc[r] = k3bi_fma(k3c_load_acc<T>(x[(i0 + r) * xs0 + k * xs1]), wv, acc[r]);
+                if (r < rows)
+                    acc[r] = k3bi_fma(k3bi_lhs<T, SILU>(x, i0 + r, k, xs0, xs1, K), wv, acc[r]);
         }
 #pragma unroll
         for (int r = 0; r < BI_ROWS; r++)
@@ -107,10 +122,12 @@ template <class T>
 static k3_status k3bi_launch(const k3_linear_args *l, cudaStream_t stream) {
     const k3_tensor *x = l->x, *w = l->w, *bias = l->bias, *res = l->residual;
     k3_tensor *out = l->out;
-    const int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    const int64_t M = x->size[0], K = w->size[1], N = w->size[0];
     const int64_t tasks = (M + BI_ROWS - 1) / BI_ROWS * N;
     const unsigned blocks = k3c_blocks_for(tasks, BI_THREADS / 32, 1 << 20);
-    k3_bi_kernel<T><<<blocks, BI_THREADS, 0, stream>>>(
+    auto kernel = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL ? k3_bi_kernel<T, true>
+                                                              : k3_bi_kernel<T, false>;
+    kernel<<<blocks, BI_THREADS, 0, stream>>>(
         (const T *)k3_tensor_data(x), x->stride[0], x->stride[1], (const T *)k3_tensor_data(w),
         w->stride[0], w->stride[1], bias ? (const T *)k3_tensor_data(bias) : nullptr,
         bias ? bias->stride[0] : 0, res ? (const T *)k3_tensor_data(res) : nullptr,

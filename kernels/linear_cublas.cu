@@ -12,6 +12,9 @@
  * can read them. Otherwise, or when cuBLASLt offers no algorithm: cublasGemmEx into an f32
  * (f64) temporary, then one epilogue kernel adds bias and residual through their real strides
  * and rounds once. f32 uses CUBLAS_COMPUTE_32F: no TF32.
+ * The silu_mul prologue goes through a temporary: cuda.silu_mul.generic's own run writes
+ * h = silu(gate) * up [M, K] into a contiguous device buffer (so h has its bits by
+ * construction), then the GEMM above reads h as x.
  */
 #include "common.cuh"
 
@@ -301,11 +304,31 @@ k3_status lt_path(k3c_ctx *ctx, const k3_linear_args *a, const operand &A, const
     return K3_OK;
 }
 
+k3_status run_plain(const k3_op_args *oa);
+
+/* The silu_mul prologue: h [M, K] into a temporary (k3c_silu_mul_temp; freed stream-ordered
+ * after the GEMM is queued on the same stream), then the plain call on h. */
+k3_status run_silu_mul(const k3_op_args *oa) {
+    k3c_buffer hbuf;
+    k3c_temp_tensor ht;
+    K3_TRY(k3c_silu_mul_temp(&oa->u.linear, hbuf, ht));
+    k3_op_args plain = *oa;
+    plain.u.linear.x = &ht.t;
+    plain.u.linear.prologue = K3_LINEAR_PROLOGUE_NONE;
+    return run_plain(&plain);
+}
+
 k3_status run(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
     char reason[256] = "";
     k3_status st = supports(oa, reason, sizeof reason);
     if (st != K3_OK) return k3_error(st, "linear: %s", reason);
+    if (a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL) return run_silu_mul(oa);
+    return run_plain(oa);
+}
+
+k3_status run_plain(const k3_op_args *oa) {
+    const k3_linear_args *a = &oa->u.linear;
     int64_t M = a->x->size[0], K = a->x->size[1], N = a->w->size[0];
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(k3c_dev(a->x), &ctx));
@@ -336,6 +359,20 @@ k3_status run(const k3_op_args *oa) {
 }
 
 } // namespace
+
+k3_status k3c_silu_mul_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht) {
+    const int64_t M = a->x->size[0], K = a->w->size[1];
+    int64_t shape[2] = {M, K};
+    const size_t bytes = (size_t)M * (size_t)K * k3_dtype_size(a->x->dtype);
+    if (bytes > 0) K3_TRY(buf.alloc(k3c_dev(a->x), bytes));
+    k3c_temp_init(&ht, buf.ptr, bytes, k3c_dev(a->x), a->x->dtype, 2, shape);
+    if (bytes == 0) return K3_OK;
+    k3_op_args gate;
+    memset(&gate, 0, sizeof gate);
+    gate.op = K3_OP_SILU_MUL;
+    gate.u.silu_mul = (k3_silu_mul_args){a->x, &ht.t, a->base};
+    return k3_cuda_silu_mul_generic.run(&gate);
+}
 
 extern "C" const k3_kernel k3_cuda_linear_cublas =
     K3_KERNEL_RECORD(k3_cuda_linear_cublas, supports, run);

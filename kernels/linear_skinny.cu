@@ -1,6 +1,6 @@
 /*
  * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
- * optional residual in the same pass). supports() is DESIGN.md's runtime check with a named
+ * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up). supports() is DESIGN.md's runtime check with a named
  * reason per failure; run() repeats it and raises the same text as an error, so a strided
  * x passed directly fails loud instead of being read with the wrong stride. The device
  * code is in linear_skinny.cuh (shared with tools/autotune.cu).
@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Split-K across CTAs (kcta >= 2, see linear_skinny.cuh) needs, per launch:
  *  - fp32 partials: the context's workspace (k3c_ctx::workspace, shared with cuBLAS(Lt),
@@ -53,6 +54,41 @@ static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     }
     *out = &c;
     return K3_OK;
+}
+
+/* The silu_mul prologue runs in the kernel (h computed once per CTA into shared memory,
+ * linear_skinny.cuh) for M up to this, and through a temporary above it (cuda.silu_mul.generic
+ * into scratch, then the plain kernel: the same bits either way). Every CTA recomputes the
+ * whole h of its k range, so the in-kernel cost grows with M and the number of CTAs while a
+ * separate gate kernel costs a launch (notes/PERF.md, "silu_mul prologue"). K3_SKINNY_SILU_MAX_M
+ * (0..16, read once) overrides it, for measuring both paths. */
+#define K3SK_SILU_MAX_M_DEFAULT 16
+static int k3sk_silu_max_m(void) {
+    static const int v = [] {
+        const char *e = getenv("K3_SKINNY_SILU_MAX_M");
+        char *end = NULL;
+        long n = e && *e ? strtol(e, &end, 10) : -1;
+        return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M
+                   ? (int)n
+                   : K3SK_SILU_MAX_M_DEFAULT;
+    }();
+    return v;
+}
+
+/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
+ * partial sums (at most 16 warps x 512 bytes, and the split flag). */
+static bool k3sk_silu_fits(int dev, size_t bytes) {
+    static int optin[K3SK_MAX_DEVICES];
+    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
+    if (!optin[dev]) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        optin[dev] = v;
+    }
+    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -110,10 +146,13 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             k3_device_name(k3_tensor_device(typed[i]), a, sizeof a),
                             k3_device_name(dx, b, sizeof b)),
                    K3_EDEVICE;
-    const int64_t M = x->size[0], K = x->size[1], N = w->size[0];
-    if (w->size[1] != K)
-        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)", 1 + l->base,
-                        (long long)K, 1 + l->base, (long long)w->size[1]),
+    /* K is w's dim 1; the silu_mul prologue's x holds gate | up, 2K per row. */
+    const bool silu = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    const int64_t M = x->size[0], K = w->size[1], N = w->size[0];
+    if (x->size[1] != (silu ? 2 * K : K))
+        return snprintf(why, n, "K mismatch: x dim %d (%lld), w dim %d (%lld)%s", 1 + l->base,
+                        (long long)x->size[1], 1 + l->base, (long long)K,
+                        silu ? " (prologue silu_mul needs x dim = 2 * w dim)" : ""),
                K3_ESHAPE;
     if (K == 0) return snprintf(why, n, "K = 0 (nothing to stream)"), K3_ESHAPE;
     if (M < 1 || M > K3_SKINNY_MAX_M)
@@ -240,7 +279,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.y_s1 = l->out->stride[1];
     p.M = (int)l->x->size[0];
     p.N = (int)l->w->size[0];
-    p.K = (int)l->x->size[1];
+    p.K = (int)l->w->size[1];
+    p.silu_mul = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
     if (p.N == 0) return K3_OK;
     /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
@@ -250,6 +290,16 @@ static k3_status k3sk_run(const k3_op_args *a) {
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows);
+    /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
+    k3c_buffer hbuf;
+    k3c_temp_tensor ht;
+    if (p.silu_mul &&
+        (p.M > k3sk_silu_max_m() ||
+         !k3sk_silu_fits(ctx->dev, k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1)))) {
+        K3_TRY(k3c_silu_mul_temp(l, hbuf, ht));
+        p.x = k3_tensor_data(&ht.t);
+        p.silu_mul = 0;
+    }
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
         return K3_OK;

@@ -14,6 +14,18 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
+ * SwiGLU prologue (k3_skinny_problem.silu_mul): x is [M, 2K], gate | up. After the PDL wait
+ * the CTA's threads together compute h = silu(gate) * up for the M tokens over the CTA's own
+ * k range (all of K, or its split's slice) into dynamic shared memory, in fp32 rounded to bf16
+ * as cuda.silu_mul.generic rounds (kernels/silu.cuh); the warps then read their x fragments
+ * from there instead of from global memory. Every warp of the CTA needs the same h, so it is
+ * computed once per CTA rather than once per warp row group (the SiLU's exp and division cost
+ * ~20 instructions an element: per warp, in registers, they would outweigh the weight stream).
+ * The product sees exactly the h a separate silu_mul writes. w's loads and the PDL/static_w
+ * order are unchanged (the first step of w is in flight while h is computed). Rows of h are
+ * padded to 4 (mod 8) 16-byte vectors so a quarter-warp's eight 16-byte reads (two tokens,
+ * four k vectors) hit distinct banks.
+ *
  * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
  * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
  * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
@@ -45,6 +57,8 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "silu.cuh"
 
 /* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
 #define K3_SKINNY_CONFIGS(X)                                                              \
@@ -78,6 +92,11 @@ typedef struct k3_skinny_problem {
      * the first step's w loads are issued before that wait (the weight is not written by a
      * kernel in flight). */
     int pdl, static_w;
+    /* silu_mul: x is [M, 2K] (row stride 2K) and the product takes silu(x[:, :K]) *
+     * x[:, K:] rounded to bf16 (the SwiGLU prologue above); the launch then uses
+     * k3_skinny_silu_smem_bytes of dynamic shared memory, which the caller checks against the
+     * device's limit. */
+    int silu_mul;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
@@ -101,6 +120,22 @@ static inline bool k3_skinny_split_instantiated(int threads, int rows, int unrol
     K3_SKINNY_SPLIT_CONFIGS(K3_SK_MATCH)
 #undef K3_SK_MATCH
     return false;
+}
+
+/* Dynamic shared memory of a SwiGLU-prologue launch: h [M][row] in 16-byte vectors, a row
+ * holding the largest k range of one CTA (K, or one of kcta slices of 32-k chunks), padded to
+ * 4 (mod 8) vectors. */
+#if defined(__CUDACC__)
+#define K3SK_HD __host__ __device__
+#else
+#define K3SK_HD
+#endif
+static inline K3SK_HD int k3_skinny_silu_row(int nvs) { return ((nvs + 7) & ~7) + 4; }
+static inline size_t k3_skinny_silu_smem_bytes(int M, int K, int kcta) {
+    const int nvec = K / 8, nchunk = (nvec + 3) / 4;
+    const int chunks = kcta > 1 ? (nchunk + kcta - 1) / kcta : nchunk;
+    const int nvs = chunks * 4 < nvec ? chunks * 4 : nvec;
+    return (size_t)M * (size_t)k3_skinny_silu_row(nvs) * 16u;
 }
 
 /* Bytes of fp32 partials a split launch needs in ws (0 for kcta <= 1), and the number of
@@ -185,10 +220,25 @@ static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* h = silu(g) * u for the two bf16 of g and u (low half first), rounded to bf16 as
+ * cuda.silu_mul.generic rounds (fp32 arithmetic, one rounding). */
+static __device__ __forceinline__ uint32_t k3sk_silu_mul2(uint32_t g, uint32_t u) {
+    const float g0 = k3sk_bf16_to_f32((uint16_t)(g & 0xffffu)), g1 = k3sk_bf16_to_f32((uint16_t)(g >> 16));
+    const float u0 = k3sk_bf16_to_f32((uint16_t)(u & 0xffffu)), u1 = k3sk_bf16_to_f32((uint16_t)(u >> 16));
+    const uint32_t h0 = k3sk_f32_to_bf16(k3c_silu(g0) * u0);
+    const uint32_t h1 = k3sk_f32_to_bf16(k3c_silu(g1) * u1);
+    return h0 | (h1 << 16);
+}
+static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
+    return make_uint4(k3sk_silu_mul2(g.x, u.x), k3sk_silu_mul2(g.y, u.y),
+                      k3sk_silu_mul2(g.z, u.z), k3sk_silu_mul2(g.w, u.w));
+}
+
 /* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
 /* SPLIT: split-K across CTAs (gridDim.y = kcta >= 2, ws and counters used); otherwise
- * gridDim.y = 1 and ws / counters are unused (may be NULL). */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+ * gridDim.y = 1 and ws / counters are unused (may be NULL). SILU: the SwiGLU prologue (x rows
+ * of 2K, gate | up). */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, bool SILU>
 __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ w,
                      const uint16_t *__restrict__ res, int64_t res_s0, int64_t res_s1,
@@ -204,6 +254,7 @@ __global__ void __launch_bounds__(THREADS)
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
     __shared__ float partial[WARPS][4][32];
+    extern __shared__ uint4 k3sk_h[]; /* SILU: h [M][hrow] of this CTA's k range */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = warp / KW, kw = warp % KW;
@@ -216,8 +267,9 @@ __global__ void __launch_bounds__(THREADS)
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
-    const uint4 *x0 = x + (x0_ok ? g : 0) * (int64_t)nvec;
-    const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * (int64_t)nvec;
+    const int64_t xrow = SILU ? 2 * (int64_t)nvec : (int64_t)nvec; /* x's row in vectors */
+    const uint4 *x0 = x + (x0_ok ? g : 0) * xrow;
+    const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * xrow;
 
     /* This CTA's chunks: all of them, or split s of kcta (equal slices, fixed bounds). */
     int cbeg = 0, cend = nchunk;
@@ -241,6 +293,35 @@ __global__ void __launch_bounds__(THREADS)
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
+    /* SILU: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
+     * are issued four items at a time so their latencies overlap. */
+    const int vbeg = cbeg * 4, vend = cend * 4 < nvec ? cend * 4 : nvec;
+    const int nvs = vend > vbeg ? vend - vbeg : 0, hrow = k3_skinny_silu_row(nvs);
+    if (SILU) {
+        const int items = M * nvs;
+        for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
+            uint4 gv[4], uv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = i0 + j * THREADS;
+                const bool in = i < items;
+                const int m = in ? i / nvs : 0, q = in ? i - m * nvs : 0;
+                const uint4 *xr = x + m * xrow + vbeg + q;
+                gv[j] = k3sk_load_x(xr, in);
+                uv[j] = k3sk_load_x(xr + nvec, in);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = i0 + j * THREADS;
+                if (i < items) {
+                    const int m = i / nvs, q = i - m * nvs;
+                    k3sk_h[m * hrow + q] = k3sk_silu_mul(gv[j], uv[j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
@@ -250,20 +331,29 @@ __global__ void __launch_bounds__(THREADS)
             const int v = (c0 + u) * 4 + t;
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
-            if (SPLIT) {
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            if (SILU) {
+                /* kin puts v in [vbeg, vend): h's own row; tokens >= M read zeros. */
+                if (!have_w) {
+                    if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                    else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                }
+                xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
+                xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
+            } else if (SPLIT) {
                 if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
                 else
-                    xb[u] = make_uint4(0u, 0u, 0u, 0u);
+                    xb[u] = zero;
             } else {
                 if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
                 else
-                    xb[u] = make_uint4(0u, 0u, 0u, 0u);
+                    xb[u] = zero;
             }
         }
 #pragma unroll
@@ -338,19 +428,27 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
+    lc.dynamicSmemBytes = p.silu_mul ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
     const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
-    if (p.M <= 8)
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, pdl, st);
+    /* Above 48 KB a kernel must opt in to its dynamic shared memory. */
+#define K3_SK_EX(MT, SILU)                                                                 \
+    ((lc.dynamicSmemBytes > 48u * 1024u &&                                                 \
+      (e = cudaFuncSetAttribute(k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, SILU>,    \
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,               \
+                                (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
+         ? e                                                                               \
+         : cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, SILU>, x, \
+                              w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws, \
+                              counters, pdl, st))
+    if (p.silu_mul)
+        e = p.M <= 8 ? K3_SK_EX(1, true) : K3_SK_EX(2, true);
     else
-        e = cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>, x, w, res,
-                               p.res_s0, p.res_s1, y, p.y_s0, p.y_s1, p.M, p.N, p.K, ws,
-                               counters, pdl, st);
+        e = p.M <= 8 ? K3_SK_EX(1, false) : K3_SK_EX(2, false);
+#undef K3_SK_EX
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 

@@ -2,7 +2,10 @@
  * memory.cu — the backend's caching allocator over plain cudaMalloc: one pool per device,
  * freed blocks kept by size class and handed out again in stream order, empty_cache()
  * returning them to the driver, and out-of-memory reported as a recoverable K3_ENOMEM
- * after the cache has been emptied and the allocation retried.
+ * after the cache has been emptied and the allocation retried. While a stream is being
+ * captured into a CUDA graph, allocations are served from the cache only (never cudaMalloc),
+ * and blocks freed during the capture are reused only inside that capture, then belong to
+ * the graph until it is freed (k3c_memory_capture_take / k3c_memory_give_back).
  */
 #include "common.cuh"
 
@@ -27,9 +30,10 @@ struct device_pool {
     std::mutex mu;
     std::unordered_map<size_t, std::vector<cached_block>> free_blocks; /* by size class */
     std::vector<cudaEvent_t> spare_events;
-    /* Blocks freed while their stream was being captured into a CUDA graph: the graph may
-     * still use them on every replay, so they are never reused or released. */
-    std::vector<void *> graph_held;
+    /* Blocks freed while their stream was being captured into a CUDA graph: the graph may use
+     * them on every replay, so they are reused only by later work of the same capture (stream
+     * order inside the graph protects them) and handed to the graph when the capture ends. */
+    std::vector<k3c_held_block> captured;
     size_t cached_bytes = 0;
     size_t live_bytes = 0;
 };
@@ -38,6 +42,8 @@ struct device_pool {
  * destructors after this file's statics would be gone. */
 device_pool *g_pools = nullptr;
 int g_ndev = 0;
+
+void cache_insert(device_pool &p, void *ptr, size_t cls, cudaStream_t stream);
 
 /* Size classes: 512-byte granules up to 4 KiB, then eight classes per power of two (at most
  * 12.5% waste). */
@@ -102,6 +108,16 @@ k3_status k3c_alloc(int dev, size_t bytes, void **ptr) {
 
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     K3_CHECK(cudaStreamIsCapturing(ctx->stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone) {
+        for (size_t i = p.captured.size(); i-- > 0;) {
+            k3c_held_block &b = p.captured[i];
+            if (b.cls != cls || b.stream != ctx->stream) continue;
+            *ptr = b.ptr;
+            p.captured.erase(p.captured.begin() + (ptrdiff_t)i);
+            p.live_bytes += cls;
+            return K3_OK;
+        }
+    }
     auto it = p.free_blocks.find(cls);
     if (it != p.free_blocks.end()) {
         std::vector<cached_block> &v = it->second;
@@ -119,6 +135,16 @@ k3_status k3c_alloc(int dev, size_t bytes, void **ptr) {
             p.live_bytes += cls;
             return K3_OK;
         }
+    }
+    if (cap != cudaStreamCaptureStatusNone) {
+        char want[32];
+        fmt_bytes(want, sizeof want, bytes);
+        return k3_error(K3_EINVAL,
+                        "cuda:%d: allocating %s while a CUDA graph is being captured: no block "
+                        "the allocator held before the capture serves it (it does not call "
+                        "cudaMalloc during a capture); run the captured function once before "
+                        "capturing (the warmup) or give its ops preallocated outs",
+                        dev, want);
     }
     cudaError_t e = cudaMalloc(ptr, cls);
     if (e == cudaErrorMemoryAllocation) {
@@ -182,9 +208,37 @@ void k3c_free(int dev, void *ptr, size_t bytes) {
         return;
     }
     if (cap != cudaStreamCaptureStatusNone) {
-        p.graph_held.push_back(ptr);
+        p.captured.push_back(k3c_held_block{ptr, cls, ctx->stream});
         return;
     }
+    cache_insert(p, ptr, cls, ctx->stream);
+}
+
+void k3c_memory_capture_take(int dev, cudaStream_t stream, std::vector<k3c_held_block> *out) {
+    if (!g_pools || dev < 0 || dev >= g_ndev) return;
+    device_pool &p = g_pools[dev];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (size_t i = 0; i < p.captured.size();) {
+        if (p.captured[i].stream == stream) {
+            out->push_back(p.captured[i]);
+            p.captured.erase(p.captured.begin() + (ptrdiff_t)i);
+        } else {
+            i++;
+        }
+    }
+}
+
+void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks) {
+    if (!g_pools || dev < 0 || dev >= g_ndev || blocks.empty()) return;
+    device_pool &p = g_pools[dev];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (const k3c_held_block &b : blocks) cache_insert(p, b.ptr, b.cls, b.stream);
+}
+
+namespace {
+/* Puts a freed block in the cache with an event recorded on `stream` now (its last use was
+ * queued there). Caller holds p.mu. */
+void cache_insert(device_pool &p, void *ptr, size_t cls, cudaStream_t stream) {
     cudaEvent_t ev = nullptr;
     if (!p.spare_events.empty()) {
         ev = p.spare_events.back();
@@ -193,14 +247,15 @@ void k3c_free(int dev, void *ptr, size_t bytes) {
         (void)cudaGetLastError();
         ev = nullptr;
     }
-    if (ev && cudaEventRecord(ev, ctx->stream) != cudaSuccess) {
+    if (ev && cudaEventRecord(ev, stream) != cudaSuccess) {
         (void)cudaGetLastError();
         p.spare_events.push_back(ev);
         ev = nullptr;
     }
-    p.free_blocks[cls].push_back(cached_block{ptr, ctx->stream, ev});
+    p.free_blocks[cls].push_back(cached_block{ptr, stream, ev});
     p.cached_bytes += cls;
 }
+} // namespace
 
 k3_status k3c_empty_cache(void) {
     if (!g_pools) return K3_OK;

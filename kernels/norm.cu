@@ -2,7 +2,7 @@
  * norm.cu — cuda.rms_norm.generic and cuda.silu_mul.generic: row-wise kernels for any row
  * strides with unit last stride, bf16/f16/f32/f64 (weights of any dtype), fp32 arithmetic
  * (fp64 for f64) in the expression order of lib/cpu/norm.c (the row scale of lib/cpu/rms.h),
- * rounded once.
+ * rounded once. Both launch with programmatic dependent launch (common.cuh).
  */
 #include "common.cuh"
 
@@ -56,6 +56,8 @@ __global__ void __launch_bounds__(kThreads)
     typedef typename k3c_acc<T>::type A;
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T *xr = x + i * xs;
         A ss = 0, mx = 0;
@@ -117,6 +119,8 @@ __global__ void silu_mul_kernel(const T *__restrict__ x, int64_t xs, T *__restri
                                 int64_t M, int64_t I) {
     typedef typename k3c_acc<T>::type A;
     int64_t n = M * I;
+    k3c_pdl_launch_dependents();
+    k3c_pdl_wait();
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (int64_t)gridDim.x * blockDim.x) {
         int64_t i = k / I, j = k - i * I;
@@ -136,10 +140,10 @@ k3_status run_rms_norm(const k3_op_args *oa) {
     if (M == 0 || H == 0) return K3_OK;
     unsigned grid = (unsigned)(M < (1 << 20) ? M : (1 << 20));
     K3C_DISPATCH_DTYPE(a->x->dtype, T, {
-        rms_norm_kernel<T><<<grid, kThreads, 0, ctx->stream>>>(
-            (const T *)k3_tensor_ptr(a->x), a->x->stride[0], k3_tensor_ptr(a->w), (int)a->w->dtype,
-            (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps);
-        K3_CHECK_LAUNCH(rms_norm_kernel);
+        K3_TRY(k3c_launch_pdl("launch of rms_norm_kernel", rms_norm_kernel<T>, dim3(grid),
+                              dim3(kThreads), 0, ctx->stream, (const T *)k3_tensor_ptr(a->x),
+                              a->x->stride[0], (const void *)k3_tensor_ptr(a->w), (int)a->w->dtype,
+                              (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps));
     });
     return K3_OK;
 }
@@ -152,10 +156,10 @@ k3_status run_silu_mul(const k3_op_args *oa) {
     if (M == 0 || I == 0) return K3_OK;
     unsigned grid = k3c_blocks_for(M * I, kThreads);
     K3C_DISPATCH_DTYPE(a->x->dtype, T, {
-        silu_mul_kernel<T><<<grid, kThreads, 0, ctx->stream>>>(
-            (const T *)k3_tensor_ptr(a->x), a->x->stride[0], (T *)k3_tensor_ptr(a->out),
-            a->out->stride[0], M, I);
-        K3_CHECK_LAUNCH(silu_mul_kernel);
+        K3_TRY(k3c_launch_pdl("launch of silu_mul_kernel", silu_mul_kernel<T>, dim3(grid),
+                              dim3(kThreads), 0, ctx->stream, (const T *)k3_tensor_ptr(a->x),
+                              a->x->stride[0], (T *)k3_tensor_ptr(a->out), a->out->stride[0], M,
+                              I));
     });
     return K3_OK;
 }

@@ -289,6 +289,7 @@ static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
 }
 
 static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
+static atomic_uint_fast64_t g_captured_calls[K3_MAX_STAT_KERNELS]; /* kind "captured" */
 static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static decline_stat g_declines[K3_MAX_STAT_DECLINES];
 static int g_ndeclines;
@@ -305,6 +306,8 @@ void k3_stats(k3_stats_fn fn, void *ud) {
     for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++) {
         uint64_t c = atomic_load(&g_kernel_calls[i]);
         if (c) fn(ud, "kernel", k3_known_name(i), c);
+        c = atomic_load(&g_captured_calls[i]);
+        if (c) fn(ud, "captured", k3_known_name(i), c);
     }
     /* Copy under the lock, call fn outside it: fn may call back into k3. */
     pthread_mutex_lock(&g_stats_lock);
@@ -318,7 +321,10 @@ void k3_stats(k3_stats_fn fn, void *ud) {
 }
 
 void k3_stats_reset(void) {
-    for (int i = 0; i < K3_MAX_STAT_KERNELS; i++) atomic_store(&g_kernel_calls[i], 0);
+    for (int i = 0; i < K3_MAX_STAT_KERNELS; i++) {
+        atomic_store(&g_kernel_calls[i], 0);
+        atomic_store(&g_captured_calls[i], 0);
+    }
     pthread_mutex_lock(&g_stats_lock);
     g_ndeclines = 0;
     pthread_mutex_unlock(&g_stats_lock);
@@ -326,6 +332,7 @@ void k3_stats_reset(void) {
 
 struct k3_stats_sink {
     uint64_t kernel_calls[K3_MAX_STAT_KERNELS];
+    uint64_t captured_calls[K3_MAX_STAT_KERNELS];
     int ndeclines;
     decline_stat declines[K3_MAX_STAT_DECLINES];
 };
@@ -335,6 +342,7 @@ size_t k3_stats_sink_size(void) { return sizeof(k3_stats_sink); }
 void k3_stats_sink_reset(k3_stats_sink *s) {
     if (!s) return;
     memset(s->kernel_calls, 0, sizeof s->kernel_calls);
+    memset(s->captured_calls, 0, sizeof s->captured_calls);
     s->ndeclines = 0;
 }
 
@@ -342,15 +350,20 @@ void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec) {
     if (!s || !rec) return;
     if (rec->chosen[0]) {
         int idx = k3_known_lookup(rec->chosen, NULL, NULL);
-        if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) s->kernel_calls[idx]++;
+        if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) {
+            s->kernel_calls[idx]++;
+            if (rec->captured) s->captured_calls[idx]++;
+        }
     }
     declines_add(s->declines, &s->ndeclines, rec);
 }
 
 void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud) {
     if (!s || !fn) return;
-    for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++)
+    for (int i = 0; i < K3_MAX_STAT_KERNELS && k3_known_name(i); i++) {
         if (s->kernel_calls[i]) fn(ud, "kernel", k3_known_name(i), s->kernel_calls[i]);
+        if (s->captured_calls[i]) fn(ud, "captured", k3_known_name(i), s->captured_calls[i]);
+    }
     for (int i = 0; i < s->ndeclines; i++) fn(ud, "decline", s->declines[i].key, s->declines[i].count);
 }
 
@@ -531,6 +544,7 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     k3_dispatch rec;
     rec.ndeclined = 0;
     rec.chosen[0] = '\0';
+    rec.captured = k3_graph_capturing();
     snprintf(rec.op, sizeof rec.op, "%s", k3_op_name(a->op));
     if (ext)
         for (int i = 0; i < ext->ndeclined; i++)
@@ -552,6 +566,7 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     if (k) snprintf(rec.chosen, sizeof rec.chosen, "%s", k->name);
     /* A forced kernel that cannot run is the caller's error, not a decision: no record. */
     if (!forced_refused) finish_record(call, &rec);
+    if (s == K3_OK && !(call && call->explain_only)) s = k3_graph_note_op(a, p.device);
     if (s == K3_OK && !(call && call->explain_only)) s = k->run(a);
     if (s != K3_OK) {
         k3_tensor_free(p.fresh);
@@ -560,7 +575,10 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     }
     if (call && call->explain_only) return K3_OK;
     int idx = k3_known_lookup(k->name, NULL, NULL);
-    if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) atomic_fetch_add(&g_kernel_calls[idx], 1);
+    if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) {
+        atomic_fetch_add(&g_kernel_calls[idx], 1);
+        if (rec.captured) atomic_fetch_add(&g_captured_calls[idx], 1);
+    }
     count_declines(&rec);
     if (y) *y = p.fresh ? p.fresh : p.handle;
     else k3_tensor_free(p.fresh);

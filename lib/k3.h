@@ -225,6 +225,24 @@ K3_API k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1
  * -1 (inferred). shape may be NULL only when ndim is 0. */
 K3_API k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                                 const int64_t *shape);
+/* Reshape, permute, squeeze, unsqueeze (the Torch7/PyTorch forms; 0-based dims):
+ *  - reshape: t's elements in row-major order in a new shape (one size may be -1); a view when
+ *    t's strides allow one (PyTorch's view rule: dims may be split or merged only where they
+ *    are contiguous with one another), else a contiguous copy (K3_ENOMEM/K3_EDEVICE as
+ *    k3_tensor_empty, named "reshape:"). Element-count mismatch is K3_ESHAPE ("reshape: shape
+ *    [4, 2] has 8 elements; tensor has 6").
+ *  - permute: dims[i] is the dim of t that becomes dim i; a permutation of 0..ndim-1, else
+ *    K3_ESHAPE ("permute: dim 2 appears twice (positions 1 and 2)").
+ *  - squeeze: drops dim d when its size is 1 (a no-op for another size), or every size-1 dim
+ *    when d is -1.
+ *  - unsqueeze: a new size-1 dim at position d (0..ndim); K3_ESHAPE for a K3_MAX_DIMS-dim t.
+ * Each but reshape's copy shares t's storage. */
+K3_API k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int64_t *shape);
+K3_API k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim,
+                                   const int *dims);
+K3_API k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d);
+K3_API k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d);
 /* Broadcast size-1 dims (and new leading dims) to shape with stride 0. shape may be NULL
  * only when ndim is 0. */
 K3_API k3_status k3_tensor_expand(k3_tensor **out, const k3_tensor *t, int ndim,
@@ -284,7 +302,8 @@ K3_API k3_status k3_tensor_to_f64(const k3_tensor *t, double *out);
 /* Elementwise ops into a new tensor of a's shape, dtype and device (*out; the caller frees
  * it). Each element is computed from the exact operands (a double scalar is not rounded to
  * the dtype first) and rounded once to the dtype (docs/DESIGN.md). */
-typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL } k3_binop;
+/* K3_DIV is IEEE division (x / 0 is an infinity or NaN, never an error). */
+typedef enum k3_binop { K3_ADD = 0, K3_SUB, K3_MUL, K3_DIV } k3_binop;
 /* out = a (op) b; shapes must match exactly, dtypes and devices too. Errors: K3_EINVAL
  * (out, a or b NULL: "binary: b is NULL"; op not a k3_binop), K3_EFREED, K3_ESHAPE,
  * K3_EDTYPE, K3_EDEVICE, K3_ENOMEM. */
@@ -407,6 +426,7 @@ typedef struct k3_dispatch {
     char chosen[64]; /* "" when nothing was chosen */
     int ndeclined;
     k3_decline declined[K3_MAX_DECLINES];
+    int captured; /* 1: made while a CUDA graph was being captured (k3_graph_capture) */
 } k3_dispatch;
 
 /* Per-call options of every op; a NULL k3_call means all defaults. */
@@ -444,6 +464,25 @@ K3_API int k3_batch_invariant(void);
 K3_API k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                            const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                            const k3_call *call);
+
+/* What a linear computes from x before the product (k3_linear_with_prologue).
+ * K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K], gate | up halves as k3_silu_mul takes it, and the
+ * product's left operand is h[M, K] = silu(x[:, :K]) * x[:, K:], each element computed and
+ * rounded to x's dtype exactly as k3_silu_mul computes it, so the fused call gives the bits of
+ * k3_silu_mul followed by k3_linear on every kernel (the SwiGLU MLP's down projection). */
+typedef enum k3_linear_prologue {
+    K3_LINEAR_PROLOGUE_NONE = 0,
+    K3_LINEAR_PROLOGUE_SILU_MUL = 1,
+} k3_linear_prologue;
+/* k3_linear with a prologue: y[M,N] = h w[N,K]^T (+ bias) (+ residual), h as above. With
+ * SILU_MUL, x must be [M, 2K] against w [N, K] (K3_ESHAPE "linear: x dim 2 (10) must be
+ * 2 * w dim 2 (4) = 8 for prologue silu_mul", dims counted as the caller counts them) and have
+ * unit stride in its last dim (K3_ELAYOUT); a prologue value out of range is K3_EINVAL. A
+ * kernel that cannot apply it declines with a reason and dispatch goes on to the next. */
+K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                         const k3_tensor *bias, const k3_tensor *residual,
+                                         k3_linear_prologue prologue, k3_tensor *out,
+                                         const k3_call *call);
 
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
@@ -487,6 +526,73 @@ K3_API k3_status k3_rms_norm(k3_tensor **y, const k3_tensor *x, const k3_tensor 
 /* x [M,2I] -> y [M,I] = silu(x[:, :I]) * x[:, I:] (SwiGLU gate). */
 K3_API k3_status k3_silu_mul(k3_tensor **y, const k3_tensor *x, k3_tensor *out,
                              const k3_call *call);
+
+/* ---- tensor ops: elementwise functions, reductions, joins and ranges ------------------------ */
+
+/* y = |x|, e^x or sqrt(x) elementwise (sqrt of a negative number is NaN); x any shape,
+ * strides (zero strides included) and dtype; y has x's shape and dtype (out, when given,
+ * must match and must not overlap x). fp32 arithmetic (fp64 for f64), rounded once: abs and
+ * sqrt are exact roundings on every kernel; exp is the math library's expf / exp (within
+ * 2 units in the last place of f32, 1 of f64). Errors: K3_EINVAL, K3_EFREED, K3_ESHAPE,
+ * K3_EDTYPE, K3_EDEVICE (out), K3_ENOMEM. */
+K3_API k3_status k3_abs(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_exp(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_sqrt(k3_tensor **y, const k3_tensor *x, k3_tensor *out, const k3_call *call);
+
+/* The fixed order of every sum (sum, mean): the n reduced elements, taken in row-major order
+ * as j = 0..n-1, go to lane j mod K3_REDUCE_LANES; each lane adds its elements in order of j
+ * into an fp32 accumulator (fp64 for f64 x); the 256 lanes are then combined as the CUDA
+ * kernel's warps do (within each group of 32 lanes a butterfly: v[i] += v[i ^ o] for
+ * o = 16, 8, 4, 2, 1; then the 8 groups' results added in order). CPU and CUDA kernels follow
+ * it to the bit. Its error bound is that of a sum of n / 256 + 8 terms per lane:
+ * |error| <= (n / 256 + 8) * 2^-24 * sum |x| (2^-53 for f64), before the one rounding to
+ * the dtype. */
+#define K3_REDUCE_LANES 256
+/* y = the sum (mean: sum / n, in the accumulator, then rounded once) of x over dim `dim`
+ * (0-based; y has x's shape with that dim of size 1), or over every element (dim = -1: y is
+ * 0-dim). The sum of no elements is 0 and their mean NaN. Any strides and dtype; out, when
+ * given, must be exactly y's shape, dtype and device. Errors: K3_EINVAL (x NULL, dim out of
+ * range: "sum: dim 3 is out of range for a 2-dim tensor (expected 0..1 or -1 for all)"),
+ * K3_EFREED, K3_ESHAPE, K3_EDTYPE, K3_EDEVICE (out), K3_ENOMEM. */
+K3_API k3_status k3_sum(k3_tensor **y, const k3_tensor *x, int dim, k3_tensor *out,
+                        const k3_call *call);
+K3_API k3_status k3_mean(k3_tensor **y, const k3_tensor *x, int dim, k3_tensor *out,
+                         const k3_call *call);
+/* y = the largest (smallest) element of x over dim `dim` (0-based; kept with size 1) or over
+ * every element (dim = -1: 0-dim). A NaN wins: the result is the first NaN. *indices (when
+ * indices is not NULL; a new f64 tensor of y's shape on y's device) receives the position of
+ * the result along dim (the row-major position when dim = -1) counted from index_base (0 in
+ * C, 1 in Lua): the first position among equal values. The result does not depend on the
+ * order elements are visited in. Errors as k3_sum, and K3_ESHAPE when the reduced dims
+ * have no element ("max: cannot reduce an empty dim 2 (size 0)"). */
+K3_API k3_status k3_max(k3_tensor **y, k3_tensor **indices, const k3_tensor *x, int dim,
+                        int index_base, k3_tensor *out, const k3_call *call);
+K3_API k3_status k3_min(k3_tensor **y, k3_tensor **indices, const k3_tensor *x, int dim,
+                        int index_base, k3_tensor *out, const k3_call *call);
+
+/* *out = a new tensor joining the n tensors ts along dim (0-based): every one must have the
+ * same ndim, dtype and device and the same size in every other dim (cat), or exactly the same
+ * shape (stack, which adds a new dim `dim` of size n, 0 <= dim <= ndim). Copies run on the
+ * tensors' device through k3_tensor_copy. Errors: K3_EINVAL (n < 1, a NULL entry, dim out of
+ * range), K3_EFREED, K3_ESHAPE, K3_EDTYPE, K3_EDEVICE, K3_ENOMEM, and names the entry
+ * ("cat: tensor 2 dim 1 (3) must match tensor 1 (4)"). */
+K3_API k3_status k3_tensor_cat(k3_tensor **out, const k3_tensor *const *ts, int n, int dim);
+K3_API k3_status k3_tensor_stack(k3_tensor **out, const k3_tensor *const *ts, int n, int dim);
+/* *out = the 1-dim tensor [start, start + step, ...) of n elements, each computed as
+ * start + i * step in f64 and rounded once to dtype (the caller gives n; for PyTorch's
+ * arange(a, b, step) it is ceil((b - a) / step)). Errors: K3_EINVAL (n < 0, start or step
+ * not finite), K3_EDTYPE, K3_EDEVICE, K3_ENOMEM. */
+K3_API k3_status k3_tensor_arange(k3_tensor **out, double start, double step, int64_t n,
+                                  k3_dtype dtype, k3_device device);
+/* *out = n points from a to b inclusive (PyTorch's linspace: step = (b - a) / (n - 1);
+ * element i is a + i * step for i < n / 2, else b - (n - 1 - i) * step, so both ends are
+ * exact), each rounded once to dtype. n = 1 gives {a}. Errors as k3_tensor_arange. */
+K3_API k3_status k3_tensor_linspace(k3_tensor **out, double a, double b, int64_t n,
+                                    k3_dtype dtype, k3_device device);
+/* *out = 1 when a and b have the same shape and equal values (compared in f64 on the host,
+ * any dtypes and devices; NaN equals nothing, -0 equals 0, as torch.equal), else 0.
+ * Errors: K3_EINVAL (NULL), K3_EFREED, K3_ENOMEM. */
+K3_API k3_status k3_tensor_equal(const k3_tensor *a, const k3_tensor *b, int *out);
 
 /* ---- linear methods ------------------------------------------------------------------------ */
 
@@ -533,13 +639,21 @@ K3_API void k3_method_free(k3_method *m);
 K3_API k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                  const k3_tensor *w, const k3_tensor *bias,
                                  const k3_tensor *residual, k3_tensor *out, const k3_call *call);
+/* k3_method_apply with a prologue (k3_linear_with_prologue): the plan is looked up by x's M,
+ * and the planned kernel and the owned default method's candidates all get the prologue. */
+K3_API k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y,
+                                               const k3_tensor *x, const k3_tensor *w,
+                                               const k3_tensor *bias, const k3_tensor *residual,
+                                               k3_linear_prologue prologue, k3_tensor *out,
+                                               const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 
 /* Process-wide totals: calls each kernel served and declines each (kernel, reason) caused, by
  * every caller in the process (C calls and every lua_State), since load or the last
- * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count) or "decline"
- * (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
+ * k3_stats_reset. fn is called once per entry: kind "kernel" (name, count), "captured" (the
+ * calls of that kernel that were captured into a CUDA graph, also counted under "kernel") or
+ * "decline" (name = "kernel: reason", count). Thread-safe. A lua_State's k3.stats() and
  * k3.stats_reset() see and clear only that state's own counters, never these totals. */
 typedef void (*k3_stats_fn)(void *ud, const char *kind, const char *name, uint64_t count);
 K3_API void k3_stats(k3_stats_fn fn, void *ud); /* fn NULL: nothing is called */
@@ -574,6 +688,59 @@ typedef struct k3_time_result {
  * not available: <reason>"), K3_ECUDA, and fn's own status. */
 K3_API k3_status k3_cuda_time(k3_time_fn fn, void *ud, const k3_time_options *o,
                               k3_time_result *out);
+
+/* ---- CUDA graphs (lib/graph.c, kernels/graph.cu) --------------------------------------------- */
+
+/* A captured sequence of device work: everything fn dispatches on this thread's stream of one
+ * CUDA device, recorded once into a CUDA graph and replayed any number of times. Tensors used
+ * inside are static: the graph reads and writes the same memory on every replay, so a caller
+ * fills the inputs (k3_tensor_copy into them) before k3_graph_replay and reads the outputs
+ * after it. What cannot be captured is refused while capturing, with K3_EINVAL naming it, and
+ * never reaches CUDA: a host synchronisation (k3_synchronize, k3_empty_cache, a copy to or from
+ * the host, an element read, k3_tensor_mark_static's first mark), a copy between two devices,
+ * an op, copy, fill or arithmetic on CPU tensors, and a device allocation that the caching
+ * allocator cannot serve from blocks it held before the capture (it never calls cudaMalloc
+ * while capturing: "cuda:0: allocating 28.00 KiB while a CUDA graph is being captured: ...").
+ * The warmup calls fill that cache: blocks fn allocated and freed there serve the capture.
+ * Every storage a captured op, copy, fill or arithmetic touches is held by the graph until
+ * k3_graph_free: after the capture, freeing its tensors (k3_tensor_free, k3_tensor_release)
+ * keeps that memory for the replays (k3_tensor_release still marks the views freed). A tensor
+ * released during the capture (an intermediate fn frees once consumed) gives its memory to
+ * later work of the same capture only, as do the kernels' temporaries: such blocks are the
+ * graph's until it is freed, never handed to other work. Dispatch records made while capturing have k3_dispatch.captured set and are counted
+ * under the kind "captured" as well (k3_stats). Replays of one graph must not overlap (replay
+ * it from one thread); the kernels launch with programmatic dependent launch, so a replay
+ * runs them back to back. */
+typedef struct k3_graph k3_graph;
+/* The captured function: returns K3_OK, or a status (with k3_error's message) that ends the
+ * capture and is returned by k3_graph_capture unchanged. */
+typedef k3_status (*k3_graph_fn)(void *ud);
+typedef struct k3_graph_options {
+    int device; /* the CUDA device whose stream is captured (default 0) */
+    int warmup; /* eager calls of fn before the capture, then k3_synchronize (default 0) */
+} k3_graph_options;
+/* Captures fn into *out (o NULL: device 0, no warmup). On any error *out is NULL, the capture
+ * is ended and discarded (the stream is usable: eager work runs), and the status is fn's
+ * own, a refusal's, or K3_ECUDA when CUDA invalidated the capture. Errors: K3_EINVAL (out or
+ * fn NULL: "graph_capture: fn is NULL"; a capture already in progress on this thread:
+ * "graph_capture: a CUDA graph is already being captured on this thread"; warmup < 0),
+ * K3_EDEVICE ("graph_capture: needs a CUDA device: <reason>", or no such device), K3_ENOMEM,
+ * K3_ECUDA. */
+K3_API k3_status k3_graph_capture(k3_graph **out, k3_graph_fn fn, void *ud,
+                                  const k3_graph_options *o);
+/* Launches the graph once on this thread's stream of its device (asynchronous, like the ops).
+ * Errors: K3_EINVAL (g NULL, or called while this thread is capturing), K3_ECUDA. */
+K3_API k3_status k3_graph_replay(k3_graph *g);
+/* Destroys the graph and drops its hold on every storage (memory whose tensors were freed is
+ * released then). A replay still running completes first (stream order). NULL: no-op. Called
+ * while this thread captures another graph, the destruction waits until that capture ends. */
+K3_API void k3_graph_free(k3_graph *g);
+/* The graph's kernel nodes (cuBLAS's kernels included), storages held, and device. */
+K3_API int k3_graph_kernels(const k3_graph *g);
+K3_API int k3_graph_tensors(const k3_graph *g);
+K3_API int k3_graph_device(const k3_graph *g);
+/* 1 while this thread is inside k3_graph_capture's capture (not its warmup), else 0. */
+K3_API int k3_graph_capturing(void);
 
 /* ---- safetensors files (lib/safetensors.c) -------------------------------------------------- */
 

@@ -30,7 +30,13 @@ typedef struct k3_storage {
     int released; /* __atomic; 1 once the memory is released */
     int is_static; /* __atomic; 1 once k3_tensor_mark_static marked it: writes are refused */
     char static_owner[64]; /* who marked it (set before is_static) */
+    int graph_holds; /* __atomic; captured CUDA graphs holding it (lib/graph.c): while > 0,
+                      * k3_tensor_release marks it released but keeps its memory */
 } k3_storage;
+
+/* Frees s's memory now (once: data becomes NULL); the storage record stays with its
+ * references. */
+void k3_storage_release_memory(k3_storage *s);
 
 /* k3_tensor_mark_static without the wait for queued device work (t checked by the caller; the
  * skinny kernel marks the weights of a static-weights plan with it). */
@@ -136,6 +142,12 @@ int k3_message_base(void);
  * memory allocating ..."). */
 K3_API k3_status k3_tensor_new(k3_tensor **out, int ndim, const int64_t *shape, k3_dtype dtype,
                                k3_device device, const char *op);
+/* Calls fn(ctx, off, n) for every row (last dim) of the shape [ndim, shape], off[k] being the
+ * row's first element in view k of nt (at most 4; strides[k], starting at base[k]); n is the
+ * last dim's size (1 for ndim 0). Nothing is called for an empty shape. */
+typedef void (*k3_row_fn)(void *ctx, const int64_t *off, int64_t n);
+void k3_walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
+                  const int64_t *base, k3_row_fn fn, void *ctx);
 /* Loads element at flat storage index (element units) of dtype as double / float. */
 K3_API double k3_load_f64(const void *base, k3_dtype dt, int64_t i);
 K3_API float k3_load_f32(const void *base, k3_dtype dt, int64_t i);
@@ -173,6 +185,10 @@ typedef struct k3_linear_args {
     const k3_skinny_config *config; /* only cuda.linear.skinny reads it; may be NULL */
     bool batch_invariant;           /* reduce each row in one fixed order, independent of M */
     int base;                       /* dims in messages count from it ("message numbering") */
+    /* K3_LINEAR_PROLOGUE_SILU_MUL: x is [M, 2K] and the product's left operand is
+     * silu(x[:, :K]) * x[:, K:] rounded to x's dtype (k3.h); every linear kernel applies it
+     * or declines. K is always w's dim 1. */
+    k3_linear_prologue prologue;
 } k3_linear_args;
 
 /* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
@@ -198,6 +214,28 @@ typedef struct k3_silu_mul_args {
     int base; /* dims in messages count from it ("message numbering") */
 } k3_silu_mul_args;
 
+/* Elementwise abs, exp, sqrt: out = f(x), x any shape, strides (zero strides included) and
+ * dtype; out has x's shape and dtype. fp32 arithmetic (fp64 for f64), rounded once. */
+typedef struct k3_unary_args {
+    const k3_tensor *x;
+    k3_tensor *out;
+    int base; /* dims in messages count from it ("message numbering") */
+} k3_unary_args;
+
+/* sum, mean, max, min over dim `dim` (0-based, kept with size 1 in out) or over every element
+ * (dim = -1: out is 0-dim). indices (max and min; may be NULL) is an f64 tensor of out's shape
+ * that receives the position along dim (the row-major position when dim = -1) plus
+ * index_base. The order of summation is fixed (K3_REDUCE_LANES, k3.h), so every kernel gives
+ * the same bits. */
+typedef struct k3_reduce_args {
+    const k3_tensor *x;
+    int dim;
+    k3_tensor *out;
+    k3_tensor *indices;
+    int index_base;
+    int base; /* dims in messages count from it ("message numbering") */
+} k3_reduce_args;
+
 typedef struct k3_op_args {
     k3_op op;
     union {
@@ -205,8 +243,22 @@ typedef struct k3_op_args {
         k3_attn_res_kargs attn_res;
         k3_rms_norm_args rms_norm;
         k3_silu_mul_args silu_mul;
+        k3_unary_args abs, exp, sqrt;
+        k3_reduce_args sum, mean, max, min;
     } u;
 } k3_op_args;
+
+/* The reduction's walk (lib/cpu/reduce.c, kernels/tensor_ops.cu): x seen as [outer, inner],
+ * the reduced dims last. outer_* are the kept dims (x's and out's strides), inner_* the
+ * reduced dims (x's strides), both row-major; dims of size 1 dropped. */
+typedef struct k3_reduce_plan {
+    int outer_ndim, inner_ndim;
+    int64_t outer_size[K3_MAX_DIMS], outer_xstride[K3_MAX_DIMS], outer_ostride[K3_MAX_DIMS];
+    int64_t outer_istride[K3_MAX_DIMS]; /* indices' strides (0 when there are none) */
+    int64_t inner_size[K3_MAX_DIMS], inner_xstride[K3_MAX_DIMS];
+    int64_t outer_n, inner_n; /* how many outputs, how many elements each reduces */
+} k3_reduce_plan;
+K3_API void k3_reduce_plan_init(k3_reduce_plan *p, const k3_reduce_args *a);
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 
@@ -289,6 +341,11 @@ typedef struct k3_backend {
     k3_status (*graph_end)(int dev, void **graph);
     k3_status (*graph_replay)(void *graph, int n);
     void (*graph_free)(void *graph);
+    /* Ends this thread's capture on `dev` and discards it, whatever state CUDA left it in
+     * (every error path of a capture; the stream is usable after it). */
+    void (*graph_abandon)(int dev);
+    /* Kernel nodes of a graph made by graph_end. */
+    int (*graph_kernels)(void *graph);
     /* Tensor parallelism (kernels/dist.cu; filled by k3c_dist_fill). NCCL is loaded with
      * dlopen on first use; NULL entries (a backend built without nccl.h) make k3_dist_init
      * fail with a reason. One communicator per process, on device `dev`; every wait is bounded by
@@ -395,9 +452,19 @@ K3_API k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *c
                                   const k3_dispatch_ext *ext);
 /* k3_linear with a dispatch extension (lib/ops.c; used by lib/method.c). */
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
-                               const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
-                               const k3_call *call, const k3_skinny_config *config,
-                               const k3_dispatch_ext *ext);
+                               const k3_tensor *bias, const k3_tensor *residual,
+                               k3_linear_prologue prologue, k3_tensor *out, const k3_call *call,
+                               const k3_skinny_config *config, const k3_dispatch_ext *ext);
+
+/* ---- CUDA graph capture (lib/graph.c) ------------------------------------------------------ */
+/* While this thread captures (k3_graph_capturing()), what cannot be captured is refused here
+ * before it reaches CUDA, and what the captured work touches is held by the graph. Each is
+ * K3_OK and does nothing outside a capture. k3_graph_refuse: K3_EINVAL "<op>: <what> cannot be
+ * captured into a CUDA graph ..."; k3_graph_note: the graph holds t's storage (K3_ENOMEM);
+ * k3_graph_note_op: refuses a CPU op (device) and notes every tensor of a. */
+k3_status k3_graph_refuse(const char *op, const char *what);
+k3_status k3_graph_note(const k3_tensor *t);
+k3_status k3_graph_note_op(const k3_op_args *a, k3_device device);
 
 /* ---- core functions the CUDA backend calls ---------------------------------------------- */
 /* libk3_cuda.so links against libk3.so, which is built with -fvisibility=hidden: these

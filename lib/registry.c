@@ -220,6 +220,7 @@ k3_status k3_cuda_arch(int device, char *buf, size_t n) {
 }
 
 k3_status k3_empty_cache(void) {
+    K3_TRY(k3_graph_refuse("empty_cache", "returning memory to the driver (a device synchronisation)"));
     const k3_backend *b = k3_cuda_backend(NULL);
     if (!b) return K3_OK;
     return b->empty_cache();

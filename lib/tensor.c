@@ -1,7 +1,7 @@
 /*
  * tensor.c — the tensor core: reference-counted storage, views (narrow, select, transpose,
- * view, expand, as_strided), copies between any strides, dtypes and devices, fill, element
- * access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
+ * view, reshape, permute, squeeze, unsqueeze, expand, as_strided), copies between any strides,
+ * dtypes and devices, fill, element access, elementwise arithmetic and comparisons. Every size computation is overflow-checked;
  * device work is handed to the CUDA backend's table.
  */
 #include "k3_impl.h"
@@ -229,7 +229,7 @@ void k3_memory_reset_peak(void) {
     __atomic_store_n(&device_peak, __atomic_load_n(&device_bytes, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
 }
 
-static void storage_release_memory(k3_storage *s) {
+void k3_storage_release_memory(k3_storage *s) {
     void *data = __atomic_exchange_n(&s->data, NULL, __ATOMIC_ACQ_REL);
     if (!data) return;
     if (s->device.type == K3_DEVICE_CPU) {
@@ -262,7 +262,7 @@ static k3_status device_alloc(const k3_backend *b, k3_storage *s) {
 
 static void storage_unref(k3_storage *s) {
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        storage_release_memory(s);
+        k3_storage_release_memory(s);
         k3_host_free(s, sizeof *s);
     }
 }
@@ -312,7 +312,10 @@ void k3_tensor_free(k3_tensor *t) {
 void k3_tensor_release(k3_tensor *t) {
     if (!t) return;
     __atomic_store_n(&t->storage->released, 1, __ATOMIC_RELEASE);
-    storage_release_memory(t->storage);
+    /* A CUDA graph holding the storage keeps its memory for its replays: it is released when
+     * the last such graph is freed (lib/graph.c). */
+    if (__atomic_load_n(&t->storage->graph_holds, __ATOMIC_ACQUIRE) == 0)
+        k3_storage_release_memory(t->storage);
     k3_tensor_free(t);
 }
 
@@ -494,6 +497,15 @@ k3_status k3_tensor_copy(k3_tensor *dst, const k3_tensor *src) {
         return s;
     }
     k3_device dd = dst->storage->device, sd = src->storage->device;
+    if (k3_graph_capturing()) {
+        if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy between CPU tensors");
+        if (dd.type == K3_DEVICE_CPU || sd.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("copy", "a copy to or from the host (a host synchronisation)");
+        if (dd.index != sd.index) return k3_graph_refuse("copy", "a copy between two devices");
+        K3_TRY(k3_graph_note(dst));
+        K3_TRY(k3_graph_note(src));
+    }
     if (dd.type == K3_DEVICE_CPU && sd.type == K3_DEVICE_CPU) return copy_cpu(dst, src);
     const k3_backend *b = cuda_for(dd.type == K3_DEVICE_CUDA ? dd : sd, "copy");
     if (!b) return K3_EDEVICE;
@@ -539,6 +551,11 @@ k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     k3_tensor view = *t_in, *t = &view;
     for (int d = 0; d < t->ndim; d++)
         if (t->stride[d] == 0) t->size[d] = 1;
+    if (k3_graph_capturing()) {
+        if (t->storage->device.type == K3_DEVICE_CPU)
+            return k3_graph_refuse("fill", "a fill of a CPU tensor");
+        K3_TRY(k3_graph_note(t));
+    }
     if (t->storage->device.type == K3_DEVICE_CUDA) {
         const k3_backend *b = cuda_for(t->storage->device, "fill");
         return b ? b->fill(t, value) : K3_EDEVICE;
@@ -690,6 +707,88 @@ k3_status k3_tensor_transpose(k3_tensor **out, const k3_tensor *t, int d1, int d
     return K3_OK;
 }
 
+/* A target shape for view or reshape: at most one size -1 (inferred from t's element count),
+ * the others >= 0, the same element count as t; sh gets the shape with -1 resolved. */
+static k3_status resolve_shape(const char *op, const k3_tensor *t, int ndim, const int64_t *shape,
+                               int64_t *sh, int base) {
+    if (ndim < 0 || ndim > K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "%s: a tensor has 0 to %d dimensions; got %d", op, K3_MAX_DIMS,
+                        ndim);
+    if (ndim > 0 && !shape) return null_arg(op, "shape");
+    int64_t known = 1, numel = k3_tensor_numel(t);
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        sh[i] = shape[i];
+        if (shape[i] == -1) {
+            if (infer >= 0)
+                return k3_error(K3_ESHAPE, "%s: only one size may be -1 (dims %d and %d)", op,
+                                infer + base, i + base);
+            infer = i;
+        } else if (shape[i] < 0) {
+            return k3_error(K3_ESHAPE, "%s: size of dim %d must be >= 0 or -1; got %lld", op,
+                            i + base, (long long)shape[i]);
+        } else if (!k3_mul_ok(known, shape[i], &known)) {
+            return k3_error(K3_EOVERFLOW, "%s: element count overflows at dim %d", op, i + base);
+        }
+    }
+    char b1[160];
+    if (infer >= 0) {
+        if (known == 0 || numel % known != 0)
+            return k3_error(K3_ESHAPE, "%s: cannot infer dim %d: %lld elements over %lld", op,
+                            infer + base, (long long)numel, (long long)known);
+        sh[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel)
+        return k3_error(K3_ESHAPE, "%s: shape %s has %lld elements; tensor has %lld", op,
+                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
+                        (long long)numel);
+    int64_t checked;
+    return check_shape(op, ndim, sh, &checked, base);
+}
+
+/* Row-major strides of shape into st. */
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        st[i] = s;
+        s *= shape[i] ? shape[i] : 1;
+    }
+}
+
+/* Strides that show t's elements, in row-major order, in shape sh (same element count), or
+ * false when t's strides allow none. The rule is the one PyTorch's view applies: t's dims are
+ * cut into chunks of dims that are contiguous with one another (stride[d] == size[d+1] *
+ * stride[d+1], size-1 dims ignored); the new shape must split or merge dims only inside a
+ * chunk, and each new dim inside a chunk gets the chunk's innermost stride times the sizes to
+ * its right. No product overflows: each is at most the stride of a dim of the non-empty view,
+ * whose extent was checked when it was made. */
+static bool view_strides(const k3_tensor *t, int ndim, const int64_t *sh, int64_t *st) {
+    if (k3_tensor_numel(t) == 0 || t->ndim == 0) {
+        contiguous_strides(ndim, sh, st);
+        return true;
+    }
+    int v = ndim - 1;
+    int64_t base_stride = t->stride[t->ndim - 1], chunk = 1, seen = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        chunk *= t->size[d];
+        bool chunk_ends = d == 0 || (t->size[d - 1] != 1 &&
+                                     t->stride[d - 1] != chunk * base_stride);
+        if (!chunk_ends) continue;
+        while (v >= 0 && (seen < chunk || sh[v] == 1)) {
+            st[v] = seen * base_stride;
+            seen *= sh[v];
+            v--;
+        }
+        if (seen != chunk) return false;
+        if (d > 0) {
+            base_stride = t->stride[d - 1];
+            chunk = seen = 1;
+        }
+    }
+    return v == -1;
+}
+
 k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                               const int64_t *shape) {
     int base = k3_message_base();
@@ -698,7 +797,6 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
     if (ndim < 0 || ndim > K3_MAX_DIMS)
         return k3_error(K3_ESHAPE, "view: a tensor has 0 to %d dimensions; got %d", K3_MAX_DIMS,
                         ndim);
-    if (ndim > 0 && !shape) return null_arg("view", "shape");
     char b1[160], b2[160];
     if (!k3_tensor_is_contiguous(t))
         return k3_error(K3_ELAYOUT,
@@ -706,44 +804,114 @@ k3_status k3_tensor_view(k3_tensor **out, const k3_tensor *t, int ndim,
                         "contiguous() first",
                         k3_fmt_dims(b1, sizeof b1, t->ndim, t->size),
                         k3_fmt_dims(b2, sizeof b2, t->ndim, t->stride));
-    int64_t sh[K3_MAX_DIMS], known = 1, numel = k3_tensor_numel(t);
-    int infer = -1;
-    for (int i = 0; i < ndim; i++) {
-        sh[i] = shape[i];
-        if (shape[i] == -1) {
-            if (infer >= 0)
-                return k3_error(K3_ESHAPE, "view: only one size may be -1 (dims %d and %d)",
-                                infer + base, i + base);
-            infer = i;
-        } else if (shape[i] < 0) {
-            return k3_error(K3_ESHAPE, "view: size of dim %d must be >= 0 or -1; got %lld",
-                            i + base, (long long)shape[i]);
-        } else if (!k3_mul_ok(known, shape[i], &known)) {
-            return k3_error(K3_EOVERFLOW, "view: element count overflows at dim %d", i + base);
-        }
-    }
-    if (infer >= 0) {
-        if (known == 0 || numel % known != 0)
-            return k3_error(K3_ESHAPE, "view: cannot infer dim %d: %lld elements over %lld",
-                            infer + base, (long long)numel, (long long)known);
-        sh[infer] = numel / known;
-        known = numel;
-    }
-    if (known != numel)
-        return k3_error(K3_ESHAPE, "view: shape %s has %lld elements; tensor has %lld",
-                        k3_fmt_dims(b1, sizeof b1, ndim, sh), (long long)known,
-                        (long long)numel);
-    int64_t checked;
-    K3_TRY(check_shape("view", ndim, sh, &checked, base));
+    int64_t sh[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("view", t, ndim, shape, sh, base));
     k3_tensor *r;
     K3_TRY(k3_tensor_alias(&r, t));
     r->ndim = ndim;
-    int64_t st = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        r->size[i] = sh[i];
-        r->stride[i] = st;
-        st *= sh[i] ? sh[i] : 1;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    contiguous_strides(ndim, sh, r->stride);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_reshape(k3_tensor **out, const k3_tensor *t, int ndim, const int64_t *shape) {
+    int base = k3_message_base();
+    if (!out) return null_arg("reshape", "out");
+    K3_TRY(need_tensor("reshape", "t", t));
+    int64_t sh[K3_MAX_DIMS], st[K3_MAX_DIMS];
+    K3_TRY(resolve_shape("reshape", t, ndim, shape, sh, base));
+    k3_tensor *r;
+    if (view_strides(t, ndim, sh, st)) {
+        K3_TRY(k3_tensor_alias(&r, t));
+    } else {
+        /* A contiguous copy in t's own shape (copy needs equal shapes), then given the new
+         * shape: a fresh handle nothing else sees yet. */
+        K3_TRY(k3_tensor_new(&r, t->ndim, t->size, t->dtype, t->storage->device, "reshape"));
+        k3_status s = k3_tensor_copy(r, t);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return s;
+        }
+        contiguous_strides(ndim, sh, st);
     }
+    r->ndim = ndim;
+    memcpy(r->size, sh, sizeof(int64_t) * (size_t)ndim);
+    memcpy(r->stride, st, sizeof(int64_t) * (size_t)ndim);
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_permute(k3_tensor **out, const k3_tensor *t, int ndim, const int *dims) {
+    int base = k3_message_base();
+    if (!out) return null_arg("permute", "out");
+    K3_TRY(need_tensor("permute", "t", t));
+    if (ndim != t->ndim)
+        return k3_error(K3_ESHAPE, "permute: expected %d dims for a %d-dim tensor; got %d",
+                        t->ndim, t->ndim, ndim);
+    if (ndim > 0 && !dims) return null_arg("permute", "dims");
+    int used[K3_MAX_DIMS] = {0};
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0 || dims[i] >= ndim)
+            return k3_error(K3_ESHAPE, "permute: dim %lld at position %d is out of range %d..%d",
+                            (long long)dims[i] + base, i + base, base, ndim - 1 + base);
+        if (used[dims[i]])
+            return k3_error(K3_ESHAPE, "permute: dim %d appears twice (positions %d and %d)",
+                            dims[i] + base, used[dims[i]] - 1 + base, i + base);
+        used[dims[i]] = i + 1;
+    }
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = 0; i < ndim; i++) {
+        r->size[i] = t->size[dims[i]];
+        r->stride[i] = t->stride[dims[i]];
+    }
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_squeeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("squeeze", "out");
+    K3_TRY(need_tensor("squeeze", "t", t));
+    if (d != -1) K3_TRY(check_dim("squeeze", t, d, "dim", base));
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->size[i] == 1 && (d == -1 || d == i)) continue;
+        r->size[n] = t->size[i];
+        r->stride[n] = t->stride[i];
+        n++;
+    }
+    r->ndim = n;
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_unsqueeze(k3_tensor **out, const k3_tensor *t, int d) {
+    int base = k3_message_base();
+    if (!out) return null_arg("unsqueeze", "out");
+    K3_TRY(need_tensor("unsqueeze", "t", t));
+    if (t->ndim == K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "unsqueeze: the tensor has %d dims already (the most a "
+                        "tensor has)", K3_MAX_DIMS);
+    if (d < 0 || d > t->ndim)
+        return k3_error(K3_ESHAPE, "unsqueeze: dim must be in %d..%d for a %d-dim tensor; got %lld",
+                        base, t->ndim + base, t->ndim, (long long)d + base);
+    k3_tensor *r;
+    K3_TRY(k3_tensor_alias(&r, t));
+    for (int i = t->ndim; i > d; i--) {
+        r->size[i] = t->size[i - 1];
+        r->stride[i] = t->stride[i - 1];
+    }
+    /* The new dim steps over the dims after it, as a contiguous tensor's would (PyTorch's
+     * choice); with size 1 its stride is never used to reach an element. */
+    int64_t st = 1;
+    if (d < t->ndim && !k3_mul_ok(t->size[d], t->stride[d], &st)) st = 1; /* an empty view's */
+    r->size[d] = 1;
+    r->stride[d] = st;
+    r->ndim = t->ndim + 1;
     *out = r;
     return K3_OK;
 }
@@ -868,6 +1036,7 @@ k3_status k3_tensor_get(const k3_tensor *t, const int64_t *idx, double *out) {
         *out = k3_load_f64(t->storage->data, t->dtype, off);
         return K3_OK;
     }
+    K3_TRY(k3_graph_refuse("get", "an element read (a host synchronisation)"));
     k3_tensor *v, *h;
     K3_TRY(element_view(&v, t, off));
     k3_status s = k3_tensor_to(&h, v, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64);
@@ -901,6 +1070,7 @@ k3_status k3_tensor_to_f64(const k3_tensor *t, double *out) {
     int64_t n = k3_tensor_numel(t);
     if (n == 0) return K3_OK;
     if (!out) return null_arg("to_f64", "out");
+    K3_TRY(k3_graph_refuse("to_f64", "a read back to the host (a host synchronisation)"));
     k3_tensor *h;
     K3_TRY(k3_tensor_to(&h, t, (k3_device){K3_DEVICE_CPU, 0}, K3_DTYPE_F64));
     memcpy(out, h->storage->data, (size_t)n * sizeof(double));
@@ -921,10 +1091,10 @@ typedef struct {
 } bin_ctx;
 
 static inline double apply_op(k3_binop op, double x, double y) {
-    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : op == K3_MUL ? x * y : x / y;
 }
 static inline float apply_opf(k3_binop op, float x, float y) {
-    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : x * y;
+    return op == K3_ADD ? x + y : op == K3_SUB ? x - y : op == K3_MUL ? x * y : x / y;
 }
 
 /* x op y rounded to odd at double precision: the exact result if a double holds it, else
@@ -939,6 +1109,14 @@ static double apply_op_odd(k3_binop op, double x, double y) {
     if (op == K3_MUL) {
         r = x * y;
         e = fma(x, y, -r);
+    } else if (op == K3_DIV) {
+        /* The remainder x - r y is exact (fma); the exact quotient lies on its side of r
+         * when y > 0. A quotient that underflows to 0 or below 2^-1022 has no exact remainder,
+         * but rounds to zero in every narrower dtype either way. */
+        r = x / y;
+        e = fma(-r, y, x);
+        if (y < 0) e = -e;
+        if (r == 0 || !isfinite(e)) e = 0;
     } else {
         double yy = op == K3_SUB ? -y : y;
         r = x + yy;
@@ -979,8 +1157,8 @@ static void bin_row(void *c_, const int64_t *off, int64_t n) {
             k3_store_f64(c->o, c->dt, io, apply_op(c->op, x, y));
         } else {
             /* Two operands of at most p = 11 bits (bf16, f16) or 24 (f32): their sum,
-             * difference or product rounded to f32 (24 >= 2p + 2 bits) and then to the
-             * dtype equals the exact result rounded once (Figueroa, "When is double
+             * difference, product or quotient rounded to f32 (24 >= 2p + 2 bits) and then to
+             * the dtype equals the exact result rounded once (Figueroa, "When is double
              * rounding innocuous?", 1995), so fp32 arithmetic is exact here. */
             float x = k3_load_f32(c->a, c->dt, ia);
             float y = k3_load_f32(c->b, c->dt, ib);
@@ -994,9 +1172,9 @@ static void bin_row(void *c_, const int64_t *off, int64_t n) {
 static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                              const k3_tensor *a, const k3_tensor *b, double s,
                              int scalar_first) {
-    static const char *const names[] = {"add", "sub", "mul"};
+    static const char *const names[] = {"add", "sub", "mul", "div"};
     if (!out) return null_arg(fname, "out");
-    if ((unsigned)op > K3_MUL)
+    if ((unsigned)op > K3_DIV)
         return k3_error(K3_EINVAL, "%s: invalid op %d", fname, (int)op);
     const char *name = names[op];
     K3_TRY(need_tensor(fname, "a", a));
@@ -1013,10 +1191,14 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                             k3_device_name(da, x, sizeof x), k3_device_name(db, y, sizeof y));
         }
     }
+    if (k3_graph_capturing() && a->storage->device.type == K3_DEVICE_CPU)
+        return k3_graph_refuse(name, "arithmetic on CPU tensors");
     k3_tensor *r;
     K3_TRY(k3_tensor_new(&r, a->ndim, a->size, a->dtype, a->storage->device, name));
-    k3_status st = K3_OK;
-    if (k3_tensor_numel(r) > 0) {
+    k3_status st = k3_graph_note(a);
+    if (st == K3_OK) st = k3_graph_note(b);
+    if (st == K3_OK) st = k3_graph_note(r);
+    if (st == K3_OK && k3_tensor_numel(r) > 0) {
         if (a->storage->device.type == K3_DEVICE_CUDA) {
             const k3_backend *be = cuda_for(a->storage->device, name);
             st = be ? be->binary(r, op, a, b, s, scalar_first) : K3_EDEVICE;
@@ -1156,6 +1338,185 @@ k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out) {
 }
 
 k3_status k3_synchronize(void) {
+    K3_TRY(k3_graph_refuse("synchronize", "a host synchronisation"));
     const k3_backend *b = k3_cuda_backend(NULL);
     return b ? b->synchronize() : K3_OK;
+}
+
+/* ---- joins, ranges and equality (k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal) --------- */
+
+void k3_walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
+                  const int64_t *base, k3_row_fn fn, void *ctx) {
+    walk_rows(ndim, shape, nt, strides, base, fn, ctx);
+}
+
+/* The n tensors of a join: present, live, of ts[0]'s ndim, dtype and device, each size equal
+ * to ts[0]'s except in dim `skip` (-1: none). Entries are numbered from the message base. */
+static k3_status check_join(const char *op, const k3_tensor *const *ts, int n, int skip) {
+    int base = k3_message_base();
+    if (!ts) return null_arg(op, "ts");
+    if (n < 1) return k3_error(K3_EINVAL, "%s: expected at least one tensor; got %d", op, n);
+    for (int i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "tensor %d", i + base);
+        K3_TRY(need_tensor(op, what, ts[i]));
+        const k3_tensor *t = ts[i], *r = ts[0];
+        if (t->ndim != r->ndim)
+            return k3_error(K3_ESHAPE, "%s: tensor %d has %d dims; tensor %d has %d", op,
+                            i + base, t->ndim, base, r->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            if (d != skip && t->size[d] != r->size[d])
+                return k3_error(K3_ESHAPE, "%s: tensor %d dim %d (%lld) must match tensor %d (%lld)",
+                                op, i + base, d + base, (long long)t->size[d], base,
+                                (long long)r->size[d]);
+        if (t->dtype != r->dtype)
+            return k3_error(K3_EDTYPE, "%s: tensor %d dtype (%s) must match tensor %d (%s)", op,
+                            i + base, k3_dtype_name(t->dtype), base, k3_dtype_name(r->dtype));
+        k3_device dt = t->storage->device, dr = r->storage->device;
+        if (dt.type != dr.type || dt.index != dr.index) {
+            char x[16], y[16];
+            return k3_error(K3_EDEVICE, "%s: tensor %d device (%s) must match tensor %d (%s)",
+                            op, i + base, k3_device_name(dt, x, sizeof x), base,
+                            k3_device_name(dr, y, sizeof y));
+        }
+    }
+    return K3_OK;
+}
+
+static k3_status dim_in(const char *op, int dim, int hi) {
+    if (dim >= 0 && dim <= hi) return K3_OK;
+    int base = k3_message_base();
+    return k3_error(K3_EINVAL, "%s: dim %d is out of range (expected %d..%d)", op, dim + base,
+                    base, hi + base);
+}
+
+/* Copies ts[i] into the part of r that `part` (narrow along dim, or select for stack) gives;
+ * frees r on failure. */
+static k3_status join_copy(const char *op, k3_tensor *r, const k3_tensor *const *ts, int n,
+                           int dim, bool stack) {
+    int64_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t len = stack ? 1 : ts[i]->size[dim];
+        k3_tensor *v = NULL;
+        k3_status s = len == 0 ? K3_OK
+                      : stack  ? k3_tensor_select(&v, r, dim, i)
+                               : k3_tensor_narrow(&v, r, dim, pos, len);
+        if (s == K3_OK && v) s = k3_tensor_copy(v, ts[i]);
+        k3_tensor_free(v);
+        if (s != K3_OK) {
+            k3_tensor_free(r);
+            return k3_error_prefix(s, op);
+        }
+        pos += len;
+    }
+    return K3_OK;
+}
+
+k3_status k3_tensor_cat(k3_tensor **out, const k3_tensor *const *ts, int n, int dim) {
+    if (!out) return null_arg("cat", "out");
+    K3_TRY(check_join("cat", ts, n, dim));
+    int nd = ts[0]->ndim;
+    if (nd == 0) return k3_error(K3_ESHAPE, "cat: cannot join 0-dim tensors (use stack)");
+    K3_TRY(dim_in("cat", dim, nd - 1));
+    int64_t shape[K3_MAX_DIMS];
+    memcpy(shape, ts[0]->size, sizeof shape);
+    shape[dim] = 0;
+    for (int i = 0; i < n; i++)
+        if (!k3_add_ok(shape[dim], ts[i]->size[dim], &shape[dim]))
+            return k3_error(K3_EOVERFLOW, "cat: the size of dim %d overflows",
+                            dim + k3_message_base());
+    k3_tensor *r;
+    K3_TRY(k3_tensor_new(&r, nd, shape, ts[0]->dtype, ts[0]->storage->device, "cat"));
+    K3_TRY(join_copy("cat", r, ts, n, dim, false));
+    *out = r;
+    return K3_OK;
+}
+
+k3_status k3_tensor_stack(k3_tensor **out, const k3_tensor *const *ts, int n, int dim) {
+    if (!out) return null_arg("stack", "out");
+    K3_TRY(check_join("stack", ts, n, -1));
+    int nd = ts[0]->ndim;
+    if (nd >= K3_MAX_DIMS)
+        return k3_error(K3_ESHAPE, "stack: the result would have %d dims (at most %d)", nd + 1,
+                        K3_MAX_DIMS);
+    K3_TRY(dim_in("stack", dim, nd));
+    int64_t shape[K3_MAX_DIMS];
+    for (int d = 0, k = 0; d <= nd; d++) shape[d] = d == dim ? n : ts[0]->size[k++];
+    k3_tensor *r;
+    K3_TRY(k3_tensor_new(&r, nd + 1, shape, ts[0]->dtype, ts[0]->storage->device, "stack"));
+    K3_TRY(join_copy("stack", r, ts, n, dim, true));
+    *out = r;
+    return K3_OK;
+}
+
+/* A 1-dim tensor of n values value(i, ctx), made on the host in dtype (each value rounded
+ * once) and moved to device. */
+static k3_status range_tensor(const char *op, k3_tensor **out, int64_t n, k3_dtype dtype,
+                              k3_device device, double (*value)(int64_t, const double *),
+                              const double *ctx) {
+    if (!out) return null_arg(op, "out");
+    if (n < 0) return k3_error(K3_EINVAL, "%s: the number of elements must be >= 0; got %lld", op,
+                               (long long)n);
+    K3_TRY(check_device(op, device));
+    k3_tensor *h;
+    K3_TRY(k3_tensor_new(&h, 1, &n, dtype, (k3_device){K3_DEVICE_CPU, 0}, op));
+    for (int64_t i = 0; i < n; i++) k3_store_f64(h->storage->data, dtype, i, value(i, ctx));
+    if (device.type == K3_DEVICE_CPU) {
+        *out = h;
+        return K3_OK;
+    }
+    k3_status s = k3_tensor_to(out, h, device, dtype);
+    k3_tensor_free(h);
+    return s == K3_OK ? K3_OK : k3_error_prefix(s, op);
+}
+
+static double arange_at(int64_t i, const double *c) { return c[0] + (double)i * c[1]; }
+/* c: start, end, step, n / 2 (integer division, as PyTorch's halfway), n. */
+static double linspace_at(int64_t i, const double *c) {
+    return (double)i < c[3] ? c[0] + (double)i * c[2] : c[1] - (c[4] - 1 - (double)i) * c[2];
+}
+
+static k3_status finite_arg(const char *op, const char *what, double v) {
+    if (isfinite(v)) return K3_OK;
+    char b[32];
+    return k3_error(K3_EINVAL, "%s: %s must be finite; got %s", op, what,
+                    k3_fmt_double(b, sizeof b, v));
+}
+
+k3_status k3_tensor_arange(k3_tensor **out, double start, double step, int64_t n, k3_dtype dtype,
+                           k3_device device) {
+    K3_TRY(finite_arg("arange", "start", start));
+    K3_TRY(finite_arg("arange", "step", step));
+    double c[2] = {start, step};
+    return range_tensor("arange", out, n, dtype, device, arange_at, c);
+}
+
+k3_status k3_tensor_linspace(k3_tensor **out, double a, double b, int64_t n, k3_dtype dtype,
+                             k3_device device) {
+    K3_TRY(finite_arg("linspace", "start", a));
+    K3_TRY(finite_arg("linspace", "end", b));
+    /* n = 1 gives {a}: its one element counts as the first half. */
+    double c[5] = {a, b, n > 1 ? (b - a) / (double)(n - 1) : 0, n > 1 ? (double)(n / 2) : 1,
+                   (double)n};
+    return range_tensor("linspace", out, n, dtype, device, linspace_at, c);
+}
+
+k3_status k3_tensor_equal(const k3_tensor *a, const k3_tensor *b, int *out) {
+    K3_TRY(need_tensor("equal", "a", a));
+    K3_TRY(need_tensor("equal", "b", b));
+    if (!out) return null_arg("equal", "out");
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++) same = a->size[i] == b->size[i];
+    if (!same) {
+        *out = 0;
+        return K3_OK;
+    }
+    double *x, *y;
+    int64_t n;
+    K3_TRY(load_pair("equal", a, b, &x, &y, &n, out));
+    int eq = 1;
+    for (int64_t i = 0; i < n && eq; i++) eq = x[i] == y[i];
+    free_pair(x, y, n);
+    *out = eq;
+    return K3_OK;
 }

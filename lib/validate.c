@@ -6,8 +6,11 @@
  */
 #include "k3_impl.h"
 
+#include <stdio.h>
+
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define DIMS_LEN 160
@@ -129,9 +132,26 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     K3_TRY(need_opt(op, "bias", a->bias));
     K3_TRY(need_opt(op, "residual", a->residual));
     const k3_tensor *x = a->x, *w = a->w;
-    K3_TRY(need_ndim(op, "x", x, 2, "[M, K]"));
+    if (a->prologue != K3_LINEAR_PROLOGUE_NONE && a->prologue != K3_LINEAR_PROLOGUE_SILU_MUL)
+        return k3_error(K3_EINVAL, "linear: prologue must be %d (none) or %d (silu_mul); got %d",
+                        (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
+                        (int)a->prologue);
+    bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
+    K3_TRY(need_ndim(op, "x", x, 2, silu ? "[M, 2K]" : "[M, K]"));
     K3_TRY(need_ndim(op, "w", w, 2, "[N, K]"));
-    if (x->size[1] != w->size[1])
+    /* The silu_mul prologue reads gate x[:, :K] and up x[:, K:] as silu_mul does: rows of 2K
+     * with unit last stride. */
+    if (silu && (x->size[1] % 2 != 0 || x->size[1] / 2 != w->size[1])) {
+        int64_t want;
+        if (!k3_mul_ok(w->size[1], 2, &want)) want = INT64_MAX;
+        return k3_error(K3_ESHAPE,
+                        "linear: x dim %d (%lld) must be 2 * w dim %d (%lld) = %lld for prologue "
+                        "silu_mul",
+                        1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1],
+                        (long long)want);
+    }
+    if (silu) K3_TRY(unit_last(op, "x", x));
+    if (!silu && x->size[1] != w->size[1])
         return k3_error(K3_ESHAPE, "linear: x dim %d (%lld) must match w dim %d (%lld)",
                         1 + a->base, (long long)x->size[1], 1 + a->base, (long long)w->size[1]);
     K3_TRY(same_dtype(op, "w", w, "x", x));
@@ -231,6 +251,101 @@ static bool write_slot_hits_reads(const k3_tensor *blocks, int64_t wb, int64_t n
     return false;
 }
 
+/* The memory an attn_res operand covers, as byte intervals: n rows of len bytes, row i at byte
+ * base + i * stride of storage (a [T, H] view with unit last stride, an [H] weight, or one
+ * slot blocks[:, s, :]). The overlap tests below are exact on these intervals, so two views
+ * of one storage that interleave without sharing a byte (rows of one padded buffer, slots of
+ * one blocks tensor) pass, and any shared byte is refused. */
+typedef struct {
+    const void *storage;
+    int64_t base, n, stride, len;
+} ar_rows;
+
+static ar_rows ar_rows_of(const k3_tensor *t) {
+    int64_t es = (int64_t)k3_dtype_size(t->dtype), H = t->size[t->ndim - 1];
+    ar_rows r = {t->storage, t->offset * es, 1, 0, H * es};
+    if (t->ndim == 2) r.n = t->size[0], r.stride = t->stride[0] * es;
+    if (k3_tensor_numel(t) == 0) r.n = 0;
+    return r;
+}
+static ar_rows ar_slot_rows(const k3_tensor *blocks, int64_t s) {
+    int64_t es = (int64_t)k3_dtype_size(blocks->dtype);
+    ar_rows r = {blocks->storage, (blocks->offset + s * blocks->stride[1]) * es, blocks->size[0],
+                 blocks->stride[0] * es, blocks->size[2] * es};
+    if (k3_tensor_numel(blocks) == 0) r.n = 0;
+    return r;
+}
+static int64_t ar_floor_div(int64_t a, int64_t b) { /* b > 0 */
+    int64_t q = a / b;
+    return q * b > a ? q - 1 : q;
+}
+/* Whether some row of a shares a byte with some row of b: for each row of the smaller set,
+ * the rows of b whose start lies in (x - b.len, x + a.len) form one run of indices. */
+static bool ar_rows_overlap(ar_rows a, ar_rows b) {
+    if (a.storage != b.storage || a.n == 0 || b.n == 0 || a.len == 0 || b.len == 0) return false;
+    ar_rows *v[2] = {&a, &b};
+    for (int k = 0; k < 2; k++) {
+        if (v[k]->n == 1) v[k]->stride = 0;
+        if (v[k]->stride < 0) v[k]->base += (v[k]->n - 1) * v[k]->stride, v[k]->stride = -v[k]->stride;
+    }
+    if (a.base + (a.n - 1) * a.stride + a.len <= b.base || b.base + (b.n - 1) * b.stride + b.len <= a.base)
+        return false;
+    if (a.n > b.n) {
+        ar_rows t = a;
+        a = b, b = t;
+    }
+    for (int64_t i = 0; i < a.n; i++) {
+        int64_t x = a.base + i * a.stride;
+        int64_t lo = x - b.len - b.base, hi = x + a.len - b.base; /* j * b.stride in (lo, hi) */
+        if (b.stride == 0) {
+            if (lo < 0 && 0 < hi) return true;
+            continue;
+        }
+        int64_t jmin = ar_floor_div(lo, b.stride) + 1, jmax = -ar_floor_div(-hi, b.stride) - 1;
+        if (jmin < 0) jmin = 0;
+        if (jmax > b.n - 1) jmax = b.n - 1;
+        if (jmin <= jmax) return true;
+    }
+    return false;
+}
+
+/* "name (shape [..], strides [..])" (name up to its first space), or for one slot of blocks "blocks[:, s, :] (blocks shape
+ * [..], strides [..])" (s in the caller's numbering). */
+static const char *ar_desc(char *buf, size_t n, const char *name, const k3_tensor *t, int64_t slot,
+                           int base) {
+    char b[DIMS_LEN], c[DIMS_LEN];
+    if (slot >= 0)
+        snprintf(buf, n, "blocks[:, %lld, :] (blocks shape %s, strides %s)",
+                 (long long)k3_based(slot, base), shp(b, t), strd(c, t));
+    else
+        snprintf(buf, n, "%.*s (shape %s, strides %s)", (int)strcspn(name, " "), name, shp(b, t),
+                 strd(c, t));
+    return buf;
+}
+
+/* The refusal when the rows of written tensor w (what; slot ws >= 0: only blocks[:, ws, :])
+ * share a byte with the rows of o (owhat; slots 0..onb-1 of blocks and oslot when o is
+ * blocks, onb < 0: all of o): "attn_res: <what> overlaps <owhat>: <w desc> and <o desc> share
+ * memory". */
+static k3_status ar_no_overlap(const char *what, const k3_tensor *w, int64_t ws, const char *owhat,
+                               const k3_tensor *o, int64_t onb, int64_t oslot, int base) {
+    if (!o) return K3_OK;
+    ar_rows rw = ws >= 0 ? ar_slot_rows(w, ws) : ar_rows_of(w);
+    int64_t hit = -2; /* -1: o as a whole; else the slot of o that shares memory */
+    if (onb < 0) {
+        if (ar_rows_overlap(rw, ar_rows_of(o))) hit = -1;
+    } else {
+        for (int64_t s = 0; s < onb && hit == -2; s++)
+            if (ar_rows_overlap(rw, ar_slot_rows(o, s))) hit = s;
+        if (hit == -2 && oslot >= 0 && ar_rows_overlap(rw, ar_slot_rows(o, oslot))) hit = oslot;
+    }
+    if (hit == -2) return K3_OK;
+    char a[2 * DIMS_LEN + 64], b[2 * DIMS_LEN + 64];
+    return k3_error(K3_EINVAL, "attn_res: %s overlaps %s: %s and %s share memory", what, owhat,
+                    ar_desc(a, sizeof a, what, w, ws, base),
+                    ar_desc(b, sizeof b, owhat, o, hit, base));
+}
+
 /* a->base: how the caller counts dims and write_block in messages (k3_set_message_base). */
 static k3_status attn_res_inputs(const k3_attn_res_kargs *a) {
     const char *op = "attn_res";
@@ -304,10 +419,10 @@ static k3_status attn_res_inputs(const k3_attn_res_kargs *a) {
     const char *ron[] = {"norm_weight", "qk_weight", "output_norm_weight"};
     if (delta) {
         K3_TRY(written(op, "prefix", prefix));
-        K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, "delta", delta));
-        K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, "blocks", blocks));
-        for (int i = 0; i < 3; i++)
-            K3_TRY(no_overlap(op, "prefix (updated by delta)", prefix, ron[i], ro[i]));
+        const char *pw = "prefix (updated by delta)";
+        K3_TRY(ar_no_overlap(pw, prefix, -1, "delta", delta, -1, -1, base));
+        K3_TRY(ar_no_overlap(pw, prefix, -1, "blocks", blocks, p->num_blocks, p->write_block, base));
+        for (int i = 0; i < 3; i++) K3_TRY(ar_no_overlap(pw, prefix, -1, ron[i], ro[i], -1, -1, base));
     }
     if (p->write_block >= 0) {
         k3_tensor slot = *blocks; /* blocks[:, write_block, :] */
@@ -326,10 +441,11 @@ static k3_status attn_res_inputs(const k3_attn_res_kargs *a) {
                             k3_based(p->write_block, base), k3_based(tr, base),
                             k3_based(sr, base), strd(b, blocks), (long long)H);
         }
-        K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "prefix", prefix));
-        K3_TRY(no_overlap(op, "blocks (write_block)", blocks, "delta", delta));
-        for (int i = 0; i < 3; i++)
-            K3_TRY(no_overlap(op, "blocks (write_block)", blocks, ron[i], ro[i]));
+        const char *bw = "blocks (write_block)";
+        int64_t wb = p->write_block;
+        K3_TRY(ar_no_overlap(bw, blocks, wb, "prefix", prefix, -1, -1, base));
+        K3_TRY(ar_no_overlap(bw, blocks, wb, "delta", delta, -1, -1, base));
+        for (int i = 0; i < 3; i++) K3_TRY(ar_no_overlap(bw, blocks, wb, ron[i], ro[i], -1, -1, base));
     }
     return K3_OK;
 }
@@ -340,12 +456,13 @@ static k3_status attn_res_out(const k3_attn_res_kargs *a) {
     K3_TRY(check_out(op, a->out, 2, p->prefix->size, p->prefix->dtype,
                      k3_tensor_device(p->prefix)));
     K3_TRY(unit_last(op, "out", a->out));
-    K3_TRY(no_overlap(op, "out", a->out, "prefix", p->prefix));
-    K3_TRY(no_overlap(op, "out", a->out, "delta", p->delta));
-    K3_TRY(no_overlap(op, "out", a->out, "blocks", p->blocks));
-    K3_TRY(no_overlap(op, "out", a->out, "norm_weight", p->norm_weight));
-    K3_TRY(no_overlap(op, "out", a->out, "qk_weight", p->qk_weight));
-    K3_TRY(no_overlap(op, "out", a->out, "output_norm_weight", p->output_norm_weight));
+    int base = a->base;
+    K3_TRY(ar_no_overlap("out", a->out, -1, "prefix", p->prefix, -1, -1, base));
+    K3_TRY(ar_no_overlap("out", a->out, -1, "delta", p->delta, -1, -1, base));
+    K3_TRY(ar_no_overlap("out", a->out, -1, "blocks", p->blocks, p->num_blocks, p->write_block, base));
+    K3_TRY(ar_no_overlap("out", a->out, -1, "norm_weight", p->norm_weight, -1, -1, base));
+    K3_TRY(ar_no_overlap("out", a->out, -1, "qk_weight", p->qk_weight, -1, -1, base));
+    K3_TRY(ar_no_overlap("out", a->out, -1, "output_norm_weight", p->output_norm_weight, -1, -1, base));
     return K3_OK;
 }
 
@@ -394,6 +511,89 @@ static k3_status silu_mul_out(const k3_silu_mul_args *a) {
     return no_overlap(op, "out", a->out, "x", a->x);
 }
 
+/* ---- abs, exp, sqrt ---------------------------------------------------------------------- */
+
+static k3_status unary_inputs(const char *op, const k3_unary_args *a) { return need(op, "x", a->x); }
+
+static k3_status unary_out(const char *op, const k3_unary_args *a) {
+    K3_TRY(check_out(op, a->out, a->x->ndim, a->x->size, a->x->dtype, k3_tensor_device(a->x)));
+    return no_overlap(op, "out", a->out, "x", a->x);
+}
+
+#define K3_UNARY_CHECKS(name)                                                              \
+    static k3_status name##_inputs(const k3_unary_args *a) { return unary_inputs(#name, a); } \
+    static k3_status name##_out(const k3_unary_args *a) { return unary_out(#name, a); }
+K3_UNARY_CHECKS(abs)
+K3_UNARY_CHECKS(exp)
+K3_UNARY_CHECKS(sqrt)
+#undef K3_UNARY_CHECKS
+
+/* ---- sum, mean, max, min -------------------------------------------------------------------- */
+
+/* The result's shape: x's with dim of size 1, or 0-dim for dim = -1. */
+static int reduce_shape(const k3_reduce_args *a, int64_t *shape) {
+    if (a->dim < 0) return 0;
+    for (int d = 0; d < a->x->ndim; d++) shape[d] = d == a->dim ? 1 : a->x->size[d];
+    return a->x->ndim;
+}
+
+static k3_status reduce_inputs(const char *op, const k3_reduce_args *a, bool needs_element) {
+    K3_TRY(need(op, "x", a->x));
+    int nd = a->x->ndim;
+    if (a->dim < -1 || a->dim >= nd) {
+        if (a->base == 0)
+            return k3_error(K3_EINVAL,
+                            "%s: dim %d is out of range for a %d-dim tensor (expected 0..%d or "
+                            "-1 for all)",
+                            op, a->dim, nd, nd - 1);
+        return k3_error(K3_EINVAL, "%s: dim %lld is out of range for a %d-dim tensor (expected 1..%d)",
+                        op, k3_based(a->dim, a->base), nd, nd);
+    }
+    if (!needs_element) return K3_OK;
+    if (a->dim >= 0 && a->x->size[a->dim] == 0)
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty dim %d (size 0)", op,
+                        a->dim + a->base);
+    if (a->dim < 0 && k3_tensor_numel(a->x) == 0) {
+        char b[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "%s: cannot reduce an empty tensor (shape %s)", op, shp(b, a->x));
+    }
+    return K3_OK;
+}
+
+static k3_status reduce_out(const char *op, const k3_reduce_args *a) {
+    int64_t shape[K3_MAX_DIMS];
+    int nd = reduce_shape(a, shape);
+    K3_TRY(check_out(op, a->out, nd, shape, a->x->dtype, k3_tensor_device(a->x)));
+    K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
+    if (!a->indices) return K3_OK;
+    K3_TRY(need(op, "indices", a->indices));
+    bool ok = a->indices->ndim == nd;
+    for (int d = 0; ok && d < nd; d++) ok = a->indices->size[d] == shape[d];
+    if (!ok) {
+        char b[DIMS_LEN], c[DIMS_LEN];
+        return k3_error(K3_ESHAPE, "%s: indices must be %s; got %s", op,
+                        k3_fmt_dims(c, sizeof c, nd, shape), shp(b, a->indices));
+    }
+    if (a->indices->dtype != K3_DTYPE_F64)
+        return k3_error(K3_EDTYPE, "%s: indices dtype (%s) must be f64", op,
+                        k3_dtype_name(a->indices->dtype));
+    K3_TRY(same_device(op, "indices", a->indices, "x", a->x));
+    K3_TRY(written(op, "indices", a->indices));
+    K3_TRY(no_overlap(op, "indices", a->indices, "x", a->x));
+    return no_overlap(op, "indices", a->indices, "out", a->out);
+}
+
+#define K3_REDUCE_CHECKS(name, needs_element)                                              \
+    static k3_status name##_inputs(const k3_reduce_args *a) {                              \
+        return reduce_inputs(#name, a, needs_element);                                     \
+    }                                                                                      \
+    static k3_status name##_out(const k3_reduce_args *a) { return reduce_out(#name, a); }
+K3_REDUCE_CHECKS(sum, false)
+K3_REDUCE_CHECKS(mean, false)
+K3_REDUCE_CHECKS(max, true)
+K3_REDUCE_CHECKS(min, true)
+#undef K3_REDUCE_CHECKS
+
 /* ---- results ------------------------------------------------------------------------------- */
 
 /* The result of each op, once its inputs have passed: shape, dtype and device. */
@@ -417,6 +617,21 @@ static void silu_mul_result(const k3_silu_mul_args *a, k3_op_result *r) {
     int64_t shape[2] = {a->x->size[0], a->x->size[1] / 2};
     set_result(r, 2, shape, a->x);
 }
+
+static void unary_result(const k3_unary_args *a, k3_op_result *r) {
+    set_result(r, a->x->ndim, a->x->size, a->x);
+}
+static void reduce_result(const k3_reduce_args *a, k3_op_result *r) {
+    int64_t shape[K3_MAX_DIMS];
+    set_result(r, reduce_shape(a, shape), shape, a->x);
+}
+#define abs_result unary_result
+#define exp_result unary_result
+#define sqrt_result unary_result
+#define sum_result reduce_result
+#define mean_result reduce_result
+#define max_result reduce_result
+#define min_result reduce_result
 
 /* ---- the ops' table: what dispatch's prologue asks of each op -------------------------------- */
 

@@ -1,6 +1,6 @@
 -- scripts/demo.lua — the main job (`make demo`): a Kimi-K3-shaped decode stack for
--- decode batches M, printing time per step, fidelity against the fp64 run and the kernels
--- with every decline reason. Run as `scripts/k3 scripts/demo.lua [options]`.
+-- decode batches M, printing time per step (on a CUDA device as a CUDA graph and eager),
+-- fidelity against the fp64 run and the kernels with every decline reason. Run as `scripts/k3 scripts/demo.lua [options]`.
 local k3 = require "k3"
 local demo = require "k3.model.decode_demo"
 local kimi = require "k3.model.kimi_k3"
@@ -16,6 +16,8 @@ usage: scripts/k3 scripts/demo.lua [options]
   --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
   --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
   --seed N                  seed of the generated weights and inputs (default 1234)
+  --eager                   run the step eagerly only (on a CUDA device the default also runs it
+                            as a CUDA graph, k3.cuda_graph, and prints both)
   --tp N                    the tensor-parallel stack over N GPUs (one process per rank,
                             started through scripts/k3 --nproc N; needs N CUDA devices)
   --quiet                   no progress output (K3_PROGRESS=0 likewise; progress is a live
@@ -67,6 +69,7 @@ for key, value, a in require("k3.cli").options(args, die) do
     opts.seed = math.tointeger(tonumber(value()))
     if not opts.seed then die("--seed must be an integer") end
   elseif key == "--quiet" then opts.quiet = true
+  elseif key == "--eager" then opts.eager = true
   elseif key == "-h" or key == "--help" then print(usage) os.exit(0)
   else die("unknown option '" .. a .. "'") end
 end

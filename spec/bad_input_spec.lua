@@ -111,9 +111,9 @@ end
 
 -- ---- creation ------------------------------------------------------------------------------
 case("empty(nil)", function() return function() k3.empty(nil) end end,
-  "bad argument #1 to 'empty' (table expected, got nil)")
+  "bad argument #1 to 'empty' (shape table or sizes expected, got nil)")
 case("zeros(string)", function() return function() k3.zeros("3") end end,
-  "bad argument #1 to 'zeros' (table expected, got string)")
+  "bad argument #1 to 'zeros' (shape table or sizes expected, got string)")
 case("ones with no dims", function() return function() k3.ones({}) end end,
   "bad argument #1 to 'ones' (shape must have 1 to 8 dims; got 0)")
 case("empty with 9 dims", function() return function() k3.empty({1, 1, 1, 1, 1, 1, 1, 1, 1}) end end,
@@ -467,6 +467,35 @@ linear_case("linear unknown kernel", function(x, w) return function() k3.linear(
 linear_case("linear kernel of another op", function(x, w)
   return function() k3.linear(x, w, {kernel = "cpu.attn_res.reference"}) end
 end, "linear: kernel 'cpu.attn_res.reference' is for op attn_res, not linear")
+-- The silu_mul prologue: x must be [M, 2K] against w [N, K] with unit last stride, and the
+-- option is the string "silu_mul" or nil.
+linear_case("linear prologue silu_mul with x dim 2 not 2K", function(x, w)
+  return function() k3.linear(x, w, {prologue = "silu_mul"}) end
+end, "linear: x dim 2 (3) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+linear_case("linear prologue silu_mul with x of odd width", function(_, w, e)
+  e[1] = mat(2, 7, {seed = 6})
+  return function() k3.linear(e[1], w, {prologue = "silu_mul"}) end
+end, "linear: x dim 2 (7) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+linear_case("linear prologue silu_mul with a transposed x", function(_, w, e)
+  e[1] = mat(6, 2, {seed = 7})
+  return function() k3.linear(e[1]:t(), w, {prologue = "silu_mul"}) end
+end, "linear: x must have unit stride in its last dim; got strides [1, 2]")
+linear_case("linear prologue unknown name", function(x, w)
+  return function() k3.linear(x, w, {prologue = "gelu"}) end
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got \"gelu\")")
+linear_case("linear prologue a boolean", function(x, w)
+  return function() k3.linear(x, w, {prologue = true}) end
+end, "bad argument #3 to 'linear' (field 'prologue' must be \"silu_mul\" or nil; got boolean)")
+case("method apply prologue silu_mul with x dim 2 not 2K", function()
+  local x, w = mat(1, 3, {seed = 25}), mat(4, 3, {seed = 26})
+  return function() k3.method.low_latency({[1] = {kernel = "skinny"}}):apply(x, w, nil, {prologue = "silu_mul"}) end,
+    {x, w}, function() valid_method(x, w) end
+end, "linear: x dim 2 (3) must be 2 * w dim 2 (3) = 6 for prologue silu_mul")
+case("method apply prologue unknown name", function()
+  local x, w = mat(1, 3, {seed = 27}), mat(4, 3, {seed = 28})
+  return function() k3.method.default():apply(x, w, nil, {prologue = "swiglu"}) end,
+    {x, w}, function() valid_method(x, w) end
+end, "bad argument #4 to 'apply' (field 'prologue' must be \"silu_mul\" or nil; got \"swiglu\")")
 -- Where CUDA runs, the kernel refuses the CPU tensors; elsewhere it is not registered.
 linear_case("linear CUDA kernel on CPU tensors", function(x, w)
   return function() k3.linear(x, w, {kernel = "cuda.linear.cublas"}) end
@@ -480,7 +509,7 @@ linear_case("linear opts a number", function(x, w) return function() k3.linear(x
 linear_case("linear empty K mismatch", function(_, w) return function() k3.linear(k3.zeros({2, 0}), w) end end,
   "linear: x dim 2 (0) must match w dim 2 (3)")
 linear_case("explain of an unknown op", function(x, w) return function() k3.explain("matmul", x, w) end end,
-  "bad argument #1 to 'explain' (unknown op 'matmul'; expected linear, attn_res, rms_norm or silu_mul)")
+  "bad argument #1 to 'explain' (unknown op 'matmul'; expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)")
 
 -- ---- attn_res (T = 2, H = 4, S = 3) ---------------------------------------------------------------------
 local function ar_args()
@@ -570,10 +599,46 @@ ar_case("attn_res out a slot of blocks", function(a) a.out = a.blocks:select(2, 
   "attn_res: out overlaps blocks")
 ar_case("attn_res delta aliasing prefix", function(a) a.delta = a.prefix end,
   "attn_res: prefix (updated by delta) overlaps delta")
-ar_case("attn_res prefix inside blocks with write_block", function(a)
+-- The overlap tests are exact on the rows each operand covers, and name both layouts. Here
+-- blocks is [2, 3, 4] (strides [12, 4, 1]) and num_blocks 2.
+ar_case("attn_res prefix is the written slot", function(a)
+  a.prefix = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: blocks (write_block) overlaps prefix: blocks[:, 3, :] (blocks shape [2, 3, 4], " ..
+  "strides [12, 4, 1]) and prefix (shape [2, 4], strides [12, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res delta is the written slot", function(a)
+  a.delta = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: blocks (write_block) overlaps delta: blocks[:, 3, :] (blocks shape [2, 3, 4], " ..
+  "strides [12, 4, 1]) and delta (shape [2, 4], strides [12, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res out is a slot the call reads", function(a)
+  a.out = a.blocks:select(2, 2)
+end, "attn_res: out overlaps blocks: out (shape [2, 4], strides [12, 1]) and blocks[:, 2, :] " ..
+  "(blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res out is the written slot", function(a)
+  a.out = a.blocks:select(2, 3)
+  a.write_block = 3
+end, "attn_res: out overlaps blocks: out (shape [2, 4], strides [12, 1]) and blocks[:, 3, :] " ..
+  "(blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+ar_case("attn_res prefix updated by delta is a slot the call reads", function(a)
   a.prefix = a.blocks:select(2, 1)
-  a.write_block = 2
-end, "attn_res: blocks (write_block) overlaps prefix")
+  a.delta = k3.randn({2, 4}, {seed = 16})
+end, "attn_res: prefix (updated by delta) overlaps blocks: prefix (shape [2, 4], " ..
+  "strides [12, 1]) and blocks[:, 1, :] (blocks shape [2, 3, 4], strides [12, 4, 1]) share memory")
+cases[#cases].exact = true
+-- Rows interleaved with another operand's rows in one storage share no byte: only the
+-- element that both cover is refused (out's rows 4 elements apart inside prefix's padded rows).
+ar_case("attn_res out sharing one element with prefix's padded rows", function(a)
+  local buf = k3.randn({20}, {seed = 17})
+  a.prefix = buf:as_strided({2, 4}, {8, 1}, 0)
+  a.out = buf:as_strided({2, 4}, {8, 1}, 3)
+end, "attn_res: out overlaps prefix: out (shape [2, 4], strides [8, 1]) and prefix (shape [2, 4], " ..
+  "strides [8, 1]) share memory")
+cases[#cases].exact = true
 -- T = 2, S = 3, H = 4 over one 12-element storage: slots sharing memory (slot stride 0), and
 -- token 1's slot 2 being token 2's slot 1 (token stride = slot stride = H).
 ar_case("attn_res write_block into slots that share memory", function(a)
@@ -752,12 +817,12 @@ long_case("zeros with a 10 MB option name", function() k3.zeros({2}, {[LONG] = 1
 long_case("to a 10 MB string", function() k3.zeros({2}):to(LONG) end,
   "bad argument #1 to 'to' ('" .. cut200(LONG) .. "' is neither a dtype (bf16, f16, f32, f64) nor a device (cpu, cuda, cuda:N))")
 long_case("explain a 10 MB op", function() k3.explain(LONG) end,
-  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm or silu_mul)")
+  "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)")
 long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat(2, 2), {kernel = LONG}) end,
   "linear: unknown kernel '" .. cut200(LONG) .. "'")
 long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,
   "set_policy: unknown linear kernel '" .. cut200(LONG) .. "' (known: cpu.linear.blas, cpu.linear.reference, " ..
-  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
+  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant)")
 long_case("save_safetensors with a 10 MB name for a number", function() k3.save_safetensors("/nonexistent/x", {[LONG] = 1}) end,
   "bad argument #2 to 'save_safetensors' (field '" .. cut200(LONG) .. "' must be a k3.Tensor; got number)")
 do

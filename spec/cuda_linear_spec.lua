@@ -2,6 +2,8 @@
 -- copies) for every dtype, with bias and residual, transposed and row-padded x and w,
 -- operands cuBLAS cannot express (copied), odd-offset (misaligned) bias and x, padded and
 -- transposed out and residual, poisoned outputs; and that dispatch picks it on the device.
+-- With the silu_mul prologue (x [M, 2K] gate | up, through a temporary): the bits of
+-- cuda.silu_mul.generic then the plain call, and the fp64 reference, over the same layouts.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
@@ -100,6 +102,45 @@ describe("cuda.linear.cublas #gpu", function()
   it("M = 1..16 on a Kimi-K3 projection shape", function()
     for M = 1, 16 do check(M, 1536, 7168, "bf16", {}, "bf16 1536x7168 M=" .. M) end
   end)
+
+  -- The silu_mul prologue: x [M, 2K] (unit last stride: contiguous, padded rows, odd offset).
+  local function check_silu_mul(M, N, Kd, dt, o, what)
+    local x = make(M, 2 * Kd, dt, o.x, 21, nil)
+    local g = x:narrow(2, 1, Kd)
+    g:copy(g * 3) -- gates over silu's both regimes
+    local w = make(N, Kd, dt, nil, 22, 1 / math.sqrt(math.max(Kd, 1)))
+    local bias = o.bias and k3.randn({N}, {device = "cuda", dtype = dt, seed = 23}) or nil
+    local res = o.res and make(M, N, dt, o.res, 24, nil) or nil
+    local out = o.out == "padded" and H.padded(M, N, 3, {device = "cuda", dtype = dt})
+      or k3.empty({M, N}, {device = "cuda", dtype = dt})
+    out:fill(0 / 0)
+    local y = k3.linear(x, w, {bias = bias, residual = res, prologue = "silu_mul", out = out, kernel = K})
+    assert.is_false(H.has_nan(f64(y)), what .. ": output has NaN (unwritten elements)")
+    local unfused = k3.linear(k3.silu_mul(x), w, {bias = bias, residual = res, kernel = K})
+    assert.equal(0, k3.max_abs_diff(y, unfused), what .. ": fused differs from silu_mul then cuBLAS")
+    -- fp64: h = silu_mul(x) and the product in fp64 (h's rounding to dt is inside the tolerance)
+    local want = k3.linear(k3.silu_mul(f64(x)), f64(w), {bias = f64(bias), residual = f64(res),
+                                                         kernel = "cpu.linear.blas"})
+    local t = tol[dt]
+    if not k3.allclose(f64(y), want, {atol = 4 * t[1] * math.sqrt(math.max(Kd, 1)), rtol = t[2]}) then
+      error(string.format("%s: max abs diff %g vs the fp64 reference", what, k3.max_abs_diff(f64(y), want)))
+    end
+  end
+
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    it(dt .. ": prologue silu_mul through a temporary, the bits of silu_mul then cuBLAS", function()
+      for _, s in ipairs({{1, 33, 260}, {5, 132, 7}, {16, 520, 4224}, {17, 64, 33}, {1, 1, 1}}) do
+        local M, N, Kd = s[1], s[2], s[3]
+        local name = string.format("%s M=%d N=%d K=%d", dt, M, N, Kd)
+        check_silu_mul(M, N, Kd, dt, {}, name)
+        check_silu_mul(M, N, Kd, dt, {bias = true, res = "contiguous"}, name .. " bias+residual")
+      end
+      for _, lx in ipairs({"padded", "odd"}) do
+        check_silu_mul(7, 40, 33, dt, {x = lx, bias = true, res = "padded", out = "padded"},
+          string.format("%s x %s", dt, lx))
+      end
+    end)
+  end
 
   it("is what dispatch picks for device tensors", function()
     local x = k3.randn({4, 64}, {device = "cuda", dtype = "bf16"})

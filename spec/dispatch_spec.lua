@@ -24,7 +24,10 @@ local function plain(v)
 end
 
 local CPU_KERNELS = {"cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant",
-                     "cpu.attn_res.reference", "cpu.rms_norm.reference", "cpu.silu_mul.reference"}
+                     "cpu.attn_res.reference", "cpu.rms_norm.reference", "cpu.silu_mul.reference",
+                     "cpu.abs.reference", "cpu.exp.reference", "cpu.sqrt.reference",
+                     "cpu.sum.reference", "cpu.mean.reference", "cpu.max.reference",
+                     "cpu.min.reference"}
 
 describe("registry", function()
   it("registers every CPU kernel, first in registration order", function()
@@ -230,6 +233,14 @@ describe("dispatch", function()
                     norm_weight = k3.ones({4}), qk_weight = k3.ones({4}), out = out, kernel = k}
       end, "attn_res: num_blocks must be in 0..3 (blocks dim 2); got 4"},
     }
+    for _, op in ipairs({"abs", "exp", "sqrt"}) do
+      calls[op] = {function(k) k3[op](k3.ones({2, 3}), {kernel = k, out = out}) end,
+                   op .. ": out must be [2, 3]; got [2, 4]"}
+    end
+    for _, op in ipairs({"sum", "mean", "max", "min"}) do
+      calls[op] = {function(k) k3[op](k3.ones({2, 3}), 1, {kernel = k, out = out}) end,
+                   op .. ": out must be [1, 3]; got [2, 4]"}
+    end
     local forced = 0
     for _, name in ipairs(k3.kernels()) do
       local op = name:match("^%a+%.([%w_]+)%.")
@@ -337,13 +348,16 @@ describe("policy", function()
     local keys = {}
     for k in pairs(k3.policy) do keys[#keys + 1] = k end
     table.sort(keys)
-    assert.same({"attn_res", "batch_invariant", "linear", "on_layout_mismatch", "rms_norm", "silu_mul"}, keys)
-    assert.equal('{attn_res = {"cuda.attn_res.packed", "cuda.attn_res.decode", "cuda.attn_res.stream", ' ..
-      '"cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
+    assert.same({"abs", "attn_res", "batch_invariant", "exp", "linear", "max", "mean", "min",
+                 "on_layout_mismatch", "rms_norm", "silu_mul", "sqrt", "sum"}, keys)
+    local function pair(op) return op .. ' = {"cuda.' .. op .. '.generic", "cpu.' .. op .. '.reference"}' end
+    assert.equal('{' .. pair("abs") .. ', attn_res = {"cuda.attn_res.packed", "cuda.attn_res.decode", ' ..
+      '"cuda.attn_res.stream", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
       'batch_invariant = {linear = {"cuda.linear.batch_invariant", "cpu.linear.batch_invariant"}}, ' ..
-      'linear = {"cpu.linear.reference", "cpu.linear.blas"}, on_layout_mismatch = "fallback", ' ..
-      'rms_norm = {"cuda.rms_norm.generic", "cpu.rms_norm.reference"}, ' ..
-      'silu_mul = {"cuda.silu_mul.generic", "cpu.silu_mul.reference"}}', k3.inspect(k3.policy))
+      pair("exp") .. ', linear = {"cpu.linear.reference", "cpu.linear.blas"}, ' ..
+      pair("max") .. ', ' .. pair("mean") .. ', ' .. pair("min") .. ', on_layout_mismatch = "fallback", ' ..
+      pair("rms_norm") .. ', ' .. pair("silu_mul") .. ', ' .. pair("sqrt") .. ', ' .. pair("sum") .. '}',
+      k3.inspect(k3.policy))
   end)
 
   it("a saved k3.policy keeps showing its policy and restores it through set_policy", function()
@@ -375,7 +389,7 @@ describe("policy", function()
 
   it("rejects unknown kernels and another op's kernels, changing nothing", function()
     H.raises(function() k3.set_policy{linear = {"cpu.linear.blas", "cpu.linear.fast"}} end,
-      "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant")
+      "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant")
     H.raises(function() k3.set_policy{rms_norm = {"cpu.silu_mul.reference"}} end,
       "set_policy: kernel 'cpu.silu_mul.reference' is for op silu_mul, not rms_norm")
     assert.same(plain(default), plain(k3.policy))
@@ -425,7 +439,7 @@ describe("batch-invariant mode", function()
     H.raises(function() k3.set_policy{batch_invariant = {linear = {"cpu.rms_norm.reference"}}} end,
       "set_policy: kernel 'cpu.rms_norm.reference' is for op rms_norm, not linear")
     H.raises(function() k3.set_policy{batch_invariant = {matmul = {}}} end,
-      "set_policy: batch_invariant has unknown key \"matmul\" (expected linear, attn_res, rms_norm, silu_mul)")
+      "set_policy: batch_invariant has unknown key \"matmul\" (expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max, min)")
     k3.set_policy(saved)
     assert.equal("cpu.linear.batch_invariant", k3.explain("linear", x, w).chosen)
   end)

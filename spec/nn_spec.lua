@@ -179,13 +179,55 @@ describe("k3.nn", function()
                "SwiGLU: gate_up takes 8 features but down returns 7")
     end)
 
-    it("runs gate_up, silu_mul and down, nothing else", function()
-      local mlp = nn.SwiGLU(k3.randn({16, 8}, {seed = 1}), k3.randn({8, 8}, {seed = 2}))
+    it("runs gate_up and down with the gate as its prologue, nothing else; fused = false adds silu_mul", function()
+      local gu, down = k3.randn({16, 8}, {seed = 1}), k3.randn({8, 8}, {seed = 2})
       local x = k3.randn({3, 8}, {seed = 3})
-      local trace = k3.trace(function() mlp(x) end)
-      local ops = {}
-      for _, r in ipairs(trace) do ops[#ops + 1] = r.op end
-      assert.are.same({"linear", "silu_mul", "linear"}, ops)
+      local function ops_of(mlp)
+        local ops = {}
+        for _, r in ipairs(k3.trace(function() mlp(x) end)) do ops[#ops + 1] = r.op end
+        return ops
+      end
+      assert.are.same({"linear", "linear"}, ops_of(nn.SwiGLU(gu, down)))
+      assert.are.same({"linear", "silu_mul", "linear"}, ops_of(nn.SwiGLU(gu, down, {fused = false})))
+      H.raises(function() nn.SwiGLU(gu, down, {fused = "yes"}) end, "SwiGLU: fused must be a boolean (got string)")
     end)
+
+    for _, dtype in ipairs({"bf16", "f16", "f32", "f64"}) do
+      it("fused and unfused give the same bits in " .. dtype .. ", and after :to", function()
+        local gu = k3.randn({48, 24}, {dtype = dtype, seed = 21}) * 0.3
+        local down = k3.randn({24, 24}, {dtype = dtype, seed = 22}) * 0.3
+        local x = k3.randn({5, 24}, {dtype = dtype, seed = 23})
+        local fused, unfused = nn.SwiGLU(gu, down), nn.SwiGLU(gu, down, {fused = false})
+        assert.equal(0, k3.max_abs_diff(fused(x), unfused(x)))
+        local f64 = fused:to("f64")
+        assert.is_true(f64.fused)
+        assert.equal(0, k3.max_abs_diff(f64(x:to("f64")), unfused:to("f64")(x:to("f64"))))
+      end)
+    end
+  end)
+end)
+
+describe("k3.nn printing", function()
+  it("every layer prints through __tostring, also inside k3.inspect", function()
+    local lin = nn.Linear(k3.zeros({8, 16}, {dtype = "bf16"}))
+    assert.are.equal("Linear(16 -> 8, bf16)", tostring(lin))
+    assert.are.equal("Linear(16 -> 8, f32, bias)", tostring(nn.Linear(k3.zeros(8, 16), {bias = k3.zeros(8)})))
+    assert.are.equal("RMSNorm(7168, eps=1e-05, bf16)", tostring(nn.RMSNorm(k3.ones(7168, {dtype = "bf16"}))))
+    assert.are.equal("RMSNorm(4, eps=1e-06, f32)", tostring(nn.RMSNorm(k3.ones(4), 1e-6)))
+    assert.are.equal("SwiGLU(8 -> 4 -> 8)", tostring(nn.SwiGLU(k3.zeros(8, 8), k3.zeros(8, 4))))
+    assert.are.equal("{Linear(16 -> 8, bf16), norm = RMSNorm(4, eps=1e-05, f32)}",
+                     k3.inspect({lin, norm = nn.RMSNorm(k3.ones(4))}))
+  end)
+
+  it("tensor-parallel layers print their shard", function()
+    local P = require "k3.nn.parallel"
+    local w = k3.zeros(16, 8)
+    assert.are.equal("ColumnParallelLinear(8 -> 16, shard 1/2: 8 rows, f32)",
+                     tostring(P.ColumnParallelLinear(w, {rank = 1, world_size = 2})))
+    assert.truthy(tostring(P.RowParallelLinear(w, {rank = 0, world_size = 2})):find("^RowParallelLinear%(8 %-> 16, shard 0/2"))
+  end)
+
+  it("k3.nn is the module require 'k3.nn' returns", function()
+    assert.are.equal(nn, k3.nn)
   end)
 end)

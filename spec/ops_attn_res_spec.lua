@@ -430,6 +430,66 @@ describe("attn_res write_block aliasing", function()
   end)
 end)
 
+-- out, prefix and blocks as strided views of one storage: a written operand is refused iff it
+-- shares an element with another operand's rows the call uses (brute force over element
+-- addresses), and an accepted layout gives DESIGN.md's answer.
+describe("attn_res overlap of strided operands in one storage", function()
+  local function elems(off, rows, stride, Hd, into)
+    for t = 0, rows - 1 do
+      for d = 0, Hd - 1 do into[off + t * stride + d] = true end
+    end
+    return into
+  end
+  it("out and prefix, out and blocks: refused iff an element is shared; accepted ones match the fp64 formula", function()
+    local count = {}
+    local T, S, Hd, nb = 2, 3, 3, 2
+    for _, ps in ipairs({3, 4, 7}) do
+      for _, os_ in ipairs({3, 4, 7}) do
+        for off = 0, 12 do
+          -- out at `off` with row stride os_ against prefix at 0 with row stride ps
+          local storage = k3.randn({40}, {dtype = "f64", seed = 51})
+          local a = {prefix = storage:as_strided({T, Hd}, {ps, 1}, 0),
+                     blocks = k3.randn({T, S, Hd}, {dtype = "f64", seed = 52}), num_blocks = nb,
+                     norm_weight = k3.randn({Hd}, {dtype = "f64", seed = 53}) * 0.5 + 1,
+                     qk_weight = k3.randn({Hd}, {dtype = "f64", seed = 54}),
+                     out = storage:as_strided({T, Hd}, {os_, 1}, off)}
+          local pe, oe, shared = elems(0, T, ps, Hd, {}), elems(off, T, os_, Hd, {}), false
+          for x in pairs(oe) do shared = shared or pe[x] == true end
+          local c = copy_args(a)
+          c.prefix, c.out = a.prefix:clone(), nil
+          local want = not shared and oracle(c) or nil
+          local ok, y = pcall(k3.attn_res, a)
+          local what = ("prefix stride %d, out stride %d offset %d"):format(ps, os_, off)
+          if shared then
+            assert(not ok, what .. ": accepted")
+            assert.equal(("attn_res: out overlaps prefix: out (shape [2, 3], strides [%d, 1]) and " ..
+              "prefix (shape [2, 3], strides [%d, 1]) share memory"):format(os_, ps),
+              (tostring(y):gsub("^[^\n]-%.lua:%d+: ", "", 1)))
+          else
+            assert(ok, what .. ": " .. tostring(y))
+            assert(k3.max_abs_diff(y, want) < 1e-12, what)
+          end
+          count[shared and "refused" or "accepted"] = (count[shared and "refused" or "accepted"] or 0) + 1
+        end
+      end
+    end
+    assert.is_true(count.refused > 20 and count.accepted > 20, ("%d refused, %d accepted"):format(count.refused, count.accepted))
+    -- out in a slot the call neither reads nor writes is accepted; in a read slot it is not
+    local blocks = k3.randn({T, S, Hd}, {dtype = "f64", seed = 55})
+    local a = {prefix = k3.randn({T, Hd}, {dtype = "f64", seed = 56}), blocks = blocks, num_blocks = 2,
+               norm_weight = k3.randn({Hd}, {dtype = "f64", seed = 53}) + 2,
+               qk_weight = k3.randn({Hd}, {dtype = "f64", seed = 54}), out = blocks:select(2, 3)}
+    local c = copy_args(a)
+    c.blocks, c.out = blocks:clone(), nil
+    local want = oracle(c)
+    assert(k3.max_abs_diff(k3.attn_res(a), want) < 1e-12)
+    a.num_blocks = 3
+    H.raises_exact(function() k3.attn_res(a) end,
+      "attn_res: out overlaps blocks: out (shape [2, 3], strides [9, 1]) and blocks[:, 3, :] " ..
+      "(blocks shape [2, 3, 3], strides [9, 3, 1]) share memory")
+  end)
+end)
+
 -- Edge values: prefix, delta and blocks scaled far past where the fp32 (fp64 for f64) sums
 -- of squares of the key norms and the output norm overflow or underflow (H.EDGE_SCALES); the
 -- oracle's norms cannot overflow themselves.
@@ -441,7 +501,7 @@ local AR_TOL = {f32 = {1e-4, 1e-4}, bf16 = {8e-2, 3e-2}, f64 = {1e-10, 1e-10}}
 local function edge_attn_res(device, kernel, dts, o)
   o = o or {}
   for _, dt in ipairs(dts) do
-    local T, S, Hd, nb = 3, 4, 64, 3
+    local T, S, Hd, nb = o.T or 3, 4, o.H or 64, 3
     local base = {
       prefix = k3.randn({T, Hd}, {dtype = dt, seed = 51}),
       delta = k3.randn({T, Hd}, {dtype = dt, seed = 52}),
@@ -498,6 +558,18 @@ describe("attn_res edge values on the CUDA kernels #gpu", function()
       return
     end
     edge_attn_res("cuda", "cuda.attn_res.packed", {"bf16"})
+  end)
+  it("cuda.attn_res.decode and cuda.attn_res.stream: the same cases in bf16 and f16", function()
+    for _, kern in ipairs({"cuda.attn_res.decode", "cuda.attn_res.stream"}) do
+      if not k3.has_kernel(kern) then
+        pending(kern .. " is not registered in this build")
+        return
+      end
+    end
+    edge_attn_res("cuda", "cuda.attn_res.decode", {"bf16", "f16"})
+    edge_attn_res("cuda", "cuda.attn_res.decode", {"bf16"}, {write_block = 4})
+    -- the stream kernel's smallest prefill shape: T 64, H 1024
+    edge_attn_res("cuda", "cuda.attn_res.stream", {"bf16", "f16"}, {T = 64, H = 1024})
   end)
 end)
 

@@ -299,3 +299,159 @@ describe("the CPU linear sources", function()
     assert.are.equal("", table.concat(failures, "\n"))
   end)
 end)
+
+-- The silu_mul prologue: y = silu_mul(x) w^T with x [M, 2K] (gate | up). Every CPU kernel
+-- against the fp64 oracle over dtypes and layouts of x (the gate and up halves of a padded,
+-- odd-offset or broadcast x), fused == silu_mul then linear bit for bit on each kernel, outputs
+-- poisoned with NaN, through a method as through k3.linear, and the refusals.
+describe("linear with prologue silu_mul", function()
+  -- [M, 2K] gate | up values: gates ~ 3 N(0, 1) (silu's both regimes), ups ~ N(0, 1).
+  local function values(M, K, dt, seed)
+    local v = k3.randn({M, 2 * K}, {dtype = dt, seed = seed})
+    local g = v:narrow(2, 1, K)
+    g:copy(g * 3)
+    return v
+  end
+  -- x [M, 2K] in a layout with unit last stride (what silu_mul reads).
+  local XLAYOUTS = {
+    contiguous = function(M, K, dt, seed) return values(M, K, dt, seed) end,
+    ["padded rows"] = function(M, K, dt, seed)
+      local x = H.padded(M, 2 * K, 5, {dtype = dt})
+      x:copy(values(M, K, dt, seed))
+      return x
+    end,
+    ["odd offset"] = function(M, K, dt, seed)
+      local x = k3.empty({M * 2 * K + 1}, {dtype = dt}):narrow(1, 2, M * 2 * K):view({M, 2 * K})
+      x:copy(values(M, K, dt, seed))
+      return x
+    end,
+    ["zero-stride rows"] = function(M, K, dt, seed) return values(1, K, dt, seed):expand({M, 2 * K}) end,
+  }
+  local XORDER = {"contiguous", "padded rows", "odd offset", "zero-stride rows"}
+  local function gate_up(M, K, dt, layout, seed) return XLAYOUTS[layout](M, K, dt, seed) end
+  -- h is rounded to x's dtype before the product (as silu_mul rounds it): the fp64 oracle
+  -- differs by that rounding, |h| up to ~10, summed over K.
+  local function oracle_opts(dt, K)
+    local tol = TOL[dt]
+    return {atol = tol.atol * 4 * math.sqrt(K), rtol = tol.rtol}
+  end
+  local function oracle(x, w, bias, residual)
+    local function f64(t) return t and t:to("f64") end
+    return k3.linear(f64(x), f64(w), {bias = f64(bias), residual = f64(residual),
+                                      prologue = "silu_mul", kernel = "cpu.linear.reference"})
+  end
+
+  for _, kernel in ipairs(KERNELS) do
+    for _, dt in ipairs(DTYPES) do
+      for _, lname in ipairs(XORDER) do
+        it(string.format("%s %s x %s: fp64 oracle, and the bits of silu_mul then linear", kernel, dt, lname), function()
+          for _, size in ipairs({{3, 33, 33}, {5, 17, 132}, {1, 7, 260}, {1, 1, 1}, {33, 132, 8}}) do
+            local M, N, K = size[1], size[2], size[3]
+            local what = string.format("M=%d N=%d K=%d", M, N, K)
+            local x = gate_up(M, K, dt, lname, M * 1000 + K)
+            local w = k3.randn({N, K}, {dtype = dt, seed = N}) * (1 / math.sqrt(K))
+            local bias = k3.randn({N}, {dtype = dt, seed = 3})
+            local out = H.poisoned({M, N}, {dtype = dt})
+            local y = k3.linear(x, w, {bias = bias, prologue = "silu_mul", out = out, kernel = kernel})
+            assert.is_false(H.has_nan(y), what)
+            local ref = oracle(x, w, bias)
+            assert.is_true(k3.allclose(y:to("f64"), ref, oracle_opts(dt, K)),
+              string.format("%s: max diff %g", what, k3.max_abs_diff(y:to("f64"), ref)))
+            local unfused = k3.linear(k3.silu_mul(x), w, {bias = bias, kernel = kernel})
+            assert.equal(0, k3.max_abs_diff(y, unfused), what .. ": fused differs from silu_mul then linear")
+          end
+        end)
+      end
+      it(string.format("%s %s: residual and padded w, the bits of silu_mul then linear", kernel, dt), function()
+        local M, N, K = 4, 33, 132
+        local x = gate_up(M, K, dt, "contiguous", 51)
+        local w = H.padded(N, K, 2, {dtype = dt, seed = 52})
+        local residual = H.padded(M, N, 7, {dtype = dt, seed = 53})
+        local out = H.poisoned({M, N}, {dtype = dt})
+        local y = k3.linear(x, w, {residual = residual, prologue = "silu_mul", out = out, kernel = kernel})
+        assert.is_false(H.has_nan(y))
+        assert.is_true(k3.allclose(y:to("f64"), oracle(x, w, nil, residual), oracle_opts(dt, K)))
+        assert.equal(0, k3.max_abs_diff(y, k3.linear(k3.silu_mul(x), w, {residual = residual, kernel = kernel})))
+      end)
+    end
+  end
+
+  it("the gate's special values: silu(-inf) = 0, silu(inf) = inf, NaN stays NaN, as silu_mul", function()
+    -- One token per special gate, K = 1 and w = 1: y is h itself.
+    local x = k3.tensor({{-math.huge, 3}, {math.huge, 2}, {0 / 0, 5}, {-1e30, 7}, {-90, 1}}, {dtype = "f32"})
+    local w = k3.ones({1, 1})
+    local h = k3.silu_mul(x)
+    for _, kernel in ipairs(KERNELS) do
+      local y = k3.linear(x, w, {prologue = "silu_mul", kernel = kernel})
+      assert.equal(0, y:get(1, 1), kernel)
+      assert.equal(math.huge, y:get(2, 1), kernel)
+      assert.is_true(y:get(3, 1) ~= y:get(3, 1), kernel)
+      for i = 4, 5 do assert.equal(h:get(i, 1), y:get(i, 1), kernel) end
+    end
+  end)
+
+  it("the batch-invariant kernel keeps rows invariant across M with the prologue", function()
+    local K, N = 300, 37
+    local w = k3.randn({N, K}, {dtype = "bf16", seed = 61})
+    local x = k3.randn({16, 2 * K}, {dtype = "bf16", seed = 62})
+    for M = 1, 16 do
+      local y = k3.linear(x:narrow(1, 1, M), w, {prologue = "silu_mul", kernel = "cpu.linear.batch_invariant"})
+      for i = 1, M, 5 do
+        local alone = k3.linear(x:narrow(1, i, 1), w, {prologue = "silu_mul", kernel = "cpu.linear.batch_invariant"})
+        assert.equal(0, k3.max_abs_diff(y:narrow(1, i, 1), alone), string.format("M=%d row %d", M, i))
+      end
+    end
+  end)
+
+  it("dispatches like the plain linear, through k3.linear, k3.explain and a method's apply", function()
+    local x = k3.randn({3, 16}, {dtype = "bf16", seed = 71})
+    local w = k3.randn({5, 8}, {dtype = "bf16", seed = 72})
+    local want = k3.linear(k3.silu_mul(x), w)
+    assert.equal("cpu.linear.blas", k3.explain("linear", x, w, {prologue = "silu_mul"}).chosen)
+    assert.equal(0, k3.max_abs_diff(k3.linear(x, w, {prologue = "silu_mul"}), want))
+    local ll = k3.method.low_latency({[3] = {kernel = "skinny"}}, {static_weights = true})
+    local e = ll:explain(x, w, nil, {prologue = "silu_mul"})
+    assert.equal("cpu.linear.blas", e.chosen)
+    assert.equal(0, k3.max_abs_diff(ll:apply(x, w, nil, {prologue = "silu_mul"}), want))
+    assert.equal(0, k3.max_abs_diff(k3.method.default():apply(x, w, nil, {prologue = "silu_mul"}), want))
+    local trace = k3.trace(function() k3.linear(x, w, {prologue = "silu_mul"}) end)
+    assert.equal(1, #trace)
+    assert.equal("linear", trace[1].op)
+  end)
+
+  it("handles M = 0 and K = 0", function()
+    for _, kernel in ipairs(KERNELS) do
+      assert.same({0, 3}, k3.linear(k3.randn({0, 8}), k3.randn({3, 4}), {prologue = "silu_mul", kernel = kernel}):size())
+      local z = k3.linear(k3.empty({2, 0}), k3.empty({3, 0}), {bias = k3.ones({3}), prologue = "silu_mul", kernel = kernel})
+      assert.same({{1, 1, 1}, {1, 1, 1}}, z:totable())
+    end
+  end)
+
+  describe("errors", function()
+    local w = k3.randn({5, 4}, {seed = 1})
+    it("x dim 2 must be 2K", function()
+      H.raises(function() k3.linear(k3.randn({3, 4}), w, {prologue = "silu_mul"}) end,
+        "linear: x dim 2 (4) must be 2 * w dim 2 (4) = 8 for prologue silu_mul")
+      H.raises(function() k3.linear(k3.randn({3, 9}), w, {prologue = "silu_mul"}) end,
+        "linear: x dim 2 (9) must be 2 * w dim 2 (4) = 8 for prologue silu_mul")
+      H.raises(function() k3.linear(k3.randn({3, 8, 1}), w, {prologue = "silu_mul"}) end,
+        "linear: x must be 2-D [M, 2K]; got 3-D [3, 8, 1]")
+    end)
+    it("x must have unit stride in its last dim", function()
+      H.raises(function() k3.linear(k3.randn({8, 3}):t(), w, {prologue = "silu_mul"}) end,
+        "linear: x must have unit stride in its last dim; got strides [1, 3]")
+    end)
+    it("the option names silu_mul or nothing", function()
+      H.raises(function() k3.linear(k3.randn({3, 8}), w, {prologue = "SiLU"}) end,
+        "field 'prologue' must be \"silu_mul\" or nil; got \"SiLU\"")
+      H.raises(function() k3.linear(k3.randn({3, 8}), w, {prologue = 1}) end,
+        "field 'prologue' must be \"silu_mul\" or nil; got number")
+    end)
+    it("changes nothing when it raises", function()
+      local out = H.poisoned({3, 5})
+      H.raises(function() k3.linear(k3.randn({3, 6}), w, {prologue = "silu_mul", out = out}) end, "linear: x dim 2")
+      local v = out:get(2, 2)
+      assert.is_true(v ~= v)
+    end)
+  end)
+end)

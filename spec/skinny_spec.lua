@@ -415,7 +415,8 @@ describe("cuda.linear.skinny with PDL and static weights #gpu", function()
       for M in pairs(plan) do
         local x = bf16({M, K}, 1200 + M)
         local what = string.format("plan %s M=%d", shape, M)
-        assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+        local kernel = plan[M].kernel == "skinny" and SKINNY or plan[M].kernel
+        assert.equal(kernel, ll:explain(x, w).chosen, what)
         check_rows(ll:apply(x, w, nil, {out = poisoned_out(M, N)}), x, w, nil, what)
         n = n + 1
       end
@@ -566,4 +567,198 @@ describe("cuda.linear.batch_invariant #gpu", function()
     assert.equal(BI, k3.explain("linear", x, w).chosen)
     assert.equal(0, k3.max_abs_diff(k3.linear(x, w), k3.linear(x, w, {kernel = BI})))
   end)
+end)
+
+-- The silu_mul prologue (x [M, 2K] gate | up) on the GPU kernels: the skinny kernel computes
+-- h = silu(gate) * up while it loads x, in every classic and split configuration, through
+-- plans with static weights; the batch-invariant kernel where it loads x. Each must give the
+-- bits of cuda.silu_mul.generic followed by the same kernel on h, match the fp64 reference,
+-- and leave no poisoned output unwritten; what the skinny kernel cannot read it declines,
+-- and the fallback (cuBLAS through a temporary, spec/cuda_linear_spec.lua) serves with the
+-- same bits as silu_mul then cuBLAS.
+describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
+  -- [M, 2K] bf16 gate | up on the device: gates ~ 3 N(0, 1), ups ~ N(0, 1).
+  local function gate_up(M, K, seed, dt)
+    local v = k3.randn({M, 2 * K}, {dtype = dt or "bf16", seed = seed, device = "cuda"})
+    local g = v:narrow(2, 1, K)
+    g:copy(g * 3)
+    return v
+  end
+  -- The fp64 reference of the fused call: h = silu_mul(x) and the product in fp64 on the CPU
+  -- (dgemm: the Kimi-K3 shapes at M = 16 are 500 M products).
+  local function reference(x, w, bias, residual)
+    local f = function(t) return t and t:to("cpu"):to("f64") or nil end
+    return k3.linear(k3.silu_mul(f(x)), f(w), {bias = f(bias), residual = f(residual), kernel = "cpu.linear.blas"})
+  end
+  -- The fused call against silu_mul then the same call, bit for bit, and the fp64 reference
+  -- (the h rounding to bf16 is inside the tolerance: |h| <~ 10).
+  local function check_fused(fused, unfused, x, w, residual, what)
+    assert.is_false(H.has_nan(fused:to("cpu")), what .. ": unwritten (NaN) outputs")
+    assert.equal(0, k3.max_abs_diff(fused, unfused), what .. ": fused differs from silu_mul then linear")
+    local f = function(t) return t and t:to("cpu"):to("f64") or nil end
+    local ref = reference(x, w, nil, residual)
+    local K = w:size(2)
+    assert.is_true(k3.allclose(f(fused), ref, {atol = 4e-2 * math.sqrt(K), rtol = 2e-2}),
+      string.format("%s: max |y - ref| = %g", what, k3.max_abs_diff(f(fused), ref)))
+  end
+  local function poisoned(M, N) return H.poisoned({M, N}, {dtype = "bf16", device = "cuda"}) end
+
+  it("skinny, every classic configuration through plans with static weights, M = 1, 8, 9, 16", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 200, 4104 -- a partial last block of rows and a partial last chunk of k
+    local w = bf16({N, K}, 1500)
+    for _, c in ipairs(CONFIGS) do
+      local config = {threads = c[1], rows = c[2], unroll = c[3], vec = 8}
+      local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
+      for _, M in ipairs({1, 8, 9, 16}) do
+        local x = gate_up(M, K, 1600 + M)
+        local what = string.format("threads=%d rows=%d unroll=%d M=%d", c[1], c[2], c[3], M)
+        assert.equal(SKINNY, ll:explain(x, w, nil, {prologue = "silu_mul"}).chosen, what)
+        local fused = ll:apply(x, w, nil, {prologue = "silu_mul", out = poisoned(M, N)})
+        local unfused = ll:apply(k3.silu_mul(x), w, nil, {out = poisoned(M, N)})
+        check_fused(fused, unfused, x, w, nil, what)
+      end
+    end
+  end)
+
+  it("skinny at M = 1..16 on the down projection 7168x4224, with and without residual", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 7168, 4224
+    local w = bf16({N, K}, 1700)
+    for M = 1, 16 do
+      local x = gate_up(M, K, 1710 + M)
+      local r = bf16({M, N}, 1730 + M)
+      local what = "7168x4224 M=" .. M
+      local fused = k3.linear(x, w, {prologue = "silu_mul", kernel = SKINNY, out = poisoned(M, N)})
+      check_fused(fused, k3.linear(k3.silu_mul(x), w, {kernel = SKINNY}), x, w, nil, what)
+      local fr = k3.linear(x, w, {residual = r, prologue = "silu_mul", kernel = SKINNY, out = poisoned(M, N)})
+      check_fused(fr, k3.linear(k3.silu_mul(x), w, {residual = r, kernel = SKINNY}), x, w, r, what .. " residual")
+    end
+  end)
+
+  it("skinny, split-K across CTAs: every split configuration, M = 1, 7, 16, residual", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    for si, s in ipairs({{7168, 4224}, {131, 4104}}) do
+      local N, K = s[1], s[2]
+      local w = bf16({N, K}, 1800 + si)
+      for _, c in ipairs(SPLIT_CONFIGS) do
+        local ll = k3.method.low_latency(all_plan(split_config(c)), {static_weights = true})
+        for _, M in ipairs({1, 7, 16}) do
+          local x = gate_up(M, K, 1810 + M)
+          local r = bf16({M, N}, 1820 + M)
+          local what = string.format("%dx%d threads=%d rows=%d unroll=%d kcta=%d M=%d", N, K,
+            c[1], c[2], c[3], c[4], M)
+          assert.equal(SKINNY, ll:explain(x, w, nil, {prologue = "silu_mul"}).chosen, what)
+          local fused = ll:apply(x, w, nil, {residual = r, prologue = "silu_mul", out = poisoned(M, N)})
+          local unfused = ll:apply(k3.silu_mul(x), w, nil, {residual = r, out = poisoned(M, N)})
+          check_fused(fused, unfused, x, w, r, what)
+        end
+      end
+    end
+  end)
+
+  it("skinny with h above 48 KB of shared memory, and past the device's limit (through a temporary)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- K = 14336: h is 28.7 KB per token, so M = 4 opts in to 115 KB and M = 16 (459 KB) goes
+    -- through cuda.silu_mul.generic into a temporary; the bits are the same every way.
+    local N, K = 72, 14336
+    local w = bf16({N, K}, 1950)
+    for _, M in ipairs({1, 2, 4, 7, 16}) do
+      local x = gate_up(M, K, 1960 + M)
+      local what = "K=14336 M=" .. M
+      local fused = k3.linear(x, w, {prologue = "silu_mul", kernel = SKINNY, out = poisoned(M, N)})
+      check_fused(fused, k3.linear(k3.silu_mul(x), w, {kernel = SKINNY}), x, w, nil, what)
+    end
+  end)
+
+  it("the gate's special values: silu(-inf) = 0, inf and NaN as cuda.silu_mul.generic writes them", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- Token t has gate g[t] at k = 1 (up 2) and gate 0 elsewhere (h = 0), K = 8; w's rows are
+    -- e_1, so y[t, n] = h[t, 1] exactly (no inf * 0 in the sums).
+    local K = 8
+    local g = {-math.huge, math.huge, 0 / 0, -1e30, -90, 0, 1, 88}
+    local rows = {}
+    for t = 1, #g do
+      rows[t] = {}
+      for k = 1, K do rows[t][k] = k == 1 and g[t] or 0; rows[t][K + k] = k == 1 and 2 or 1 end
+    end
+    local x = k3.tensor(rows, {dtype = "bf16"}):to("cuda")
+    local e1 = {}
+    for n = 1, 4 do
+      e1[n] = {}
+      for k = 1, K do e1[n][k] = k == 1 and 1 or 0 end
+    end
+    local w = k3.tensor(e1, {dtype = "bf16"}):to("cuda")
+    local h = k3.silu_mul(x):to("cpu")
+    assert.equal(0, h:get(1, 1))
+    assert.equal(math.huge, h:get(2, 1))
+    for _, kernel in ipairs({SKINNY, BI, CUBLAS}) do
+      if k3.has_kernel(kernel) then
+        local y = k3.linear(x, w, {prologue = "silu_mul", kernel = kernel}):to("cpu")
+        for t = 1, #g do
+          for n = 1, 4 do
+            local a, b = y:get(t, n), h:get(t, 1)
+            if b ~= b then
+              assert.is_true(a ~= a, string.format("%s t=%d n=%d", kernel, t, n))
+            else
+              assert.equal(b, a, string.format("%s t=%d n=%d", kernel, t, n))
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  it("skinny declines what it cannot read, and the fallback gives silu_mul then cuBLAS's bits", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 96, 128
+    local w = bf16({N, K}, 1900)
+    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
+    local padded = H.padded(3, 2 * K, 8, {dtype = "bf16", device = "cuda"})
+    padded:copy(gate_up(3, K, 1901))
+    local odd = bf16({3 * 2 * K + 1}, 1902):narrow(1, 2, 3 * 2 * K):view({3, 2 * K})
+    local cases = {
+      {padded, string.format("x is not packed row-major: strides [%d, 1] for shape [3, %d], needs [%d, 1]",
+        2 * K + 8, 2 * K, 2 * K)},
+      {odd, "x is not 16-byte aligned"},
+      {gate_up(17, K, 1903), "plan has no entry for M = 17"},
+    }
+    for _, case in ipairs(cases) do
+      local x = case[1]
+      local e = ll:explain(x, w, nil, {prologue = "silu_mul"})
+      assert.equal(CUBLAS, e.chosen, case[2])
+      local reason = skinny_decline(e)
+      assert.truthy(reason and reason:find(case[2], 1, true), tostring(reason))
+      local M = x:size(1)
+      local fused = ll:apply(x, w, nil, {prologue = "silu_mul", out = poisoned(M, N)})
+      check_fused(fused, k3.linear(k3.silu_mul(x), w, {kernel = CUBLAS}), x, w, nil, case[2])
+    end
+    -- called directly, the kernel fails loud and names the strides
+    H.raises(function() k3.linear(padded, w, {prologue = "silu_mul", kernel = SKINNY}) end,
+      string.format("x is not packed row-major: strides [%d, 1]", 2 * K + 8))
+  end)
+
+  for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+    it("cuda.linear.batch_invariant " .. dt .. ": fused equals silu_mul then the kernel; rows equal across M", function()
+      if not H.need_gpu(pending) or not need_kernel(BI) then return end
+      local o = {dtype = dt, device = "cuda"}
+      for _, s in ipairs({{37, 300}, {70, 4104}}) do
+        local N, K = s[1], s[2]
+        -- x with padded rows (row stride 2K + 3): the kernel takes any row stride
+        local x = H.padded(16, 2 * K, 3, o)
+        x:copy(gate_up(16, K, 2100 + K, dt))
+        local w = k3.randn({N, K}, {dtype = dt, device = "cuda", seed = 2101})
+        local b = k3.randn({N}, {dtype = dt, device = "cuda", seed = 2102})
+        local full = k3.linear(x, w, {bias = b, prologue = "silu_mul", kernel = BI, out = H.poisoned({16, N}, o)})
+        assert.is_false(H.has_nan(full:to("cpu")))
+        assert.equal(0, k3.max_abs_diff(full, k3.linear(k3.silu_mul(x), w, {bias = b, kernel = BI})),
+          string.format("%dx%d fused vs silu_mul then the kernel", N, K))
+        for _, M in ipairs({1, 2, 7, 16}) do
+          local y = k3.linear(x:narrow(1, 1, M), w, {bias = b, prologue = "silu_mul", kernel = BI,
+            out = H.poisoned({M, N}, o)})
+          assert.equal(0, k3.max_abs_diff(y, full:narrow(1, 1, M)), string.format("%dx%d M=%d", N, K, M))
+        end
+      end
+    end)
+  end
 end)

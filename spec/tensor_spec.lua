@@ -394,6 +394,41 @@ describe("printing", function()
     assert.is_true(#s < 1000)
   end)
 
+  it("wraps rows at 80 columns as PyTorch does, and summarises only above 1000 elements", function()
+    local function lines_of(str)
+      local out = {}
+      for line in (str .. "\n"):gmatch("(.-)\n") do out[#out + 1] = line end
+      return out
+    end
+    -- 1000 elements: every value shown, 8 per line ("-0.4715, " is 9 columns)
+    local t = k3.randn({1000}, {seed = 44})
+    local ls = lines_of(tostring(t))
+    assert.equal(1 + 125, #ls)
+    for i = 2, #ls do assert.is_true(#ls[i] <= 80, "line " .. i .. ": " .. ls[i]) end
+    local count = 0
+    for _ in tostring(t):gmatch("%-?%d%.%d%d%d%d") do count = count + 1 end
+    assert.equal(1000, count)
+    assert.falsy(tostring(t):find("...", 1, true))
+    -- continuation lines start under the first value, one column in per open bracket
+    assert.equal("k3.Tensor [12] f32 cpu\n" ..
+                 "[-0.4715,  0.7479, -1.5871, -0.3702, -1.1692,  0.2059,  0.8244,  0.5118,\n" ..
+                 "  0.5142,  1.1634, -0.0674, -0.5261]", tostring(k3.randn(12)))
+    local m = lines_of(tostring(k3.zeros(2, 30)))
+    assert.same({"[[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,",
+                 "  0, 0, 0, 0],", " [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,",
+                 "  0, 0, 0, 0]]"}, {m[2], m[3], m[4], m[5]})
+    -- 1001 elements: 3 at each end of every dim
+    local s = tostring(k3.randn({1001}, {seed = 44}))
+    assert.equal(2, #lines_of(s))
+    assert.truthy(s:find("^k3%.Tensor %[1001%] f32 cpu\n%[[^\n,]+,[^\n,]+,[^\n,]+, %.%.%.,[^\n,]+,[^\n,]+,[^\n,]+%]$"), s)
+    local n = lines_of(tostring(k3.zeros(20, 60)))
+    assert.same({"k3.Tensor [20, 60] f32 cpu", "[[0, 0, 0, ..., 0, 0, 0],", " [0, 0, 0, ..., 0, 0, 0],",
+                 " [0, 0, 0, ..., 0, 0, 0],", " ...,", " [0, 0, 0, ..., 0, 0, 0],",
+                 " [0, 0, 0, ..., 0, 0, 0],", " [0, 0, 0, ..., 0, 0, 0]]"}, n)
+    -- a 0-dim tensor and an empty one are not wrapped
+    assert.equal("k3.Tensor [0, 3] f32 cpu\n[]", tostring(k3.zeros(0, 3)))
+  end)
+
   it("has the __name k3.Tensor", function()
     assert.equal("k3.Tensor", getmetatable(k3.empty({1})).__name)
     assert.is_true(k3.is_tensor(k3.empty({1})))
@@ -455,7 +490,7 @@ describe("errors", function()
       "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
     H.raises(function() k3.empty({"a"}) end,
       "bad argument #1 to 'empty' (shape[1] must be an integer; got string)")
-    H.raises(function() k3.empty("x") end, "bad argument #1 to 'empty' (table expected, got string)")
+    H.raises(function() k3.empty("x") end, "bad argument #1 to 'empty' (shape table or sizes expected, got string)")
   end)
 
   it("huge sizes overflow or run out of memory without crashing", function()
@@ -747,5 +782,416 @@ describe("fuzzer findings", function()
     assert.same({0, 2 ^ 62, 4}, e:size())
     local small = e:narrow(2, 1, 3)
     assert.same({0, 3, 4}, (small + small):size())
+  end)
+end)
+
+-- ---- Torch forms: t[i], #t, reshape, permute, squeeze, unsqueeze, varargs shapes -------------
+
+-- The values of t in row-major order, as a flat Lua list (the fp64 oracle of reshape).
+local function flat(t)
+  local out = {}
+  local function walk(v)
+    if type(v) == "table" then for _, x in ipairs(v) do walk(x) end else out[#out + 1] = v end
+  end
+  walk(t:to("cpu"):to("f64"):totable())
+  return out
+end
+
+-- The same tensor in several layouts: contiguous, transposed, padded rows, expanded.
+local function layouts()
+  local c = k3.randn({4, 6}, {dtype = "f64", seed = 91})
+  return {
+    contiguous = c,
+    transposed = k3.randn({6, 4}, {dtype = "f64", seed = 92}):t(),
+    padded = H.padded(4, 6, 3, {dtype = "f64", seed = 93}),
+    expanded = k3.randn({4, 1}, {dtype = "f64", seed = 94}):expand(4, 6),
+  }
+end
+
+describe("t[i], t[i] = v and #t", function()
+  it("t[i] is t:select(1, i): a view for 2+ dims, a number for 1 dim", function()
+    local t = k3.tensor({{1, 2, 3}, {4, 5, 6}})
+    assert.same({3}, t[2]:size())
+    assert.same({4, 5, 6}, t[2]:totable())
+    assert.equal(6, t[2][3])
+    assert.equal("number", type(k3.tensor({7, 8})[2]))
+    t[1]:fill(9) -- a view: the write shows in the base
+    assert.same({{9, 9, 9}, {4, 5, 6}}, t:totable())
+    local cube = k3.randn({2, 3, 4}, {dtype = "f64", seed = 95})
+    assert.equal(cube:get(2, 3, 4), cube[2][3][4])
+    assert.equal(0, k3.max_abs_diff(cube[2], cube:select(1, 2)))
+  end)
+
+  it("t[i] follows strided and expanded views", function()
+    for name, t in pairs(layouts()) do
+      for i = 1, #t do
+        assert.equal(0, k3.max_abs_diff(t[i], t:select(1, i)), name)
+        assert.same(t:select(1, i):stride(), t[i]:stride(), name)
+        assert.equal(t:get(i, 2), t[i][2], name)
+      end
+    end
+  end)
+
+  it("t[i] = number fills the slice, t[i] = tensor copies into it (any dtype and strides)", function()
+    local t = k3.zeros(3, 4)
+    t[2] = 5
+    assert.same({{0, 0, 0, 0}, {5, 5, 5, 5}, {0, 0, 0, 0}}, t:totable())
+    t[3] = k3.tensor({1, 2, 3, 4}, {dtype = "bf16"})
+    assert.same({1, 2, 3, 4}, t[3]:totable())
+    t[1] = k3.tensor({{1, 2}, {3, 4}, {5, 6}, {7, 8}}):t()[2] -- a strided source: {2, 4, 6, 8}
+    assert.same({2, 4, 6, 8}, t[1]:totable())
+    local v = k3.zeros(3)
+    v[2] = 7.5
+    assert.same({0, 7.5, 0}, v:totable())
+    local bf = k3.zeros({2}, {dtype = "bf16"})
+    bf[1] = 1 + 2 ^ -9 -- rounded once to bf16, as set does
+    assert.equal(1, bf[1])
+    -- through a view of a view: the base shows every write
+    local base = k3.zeros(2, 3, 2)
+    base[2][3] = k3.tensor({4, 5})
+    base[1][1][2] = 6
+    assert.same({{{0, 6}, {0, 0}, {0, 0}}, {{0, 0}, {0, 0}, {4, 5}}}, base:totable())
+    -- a transposed base: t[i] = v writes its column
+    local m = k3.zeros(2, 3)
+    m:t()[3] = 1
+    assert.same({{0, 0, 1}, {0, 0, 1}}, m:totable())
+  end)
+
+  it("#t is t:size(1), also for empty and expanded tensors", function()
+    assert.equal(3, #k3.zeros(3, 5))
+    assert.equal(0, #k3.zeros(0, 5))
+    assert.equal(7, #k3.zeros(1, 2):expand(7, 2))
+    assert.equal(5, #k3.zeros(3, 5):t())
+  end)
+
+  it("methods are still found by name, and a missing one is nil", function()
+    local t = k3.zeros(2)
+    assert.equal("function", type(t.size))
+    assert.is_nil(t.no_such_method)
+    assert.equal(k3.zeros(1).numel, t.numel)
+  end)
+
+  it("errors name the index and the size", function()
+    local t = k3.zeros(2, 3)
+    H.raises_exact(function() return t[3] end,
+      "bad argument #2 to 'index' (index 3 out of range for dim 1 of size 2)")
+    H.raises_exact(function() return t[0] end,
+      "bad argument #2 to 'index' (index 0 out of range for dim 1 of size 2)")
+    H.raises_exact(function() return t[-1] end,
+      "bad argument #2 to 'index' (index -1 out of range for dim 1 of size 2)")
+    H.raises_exact(function() return t[1][4] end,
+      "bad argument #2 to 'index' (index 4 out of range for dim 1 of size 3)")
+    H.raises_exact(function() return k3.zeros(0, 3)[1] end,
+      "bad argument #2 to 'index' (index 1 out of range for dim 1 of size 0)")
+    H.raises_exact(function() return t[1.5] end,
+      "bad argument #2 to 'index' (a tensor is indexed by an integer or a method name; got a non-integer number)")
+    H.raises_exact(function() return t[true] end,
+      "bad argument #2 to 'index' (a tensor is indexed by an integer or a method name; got boolean)")
+    H.raises_exact(function() t[3] = 1 end,
+      "bad argument #2 to 'newindex' (index 3 out of range for dim 1 of size 2)")
+    H.raises_exact(function() t[1] = "x" end,
+      "bad argument #3 to 'newindex' (number or k3.Tensor expected, got string)")
+    H.raises_exact(function() t.size = 1 end,
+      "cannot assign field 'size' of a k3.Tensor (a tensor has methods, no fields; t[i] = v writes a slice)")
+    H.raises_exact(function() t[1] = k3.zeros(2) end, "copy: source shape [2] must match destination shape [3]")
+    H.raises_exact(function() k3.zeros(3, 1):expand(3, 4)[1] = k3.zeros(4) end,
+      "copy: destination dim 1 has stride 0 (a broadcast view); it cannot be written")
+    local s = k3.zeros(2):select(1, 1)
+    H.raises_exact(function() return s[1] end,
+      "bad argument #2 to 'index' (index 1 into a 0-dim tensor (one element: use get()))")
+    H.raises_exact(function() return #s end, "bad argument #1 to 'len' (#t of a 0-dim tensor (it has no dim 1))")
+    local f = k3.zeros(2, 2)
+    f:free()
+    H.raises_exact(function() return f[1] end, "tensor has been freed")
+    H.raises_exact(function() f[1] = 0 end, "tensor has been freed")
+    H.raises_exact(function() return #f end, "tensor has been freed")
+  end)
+
+  it("a write into a static tensor is refused", function()
+    local w = k3.zeros(2, 2)
+    w:mark_static("a weight")
+    H.raises(function() w[1] = 1 end, "a weight")
+    H.raises(function() w[1][1] = 1 end, "a weight")
+    H.raises(function() w[1] = k3.ones(2) end, "a weight")
+    assert.same({{0, 0}, {0, 0}}, w:totable())
+  end)
+end)
+
+describe("reshape, permute, squeeze, unsqueeze", function()
+  -- Whether a and b share memory: a write into b shows in a.
+  local function shares(a, b)
+    local before = a:clone()
+    b:fill(12345)
+    local changed = k3.max_abs_diff(a, before) > 0
+    a:copy(before)
+    return changed
+  end
+
+  it("reshape keeps the row-major order on every layout; a view exactly when the strides allow", function()
+    local cases = {
+      {"contiguous", {24}, true}, {"contiguous", {2, 3, 4}, true}, {"contiguous", {3, -1}, true},
+      {"padded", {4, 2, 3}, true}, {"padded", {4, 6, 1}, true}, {"padded", {24}, false},
+      {"padded", {2, 12}, false}, {"transposed", {4, 6}, true}, {"transposed", {4, 3, 2}, true}, {"transposed", {8, 3}, false}, {"transposed", {24}, false},
+      {"transposed", {1, 4, 1, 6}, true}, {"expanded", {4, 6, 1}, true}, {"expanded", {4, 2, 3}, true},
+      {"expanded", {24}, false}, {"expanded", {2, 12}, false},
+    }
+    for _, c in ipairs(cases) do
+      local name, shape, is_view = c[1], c[2], c[3]
+      local t = layouts()[name]
+      local r = t:reshape(shape)
+      local label = name .. " -> " .. table.concat(shape, "x")
+      assert.same(flat(t), flat(r), label)
+      local want = {}
+      for i, d in ipairs(shape) do want[i] = d == -1 and 8 or d end
+      assert.same(want, r:size(), label)
+      if name ~= "expanded" then -- an expanded view's elements share memory: it cannot be written
+        assert.equal(is_view, shares(t, r), label)
+      end
+      if not is_view then assert.is_true(r:is_contiguous(), label) end
+    end
+    -- the expanded base keeps its zero strides where the view is possible
+    assert.same({1, 0, 0}, layouts().expanded:reshape(4, 2, 3):stride())
+  end)
+
+  -- The oracle of view-ness: t's storage offsets in row-major order; shape sh is a view of t
+  -- exactly when some strides reproduce them, and those strides are fixed by the offsets of
+  -- the unit steps (a size-1 dim's stride reaches no element).
+  local function offsets_of(size, stride, offset)
+    local out, idx, n = {}, {}, 1
+    for d = 1, #size do idx[d] = 1; n = n * size[d] end
+    for _ = 1, n do
+      local o = offset
+      for d = 1, #size do o = o + (idx[d] - 1) * stride[d] end
+      out[#out + 1] = o
+      for d = #size, 1, -1 do
+        idx[d] = idx[d] + 1
+        if idx[d] <= size[d] then break end
+        idx[d] = 1
+      end
+    end
+    return out
+  end
+  local function oracle_strides(offs, sh)
+    local st, unit = {}, 1
+    for d = #sh, 1, -1 do
+      st[d] = sh[d] > 1 and offs[unit + 1] - offs[1] or nil
+      unit = unit * sh[d]
+    end
+    local full = {}
+    for d = 1, #sh do full[d] = st[d] or 0 end
+    local again = offsets_of(sh, full, offs[1])
+    for i = 1, #offs do if again[i] ~= offs[i] then return nil end end
+    return st
+  end
+
+  it("reshape is a view exactly when some strides give t's elements in order (random layouts)", function()
+    local rng = 12345
+    local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n + 1 end
+    local factorizations = {[24] = {{24}, {2, 12}, {12, 2}, {4, 6}, {6, 4}, {2, 3, 4}, {4, 3, 2},
+                                     {2, 2, 6}, {3, 8}, {1, 24, 1}, {2, 1, 3, 1, 4}}}
+    for trial = 1, 300 do
+      -- a [2, 3, 4] tensor made through a random chain of views over a larger base
+      local base = k3.randn({4, 5, 6}, {dtype = "f64", seed = trial})
+      local t = base:narrow(1, rand(3), 2):narrow(2, rand(3), 3):narrow(3, rand(3), 4)
+      local perm = ({{1, 2, 3}, {1, 3, 2}, {2, 1, 3}, {2, 3, 1}, {3, 1, 2}, {3, 2, 1}})[rand(6)]
+      t = t:permute(perm):contiguous():view(2, 3, 4) -- fresh contiguous data...
+      local kind = rand(4)
+      if kind == 1 then t = t:permute(perm) -- ...then a permuted,
+      elseif kind == 2 then t = base:narrow(3, 1, 4):narrow(2, 1, 3):narrow(1, 1, 2) -- strided,
+      elseif kind == 3 then t = t:narrow(3, 1, 1):expand(2, 3, 4) end -- or expanded view
+      local n = t:numel()
+      local shapes = factorizations[n]
+      local sh = shapes[rand(#shapes)]
+      local offs = offsets_of(t:size(), t:stride(), t:offset())
+      local want = oracle_strides(offs, sh)
+      local r = t:reshape(sh)
+      local label = string.format("trial %d: [%s] strides [%s] -> [%s]", trial, table.concat(t:size(), ", "),
+                                  table.concat(t:stride(), ", "), table.concat(sh, ", "))
+      assert.same(flat(t), flat(r), label)
+      if want then
+        assert.equal(t:offset(), r:offset(), label)
+        for d = 1, #sh do
+          if sh[d] > 1 then assert.equal(want[d], r:stride(d), label) end
+        end
+        if kind ~= 3 then assert.is_true(shares(t, r), label) end
+      else
+        assert.is_true(r:is_contiguous(), label)
+        if kind ~= 3 then assert.is_false(shares(t, r), label) end
+      end
+    end
+  end)
+
+  it("reshape of a view shares the base's storage; of a copy does not", function()
+    local base = k3.zeros(2, 6)
+    base:reshape(3, 4)[3] = 1
+    assert.same({0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1}, flat(base))
+    local tb = k3.zeros(3, 2)
+    local r = tb:t():reshape(6)
+    r:fill(1)
+    assert.same({0, 0, 0, 0, 0, 0}, flat(tb))
+  end)
+
+  it("reshape of empty and 0-dim tensors", function()
+    assert.same({3, 0}, k3.zeros(0, 3):reshape(3, 0):size())
+    assert.same({0}, k3.zeros(2, 0, 3):transpose(1, 3):reshape(0):size())
+    assert.same({0}, k3.zeros(0, 3):reshape(-1):size())
+    local s = k3.tensor({5, 6}):select(1, 2)
+    assert.same({1, 1}, s:reshape(1, 1):size())
+    assert.equal(6, s:reshape(1, 1):get(1, 1))
+  end)
+
+  it("reshape errors", function()
+    local t = k3.zeros(2, 3)
+    H.raises_exact(function() t:reshape(4, 2) end, "reshape: shape [4, 2] has 8 elements; tensor has 6")
+    H.raises_exact(function() t:reshape(-1, -1) end, "reshape: only one size may be -1 (dims 1 and 2)")
+    H.raises_exact(function() t:reshape(4, -1) end, "reshape: cannot infer dim 2: 6 elements over 4")
+    H.raises_exact(function() t:reshape(-2, 3) end, "reshape: size of dim 1 must be >= 0 or -1; got -2")
+    H.raises_exact(function() k3.zeros(0, 3):reshape(-1, 0) end, "reshape: cannot infer dim 1: 0 elements over 0")
+    H.raises_exact(function() t:reshape("x") end,
+      "bad argument #1 to 'reshape' (shape table or sizes expected, got string)")
+    H.raises_exact(function() t:reshape({}) end, "bad argument #1 to 'reshape' (shape must have 1 to 8 dims; got 0)")
+  end)
+
+  it("permute reorders dims as a view, against the fp64 oracle", function()
+    local t = k3.randn({2, 3, 4}, {dtype = "f64", seed = 96})
+    local p = t:permute(3, 1, 2)
+    assert.same({4, 2, 3}, p:size())
+    assert.same({1, 12, 4}, p:stride())
+    for i = 1, 2 do for j = 1, 3 do for k = 1, 4 do
+      assert.equal(t:get(i, j, k), p:get(k, i, j))
+    end end end
+    assert.equal(0, k3.max_abs_diff(t:permute({2, 1, 3}), t:transpose(1, 2)))
+    p[1] = 0 -- a view: t[.][.][1] is now 0
+    for i = 1, 2 do for j = 1, 3 do assert.equal(0, t:get(i, j, 1)) end end
+    -- strided and expanded inputs keep their strides, permuted
+    local e = k3.zeros(3, 1):expand(3, 5)
+    assert.same({0, 1}, e:permute(2, 1):stride())
+    assert.same({2, 0}, k3.zeros(0, 2):permute(2, 1):size())
+  end)
+
+  it("permute errors", function()
+    local t = k3.zeros(2, 3)
+    H.raises_exact(function() t:permute(1) end, "permute: expected 2 dims for a 2-dim tensor; got 1")
+    H.raises_exact(function() t:permute(1, 1) end, "permute: dim 1 appears twice (positions 1 and 2)")
+    H.raises_exact(function() t:permute(1, 3) end, "bad argument #2 to 'permute' (dim 3 at position 2 is out of range 1..2)")
+    H.raises_exact(function() t:permute(0, 1) end, "bad argument #1 to 'permute' (dim 0 at position 1 is out of range 1..2)")
+    H.raises_exact(function() t:permute({2, 2 ^ 40}) end,
+      "bad argument #1 to 'permute' (dim 1099511627776 at position 2 is out of range 1..2)")
+  end)
+
+  it("squeeze and unsqueeze add and remove size-1 dims as views", function()
+    local t = k3.randn({1, 3, 1, 2}, {seed = 97})
+    assert.same({3, 2}, t:squeeze():size())
+    assert.same({3, 1, 2}, t:squeeze(1):size())
+    assert.same({1, 3, 1, 2}, t:squeeze(2):size()) -- size 3: kept, as Torch does
+    assert.same({1, 3, 2}, t:squeeze(3):size())
+    assert.equal(0, k3.max_abs_diff(t:squeeze():unsqueeze(1):unsqueeze(3), t))
+    local v = k3.tensor({1, 2, 3})
+    assert.same({1, 3}, v:unsqueeze(1):size())
+    assert.same({3, 1}, v:unsqueeze(2):size())
+    assert.same({3, 1}, v:unsqueeze(1):stride())
+    assert.same({1, 1}, v:unsqueeze(2):stride())
+    v:unsqueeze(2)[2] = 20
+    assert.same({1, 20, 3}, v:totable())
+    -- a strided view: the new dim steps over the dim after it
+    local col = k3.zeros(4, 5):select(2, 2)
+    assert.same({20, 5}, col:unsqueeze(1):stride())
+    assert.same({0, 3}, k3.zeros(0, 1, 3):squeeze(2):size())
+    assert.same({0, 3}, k3.zeros(0, 1, 3):squeeze():size())
+    assert.same({}, k3.zeros(1):squeeze():size()) -- a 0-dim tensor, one element
+    assert.same({1}, k3.zeros(1):squeeze():unsqueeze(1):size())
+  end)
+
+  it("squeeze and unsqueeze errors", function()
+    local t = k3.zeros(2, 1)
+    H.raises_exact(function() t:squeeze(3) end, "bad argument #1 to 'squeeze' (dim must be in 1..2; got 3)")
+    H.raises_exact(function() t:unsqueeze(4) end, "bad argument #1 to 'unsqueeze' (dim must be in 1..3; got 4)")
+    H.raises_exact(function() t:unsqueeze(0) end, "bad argument #1 to 'unsqueeze' (dim must be in 1..3; got 0)")
+    H.raises_exact(function() k3.zeros({1, 1, 1, 1, 1, 1, 1, 1}):unsqueeze(1) end,
+      "unsqueeze: the tensor has 8 dims already (the most a tensor has)")
+  end)
+end)
+
+describe("shapes as varargs", function()
+  it("k3.empty, zeros, ones and randn take d1, ..., dn with options last", function()
+    assert.same({2, 3}, k3.empty(2, 3):size())
+    assert.same({{0, 0, 0}, {0, 0, 0}}, k3.zeros(2, 3):totable())
+    assert.same({1, 1}, k3.ones(2, {dtype = "f64"}):totable())
+    assert.equal("bf16", k3.zeros(2, 3, {dtype = "bf16"}):dtype())
+    assert.equal(0, k3.max_abs_diff(k3.randn(3, 4, {seed = 5}), k3.randn({3, 4}, {seed = 5})))
+    assert.same({0, 4}, k3.zeros(0, 4):size())
+    assert.same({1, 1, 1, 1, 1, 1, 1, 1}, k3.zeros(1, 1, 1, 1, 1, 1, 1, 1):size())
+  end)
+
+  it("view, expand and reshape take d1, ..., dn", function()
+    local t = k3.tensor({1, 2, 3, 4, 5, 6})
+    assert.same({{1, 2}, {3, 4}, {5, 6}}, t:view(3, 2):totable())
+    assert.same({{1, 2, 3}, {4, 5, 6}}, t:reshape(2, -1):totable())
+    assert.same({4, 3}, k3.zeros(1, 3):expand(4, 3):size())
+    assert.same({4, 3}, k3.zeros(1, 3):expand(4, -1):size())
+  end)
+
+  it("k3.full keeps its table shape", function()
+    assert.same({7, 7}, k3.full({2}, 7):totable())
+    H.raises_exact(function() k3.full(2, 7) end, "bad argument #1 to 'full' (table expected, got number)")
+  end)
+
+  it("errors name the argument", function()
+    H.raises_exact(function() k3.zeros(2, 1.5) end,
+      "bad argument #2 to 'zeros' (size must be an integer; got a non-integer number)")
+    H.raises_exact(function() k3.zeros(2, -1) end, "bad argument #2 to 'zeros' (size of dim 2 must be >= 0; got -1)")
+    H.raises_exact(function() k3.ones(1, 1, 1, 1, 1, 1, 1, 1, 1) end,
+      "bad argument #9 to 'ones' (shape must have 1 to 8 dims; got more)")
+    H.raises_exact(function() k3.zeros(2, "f32") end, "bad argument #2 to 'zeros' (table expected, got string)")
+    H.raises_exact(function() k3.zeros(2, 3, {dtyp = "f64"}) end,
+      "bad argument #3 to 'zeros' (unknown option 'dtyp' (expected dtype, device or seed))")
+    H.raises_exact(function() k3.zeros(2):view(1.5) end,
+      "bad argument #1 to 'view' (size must be an integer; got a non-integer number)")
+  end)
+end)
+
+describe("Torch forms on a CUDA device #gpu", function()
+  if not H.require_gpu() then return end
+
+  it("t[i], t[i] = v and #t on device tensors", function()
+    local h = k3.randn({3, 4}, {dtype = "f32", seed = 98})
+    local g = h:to("cuda")
+    assert.equal(3, #g)
+    assert.equal("cuda:0", g[2]:device())
+    assert.equal(0, k3.max_abs_diff(g[2], h[2]))
+    assert.equal(h[2][3], g[2][3])
+    g[1] = 2
+    g[3] = k3.tensor({1, 2, 3, 4}) -- a host source copied into a device slice
+    g[2][2] = -1
+    h[1] = 2
+    h[3] = k3.tensor({1, 2, 3, 4})
+    h[2][2] = -1
+    assert.equal(0, k3.max_abs_diff(g, h))
+    g:t()[4] = k3.tensor({7, 8, 9}, {device = "cuda"}) -- a strided device destination
+    h:t()[4] = k3.tensor({7, 8, 9})
+    assert.equal(0, k3.max_abs_diff(g, h))
+    H.raises_exact(function() return g[4] end, "bad argument #2 to 'index' (index 4 out of range for dim 1 of size 3)")
+  end)
+
+  it("reshape, permute, squeeze and unsqueeze of device tensors match the host", function()
+    for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
+      local h = k3.randn({4, 6}, {dtype = dt, seed = 99})
+      local g = h:to("cuda")
+      local views = {
+        function(t) return t:reshape(2, 12) end,
+        function(t) return t:t():reshape(24) end, -- a copy on the device
+        function(t) return t:narrow(2, 1, 4):reshape(16) end, -- a copy of padded rows
+        function(t) return t:narrow(2, 1, 4):reshape(4, 2, 2) end, -- a view of padded rows
+        function(t) return t:unsqueeze(1):permute(3, 1, 2):contiguous() end,
+        function(t) return t:narrow(1, 2, 1):squeeze() end,
+        function(t) return t:narrow(1, 1, 1):expand(3, 6):reshape(18) end,
+      }
+      for i, f in ipairs(views) do
+        local rg, rh = f(g), f(h)
+        assert.equal("cuda:0", rg:device(), dt .. " case " .. i)
+        assert.same(rh:size(), rg:size(), dt .. " case " .. i)
+        assert.equal(0, k3.max_abs_diff(rg, rh), dt .. " case " .. i)
+      end
+    end
   end)
 end)

@@ -1,6 +1,7 @@
 /*
- * read_limit.cu — `build/read-limit --bytes B1,B2,... [--json FILE] [--reps R]`: the read limit
- * of each byte count on the current GPU (tools/read_limit.cuh), for `scripts/bench linear`.
+ * read_limit.cu — `build/read-limit --bytes B1,B2,... [--json FILE] [--reps R] [--single]`: the
+ * read limit of each byte count on the current GPU (tools/read_limit.cuh), for `scripts/bench
+ * linear` and, with --single, `scripts/bench stack` (one read over a decode step's bytes).
  *
  * For each B (a positive multiple of 16): random non-zero data in copies of B bytes totalling
  * >= 4x the L2 (at least K3T_MIN_COPIES), a CUDA graph of L = max(20, copies) back-to-back reads (read j
@@ -9,6 +10,10 @@
  * Writes one JSON object: {"machine": "...", "method": "...", "results": [{"bytes": B,
  * "read_us": t, "read_shape": "c2t512u8stride", "read_pdl_us": t, "read_pdl_shape": "..."},
  * ...]} to FILE (default stdout); progress and errors go to stderr.
+ *
+ * --single: for byte counts far above the L2 (a whole decode step's weights, tens of GB): one
+ * buffer of B bytes (B >= 4x the L2, so no read finds the previous one's data in it), a graph
+ * of 2 back-to-back reads of it, median of R replays / 2; the rest as above.
  */
 #define K3_TOOL_NAME "read-limit"
 #include "bench_common.cuh"
@@ -20,6 +25,7 @@ int main(int argc, char **argv) {
     std::vector<long long> sizes;
     const char *json_path = nullptr;
     int reps = 15;
+    bool single = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (a == "--bytes" && i + 1 < argc) {
@@ -37,10 +43,12 @@ int main(int argc, char **argv) {
             }
         } else if (a == "--json" && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (a == "--single") {
+            single = true;
         } else if (a == "--reps" && i + 1 < argc) {
             reps = std::max(3, atoi(argv[++i]));
         } else {
-            fprintf(stderr, "usage: read-limit --bytes B1,B2,... [--json FILE] [--reps 15]\n");
+            fprintf(stderr, "usage: read-limit --bytes B1,B2,... [--json FILE] [--reps 15] [--single]\n");
             return 2;
         }
     }
@@ -66,8 +74,14 @@ int main(int argc, char **argv) {
     std::string res = "[";
     for (size_t si = 0; si < sizes.size(); si++) {
         const size_t bytes = (size_t)sizes[si];
-        const int copies = (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + bytes - 1) / bytes + 1);
-        const int L = std::max(20, copies);
+        if (single && bytes < 4 * l2) {
+            fprintf(stderr, "read-limit: --single needs byte counts >= 4x the L2 (%zu); got %zu\n",
+                    4 * l2, bytes);
+            return 2;
+        }
+        const int copies =
+            single ? 1 : (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + bytes - 1) / bytes + 1);
+        const int L = single ? 2 : std::max(20, copies);
         uint16_t *buf = nullptr;
         CK(cudaMalloc(&buf, bytes * copies));
         k3t_fill(buf, bytes / 2 * copies, 4242 + si, 1.0f, t.s);
@@ -100,9 +114,11 @@ int main(int argc, char **argv) {
     snprintf(head, sizeof head,
              "{\"machine\": \"%s, %d SMs, %.0f MB L2, CUDA runtime %d, driver %d\", \"method\": "
              "\"read-only 16-byte loads over exactly the bytes, best of %zu launch shapes, CUDA "
-             "graph of >= 20 back-to-back reads over copies totalling >= 4x L2, median of %d "
-             "replays\", \"results\": ",
-             prop.name, sms, l2 / 1e6, rt, drv, shapes.size(), reps);
+             "graph of %s, median of %d replays\", \"results\": ",
+             prop.name, sms, l2 / 1e6, rt, drv, shapes.size(),
+             single ? "2 back-to-back reads of one buffer (bytes >= 4x L2)"
+                    : ">= 20 back-to-back reads over copies totalling >= 4x L2",
+             reps);
     FILE *f = json_path ? fopen(json_path, "w") : stdout;
     if (!f) {
         fprintf(stderr, "read-limit: cannot write %s\n", json_path);

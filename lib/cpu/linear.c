@@ -3,9 +3,13 @@
  * cpu.linear.reference (naive, fp64 accumulate; the oracle) and cpu.linear.batch_invariant
  * (one fixed reduction order, defined at run_batch_invariant below and in docs/DESIGN.md,
  * "The batch-invariant reduction order"; the GPU kernel uses the same one).
- * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64.
+ * All take any strides, including zero-stride broadcast views, and bf16/f16/f32/f64, and
+ * apply the silu_mul prologue (k3.h) while they widen x: each element of the gate is computed
+ * and rounded to x's dtype exactly as cpu.silu_mul.reference does (cpu/silu.h), so the fused
+ * call gives the bits of silu_mul followed by the plain linear on the same kernel.
  */
 #include "k3_impl.h"
+#include "silu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -68,6 +72,45 @@ static void widen_rows(void *dst, bool dbl, const k3_tensor *t, int64_t r0, int6
     }
 }
 
+/* The silu_mul prologue's h[i, k] = round(silu(x[i, k]) * x[i, K + k]) to x's dtype, with o
+ * the offset of row i: in f32 for 16-bit and f32 x, in f64 for f64 x (cpu.silu_mul.reference's
+ * arithmetic), widened back exactly. */
+static double silu_mul_at(const void *base, k3_dtype dt, int64_t o, int64_t s1, int64_t k,
+                          int64_t K) {
+    uint64_t cell = 0; /* one element of dtype dt, at most 8 bytes */
+    if (dt == K3_DTYPE_F64) {
+        double g = k3_load_f64(base, dt, o + k * s1), u = k3_load_f64(base, dt, o + (K + k) * s1);
+        return k3_silu_f64(g) * u;
+    }
+    float g = k3_load_f32(base, dt, o + k * s1), u = k3_load_f32(base, dt, o + (K + k) * s1);
+    k3_store_f32(&cell, dt, 0, k3_silu_f32(g) * u);
+    return k3_load_f64(&cell, dt, 0);
+}
+
+/* widen_rows for the silu_mul prologue: rows [r0, r0+rows) of h = silu_mul(x) into dst
+ * [rows, K], K = w's dim 1 (x is [M, 2K]). */
+static void silu_mul_rows(void *dst, bool dbl, const k3_tensor *x, int64_t K, int64_t r0,
+                          int64_t rows) {
+    const void *base = cdata(x);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t o = (r0 + r) * x->stride[0];
+        for (int64_t k = 0; k < K; k++) {
+            double h = silu_mul_at(base, x->dtype, o, x->stride[1], k, K);
+            if (dbl) ((double *)dst)[r * K + k] = h;
+            else ((float *)dst)[r * K + k] = (float)h; /* exact: h is an f32, f16 or bf16 value */
+        }
+    }
+}
+
+/* The product's left operand, rows [r0, r0+rows) widened into dst [rows, K]: x itself, or h
+ * under the silu_mul prologue. */
+static void widen_lhs(void *dst, bool dbl, const k3_linear_args *a, int64_t r0, int64_t rows) {
+    if (a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL)
+        silu_mul_rows(dst, dbl, a->x, a->w->size[1], r0, rows);
+    else
+        widen_rows(dst, dbl, a->x, r0, rows);
+}
+
 /* Bytes of host scratch, overflow-checked by the caller's sizes (all < 2^31 elements). */
 #define TILE_ELEMS ((int64_t)1 << 22)
 
@@ -75,7 +118,7 @@ static k3_status run_blas(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
-    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    int64_t M = x->size[0], K = w->size[1], N = w->size[0];
     if (M == 0 || N == 0) return K3_OK;
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
         return k3_error(K3_EOVERFLOW, "linear: %s: a dimension exceeds 2^31-1",
@@ -84,13 +127,16 @@ static k3_status run_blas(const k3_op_args *oa) {
     bool wide = x->dtype == K3_DTYPE_F32 || dbl; /* operands usable by ?gemm as they are */
     size_t es = dbl ? sizeof(double) : sizeof(float);
 
-    /* x is used directly when its strides give a transpose flag; otherwise copied once per
-     * row block. w likewise; a 16-bit w is widened in blocks of rows, never as a whole. */
+    /* x is used directly when its strides give a transpose flag (and no prologue computes h
+     * from it); otherwise copied once per row block. w likewise; a 16-bit w is widened in
+     * blocks of rows, never as a whole. */
     int64_t ldx = 0, ldw = 0;
     bool x_direct = false, x_trans = false, w_direct = false, w_colmajor = false;
-    if (wide) {
+    if (wide && a->prologue == K3_LINEAR_PROLOGUE_NONE) {
         if (pick_rowmajor(M, K, x->stride[0], x->stride[1], &ldx)) x_direct = true;
         else if (pick_colmajor(M, K, x->stride[0], x->stride[1], &ldx)) x_direct = x_trans = true;
+    }
+    if (wide) {
         if (pick_rowmajor(N, K, w->stride[0], w->stride[1], &ldw)) w_direct = true;
         else if (pick_colmajor(N, K, w->stride[0], w->stride[1], &ldw)) w_direct = w_colmajor = true;
     }
@@ -122,7 +168,7 @@ static k3_status run_blas(const k3_op_args *oa) {
             A = (operand){(const char *)cdata(x) + (size_t)(m0 * x->stride[0]) * xes, ldx,
                           x_trans};
         } else {
-            widen_rows(xbuf, dbl, x, m0, mb);
+            widen_lhs(xbuf, dbl, a, m0, mb);
             A = (operand){xbuf, max1(K), false};
         }
         for (int64_t n0 = 0; n0 < N; n0 += NB) {
@@ -197,7 +243,7 @@ done:
  * the operand. */
 static k3_status supports_blas(const k3_op_args *oa, char *reason, size_t n) {
     const k3_linear_args *a = &oa->u.linear;
-    int64_t M = a->x->size[0], K = a->x->size[1], N = a->w->size[0];
+    int64_t M = a->x->size[0], K = a->w->size[1], N = a->w->size[0];
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
         snprintf(reason, n,
                  "%s supports M, N and K up to 2^31-1 (BLAS takes int); got M %lld, N %lld, "
@@ -212,12 +258,14 @@ const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, suppor
 
 /* ---- cpu.linear.reference ------------------------------------------------------------------ */
 
-/* The oracle: every product and sum in fp64, one rounding to the output dtype. */
+/* The oracle: every product and sum in fp64, one rounding to the output dtype (under the
+ * silu_mul prologue, of products with h, itself rounded as silu_mul rounds it). */
 static k3_status run_reference(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
-    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    int64_t M = x->size[0], K = w->size[1], N = w->size[0];
+    bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
     const void *xb = cdata(x), *wb = cdata(w);
     const void *bb = a->bias ? cdata(a->bias) : NULL;
     const void *rb = a->residual ? cdata(a->residual) : NULL;
@@ -226,7 +274,8 @@ static k3_status run_reference(const k3_op_args *oa) {
         for (int64_t n = 0; n < N; n++) {
             double acc = 0;
             for (int64_t k = 0; k < K; k++)
-                acc += k3_load_f64(xb, x->dtype, i * x->stride[0] + k * x->stride[1]) *
+                acc += (silu ? silu_mul_at(xb, x->dtype, i * x->stride[0], x->stride[1], k, K)
+                             : k3_load_f64(xb, x->dtype, i * x->stride[0] + k * x->stride[1])) *
                        k3_load_f64(wb, w->dtype, n * w->stride[0] + k * w->stride[1]);
             if (bb) acc += k3_load_f64(bb, a->bias->dtype, n * a->bias->stride[0]);
             if (rb)
@@ -272,11 +321,11 @@ static k3_status run_batch_invariant(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
-    int64_t M = x->size[0], K = x->size[1], N = w->size[0];
+    int64_t M = x->size[0], K = w->size[1], N = w->size[0];
     if (M == 0 || N == 0) return K3_OK;
     bool dbl = x->dtype == K3_DTYPE_F64;
     size_t es = dbl ? sizeof(double) : sizeof(float);
-    /* x is widened whole (it is the activation); w one row at a time. */
+    /* x (or h, under the prologue) is widened whole (it is the activation); w one row at a time. */
     size_t xbytes, wbytes = (size_t)max1(K) * es;
     if (__builtin_mul_overflow((size_t)M, wbytes, &xbytes))
         return k3_error(K3_EOVERFLOW, "linear: %s: scratch size overflows for M %lld, K %lld",
@@ -288,7 +337,7 @@ static k3_status run_batch_invariant(const k3_op_args *oa) {
         return k3_error(K3_ENOMEM, "linear: %s: out of memory (%zu bytes of scratch)",
                         k3_cpu_linear_batch_invariant_name, xbytes + wbytes);
     }
-    widen_rows(xbuf, dbl, x, 0, M);
+    widen_lhs(xbuf, dbl, a, 0, M);
     const void *bb = a->bias ? cdata(a->bias) : NULL;
     const void *rb = a->residual ? cdata(a->residual) : NULL;
     void *ob = k3_tensor_data(out);

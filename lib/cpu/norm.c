@@ -4,6 +4,7 @@
  */
 #include "k3_impl.h"
 #include "rms.h"
+#include "silu.h"
 
 #include <math.h>
 
@@ -57,11 +58,6 @@ static k3_status run_rms_norm(const k3_op_args *oa) {
 const k3_kernel k3_cpu_rms_norm_reference =
     K3_KERNEL_RECORD(k3_cpu_rms_norm_reference, supports, run_rms_norm);
 
-/* silu(g) = g / (1 + exp(-g)). At g = -inf that expression is -inf / inf, NaN, while the
- * limit is 0 (reached from below: -0). */
-static inline double silu_f64(double g) { return g == -INFINITY ? -0.0 : g / (1.0 + exp(-g)); }
-static inline float silu_f32(float g) { return g == -INFINITY ? -0.0f : g / (1.0f + expf(-g)); }
-
 /* y[i, j] = round(silu(x[i, j]) * x[i, j + I]), silu(a) = a / (1 + exp(-a)) (0 at -inf). */
 static k3_status run_silu_mul(const k3_op_args *oa) {
     const k3_silu_mul_args *a = &oa->u.silu_mul;
@@ -77,11 +73,11 @@ static k3_status run_silu_mul(const k3_op_args *oa) {
             if (dbl) {
                 double g = k3_load_f64(xb, x->dtype, xr + j);
                 double u = k3_load_f64(xb, x->dtype, xr + I + j);
-                k3_store_f64(ob, o->dtype, orow + j, silu_f64(g) * u);
+                k3_store_f64(ob, o->dtype, orow + j, k3_silu_f64(g) * u);
             } else {
                 float g = k3_load_f32(xb, x->dtype, xr + j);
                 float u = k3_load_f32(xb, x->dtype, xr + I + j);
-                k3_store_f32(ob, o->dtype, orow + j, silu_f32(g) * u);
+                k3_store_f32(ob, o->dtype, orow + j, k3_silu_f32(g) * u);
             }
         }
     }

@@ -22,6 +22,8 @@
 #define K3L_REG_POLICY "k3.policy.compiled"
 #define K3L_REG_TRACE "k3.trace"
 #define K3L_REG_STATS "k3.stats.sink"
+#define K3L_REG_TENSOR_METHODS "k3.Tensor.methods"
+#define K3L_REG_COMPLETER "k3.repl.completer"
 
 /* ---- errors (args.c) ------------------------------------------------------------------------ */
 
@@ -94,6 +96,10 @@ int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn)
  * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what);
+/* Field 'prologue' of the options table at idx (0: no table): nil gives
+ * K3_LINEAR_PROLOGUE_NONE, "silu_mul" K3_LINEAR_PROLOGUE_SILU_MUL; anything else raises
+ * "field 'prologue' must be \"silu_mul\" or nil; got ..." (lib/lua/ops.c). */
+k3_linear_prologue k3l_prologue_field(lua_State *L, int idx, int argn);
 /* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
  * allow_neg, for view's -1). Returns n. */
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);
@@ -127,6 +133,16 @@ k3_tensor *k3l_check_tensor(lua_State *L, int idx);
  * proxy whose __index makes a fresh tensor that nothing else references. */
 k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int required, int argn);
 
+/* Makes the tensor metatable's __index the function that serves t[i] as well as methods,
+ * looking methods up in the table the binding's files filled while the module opened (the
+ * metatable's __index until then; kept in the registry and as k3.core._tensor_methods, the
+ * one place to add a method later). Called once the module's files are open, with the module
+ * table on top; safe to call again. */
+void k3l_tensor_index(lua_State *L);
+
+/* The REPL's Tab completion on the interpreter's readline (repl.c): k3.core._repl_complete. */
+void k3l_open_repl(lua_State *L);
+
 /* ---- the state's policy (ops.c) -------------------------------------------------------------- */
 
 /* The compiled policy this state's ops dispatch with (k3.set_policy, k3.set_batch_invariant);
@@ -159,9 +175,16 @@ int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain);
 /* ---- registration: each adds its functions to the table on top of the stack ---------------------- */
 
 void k3l_open_tensor(lua_State *L);
+/* Tensor ops (tensor_ops.c, ops.c): k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal; and
+ * into the tensor methods table on top of the stack, t:float() ... and the catalogue's t:abs(),
+ * t:sum(d) ... (k3l_add_op_methods, ops.c). */
+void k3l_open_tensor_ops(lua_State *L);
+void k3l_add_tensor_op_methods(lua_State *L);
+void k3l_add_op_methods(lua_State *L);
 void k3l_open_ops(lua_State *L);
 void k3l_open_policy(lua_State *L);
 void k3l_open_files(lua_State *L);
 void k3l_open_dist(lua_State *L);
+void k3l_open_graph(lua_State *L); /* k3.cuda_graph and k3.Graph (graph.c) */
 
 #endif /* K3_LUA_H */

@@ -32,10 +32,14 @@ K3_API int luaopen_k3_core(lua_State *L) {
     report_config_warnings();
     lua_newtable(L);
     k3l_open_tensor(L);
+    k3l_open_tensor_ops(L);
     k3l_open_ops(L);
     k3l_open_policy(L);
     k3l_open_files(L);
     k3l_open_dist(L);
+    k3l_open_graph(L);
+    k3l_open_repl(L);
+    k3l_tensor_index(L); /* last: every file's tensor methods are in */
     lua_pushstring(L, K3_VERSION_STRING);
     lua_setfield(L, -2, "version");
     return 1;

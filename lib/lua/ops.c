@@ -1,5 +1,6 @@
 /*
- * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res), k3.explain and k3.trace,
+ * ops.c — the ops (k3.linear, k3.rms_norm, k3.silu_mul, k3.attn_res, and the tensor ops k3.abs,
+ * k3.exp, k3.sqrt, k3.sum, k3.mean, k3.max, k3.min, also as tensor methods), k3.explain and k3.trace,
  * the state's dispatch data (its compiled policy, its counters: k3.stats), what is registered
  * and available (k3.kernels, k3.backends, ...), and the device: k3.synchronize,
  * k3.empty_cache, k3.cuda_time.
@@ -60,6 +61,10 @@ static void push_dispatch(lua_State *L, const k3_dispatch *d) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "declined");
+    if (d->captured) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "captured");
+    }
 }
 
 static void call_init(lua_State *L, k3l_call *c, const char *kernel, int explain) {
@@ -158,19 +163,38 @@ static int opt_table(lua_State *L, int idx, const char *const *keys) {
 
 /* ---- the ops --------------------------------------------------------------------------------- */
 
-/* k3.linear(x, w, {bias =, residual =, out =, kernel =}) -> y[M,N] = x[M,K] w[N,K]^T (+bias)
- * (+residual). base: the stack index of x (2 under k3.explain). */
+k3_linear_prologue k3l_prologue_field(lua_State *L, int idx, int argn) {
+    if (!idx) return K3_LINEAR_PROLOGUE_NONE;
+    k3_linear_prologue p = K3_LINEAR_PROLOGUE_NONE;
+    int ty = lua_getfield(L, idx, "prologue");
+    if (ty == LUA_TSTRING && strcmp(lua_tostring(L, -1), "silu_mul") == 0)
+        p = K3_LINEAR_PROLOGUE_SILU_MUL;
+    else if (ty == LUA_TSTRING)
+        k3l_arg_error(L, argn, "field 'prologue' must be \"silu_mul\" or nil; got \"%s\"",
+                      k3l_push_echo(L, lua_tostring(L, -1)));
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field 'prologue' must be \"silu_mul\" or nil; got %s",
+                      luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return p;
+}
+
+/* k3.linear(x, w, {bias =, residual =, prologue =, out =, kernel =}) -> y[M,N] =
+ * x[M,K] w[N,K]^T (+bias) (+residual); prologue = "silu_mul": x is [M, 2K] and the product
+ * takes silu(x[:, 1..K]) * x[:, K+1..2K] rounded to x's dtype, the bits of k3.silu_mul (k3.h,
+ * k3_linear_with_prologue). base: the stack index of x (2 under k3.explain). */
 static int linear_impl(lua_State *L, int base, int explain) {
-    static const char *const keys[] = {"bias", "residual", "out", "kernel", NULL};
+    static const char *const keys[] = {"bias", "residual", "prologue", "out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base), *w = k3l_check_tensor(L, base + 1);
     int opts = opt_table(L, base + 2, keys);
     k3_tensor *bias = opts ? k3l_tensor_field(L, opts, "bias", 0, opts) : NULL;
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, opts) : NULL;
+    k3_linear_prologue pro = k3l_prologue_field(L, opts, opts);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_linear(y, x, w, bias, res, out, &c.call));
+    K3L_RUN(s, k3_linear_with_prologue(y, x, w, bias, res, pro, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 
@@ -254,6 +278,96 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
     return k3l_op_finish(L, s, &c, explain);
 }
 
+/* k3.abs / exp / sqrt(x, {out =, kernel =}) -> y, also t:abs() ... */
+static int unary_impl(lua_State *L, int base, int explain,
+                      k3_status (*fn)(k3_tensor **, const k3_tensor *, k3_tensor *,
+                                      const k3_call *)) {
+    static const char *const keys[] = {"out", "kernel", NULL};
+    k3_tensor *x = k3l_check_tensor(L, base);
+    int opts = opt_table(L, base + 1, keys);
+    k3l_call c;
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
+    k3_status s;
+    K3L_RUN(s, fn(y, x, out, &c.call));
+    return k3l_op_finish(L, s, &c, explain);
+}
+static int abs_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_abs); }
+static int exp_impl(lua_State *L, int base, int explain) { return unary_impl(L, base, explain, k3_exp); }
+static int sqrt_impl(lua_State *L, int base, int explain) {
+    return unary_impl(L, base, explain, k3_sqrt);
+}
+
+/* k3.sum / mean / max / min(x, [d], {out =, kernel =}), also t:sum([d]) ...: without d a Lua
+ * number (the 0-dim result read back, which waits for the device); with d (1-based) a tensor
+ * of x's shape with dim d of size 1, and for max / min a second tensor, the 1-based f64
+ * positions along d. */
+enum reduction { REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX, REDUCE_MIN };
+static int reduce_impl(lua_State *L, int base, int explain, enum reduction op) {
+    static const char *const keys[] = {"out", "kernel", NULL};
+    k3_tensor *x = k3l_check_tensor(L, base);
+    int dim = -1, opts_at = base + 1;
+    if (lua_type(L, base + 1) == LUA_TNUMBER) {
+        int isint;
+        lua_Integer d = lua_tointegerx(L, base + 1, &isint);
+        int nd = k3_tensor_ndim(x);
+        if (!isint) return k3l_arg_error(L, base + 1, "dim must be an integer; got %f",
+                                         (double)lua_tonumber(L, base + 1));
+        if (d < 1 || d > nd)
+            return k3l_arg_error(L, base + 1,
+                                 "dim %I is out of range for a %d-dim tensor (expected 1..%d)",
+                                 (LUA_INTEGER)d, nd, nd);
+        dim = (int)(d - 1);
+        opts_at = base + 2;
+    } else if (!lua_isnoneornil(L, base + 1) && !lua_istable(L, base + 1)) {
+        return k3l_arg_error(L, base + 1, "dim (an integer) or an options table expected; got %s",
+                             luaL_typename(L, base + 1));
+    } else if (lua_isnil(L, base + 1)) {
+        opts_at = base + 2;
+    }
+    int opts = opt_table(L, opts_at, keys);
+    int with_idx = !explain && dim >= 0 && (op == REDUCE_MAX || op == REDUCE_MIN);
+    int idx_at = 0;
+    k3_tensor **indices = NULL;
+    if (with_idx) {
+        indices = &k3l_push_tensor(L)->t; /* closed until the core fills it */
+        idx_at = lua_gettop(L);
+    }
+    k3l_call c;
+    k3_tensor *out, **y;
+    k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
+    k3_status s;
+    switch (op) {
+    case REDUCE_SUM: K3L_RUN(s, k3_sum(y, x, dim, out, &c.call)); break;
+    case REDUCE_MEAN: K3L_RUN(s, k3_mean(y, x, dim, out, &c.call)); break;
+    case REDUCE_MAX: K3L_RUN(s, k3_max(y, indices, x, dim, 1, out, &c.call)); break;
+    default: K3L_RUN(s, k3_min(y, indices, x, dim, 1, out, &c.call)); break;
+    }
+    int n = k3l_op_finish(L, s, &c, explain);
+    if (explain) return n;
+    if (dim < 0) {
+        double v;
+        CHECK_K3(L, k3_tensor_get(k3l_check_tensor(L, -1), NULL, &v));
+        lua_pushnumber(L, v);
+        return 1;
+    }
+    if (!with_idx) return 1;
+    lua_pushvalue(L, idx_at);
+    return 2;
+}
+static int sum_impl(lua_State *L, int base, int explain) {
+    return reduce_impl(L, base, explain, REDUCE_SUM);
+}
+static int mean_impl(lua_State *L, int base, int explain) {
+    return reduce_impl(L, base, explain, REDUCE_MEAN);
+}
+static int max_impl(lua_State *L, int base, int explain) {
+    return reduce_impl(L, base, explain, REDUCE_MAX);
+}
+static int min_impl(lua_State *L, int base, int explain) {
+    return reduce_impl(L, base, explain, REDUCE_MIN);
+}
+
 /* The ops of the catalogue (lib/k3_ops.def): each line's name##_impl(L, base, explain) reads the
  * op's arguments from stack index base; l_<name> is k3.<name>. */
 typedef int (*op_impl)(lua_State *L, int base, int explain);
@@ -320,8 +434,8 @@ static void push_catalogue(lua_State *L) {
     }
 }
 
-/* k3.trace(fn) -> {{op =, kernel =, declined = {...}}, ...}: every dispatch made while fn
- * runs. Traces nest: an enclosing trace also gets every record of an inner one. When fn
+/* k3.trace(fn) -> {{op =, kernel =, declined = {...}, captured = true|nil}, ...}: every
+ * dispatch made while fn runs (captured: made while a CUDA graph was being captured). Traces nest: an enclosing trace also gets every record of an inner one. When fn
  * raises, the enclosing trace (if any) is restored and still gets the records of the
  * dispatches that ran before the error, then the error propagates unchanged. fn runs under
  * lua_pcall and cannot yield: a coroutine that yields inside k3.trace (a rank of
@@ -358,13 +472,16 @@ static int l_trace(lua_State *L) {
 
 static void stats_cb(void *ud, const char *kind, const char *name, uint64_t count) {
     lua_State *L = ud;
-    lua_getfield(L, -1, strcmp(kind, "kernel") == 0 ? "kernels" : "declines");
+    lua_getfield(L, -1, strcmp(kind, "kernel") == 0     ? "kernels"
+                        : strcmp(kind, "captured") == 0 ? "captured"
+                                                        : "declines");
     lua_pushinteger(L, (lua_Integer)count);
     lua_setfield(L, -2, name);
     lua_pop(L, 1);
 }
 
-/* k3.stats() -> {kernels = {[name] = calls}, declines = {["kernel: reason"] = count}}: the
+/* k3.stats() -> {kernels = {[name] = calls}, captured = {[name] = calls captured into a CUDA
+ * graph, also counted in kernels}, declines = {["kernel: reason"] = count}}: the
  * calls this Lua state's ops and methods made since the module was opened or the state's
  * last k3.stats_reset(); other lua_States and C callers are not counted here (C's k3_stats
  * has the process-wide totals). */
@@ -374,6 +491,8 @@ static int l_stats(lua_State *L) {
     lua_setfield(L, -2, "kernels");
     lua_newtable(L);
     lua_setfield(L, -2, "declines");
+    lua_newtable(L);
+    lua_setfield(L, -2, "captured");
     k3_stats_sink_read(state_stats(L), stats_cb, L);
     return 1;
 }
@@ -531,6 +650,15 @@ static const luaL_Reg ops_funcs[] = {
     {"cuda_arch", l_cuda_arch},
     {"cuda_time", l_cuda_time},
     {NULL, NULL}};
+
+/* The elementwise and reduction ops of the catalogue as tensor methods (t:abs(), t:sum(2),
+ * ...): the same functions as k3.abs, k3.sum, with the tensor as argument 1. */
+void k3l_add_op_methods(lua_State *L) {
+    static const luaL_Reg methods[] = {{"abs", l_abs}, {"exp", l_exp},   {"sqrt", l_sqrt},
+                                       {"sum", l_sum}, {"mean", l_mean}, {"max", l_max},
+                                       {"min", l_min}, {NULL, NULL}};
+    luaL_setfuncs(L, methods, 0);
+}
 
 void k3l_open_ops(lua_State *L) {
     luaL_newmetatable(L, K3L_POLICY_MT); /* Lua memory: nothing to free */

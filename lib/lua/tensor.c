@@ -1,8 +1,8 @@
 /*
  * tensor.c — the k3.Tensor userdata: creation (empty, zeros, ones, full, randn, tensor),
- * metadata, views, copies, element access, arithmetic metamethods and comparisons. Dims and
- * indices are 1-based here and 0-based in the C API: arguments are converted, and the core's
- * messages are numbered from 1 (K3L_RUN).
+ * metadata, views, copies, element access (t[i], t[i] = v, #t), arithmetic metamethods and
+ * comparisons. Dims and indices are 1-based here and 0-based in the C API: arguments are
+ * converted, and the core's messages are numbered from 1 (K3L_RUN).
  */
 #include "k3_lua.h"
 
@@ -95,17 +95,44 @@ static int check_dim_arg(lua_State *L, int argn, const k3_tensor *t) {
  * value the core reports back as the caller wrote it. */
 static int64_t zero_based(lua_Integer i) { return (int64_t)((uint64_t)i - 1); }
 
+/* A shape given as a table at idx ({2, 3}) or as integer arguments from idx on (2, 3), as
+ * Torch7 takes both; *next gets the first argument after it (where options may follow).
+ * allow_neg lets sizes be negative (view's and reshape's -1, expand's -1). Returns ndim. */
+static int check_shape_args(lua_State *L, int idx, int64_t *shape, int allow_neg, int *next) {
+    if (lua_type(L, idx) == LUA_TTABLE) {
+        *next = idx + 1;
+        return k3l_check_shape(L, idx, shape, allow_neg);
+    }
+    if (lua_type(L, idx) != LUA_TNUMBER) return luaL_typeerror(L, idx, "shape table or sizes");
+    int n = 0;
+    for (; lua_type(L, idx + n) == LUA_TNUMBER; n++) {
+        int arg = idx + n, isint;
+        lua_Integer v = lua_tointegerx(L, arg, &isint);
+        if (!isint) k3l_arg_error(L, arg, "size must be an integer; got a non-integer number");
+        if (n == K3_MAX_DIMS)
+            k3l_arg_error(L, arg, "shape must have 1 to %d dims; got more", K3_MAX_DIMS);
+        if (!allow_neg && v < 0)
+            k3l_arg_error(L, arg, "size of dim %d must be >= 0; got %I", n + 1, (LUA_INTEGER)v);
+        shape[n] = (int64_t)v;
+    }
+    *next = idx + n;
+    return n;
+}
+
 /* ---- creation ------------------------------------------------------------------------------ */
 
 enum { CREATE_EMPTY, CREATE_FULL, CREATE_RANDN };
 
 /* value_idx: the stack slot of k3.full's value (0 for the other constructors, which pass
- * `value`), rounded once to the dtype the options give. */
+ * `value`), rounded once to the dtype the options give. opts_idx 0: the options follow the
+ * shape (a table or sizes, check_shape_args). */
 static int create(lua_State *L, const char *fname, int shape_idx, int opts_idx, int kind,
                   double value, int value_idx) {
     int64_t shape[K3_MAX_DIMS];
-    int nd = k3l_check_shape(L, shape_idx, shape, 0);
-    k3l_create_opts o = k3l_check_create_opts(L, opts_idx);
+    int nd, next;
+    if (opts_idx) nd = k3l_check_shape(L, shape_idx, shape, 0);
+    else nd = check_shape_args(L, shape_idx, shape, 0, &next);
+    k3l_create_opts o = k3l_check_create_opts(L, opts_idx ? opts_idx : next);
     if (value_idx) value = k3l_check_value(L, value_idx, o.dtype);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     if (kind == CREATE_EMPTY)
@@ -117,19 +144,21 @@ static int create(lua_State *L, const char *fname, int shape_idx, int opts_idx, 
     return 1;
 }
 
-/* k3.empty(shape, opts) -> uninitialised tensor; opts {dtype =, device =}. */
-static int l_empty(lua_State *L) { return create(L, "empty", 1, 2, CREATE_EMPTY, 0, 0); }
-/* k3.zeros(shape, opts) */
-static int l_zeros(lua_State *L) { return create(L, "zeros", 1, 2, CREATE_FULL, 0, 0); }
-/* k3.ones(shape, opts) */
-static int l_ones(lua_State *L) { return create(L, "ones", 1, 2, CREATE_FULL, 1, 0); }
+/* k3.empty(shape, opts) or k3.empty(d1, ..., dn, opts) -> uninitialised tensor; opts {dtype =,
+ * device =}. */
+static int l_empty(lua_State *L) { return create(L, "empty", 1, 0, CREATE_EMPTY, 0, 0); }
+/* k3.zeros(shape, opts) or k3.zeros(d1, ..., dn, opts) */
+static int l_zeros(lua_State *L) { return create(L, "zeros", 1, 0, CREATE_FULL, 0, 0); }
+/* k3.ones(shape, opts) or k3.ones(d1, ..., dn, opts) */
+static int l_ones(lua_State *L) { return create(L, "ones", 1, 0, CREATE_FULL, 1, 0); }
 /* k3.full(shape, value, opts) */
 static int l_full(lua_State *L) {
     luaL_checknumber(L, 2); /* its type first, as before the shape */
     return create(L, "full", 1, 3, CREATE_FULL, 0, 2);
 }
-/* k3.randn(shape, opts): standard normal, counter-based (opts.seed, default 0). */
-static int l_randn(lua_State *L) { return create(L, "randn", 1, 2, CREATE_RANDN, 0, 0); }
+/* k3.randn(shape, opts) or k3.randn(d1, ..., dn, opts): standard normal, counter-based
+ * (opts.seed, default 0). */
+static int l_randn(lua_State *L) { return create(L, "randn", 1, 0, CREATE_RANDN, 0, 0); }
 
 /* A list of k3.tensor's nested table at idx: its raw length, after checking that its keys are
  * exactly 1..n (a hole or a named field would otherwise be dropped without a word). Raw
@@ -329,23 +358,68 @@ static int m_t(lua_State *L) {
     return 1;
 }
 
-/* t:view(shape): same storage, new shape; t must be contiguous; one size may be -1. */
-static int m_view(lua_State *L) {
+typedef k3_status (*shape_view_fn)(k3_tensor **, const k3_tensor *, int, const int64_t *);
+
+/* t:<fn>(shape) or t:<fn>(d1, ..., dn): a new tensor from t and a shape. */
+static int shape_method(lua_State *L, shape_view_fn fn) {
     k3_tensor *t = k3l_check_tensor(L, 1);
     int64_t shape[K3_MAX_DIMS];
-    int nd = k3l_check_shape(L, 2, shape, 1);
+    int next, nd = check_shape_args(L, 2, shape, 1, &next);
     k3l_tensor_ud *u = k3l_push_tensor(L);
-    CHECK_K3(L, k3_tensor_view(&u->t, t, nd, shape));
+    CHECK_K3(L, fn(&u->t, t, nd, shape));
     return 1;
 }
 
-/* t:expand(shape): size-1 dims broadcast with stride 0 (-1 keeps a size); a view. */
-static int m_expand(lua_State *L) {
+/* t:view(shape) or t:view(d1, ..., dn): same storage, new shape; t must be contiguous; one
+ * size may be -1. */
+static int m_view(lua_State *L) { return shape_method(L, k3_tensor_view); }
+
+/* t:reshape(shape) or t:reshape(d1, ..., dn): t's elements in a new shape (one size may be
+ * -1): a view when t's strides allow (PyTorch's view rule), else a contiguous copy. */
+static int m_reshape(lua_State *L) { return shape_method(L, k3_tensor_reshape); }
+
+/* t:expand(shape) or t:expand(d1, ..., dn): size-1 dims broadcast with stride 0 (-1 keeps a
+ * size); a view. */
+static int m_expand(lua_State *L) { return shape_method(L, k3_tensor_expand); }
+
+/* t:permute(d1, ..., dn) or t:permute{d1, ..., dn}: dim i of the result is dim di of t (a
+ * permutation of 1..t:dim()); a view. */
+static int m_permute(lua_State *L) {
     k3_tensor *t = k3l_check_tensor(L, 1);
-    int64_t shape[K3_MAX_DIMS];
-    int nd = k3l_check_shape(L, 2, shape, 1);
+    int64_t d64[K3_MAX_DIMS];
+    int dims[K3_MAX_DIMS];
+    int next, nd = check_shape_args(L, 2, d64, 1, &next);
+    for (int i = 0; i < nd; i++) { /* checked here: a dim past int's range cannot reach C */
+        if (d64[i] < 1 || d64[i] > k3_tensor_ndim(t))
+            k3l_arg_error(L, lua_istable(L, 2) ? 2 : 2 + i,
+                          "dim %I at position %d is out of range 1..%d", (LUA_INTEGER)d64[i],
+                          i + 1, k3_tensor_ndim(t));
+        dims[i] = (int)d64[i] - 1;
+    }
     k3l_tensor_ud *u = k3l_push_tensor(L);
-    CHECK_K3(L, k3_tensor_expand(&u->t, t, nd, shape));
+    CHECK_K3(L, k3_tensor_permute(&u->t, t, nd, dims));
+    return 1;
+}
+
+/* t:squeeze([d]): without d, every size-1 dim removed; with d, dim d removed when its size
+ * is 1 (else t's shape is kept); a view. */
+static int m_squeeze(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    int d = lua_isnoneornil(L, 2) ? -1 : check_dim_arg(L, 2, t);
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    CHECK_K3(L, k3_tensor_squeeze(&u->t, t, d));
+    return 1;
+}
+
+/* t:unsqueeze(d): a size-1 dim inserted at position d (1..t:dim()+1); a view. */
+static int m_unsqueeze(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    lua_Integer d = luaL_checkinteger(L, 2);
+    int nd = k3_tensor_ndim(t);
+    if (d < 1 || d > nd + 1)
+        return k3l_arg_error(L, 2, "dim must be in 1..%d; got %I", nd + 1, (LUA_INTEGER)d);
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    CHECK_K3(L, k3_tensor_unsqueeze(&u->t, t, (int)d - 1));
     return 1;
 }
 
@@ -465,6 +539,82 @@ static int m_set(lua_State *L) {
     return 1;
 }
 
+/* t[i]'s index (key at idx) as a 0-based index into dim 1 of t, checked: an integer (a float
+ * with an integral value counts) in 1..t:size(1). Errors name Lua's metamethod ('index',
+ * 'newindex'), the index and the size. */
+static int64_t check_row_key(lua_State *L, int idx, const k3_tensor *t) {
+    int isint = 0;
+    lua_Integer i = lua_type(L, idx) == LUA_TNUMBER ? lua_tointegerx(L, idx, &isint) : 0;
+    if (!isint)
+        k3l_arg_error(L, idx, "a tensor is indexed by an integer or a method name; got %s",
+                      lua_type(L, idx) == LUA_TNUMBER ? "a non-integer number"
+                                                      : luaL_typename(L, idx));
+    if (k3_tensor_ndim(t) == 0)
+        k3l_arg_error(L, idx, "index %I into a 0-dim tensor (one element: use get())",
+                      (LUA_INTEGER)i);
+    int64_t n = k3_tensor_size(t, 0);
+    if (i < 1 || i > n)
+        k3l_arg_error(L, idx, "index %I out of range for dim 1 of size %I", (LUA_INTEGER)i,
+                      (LUA_INTEGER)n);
+    return (int64_t)i - 1;
+}
+
+/* __index: a string key looks up the methods (upvalue 1: the methods table); t[i] is
+ * t:select(1, i), and for a 1-dim t the element's value as a number. */
+static int t_index(lua_State *L) {
+    if (lua_type(L, 2) == LUA_TSTRING) { /* the common case: a method call */
+        lua_settop(L, 2);
+        lua_rawget(L, lua_upvalueindex(1));
+        return 1;
+    }
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    int64_t i = check_row_key(L, 2, t);
+    if (k3_tensor_ndim(t) == 1) {
+        double v;
+        CHECK_K3_AS(L, "get", k3_tensor_get(t, &i, &v));
+        lua_pushnumber(L, v);
+        return 1;
+    }
+    k3l_tensor_ud *u = k3l_push_tensor(L);
+    CHECK_K3(L, k3_tensor_select(&u->t, t, 0, i));
+    return 1;
+}
+
+/* __newindex: t[i] = v writes through t:select(1, i): a number fills it (sets the element of
+ * a 1-dim t), a tensor is copied into it (same shape as the slice; any dtype, device and
+ * strides). A tensor has no fields to assign. */
+static int t_newindex(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    if (lua_type(L, 2) == LUA_TSTRING)
+        return luaL_error(L, "cannot assign field '%s' of a k3.Tensor (a tensor has methods, "
+                             "no fields; t[i] = v writes a slice)",
+                          k3l_push_echo(L, lua_tostring(L, 2)));
+    int64_t i = check_row_key(L, 2, t);
+    int is_tensor = luaL_testudata(L, 3, K3L_TENSOR_MT) != NULL;
+    if (!is_tensor && lua_type(L, 3) != LUA_TNUMBER)
+        return luaL_typeerror(L, 3, "number or k3.Tensor");
+    if (!is_tensor && k3_tensor_ndim(t) == 1) {
+        double v = k3l_check_value(L, 3, k3_tensor_dtype(t));
+        CHECK_K3_AS(L, "set", k3_tensor_set(t, &i, v));
+        return 0;
+    }
+    k3_tensor *src = is_tensor ? k3l_check_tensor(L, 3) : NULL;
+    k3l_tensor_ud *u = k3l_push_tensor(L); /* the slice: collected if a write raises */
+    CHECK_K3(L, k3_tensor_select(&u->t, t, 0, i));
+    if (is_tensor) CHECK_K3(L, k3_tensor_copy(u->t, src));
+    else CHECK_K3_AS(L, "fill", k3_tensor_fill(u->t, k3l_check_value(L, 3, k3_tensor_dtype(t))));
+    return 0;
+}
+
+/* #t is t:size(1). */
+static int t_len(lua_State *L) {
+    k3_tensor *t = k3l_check_tensor(L, 1);
+    if (k3_tensor_ndim(t) == 0)
+        return k3l_arg_error(L, 1, "#t of a 0-dim tensor (it has no dim 1)");
+    lua_pushinteger(L, (lua_Integer)k3_tensor_size(t, 0));
+    return 1;
+}
+
 static void push_nested(lua_State *L, const int64_t *size, int nd, const double *v, int d,
                         int64_t *pos) {
     if (d == nd) {
@@ -505,7 +655,11 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
     if (lua_type(L, si) != LUA_TNUMBER)
         return luaL_error(L, "attempt to %s a k3.Tensor and a %s value", name,
                           luaL_typename(L, si));
-    double s = lua_tonumber(L, si);
+    /* A Lua integer beyond 2^53 has no double: it is rounded once to the tensor's dtype
+     * (k3l_check_value) instead of to a double and then again. */
+    lua_Integer si_v = lua_isinteger(L, si) ? lua_tointeger(L, si) : 0;
+    double s = (si_v > (1LL << 53) || si_v < -(1LL << 53)) ? k3l_check_value(L, si, k3_tensor_dtype(a))
+                                                           : lua_tonumber(L, si);
     k3l_tensor_ud *u = k3l_push_tensor(L);
     CHECK_K3(L, k3_tensor_binary_scalar(&u->t, op, a, s, ti == 2));
     return 1;
@@ -513,6 +667,7 @@ static int arith(lua_State *L, k3_binop op, const char *name) {
 static int t_add(lua_State *L) { return arith(L, K3_ADD, "add"); }
 static int t_sub(lua_State *L) { return arith(L, K3_SUB, "subtract"); }
 static int t_mul(lua_State *L) { return arith(L, K3_MUL, "multiply"); }
+static int t_div(lua_State *L) { return arith(L, K3_DIV, "divide"); }
 static int t_unm(lua_State *L) {
     k3_tensor *a = k3l_check_tensor(L, 1);
     k3l_tensor_ud *u = k3l_push_tensor(L);
@@ -570,6 +725,8 @@ static const luaL_Reg tensor_methods[] = {
     {"mark_static", m_mark_static}, {"is_static", m_is_static},
     {"narrow", m_narrow},     {"select", m_select},       {"transpose", m_transpose},
     {"t", m_t},               {"view", m_view},           {"expand", m_expand},
+    {"reshape", m_reshape},   {"permute", m_permute},     {"squeeze", m_squeeze},
+    {"unsqueeze", m_unsqueeze},
     {"as_strided", m_as_strided},
     {"contiguous", m_contiguous}, {"clone", m_clone},     {"to", m_to},
     {"copy", m_copy},         {"fill", m_fill},           {"get", m_get},
@@ -578,7 +735,8 @@ static const luaL_Reg tensor_methods[] = {
 
 static const luaL_Reg tensor_meta[] = {
     {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__add", t_add}, {"__sub", t_sub},
-    {"__mul", t_mul},    {"__unm", t_unm},       {NULL, NULL}};
+    {"__mul", t_mul},    {"__unm", t_unm},       {"__div", t_div},
+    {"__newindex", t_newindex}, {"__len", t_len}, {NULL, NULL}};
 
 static const luaL_Reg tensor_funcs[] = {
     {"empty", l_empty},   {"zeros", l_zeros},   {"ones", l_ones},
@@ -590,8 +748,24 @@ void k3l_open_tensor(lua_State *L) {
     if (luaL_newmetatable(L, K3L_TENSOR_MT)) {
         luaL_setfuncs(L, tensor_meta, 0);
         luaL_newlib(L, tensor_methods);
+        k3l_add_tensor_op_methods(L);
         lua_setfield(L, -2, "__index");
     }
     lua_setfield(L, -2, "_tensor_mt");
     luaL_setfuncs(L, tensor_funcs, 0);
+}
+
+void k3l_tensor_index(lua_State *L) {
+    luaL_getmetatable(L, K3L_TENSOR_MT);
+    if (lua_getfield(L, -1, "__index") == LUA_TTABLE) {
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, K3L_REG_TENSOR_METHODS);
+        lua_pushcclosure(L, t_index, 1);
+        lua_setfield(L, -2, "__index");
+    } else {
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, K3L_REG_TENSOR_METHODS);
+    lua_setfield(L, -2, "_tensor_methods");
 }

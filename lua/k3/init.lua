@@ -14,7 +14,9 @@ end
 
 -- ---- tensor printing ------------------------------------------------------------------------
 
-local EDGE, SUMMARY_THRESHOLD = 3, 1000
+-- PyTorch's print options: EDGE items at each end of a summarised dim, summaries above
+-- SUMMARY_THRESHOLD elements, rows of values wrapped at LINE_WIDTH columns.
+local EDGE, SUMMARY_THRESHOLD, LINE_WIDTH = 3, 1000, 80
 
 local function dims_string(v)
   return "[" .. table.concat(v, ", ") .. "]"
@@ -88,6 +90,9 @@ local function tensor_tostring(t)
     if #strs[i] > width then width = #strs[i] end
   end
   local pos = 0
+  -- The innermost dim, opened at column d - 1, wraps as PyTorch's _vector_str does: as many
+  -- values per line as fit in LINE_WIDTH with their ", ", continuation lines under the first.
+  local per_line = math.max(1, (LINE_WIDTH - (nd - 1)) // (width + 2))
   local function render(d)
     local parts = {}
     for _, i in ipairs(shown(size[d], summarize)) do
@@ -100,7 +105,13 @@ local function tensor_tostring(t)
         parts[#parts + 1] = render(d + 1)
       end
     end
-    if d == nd then return "[" .. table.concat(parts, ", ") .. "]" end
+    if d == nd then
+      local lines = {}
+      for first = 1, #parts, per_line do
+        lines[#lines + 1] = table.concat(parts, ", ", first, math.min(#parts, first + per_line - 1))
+      end
+      return "[" .. table.concat(lines, ",\n" .. string.rep(" ", d)) .. "]"
+    end
     return "[" .. table.concat(parts, "," .. string.rep("\n", nd - d) .. string.rep(" ", d)) .. "]"
   end
   return head .. "\n" .. render(1)
@@ -233,6 +244,7 @@ k3.dist = require "k3.dist"
 -- exports (k3.*, k3.method.*, k3.dist.*) and every tensor method and operator is listed here.
 local HELP = {
   {"k3.empty(shape, opts) k3.zeros(shape, opts) k3.ones(shape, opts)", "new tensor; opts {dtype = 'bf16'|'f16'|'f32'|'f64', device = 'cpu'|'cuda:N'}"},
+  {"k3.zeros(2, 3, opts) ...", "the shape as sizes: k3.empty, zeros, ones, randn; t:view, expand, reshape"},
   {"k3.full(shape, value, opts)", "tensor filled with value"},
   {"k3.randn(shape, opts)", "standard normal values; opts.seed (same values on every device)"},
   {"k3.tensor(nested, opts)", "tensor from nested Lua lists"},
@@ -241,13 +253,21 @@ local HELP = {
   {"t:mark_static([owner]) t:is_static()", "mark the storage static: copy, fill, set and an op's out into it raise (a model's weights)"},
   {"t:narrow(d, start, len) t:select(d, i)", "views (1-based dims and indices)"},
   {"t:transpose(d1, d2) t:t() t:view(shape) t:expand(shape)", "views; view needs a contiguous tensor"},
+  {"t:reshape(shape) t:permute(d1, ..., dn) t:squeeze([d]) t:unsqueeze(d)", "reshape: a view when the strides allow, else a copy; the others views"},
+  {"t[i]  t[i] = v  #t", "t:select(1, i) (a number for 1 dim); write a number or a tensor into it; t:size(1)"},
   {"t:as_strided(shape, stride, offset)", "any view of the storage (checked against its bounds)"},
   {"t:contiguous() t:clone() t:to(device_or_dtype)", "copies"},
   {"t:copy(src) t:fill(v) t:get(i...) t:set(i..., v) t:totable()", "element access"},
   {"t:free()  local t <close> = ...", "release the storage now / the handle at scope end"},
-  {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values"},
+  {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values; rows wrap at 80 columns, over 1000 elements 3 at each end and ..."},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
+  -- tensor ops (the elementwise and reduction ops are catalogue lines, under "ops")
+  {"t / u, t / s, s / t", "elementwise division (IEEE: x / 0 is inf or NaN)"},
+  {"t:float() t:double() t:bf16() t:half()", "dtype conversions (new tensor on t's device, rounded once)"},
+  {"k3.cat(list, d) k3.stack(list, d)", "join along dim d / along a new dim d (default 1)"},
+  {"k3.arange(a, b [, step], opts) k3.linspace(a, b, n, opts)", "ranges: half-open, ceil((b - a) / step) elements / n points, both ends exact"},
+  {"k3.equal(a, b)", "same shape and values (NaN equals nothing)"},
   "ops", -- one line per op of the catalogue (lib/k3_ops.def), then each op's kernels
   {"k3.explain(op, ...)", "which kernel would run and why the others declined (chosen nil + error when none would)"},
   {"k3.trace(fn)", "every dispatch made while fn runs (also those before an error); fn cannot yield"},
@@ -255,6 +275,8 @@ local HELP = {
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
   {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain (chosen nil + declines + error where apply would raise) or free a method"},
   {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
+  {"k3.nn.Linear(w, {bias, method}) k3.nn.RMSNorm(w, eps) k3.nn.SwiGLU(gate_up, down)", "layers (callable; print as Linear(16 -> 8, bf16))"},
+  {"k3.nn.default_method(w)", "the method a Linear gets: the low-latency plan for w where one exists"},
   {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, batch_invariant lists, on_layout_mismatch); k3.policy is read-only"},
   {"k3.set_batch_invariant(on) k3.batch_invariant()", "this state's mode: rows independent of M, bit for bit"},
   {"k3.stats() k3.stats_reset()", "this state's calls per kernel and declines per reason"},
@@ -270,8 +292,11 @@ local HELP = {
   {"k3.clock()", "monotonic seconds (host)"},
   {"k3.isatty(file)", "whether a file handle (io.stderr, ...) is a terminal"},
   {"k3.inspect(v)", "one-line rendering of tables (the REPL prints results with it)"},
+  {"scripts/k3", "the REPL: results print through __tostring or k3.inspect; Tab completes globals, fields and methods"},
   {"k3.is_tensor(v) k3.known_kernel(name) k3.cuda_arch(i)", "type check, kernel catalogue, 'sm90'"},
   {"k3.cuda_time(fn, {iters, warmup, graph, calls})", "median µs per call of fn(i) on the GPU (events or graph replay)"},
+  {"k3.cuda_graph(fn, {device, warmup})", "capture what fn dispatches into a CUDA graph (static tensors; refuses syncs, host copies, CPU ops)"},
+  {"g:replay([n]) g:free() g:kernels() g:tensors() g:device()", "replay a captured graph / free it (also <close>, gc); its kernels, held tensors, device"},
   {"k3.version k3.help()", "the version string ('" .. tostring(core.version) .. "'); this list"},
 }
 
@@ -313,10 +338,16 @@ local function inspect_text(text, quote)
   return cut and string.format("%s… (cut at %d of %d bytes)", shown, INSPECT_TEXT, #text) or shown
 end
 
+-- Whether v's metatable has a __tostring (read raw, as tostring does).
+local function has_tostring(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__tostring") ~= nil
+end
+
 -- k3.inspect's walk; depth counts the table levels above v; left.n is what the whole
 -- rendering may still show.
 local function inspect(v, depth, left)
-  if k3.is_tensor(v) then
+  if k3.is_tensor(v) or (type(v) == "table" and has_tostring(v)) then
     return inspect_text((tostring(v):match("^[^\n]*")), false)
   elseif type(v) == "string" then
     return inspect_text(v, true)
@@ -360,27 +391,16 @@ local function inspect(v, depth, left)
 end
 
 --- k3.inspect(v) -> string: a readable one-line rendering of v; tables show their contents
---- (keys sorted, nested up to 3 levels), tensors print their header line. Arguments after the
---- first are ignored, so k3.inspect(f()) renders f's first result. The rendering is bounded
+--- (keys sorted, nested up to 3 levels), tensors and objects with a __tostring (k3.nn layers,
+--- models) the first line of it. Arguments after the first are ignored, so k3.inspect(f())
+--- renders f's first result. The rendering is bounded
 --- whatever v claims (its __len or __pairs): at most 100 entries per table and 1000 in all,
 --- 10000 keys read per table, 200 bytes of any string; each cut says how much it left out.
 function k3.inspect(v) return inspect(v, 0, {n = INSPECT_TOTAL}) end
 
--- The REPL (scripts/k3 with no arguments): results print through the global `print`
--- (lua.c), so tables show their contents instead of an address.
-function k3._repl_banner()
-  local plain_print = print
-  _G.print = function(...)
-    local out = table.pack(...)
-    for i = 1, out.n do
-      if type(out[i]) == "table" then out[i] = k3.inspect(out[i]) end
-    end
-    plain_print(table.unpack(out, 1, out.n))
-  end
-  local b = k3.backends()
-  io.write(string.format("k3 %s: cuda %s. k3.help() lists the API.\n", k3.version,
-    b.cuda.available and ("available, " .. b.cuda.devices .. " device(s)") or
-    ("unavailable (" .. tostring(b.cuda.reason) .. ")")))
-end
+-- k3.nn (lua/k3/nn/init.lua) as a field, so the REPL reaches k3.nn.Linear; it requires
+-- "k3", which is this table from here on.
+package.loaded.k3 = k3
+k3.nn = require "k3.nn"
 
 return k3

@@ -19,6 +19,12 @@
 
 #include <k3.h>
 
+/* A captured function that queues nothing (the graph cases check arguments only). */
+static k3_status graph_noop(void *ud) {
+    (void)ud;
+    return K3_OK;
+}
+
 static void report(const char *name, k3_status s) {
     printf("%s\t%s\t%s\n", name, k3_status_name(s), s == K3_OK ? "" : k3_last_error());
     fflush(stdout); /* lines before a crash still reach the spec */
@@ -183,6 +189,7 @@ int main(void) {
     const k3_dtype f32 = K3_DTYPE_F32;
     int64_t s23[2] = {2, 3}, s4[1] = {4}, s14[2] = {1, 4}, idx[2] = {0, 0};
     k3_tensor *a = NULL, *v = NULL, *w = NULL, *x = NULL, *big = NULL;
+    k3_graph *graph = NULL;
     double d = 0;
     log_hook_cases(); /* first: before any k3 call reads the environment */
     if (k3_tensor_full(&a, 2, s23, f32, cpu, 1) != K3_OK) return 1;
@@ -205,6 +212,12 @@ int main(void) {
     CASE("view shape", k3_tensor_view(&v, a, 1, NULL));
     CASE("expand out", k3_tensor_expand(NULL, a, 2, s23));
     CASE("expand shape", k3_tensor_expand(&v, a, 2, NULL));
+    CASE("reshape out", k3_tensor_reshape(NULL, a, 1, (int64_t[1]){6}));
+    CASE("reshape shape", k3_tensor_reshape(&v, a, 1, NULL));
+    CASE("permute out", k3_tensor_permute(NULL, a, 2, (int[2]){1, 0}));
+    CASE("permute dims", k3_tensor_permute(&v, a, 2, NULL));
+    CASE("squeeze t", k3_tensor_squeeze(&v, NULL, -1));
+    CASE("unsqueeze out", k3_tensor_unsqueeze(NULL, a, 0));
     CASE("as_strided out", k3_tensor_as_strided(NULL, a, 1, s4, (int64_t[1]){1}, 0));
     CASE("as_strided shape", k3_tensor_as_strided(&v, a, 1, NULL, (int64_t[1]){1}, 0));
     CASE("as_strided stride", k3_tensor_as_strided(&v, a, 1, s4, NULL, 0));
@@ -248,6 +261,11 @@ int main(void) {
                              (const k3_tensor *[]){a}));
     CASE("method_default out", k3_method_default(NULL, NULL));
     CASE("linear x", k3_linear(&v, NULL, a, NULL, NULL, NULL, NULL));
+    CASE("graph_capture out", k3_graph_capture(NULL, graph_noop, NULL, NULL));
+    CASE("graph_capture fn", k3_graph_capture(&graph, NULL, NULL, NULL));
+    CASE("graph_capture warmup",
+         k3_graph_capture(&graph, graph_noop, NULL, &(k3_graph_options){0, -1}));
+    CASE("graph_replay g", k3_graph_replay(NULL));
     /* Where nothing would be read or written, NULL is fine. */
     CASE("empty 0-dim shape NULL", k3_tensor_empty(&v, 0, NULL, f32, cpu));
     CASE("get 0-dim idx NULL", k3_tensor_get(v, NULL, &d));
@@ -276,6 +294,12 @@ int main(void) {
     CASE("view two -1", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, -1}));
     CASE("view infer", k3_tensor_view(&v, a, 2, (int64_t[2]){-1, 4}));
     CASE("expand", k3_tensor_expand(&v, a, 2, (int64_t[2]){3, 3}));
+    CASE("reshape count", k3_tensor_reshape(&v, a, 2, (int64_t[2]){4, 2}));
+    CASE("reshape two -1", k3_tensor_reshape(&v, a, 2, (int64_t[2]){-1, -1}));
+    CASE("permute range", k3_tensor_permute(&v, a, 2, (int[2]){0, 2}));
+    CASE("permute twice", k3_tensor_permute(&v, a, 2, (int[2]){1, 1}));
+    CASE("squeeze dim", k3_tensor_squeeze(&v, a, 2));
+    CASE("unsqueeze dim", k3_tensor_unsqueeze(&v, a, 3));
     CASE("as_strided negative stride", k3_tensor_as_strided(&v, a, 2, s23, (int64_t[2]){3, -1}, 0));
     CASE("empty size", k3_tensor_empty(&v, 2, (int64_t[2]){2, -1}, f32, cpu));
     CASE("empty overflow", k3_tensor_empty(&v, 2, (int64_t[2]){1LL << 62, 1LL << 62}, f32, cpu));

@@ -59,11 +59,12 @@ local function repo_root()
 end
 L.repo_root = repo_root
 
--- L.read_limits(env, byte_counts) -> {[bytes] = {read_us =, read_pdl_us =, read_shape =,
--- read_pdl_shape =}}, machine, method. On the GPU: scripts/read-limit (tools/read_limit.cu),
+-- L.read_limits(env, byte_counts[, flags]) -> {[bytes] = {read_us =, read_pdl_us =, read_shape =,
+-- read_pdl_shape =}}, machine, method. flags: more arguments of scripts/read-limit (the stack
+-- bench's {"--single", "--reps", "5"}). On the GPU: scripts/read-limit (tools/read_limit.cu),
 -- which raises here when it fails; in a dry run: a model (bytes over the nominal bandwidth
 -- plus a 1.5 µs ramp; 0.3 µs of it left when chained with PDL).
-function L.read_limits(env, byte_counts)
+function L.read_limits(env, byte_counts, flags)
   local out = {}
   if env.dry then
     for _, b in ipairs(byte_counts) do
@@ -75,8 +76,9 @@ function L.read_limits(env, byte_counts)
   local list = {}
   for i, b in ipairs(byte_counts) do list[i] = string.format("%d", b) end
   local tmp = os.tmpname()
-  local cmd = string.format("%s/scripts/read-limit --bytes %s --json %s", U.shell_quote(repo_root()),
-                            table.concat(list, ","), U.shell_quote(tmp))
+  local cmd = string.format("%s/scripts/read-limit --bytes %s --json %s%s", U.shell_quote(repo_root()),
+                            table.concat(list, ","), U.shell_quote(tmp),
+                            flags and #flags > 0 and " " .. table.concat(flags, " ") or "")
   local ok = os.execute(cmd .. " >&2")
   local text = ok and U.read_file(tmp) or nil
   os.remove(tmp)

@@ -12,8 +12,13 @@
 --      same kernels and the same weight addresses as in the step; random inputs, preallocated
 --      outputs), likewise the AttnRes reads (the step's own weights, a scratch stream buffer):
 --      each replay inside one CUDA graph (device time, no launch gaps) and eager.
---   4. the step itself captured in a CUDA graph, best effort (the allocator's cache is
---      pre-filled so the capture needs no cudaMalloc); where capture fails the reason is shown.
+--   4. the step as a user captures it: k3.cuda_graph around Stack:forward into a static
+--      output, timed by replay (events around each replay); its kernel count is the graph's
+--      kernel nodes. Then the same capture with every AttnRes read replaced by a plain copy of
+--      its prefix: AttnRes's marginal cost is (step - that step) / step, the only share that
+--      means something once kernels overlap (PDL).
+--   5. the read limit of the step's bytes: tools/read_limit.cuh's read-only kernel over exactly
+--      that many bytes, one read (scripts/read-limit --single), in the same run.
 --   shares = replay-in-graph / step-in-graph when the step was captured, else / eager step
 --   (then host launch overhead lands in "rest"); rest = step - linear - attn_res.
 local k3 = require "k3"
@@ -22,7 +27,14 @@ local Env = require "k3.bench.env"
 
 local S = {}
 S.MS = {1, 16}
-S.TARGET_ATTN_SHARE = 0.03   -- AttnRes under 3% of the step at M = 1
+-- The targets of the decode step (a benchmark, never a timed test): kimi-k3-tp8 on one H200,
+-- in a graph, about 83% / 79% of the read limit; AttnRes's marginal cost; eager vs graph.
+S.TARGETS = {
+  step_graph_ms_m1 = 6.0,
+  step_graph_ms_m16 = 6.3,
+  attn_res_share_m1 = 0.05,  -- the graph step's marginal cost of AttnRes, M = 1
+  eager_over_graph_m1 = 1.15,
+}
 
 local function sum(t) local s = 0 for _, v in ipairs(t) do s = s + v end return s end
 
@@ -111,22 +123,28 @@ local function build_replays(env, rec)
   return fn_linear, fn_attn, lin_bytes, attn_bytes, bufs
 end
 
--- Fills the allocator's cache with enough free blocks of every size the step allocates, so
--- a captured step takes each allocation from the cache (blocks freed during a capture are
--- held by the graph, never reused within it).
-local function prewarm_cache(env, rec, cfg)
-  local sizes = {}
-  local function add(n) sizes[n] = true end
-  for _, c in ipairs(rec.linear) do add(c.M * c.N); add(c.M * c.K) end
-  for _, a in ipairs(rec.attn) do add(a.T * a.H) end
-  local per = 6 * cfg.num_layers + 32
-  local hold = {}
-  for n in pairs(sizes) do
-    for _ = 1, per do hold[#hold + 1] = k3.empty({n}, {dtype = "bf16", device = env.device}) end
-  end
-  for _, t in ipairs(hold) do t:free() end
-  return #hold
+-- The step as a user captures it: k3.cuda_graph around Stack:forward(x), the result copied
+-- into y (static tensors: x and y are the graph's input and output).
+local function capture_step(stack, x, y)
+  return k3.cuda_graph(function()
+    local out = stack:forward(x)
+    y:copy(out)
+    out:free()
+  end)
 end
+
+-- The same capture with every AttnRes read replaced by a plain copy of its prefix.
+local function capture_step_copying_reads(stack, x, y)
+  local orig = k3.attn_res
+  k3.attn_res = function(a) return a.prefix:clone() end
+  local ok, g = pcall(capture_step, stack, x, y)
+  k3.attn_res = orig
+  if not ok then error(g, 0) end
+  return g
+end
+
+-- Bytes rounded up to the read kernel's 16-byte granule.
+local function granule(b) return (b + 15) // 16 * 16 end
 
 function S.run(env, peers, opts)
   opts = opts or {}
@@ -181,6 +199,7 @@ function S.run(env, peers, opts)
     for _, c in ipairs(rec.linear) do if not c.packed then unpacked = unpacked + 1 end end
     local row = {
       M = M, config = cfgname, layers = cfg.num_layers, ops = ops, ops_total = nops,
+      step_bytes = lin_bytes + attn_bytes,
       linear_calls = #rec.linear, attn_res_calls = #rec.attn, linear_unpacked_x = unpacked,
       step_us = t_step, step_min_us = s_step.min, step_p90_us = s_step.p90,
       linear_graph_us = t_lin_g, linear_eager_us = t_lin_e,
@@ -193,21 +212,48 @@ function S.run(env, peers, opts)
     per_m[M] = {rec = rec, x = x, m_step_g = m_step_g}
   end
   -- The step in a CUDA graph, last: a failed capture must not disturb the figures above.
+  local gi = env.quick and 10 or 20
   for _, row in ipairs(rows) do
     local st = per_m[row.M]
-    U.progress("stack M=%d: capturing the step in a CUDA graph", row.M)
-    local ok, res = pcall(function()
-      if not env.dry then prewarm_cache(env, st.rec, cfg) end
-      return env:time(function()
-        local y = stack:forward(st.x)
-        y:free()
-      end, {graph = true, calls = 1, iters = env.quick and 5 or 10, warmup = 1}, st.m_step_g)
-    end)
-    if ok then
-      row.step_graph_us = res
+    U.progress("stack M=%d: the step as a CUDA graph (k3.cuda_graph), then with copies for the reads", row.M)
+    if env.dry then
+      -- Dry run: no graph on the CPU; the model's figures (AttnRes reads modelled at 2 µs).
+      row.step_graph_us = st.m_step_g
+      row.step_graph_copy_us = st.m_step_g - 2.0 * row.attn_res_calls
+      row.kernels_per_step = row.ops_total
     else
-      row.step_graph_error = tostring(res):gsub("\n.*", "")
+      local ok, err = pcall(function()
+        local y = k3.empty({row.M, cfg.hidden_size}, {dtype = "bf16", device = env.device})
+        local g = capture_step(stack, st.x, y)
+        row.kernels_per_step = g:kernels()
+        row.step_graph_us = env:time(function() g:replay() end, {graph = false, iters = gi, warmup = 2})
+        g:free()
+        local gc = capture_step_copying_reads(stack, st.x, y)
+        row.kernels_copy_reads = gc:kernels()
+        row.step_graph_copy_us = env:time(function() gc:replay() end, {graph = false, iters = gi, warmup = 2})
+        gc:free()
+        y:free()
+      end)
+      if not ok then row.step_graph_error = tostring(err):gsub("\n.*", "") end
     end
+  end
+  -- The read limit of each row's bytes, one read each, in this run.
+  local sizes, seen_b = {}, {}
+  for _, row in ipairs(rows) do
+    local b = granule(row.step_bytes)
+    if not seen_b[b] then seen_b[b] = true; sizes[#sizes + 1] = b end
+  end
+  U.progress("stack: the read limit of %d step byte counts (scripts/read-limit --single)", #sizes)
+  local L = require "k3.bench.linear"
+  local lok, limits, machine, limit_method = pcall(L.read_limits, env, sizes, {"--single", "--reps", "5"})
+  if lok then
+    for _, row in ipairs(rows) do
+      local r = limits[granule(row.step_bytes)]
+      row.read_limit_us = r and math.min(r.read_us, r.read_pdl_us or r.read_us)
+    end
+  else
+    env.errors = env.errors or {}
+    env.errors[#env.errors + 1] = {label = "read limit", error = tostring(limits):gsub("\n.*", "")}
   end
   for _, row in ipairs(rows) do
     local base = row.step_graph_us or row.step_us
@@ -220,6 +266,12 @@ function S.run(env, peers, opts)
     row.rest_share = row.rest_us and row.rest_us / base
     row.attn_res_share_eager = att and att / row.step_us
     row.step_floor_frac = row.step_floor_us / base
+    if row.step_graph_us and row.step_graph_copy_us then
+      row.attn_res_marginal_us = row.step_graph_us - row.step_graph_copy_us
+      row.attn_res_marginal_share = row.attn_res_marginal_us / row.step_graph_us
+    end
+    row.read_limit_frac = row.read_limit_us and row.step_graph_us and row.read_limit_us / row.step_graph_us
+    row.eager_over_graph = row.step_graph_us and row.step_us / row.step_graph_us
   end
   X:free()
   stack:free()
@@ -230,21 +282,37 @@ function S.run(env, peers, opts)
   end
   env:release()
   U.progress_done()
-  local res = {rows = rows, summary = S.summarize(rows)}
+  local res = {rows = rows, summary = S.summarize(rows), machine = env:device_name(),
+               read_limit_method = lok and limit_method or nil, read_limit_machine = lok and machine or nil}
   res.lines = S.format(env, res)
   return res
 end
 
 function S.summarize(rows)
   local s = {}
+  local function ms(v) return v and v / 1000 end
   for _, r in ipairs(rows) do
     if r.M == 1 then
-      s.attn_res_share_m1 = r.attn_res_share
-      s.attn_res_share_m1_base = r.share_base
-      s.attn_res_share_m1_eager = r.attn_res_share_eager
+      s.step_graph_ms_m1 = ms(r.step_graph_us)
+      s.step_eager_ms_m1 = ms(r.step_us)
+      s.kernels_per_step = r.kernels_per_step
+      s.read_limit_ms = ms(r.read_limit_us)
+      s.read_limit_frac_m1 = r.read_limit_frac
+      s.attn_res_share_m1 = r.attn_res_marginal_share
+      s.attn_res_replay_share_m1 = r.attn_res_share
+      s.eager_over_graph_m1 = r.eager_over_graph
+    elseif r.M == 16 then
+      s.step_graph_ms_m16 = ms(r.step_graph_us)
+      s.read_limit_frac_m16 = r.read_limit_frac
     end
   end
-  s.verdict = U.verdict(s.attn_res_share_m1, "<=", S.TARGET_ATTN_SHARE)
+  local T = S.TARGETS
+  s.verdicts = {
+    step_graph_ms_m1 = U.verdict(s.step_graph_ms_m1, "<=", T.step_graph_ms_m1),
+    step_graph_ms_m16 = U.verdict(s.step_graph_ms_m16, "<=", T.step_graph_ms_m16),
+    attn_res_share_m1 = U.verdict(s.attn_res_share_m1, "<=", T.attn_res_share_m1),
+    eager_over_graph_m1 = U.verdict(s.eager_over_graph_m1, "<=", T.eager_over_graph_m1),
+  }
   return s
 end
 
@@ -252,29 +320,34 @@ function S.format(env, res)
   local rows, s = res.rows, res.summary
   local out = {}
   local function p(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
+  local function ms(v) return v and string.format("%.3f", v / 1000) or "-" end
+  local function pct1(v) return v and string.format("%.1f%%", 100 * v) or "-" end
   local cfg = rows[1] and rows[1].config or "?"
   p("== stack: one decode step of %s (lua/k3/model/kimi_k3.lua) ==", cfg)
   p("%s", env:header())
-  p("method: 'step' = CUDA events around Stack:forward (eager, as a user runs it); 'step-g' = the step")
-  p("captured in one CUDA graph (best effort); 'linear'/'attn_res' = every linear call / AttnRes read of")
-  p("one recorded step replayed back to back with the same methods and weights, in a CUDA graph (device")
-  p("time); shares = replay / step-g when captured, else / eager step (host overhead then lands in 'rest');")
-  p("rest = step - linear - attn_res (norms, SwiGLU gate, copies, launch gaps). floor = bytes / copy bw.")
+  p("method: 'step' = CUDA events around Stack:forward (eager, as a user runs it); 'graph' = the step")
+  p("captured with k3.cuda_graph, events around each replay; 'kernels' = the graph's kernel nodes;")
+  p("'read' = the read limit of the step's bytes (scripts/read-limit --single: one read-only pass over")
+  p("exactly those bytes, this run); 'AttnRes marginal' = (graph - the graph with each AttnRes read")
+  p("replaced by a plain copy of its prefix) / graph; 'linear'/'attn_res' = every linear call / AttnRes")
+  p("read of one recorded step replayed back to back in a CUDA graph, shares of the graph step;")
+  p("rest = graph - linear - attn_res (norms, SwiGLU gate, copies, launch gaps). floor = bytes / copy bw.")
   p("")
   local cols = {
     {head = "M", key = "M", fmt = "%d"},
-    {head = "ops", key = "ops_total", fmt = "%d"},
-    {head = "step ms", key = "step_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
-    {head = "step-g ms", key = "step_graph_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
-    {head = "floor ms", key = "step_floor_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
-    {head = "%floor", key = "step_floor_frac", fmt = U.pct},
-    {head = "linear calls", key = "linear_calls", fmt = "%d"},
-    {head = "linear ms", key = "linear_graph_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
+    {head = "kernels", key = "kernels_per_step", fmt = "%d"},
+    {head = "step ms", key = "step_us", fmt = ms},
+    {head = "graph ms", key = "step_graph_us", fmt = ms},
+    {head = "eager/graph", key = "eager_over_graph", fmt = function(v) return string.format("%.2fx", v) end},
+    {head = "read ms", key = "read_limit_us", fmt = ms},
+    {head = "%read", key = "read_limit_frac", fmt = U.pct},
+    {head = "floor ms", key = "step_floor_us", fmt = ms},
+    {head = "AttnRes marginal", key = "attn_res_marginal_share", fmt = pct1},
+    {head = "linear ms", key = "linear_graph_us", fmt = ms},
     {head = "linear", key = "linear_share", fmt = U.pct},
-    {head = "reads", key = "attn_res_calls", fmt = "%d"},
-    {head = "attn_res ms", key = "attn_res_graph_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
-    {head = "attn_res", key = "attn_res_share", fmt = function(v) return string.format("%.1f%%", 100 * v) end},
-    {head = "rest ms", key = "rest_us", fmt = function(v) return string.format("%.3f", v / 1000) end},
+    {head = "attn_res ms", key = "attn_res_graph_us", fmt = ms},
+    {head = "attn_res", key = "attn_res_share", fmt = pct1},
+    {head = "rest ms", key = "rest_us", fmt = ms},
     {head = "rest", key = "rest_share", fmt = U.pct},
     {head = "share of", key = "share_base", align = "l"},
   }
@@ -286,33 +359,58 @@ function S.format(env, res)
     table.sort(names)
     local parts = {}
     for _, k in ipairs(names) do parts[#parts + 1] = string.format("%s %d", k, r.ops[k]) end
-    local function ms(v) return v and string.format("%.3f ms", v / 1000) or "-" end
-    p("M=%d: dispatches per step: %s; eager replays: linear %s, attn_res %s%s", r.M,
-      table.concat(parts, ", "), ms(r.linear_eager_us), ms(r.attn_res_eager_us),
+    local function msu(v) return v and string.format("%.3f ms", v / 1000) or "-" end
+    p("M=%d: dispatches per step: %s (%d); eager replays: linear %s, attn_res %s; graph with copies for the reads %s (%s kernels)%s",
+      r.M, table.concat(parts, ", "), r.ops_total, msu(r.linear_eager_us), msu(r.attn_res_eager_us),
+      msu(r.step_graph_copy_us), r.kernels_copy_reads or "-",
       r.linear_unpacked_x > 0 and string.format("; %d linear calls had a strided x (replayed packed)", r.linear_unpacked_x) or "")
     if r.step_graph_error then p("M=%d: step not captured in a graph: %s", r.M, r.step_graph_error) end
   end
+  if res.read_limit_method then p("read limit: %s", res.read_limit_method) end
   local errs = env:take_errors()
   if #errs > 0 then
     p("measurements that raised an error (shown as '-' above):")
     for _, l in ipairs(errs) do out[#out + 1] = l end
   end
+  local T, v = S.TARGETS, s.verdicts
+  local function f3(x) return x and string.format("%.3f", x) or "-" end
   p("")
-  p("summary against the target:")
-  p("  AttnRes share of the decode step, M = 1: %s of the %s (%s of the eager step)   target < %.0f%%   %s",
-    s.attn_res_share_m1 and string.format("%.2f%%", 100 * s.attn_res_share_m1) or "-",
-    s.attn_res_share_m1_base or "-",
-    s.attn_res_share_m1_eager and string.format("%.2f%%", 100 * s.attn_res_share_m1_eager) or "-",
-    100 * S.TARGET_ATTN_SHARE, s.verdict)
+  p("summary against the targets (kimi-k3-tp8 on one H200):")
+  p("  graph step, M = 1:   %s ms   target <= %.1f ms   %s   (read limit %s ms: %s of it)",
+    f3(s.step_graph_ms_m1), T.step_graph_ms_m1, v.step_graph_ms_m1, f3(s.read_limit_ms), U.pct(s.read_limit_frac_m1))
+  p("  graph step, M = 16:  %s ms   target <= %.1f ms   %s   (%s of its read limit)",
+    f3(s.step_graph_ms_m16), T.step_graph_ms_m16, v.step_graph_ms_m16, U.pct(s.read_limit_frac_m16))
+  p("  AttnRes marginal cost, M = 1: %s of the graph step   target <= %.0f%%   %s   (replayed alone: %s)",
+    pct1(s.attn_res_share_m1), 100 * T.attn_res_share_m1, v.attn_res_share_m1, pct1(s.attn_res_replay_share_m1))
+  p("  eager step / graph step, M = 1: %s   target <= %.2fx   %s   (eager %s ms, %s kernels per step)",
+    s.eager_over_graph_m1 and string.format("%.2fx", s.eager_over_graph_m1) or "-", T.eager_over_graph_m1,
+    v.eager_over_graph_m1, f3(s.step_eager_ms_m1), s.kernels_per_step or "-")
   return out
 end
 
-S.CSV_KEYS = {"M", "config", "layers", "ops_total", "linear_calls", "attn_res_calls",
-              "linear_unpacked_x", "step_us", "step_min_us", "step_p90_us", "step_graph_us",
-              "step_graph_error", "linear_graph_us", "linear_eager_us", "attn_res_graph_us",
+S.CSV_KEYS = {"M", "config", "layers", "ops_total", "kernels_per_step", "linear_calls",
+              "attn_res_calls", "linear_unpacked_x", "step_us", "step_min_us", "step_p90_us",
+              "step_graph_us", "step_graph_error", "eager_over_graph", "step_bytes", "read_limit_us",
+              "read_limit_frac", "step_graph_copy_us", "kernels_copy_reads", "attn_res_marginal_us",
+              "attn_res_marginal_share", "linear_graph_us", "linear_eager_us", "attn_res_graph_us",
               "attn_res_eager_us", "rest_us", "share_base", "base_us", "linear_share",
               "attn_res_share", "rest_share", "attn_res_share_eager", "linear_bytes",
               "attn_res_bytes", "linear_floor_us", "attn_res_floor_us", "step_floor_us",
               "step_floor_frac"}
+
+-- S.summary_object(res, cmd, commit) -> the `stack` object of bench/summary-<gpu>.json (times
+-- in ms, shares and fractions 0..1; attn_res_share_m1 is the marginal cost in the graph step).
+function S.summary_object(res, cmd, commit)
+  local s = res.summary
+  return {
+    date = U.date(), machine = res.machine, commit = commit, command = cmd,
+    step_graph_ms_m1 = s.step_graph_ms_m1, step_graph_ms_m16 = s.step_graph_ms_m16,
+    step_eager_ms_m1 = s.step_eager_ms_m1, kernels_per_step = s.kernels_per_step,
+    read_limit_ms = s.read_limit_ms, read_limit_frac_m1 = s.read_limit_frac_m1,
+    read_limit_frac_m16 = s.read_limit_frac_m16, attn_res_share_m1 = s.attn_res_share_m1,
+    eager_over_graph_m1 = s.eager_over_graph_m1,
+    targets = S.TARGETS,
+  }
+end
 
 return S

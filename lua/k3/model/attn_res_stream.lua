@@ -60,6 +60,10 @@ function Stream.new(opts)
     eps = opts.eps or 1e-5, dtype = topts.dtype, device = topts.device,
     blocks = k3.zeros({T, S, H}, topts),
     prefix = k3.zeros({T, H}, topts),
+    -- What each read's kernel may load before its PDL wait (k3.attn_res's static_weights and
+    -- static_blocks): reads issued so far, and per slot how many had been issued when it was
+    -- last written.
+    calls = 0, slot_written_after = {},
   }, Stream)
   self:reset_counts()
   return self
@@ -126,11 +130,27 @@ function Stream:read(query, delta, seal, layer)
     self.prefix:copy(delta)
     delta, copied = nil, true
   end
+  -- The contract of static_weights / static_blocks (lib/k3.h, k3_attn_res_args): what the
+  -- call's kernel loads before its wait was last written before the previous attn_res call
+  -- on this CUDA stream. The query weights are never written while the stream runs, so they
+  -- qualify from the second read on. Slot j qualifies when it was last written after call w
+  -- (a seal by a copy after w calls, or by call w itself) and this is call w + 2 or later;
+  -- slots are sealed in order, so the static ones are a leading run.
+  local call = self.calls + 1
+  local nstatic = 0
+  while nstatic < self.num_sealed do
+    local w = self.slot_written_after[nstatic + 1]
+    if not w or call < w + 2 then break end
+    nstatic = nstatic + 1
+  end
   local out = k3.attn_res{
     prefix = self.prefix, delta = delta, blocks = self.blocks, num_blocks = self.num_sealed,
     write_block = slot, norm_weight = query.norm_weight, qk_weight = query.qk_weight,
     output_norm_weight = query.output_norm_weight, eps = self.eps, output_eps = self.eps,
+    static_weights = call >= 2, static_blocks = nstatic,
   }
+  self.calls = call
+  if slot then self.slot_written_after[slot] = call end
   self.prefix_empty = false
   if copied then
     self.counts.copied_deltas = self.counts.copied_deltas + 1
@@ -153,6 +173,7 @@ function Stream:seal(layer)
   local slot = self.num_sealed + 1
   mark_written(self, slot, layer)
   self.blocks:select(2, slot):copy(self.prefix)
+  self.slot_written_after[slot] = self.calls
   self.num_sealed = slot
   self.prefix_empty = true
   self.counts.seals = self.counts.seals + 1
@@ -227,6 +248,14 @@ function Stream.expected_counts(num_layers, bs)
   end
   c.final_reads, c.reads = 1, c.reads + 1
   return c
+end
+
+
+function Stream:__tostring()
+  return string.format("AttnResStream(%d token%s, hidden_size %d, %d layers, block_size %d, " ..
+                       "%d slots, %s on %s)", self.tokens, self.tokens == 1 and "" or "s",
+                       self.hidden_size, self.num_layers,
+                       self.block_size, self.num_slots, self.dtype, self.device)
 end
 
 return Stream

@@ -1,6 +1,8 @@
 -- The main job behind `make demo`: a Kimi-K3-shaped stack run for decode batches M, with
 -- per M the time per step, fidelity against the fp64 twin and the kernels that served it,
--- then every dispatch decline with its count. scripts/demo.lua is the command line around it;
+-- then every dispatch decline with its count. On a CUDA device the step also runs as a CUDA
+-- graph (k3.cuda_graph; the default, opts.eager turns it off): both times are shown, with the
+-- graph's kernel count and whether its output has the eager step's bits. scripts/demo.lua is the command line around it;
 -- specs call run() directly and compare its results.
 local k3 = require "k3"
 local kimi = require "k3.model.kimi_k3"
@@ -68,7 +70,9 @@ end
 -- Runs the demo. opts: config (name or table), device, dtype ("bf16"), steps, m (list),
 -- seed, weights ({name = tensor}: used instead of generating), save_weights (path),
 -- quiet, reporter (a k3.cli.progress reporter; default one on stderr, none when quiet: a live
--- line on a terminal, occasional plain lines in a log). Returns {config =, rows = {{m =, ms =, rel_err =, cosine =, norm_ratio =,
+-- line on a terminal, occasional plain lines in a log), eager (no graph on a CUDA device).
+-- Returns {config =, graph = bool, rows = {{m =, ms = (eager), graph_ms =, graph_kernels =,
+-- same_bits = (graph output == eager output), rel_err =, cosine =, norm_ratio =,
 -- finite =, kernels = {name = calls per step}, output = tensor}, ...},
 -- declines = {["kernel: reason"] = count}, kernels = {name = count}, weights =, stack =}.
 function demo.run(opts)
@@ -121,7 +125,9 @@ function demo.run(opts)
   reporter:update("fp64 reference run (%d tokens, %d layers)", mmax, cfg.num_layers)
   local ref = stack:reference_forward(x_last)
 
-  local result = {config = cfg, device = device, dtype = dtype, steps = steps,
+  -- The graph: on a CUDA device unless opts.eager. Fidelity is then the graph's output's.
+  local use_graph = not opts.eager and kimi.canonical_device(device):match("^cuda") ~= nil
+  local result = {config = cfg, device = device, dtype = dtype, steps = steps, graph = use_graph,
                   weights_source = source, rows = {}, declines = {}, kernels = {},
                   weights = weights, stack = stack, reference = ref}
   local xs = {}
@@ -147,12 +153,42 @@ function demo.run(opts)
     end
     k3.synchronize()
     local ms = (wall() - t0) * 1000 / steps
+    local row = {m = m, ms = ms, kernels = per}
+    local out = y
+    if use_graph then
+      -- The same steps replayed from a CUDA graph: each step copies its input into the
+      -- graph's static input, then replays (timed like the eager loop, host time included).
+      reporter:update("M=%-2d capturing the step (k3.cuda_graph)", m)
+      local xg = k3.empty({m, cfg.hidden_size}, {dtype = dtype, device = device})
+      local yg = k3.empty({m, cfg.hidden_size}, {dtype = dtype, device = device})
+      xg:copy(xs[1]:narrow(1, 1, m))
+      local g <close> = k3.cuda_graph(function()
+        local o = stack:forward(xg)
+        yg:copy(o)
+        o:free()
+      end)
+      row.graph_kernels = g:kernels()
+      k3.synchronize()
+      local t1 = wall()
+      for s = 1, steps do
+        xg:copy(xs[s]:narrow(1, 1, m))
+        g:replay()
+        if s % 5 == 0 or s == steps then reporter:update("M=%-2d graph step %d/%d", m, s, steps) end
+      end
+      k3.synchronize()
+      row.graph_ms = (wall() - t1) * 1000 / steps
+      row.same_bits = k3.max_abs_diff(yg, y) == 0
+      xg:free()
+      y:free()
+      out = yg
+    end
     local r = ref:narrow(1, 1, m)
-    local rel, ratio = demo.compare(y, r)
-    result.rows[#result.rows + 1] = {
-      m = m, ms = ms, rel_err = rel, norm_ratio = ratio, cosine = k3.cosine(y:to("cpu"):to("f64"), r),
-      finite = finite(y), kernels = per, output = y,
-    }
+    local rel, ratio = demo.compare(out, r)
+    row.rel_err, row.norm_ratio = rel, ratio
+    row.cosine = k3.cosine(out:to("cpu"):to("f64"), r)
+    row.finite = finite(out)
+    row.output = out
+    result.rows[#result.rows + 1] = row
     collectgarbage("step")
   end
   local st = k3.stats()
@@ -179,11 +215,25 @@ function demo.format(res)
     (cfg.num_layers + cfg.block_size - 1) // cfg.block_size, cfg.intermediate_size,
     res.weights_source)
   p("  %d decode steps per M; fidelity: final hidden state of the last step vs the fp64 run", res.steps)
-  p("")
-  p("%3s  %10s  %11s  %10s  %s", "M", "ms/step", "rel err", "cosine", "kernels (calls per step)")
-  for _, r in ipairs(res.rows) do
-    p("%3d  %10.3f  %11.3e  %10.7f  %s%s", r.m, r.ms, r.rel_err, r.cosine, kernel_cell(r.kernels),
-      r.finite and "" or "  NON-FINITE")
+  if res.graph then
+    p("  the step runs as a CUDA graph (k3.cuda_graph; --eager for the eager step only): 'graph' and")
+    p("  'eager' are wall ms per step (input copy and replay / Stack:forward), 'nodes' the graph's")
+    p("  kernels per step, 'bits' whether its output equals the eager step's bit for bit")
+    p("")
+    p("%3s  %10s  %10s  %6s  %5s  %11s  %10s  %s", "M", "graph ms", "eager ms", "nodes", "bits",
+      "rel err", "cosine", "kernels (calls per step)")
+    for _, r in ipairs(res.rows) do
+      p("%3d  %10.3f  %10.3f  %6d  %5s  %11.3e  %10.7f  %s%s", r.m, r.graph_ms, r.ms, r.graph_kernels,
+        r.same_bits and "same" or "DIFF", r.rel_err, r.cosine, kernel_cell(r.kernels),
+        r.finite and "" or "  NON-FINITE")
+    end
+  else
+    p("")
+    p("%3s  %10s  %11s  %10s  %s", "M", "ms/step", "rel err", "cosine", "kernels (calls per step)")
+    for _, r in ipairs(res.rows) do
+      p("%3d  %10.3f  %11.3e  %10.7f  %s%s", r.m, r.ms, r.rel_err, r.cosine, kernel_cell(r.kernels),
+        r.finite and "" or "  NON-FINITE")
+    end
   end
   p("")
   p("dispatch summary over all timed and traced steps:")

@@ -368,4 +368,39 @@ function Stack:free()
   end
 end
 
+-- ---- printing (the REPL shows objects through __tostring) --------------------------------
+
+function Attention:__tostring()
+  return string.format("Attention(qkv_a %s, q_b %s, o_proj %s)", tostring(self.qkv_a),
+                       tostring(self.q_b), tostring(self.o_proj))
+end
+
+function Layer:__tostring()
+  return string.format("Layer %d: attn %s, mlp %s", self.index, tostring(self.attn),
+                       tostring(self.mlp))
+end
+
+--- M.describe(stack, title) -> a compact summary of a built stack: the config, then one line
+--- per module of a layer (every layer has the same shapes), then the final read. The
+--- tensor-parallel stack prints through it too.
+function M.describe(stack, title)
+  local cfg, layer = stack.cfg, stack.layers and stack.layers[1]
+  local lines = {string.format("%s(%s): %d layers, hidden_size %d, AttnRes block_size %d " ..
+                               "(%d sealed blocks), %s on %s", title, tostring(cfg.name or "custom"),
+                               cfg.num_layers, cfg.hidden_size, cfg.block_size,
+                               Stream.num_seals(cfg.num_layers, cfg.block_size), stack.dtype,
+                               stack.device)}
+  if layer then
+    lines[#lines + 1] = "  each layer: AttnRes read, Attention, AttnRes read, SwiGLU"
+    for _, m in ipairs({{"attn.qkv_a", layer.attn.qkv_a}, {"attn.q_b", layer.attn.q_b},
+                        {"attn.o_proj", layer.attn.o_proj}, {"mlp", layer.mlp}}) do
+      lines[#lines + 1] = string.format("    %-12s %s", m[1], tostring(m[2]))
+    end
+  end
+  lines[#lines + 1] = string.format("  final: AttnRes read, RMSNorm(%d)", cfg.hidden_size)
+  return table.concat(lines, "\n")
+end
+
+function Stack:__tostring() return M.describe(self, "KimiK3") end
+
 return M

@@ -199,4 +199,11 @@ function Stack:free()
   self.cache = {}
 end
 
+
+TPStream.__tostring = Stream.__tostring -- metamethods are read raw: not through __index
+
+function Stack:__tostring()
+  return kimi.describe(self, string.format("KimiK3TP[rank %d of %d]", self.rank, self.world_size))
+end
+
 return M

@@ -39,7 +39,8 @@ function nn.default_method(w, owner)
 end
 
 -- Linear: y[M,N] = x[M,K] w[N,K]^T (+ bias[N]).
---   nn.Linear(w, {bias = b, method = m})
+--   nn.Linear(w, {bias = b, method = m});  lin(x) or lin(x, {prologue = "silu_mul"}) (x is
+--   then [M, 2K], gate | up: y = silu_mul(x) w^T with silu_mul's bits, k3.linear's option)
 local Linear = {}
 Linear.__index = Linear
 Linear.__name = "k3.nn.Linear"
@@ -57,7 +58,7 @@ nn.Linear = setmetatable(Linear, {
   end,
 })
 
-function Linear:__call(x) return self.method:apply(x, self.weight, self.bias) end
+function Linear:__call(x, opts) return self.method:apply(x, self.weight, self.bias, opts) end
 function Linear:out_features() return self.weight:size(1) end
 function Linear:in_features() return self.weight:size(2) end
 
@@ -112,8 +113,10 @@ function RMSNorm:__tostring()
 end
 
 -- SwiGLU MLP: down(silu(gate) * up), gate and up from one fused gate_up projection
--- (the first I output features are the gate, the next I the up projection).
---   nn.SwiGLU(gate_up_w [2I, H], down_w [H, I], {gate_up_method =, down_method =})
+-- (the first I output features are the gate, the next I the up projection). The gate is the
+-- down projection's silu_mul prologue (k3.linear's {prologue = "silu_mul"}: one kernel fewer,
+-- the same bits as k3.silu_mul then the projection); fused = false runs k3.silu_mul apart.
+--   nn.SwiGLU(gate_up_w [2I, H], down_w [H, I], {gate_up_method =, down_method =, fused = true})
 local SwiGLU = {}
 SwiGLU.__index = SwiGLU
 SwiGLU.__name = "k3.nn.SwiGLU"
@@ -133,7 +136,10 @@ nn.SwiGLU = setmetatable(SwiGLU, {
       error(string.format("SwiGLU: gate_up takes %d features but down returns %d",
                           gate_up:in_features(), down:out_features()), 2)
     end
-    return setmetatable({gate_up = gate_up, down = down}, SwiGLU)
+    if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
+      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
+    end
+    return setmetatable({gate_up = gate_up, down = down, fused = opts.fused ~= false}, SwiGLU)
   end,
 })
 
@@ -141,6 +147,11 @@ nn.SwiGLU = setmetatable(SwiGLU, {
 -- them and the Lua collector does not see the memory they hold.
 function SwiGLU:__call(x)
   local gu = self.gate_up(x)
+  if self.fused then
+    local y = self.down(gu, {prologue = "silu_mul"})
+    gu:free()
+    return y
+  end
   local g = k3.silu_mul(gu)
   gu:free()
   local y = self.down(g)
@@ -149,8 +160,8 @@ function SwiGLU:__call(x)
 end
 
 function SwiGLU:to(dtype, device)
-  return setmetatable({gate_up = self.gate_up:to(dtype, device), down = self.down:to(dtype, device)},
-                      SwiGLU)
+  return setmetatable({gate_up = self.gate_up:to(dtype, device), down = self.down:to(dtype, device),
+                       fused = self.fused}, SwiGLU)
 end
 
 function SwiGLU:free()
