@@ -1,8 +1,9 @@
 /*
  * attn_res.cuh — device and host code shared by the three CUDA AttnRes kernels
- * (attn_res_generic.cu, attn_res_packed.cu, attn_res_stream.cu): 16-byte vectors of bf16/f16
+ * (attn_res_generic.cu, attn_res_decode.cu, attn_res_stream.cu): 16-byte vectors of bf16/f16
  * to and from f32, weight loads, warp and cluster primitives, programmatic dependent launch,
- * the scale-safe RMS factor, the launch knobs read once at backend load, and host checks.
+ * the scale-safe RMS factor, the launch knobs read once at backend load, and the host side
+ * of the fast kernels (their checks, parameters, dtype instances and launch).
  */
 #ifndef K3_ATTN_RES_CUH
 #define K3_ATTN_RES_CUH
@@ -11,24 +12,19 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 namespace k3ar {
 
 /* ---- launch knobs (read once when the backend loads: k3c_attn_res_knobs_init) ----------- */
 
 /* K3_ATTN_RES_PDL: "0" launches the decode and stream kernels without programmatic dependent
- * launch; anything else (or unset) launches them with it (cuda.attn_res.packed never uses
- * it). K3_ATTN_RES_PACKED_CTAS / K3_ATTN_RES_DECODE_CTAS: CTAs per token (a cluster when > 1)
- * of cuda.attn_res.packed / .decode, 1..8; unset or 0: each kernel's own rule. */
+ * launch; anything else (or unset) launches them with it. K3_ATTN_RES_DECODE_CTAS: CTAs per
+ * token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's rule. */
 struct knobs {
     int pdl;
-    int packed_ctas;
     int decode_ctas;
-    int decode_regs; /* K3_ATTN_RES_DECODE_BODY=regs: the unrolled register body of decode */
-    int64_t decode_max_t; /* K3_ATTN_RES_DECODE_MAX_T: the largest T decode serves (64) */
 };
-inline knobs g_knobs = {1, 0, 0, 0, 64};
+inline knobs g_knobs = {1, 0};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -36,17 +32,11 @@ inline int read_ctas(const char *name) {
     int c = e && *e ? atoi(e) : 0;
     return c >= 1 && c <= 8 ? c : 0;
 }
-/* Reads the three variables into g_knobs; a value out of range leaves the default. */
+/* Reads the variables into g_knobs; a value out of range leaves the default. */
 inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
-    g_knobs.packed_ctas = read_ctas("K3_ATTN_RES_PACKED_CTAS");
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
-    e = getenv("K3_ATTN_RES_DECODE_BODY");
-    g_knobs.decode_regs = e && !strcmp(e, "regs");
-    e = getenv("K3_ATTN_RES_DECODE_MAX_T");
-    long long mt = e && *e ? atoll(e) : 0;
-    g_knobs.decode_max_t = mt >= 1 && mt <= (1 << 24) ? mt : 64;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -227,7 +217,7 @@ __device__ __forceinline__ float rms_factor_scaled(float ss_scaled, float invH, 
 
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* The checks the packed and stream kernels share, in this order, each a decline reason
+/* The checks the decode and stream kernels share, in this order, each a decline reason
  * naming the kernel K: bf16 or f16; H % 8 == 0; the three weights of one dtype, that of the
  * activations or f32; prefix, delta and out densely packed (K3_ELAYOUT); 16-byte alignment
  * of every row and blocks strides that are multiples of 8 elements. */
@@ -283,6 +273,100 @@ static inline k3_status fast_path_checks(const char *K, const k3_op_args *oa, ch
     return K3_OK;
 }
 
+/* The arguments every fast kernel's parameter block starts with (each kernel's params derive
+ * from it): the tensors' data, the blocks strides in elements (multiples of 8), H, H / 8,
+ * num_blocks, both eps and 1 / H. delta and onw are NULL when absent. */
+struct row_args {
+    void *prefix;
+    const void *delta;
+    void *blocks;
+    void *out;
+    const void *nw, *qw, *onw;
+    int64_t sbt, sbs, H;
+    int vecs, nb;
+    float eps, oeps, invH;
+};
+/* Fills r from the call. */
+static inline void fill_row_args(row_args &r, const k3_op_args *oa) {
+    const k3_attn_res_kargs *ka = &oa->u.attn_res;
+    const k3_attn_res_args *a = &ka->p;
+    r.prefix = k3_tensor_ptr(a->prefix);
+    r.delta = a->delta ? k3_tensor_ptr(a->delta) : nullptr;
+    r.blocks = k3_tensor_ptr(a->blocks);
+    r.out = k3_tensor_ptr(ka->out);
+    r.nw = k3_tensor_ptr(a->norm_weight);
+    r.qw = k3_tensor_ptr(a->qk_weight);
+    r.onw = a->output_norm_weight ? k3_tensor_ptr(a->output_norm_weight) : nullptr;
+    r.sbt = a->blocks->stride[0];
+    r.sbs = a->blocks->stride[1];
+    r.H = a->prefix->size[1];
+    r.vecs = (int)(r.H / 8);
+    r.nb = (int)a->num_blocks;
+    r.eps = (float)a->eps;
+    r.oeps = (float)a->output_eps;
+    r.invH = 1.0f / (float)r.H;
+}
+
+template <class X> struct type_tag {
+    using type = X;
+};
+/* f(type_tag<T>, type_tag<W>) for the call's activation type T (bf16 or f16: the fast kernels'
+ * checks hold) and weight type W (T or f32), so one launch line serves the four instances:
+ * by_types(a, [&](auto t, auto w) { return go<typename decltype(t)::type,
+ * typename decltype(w)::type>(...); }). */
+template <class F> k3_status by_types(const k3_attn_res_args *a, F &&f) {
+    const bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
+    if (a->prefix->dtype == K3_DTYPE_BF16)
+        return wf32 ? f(type_tag<k3c_bf16>{}, type_tag<float>{})
+                    : f(type_tag<k3c_bf16>{}, type_tag<k3c_bf16>{});
+    return wf32 ? f(type_tag<k3c_f16>{}, type_tag<float>{}) : f(type_tag<k3c_f16>{}, type_tag<k3c_f16>{});
+}
+
+/* Which calls a fast kernel takes, beyond fast_path_checks: T in tmin..tmax (0: no bound);
+ * with `full`, delta and output_norm_weight present and no block write; num_blocks in
+ * nb_lo..nb_hi. */
+struct call_rules {
+    int64_t tmin, tmax;
+    bool full;
+    int64_t nb_lo, nb_hi;
+};
+/* The checks of rules r for kernel K, in the order above, then fast_path_checks: each a
+ * decline reason naming K (K3_ESHAPE for T, else K3_EINVAL). */
+static inline k3_status check_rules(const char *K, const k3_op_args *oa, const call_rules &r,
+                                    char *reason, size_t n) {
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    int64_t T = a->prefix->size[0];
+    if (r.tmax && T > r.tmax) {
+        snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
+                 (long long)r.tmax, (long long)T);
+        return K3_ESHAPE;
+    }
+    if (r.tmin && T < r.tmin) {
+        snprintf(reason, n, "%s serves T >= %lld tokens; got T = %lld", K, (long long)r.tmin,
+                 (long long)T);
+        return K3_ESHAPE;
+    }
+    if (r.full && !a->delta) {
+        snprintf(reason, n, "%s requires delta", K);
+        return K3_EINVAL;
+    }
+    if (r.full && !a->output_norm_weight) {
+        snprintf(reason, n, "%s requires output_norm_weight", K);
+        return K3_EINVAL;
+    }
+    if (a->num_blocks < r.nb_lo || a->num_blocks > r.nb_hi) {
+        snprintf(reason, n, "%s requires num_blocks in %lld..%lld; got %lld", K, (long long)r.nb_lo,
+                 (long long)r.nb_hi, (long long)a->num_blocks);
+        return K3_EINVAL;
+    }
+    if (r.full && a->write_block >= 0) {
+        snprintf(reason, n, "%s does not write blocks (write_block %lld)", K,
+                 (long long)k3_based(a->write_block, 1));
+        return K3_EINVAL;
+    }
+    return fast_path_checks(K, oa, reason, n);
+}
+
 /* Launches kern with the PDL attribute when pdl != 0 and a cluster of `cluster` CTAs when
  * cluster > 1 (cudaLaunchKernelEx). */
 template <class P>
@@ -313,15 +397,16 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     return K3_OK;
 }
 
-/* Raises kern's dynamic shared memory limit to `bytes` the first time it is asked for more
- * than the 48 KB default on device dev (cudaFuncSetAttribute; one flag per device and kern
- * instance, the instance's own static). */
+/* Raises kern's dynamic shared memory limit on device dev to `bytes` when it is more than the
+ * 48 KB default and than what was set before (cudaFuncSetAttribute; `set` holds the limit set
+ * per device, an array the caller keeps per kern instance). The caller keeps bytes within the
+ * device's opt-in limit less kern's static shared memory. */
 template <class P>
-k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, int (&raised)[64]) {
+k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, size_t (&set)[64]) {
     if (bytes <= 48 * 1024) return K3_OK;
-    if (dev >= 0 && dev < 64 && raised[dev]) return K3_OK;
-    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-    if (dev >= 0 && dev < 64) raised[dev] = 1;
+    if (dev >= 0 && dev < 64 && set[dev] >= bytes) return K3_OK;
+    K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (dev >= 0 && dev < 64) set[dev] = bytes;
     return K3_OK;
 }
 

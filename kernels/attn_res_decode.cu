@@ -1,12 +1,11 @@
 /*
  * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64) for every case
  * of the op the Kimi-K3 stream makes (delta or none, a fused block write or none, num_blocks
- * 0..16, output norm or none) on densely packed bf16/f16 rows; the default policy puts it
- * after cuda.attn_res.packed, so it serves the reads packed declines (no delta, a fused seal,
- * num_blocks 0, no output norm). A token is a cluster of 2 CTAs (1..8) exchanging partial
- * sums through distributed shared memory; every 16-byte load of the token is in flight at
- * once, held in registers sized to num_blocks, and one reduction gives all the logits.
- * Launched with PDL; what it may load before the wait is the call's contract (k3.h).
+ * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
+ * default policy. A token is a cluster of CTAs (4 at H 7168; 1..8) exchanging partial sums
+ * through distributed shared memory; every 16-byte load of the token is in flight at once and
+ * one exchange gives all the logits. Launched with PDL; what it may load before the wait is
+ * the call's contract (k3.h).
  */
 #include "attn_res.cuh"
 
@@ -19,24 +18,15 @@ namespace {
 
 const int kMaxThreads = 512;
 const int kMaxCtas = 8;
+const int64_t kMaxTokens = 64;
 const int kMaxBlocks = 16;
 
-struct decode_params {
-    void *prefix;
-    const void *delta; /* NULL: no delta */
-    void *blocks;
-    void *out;
-    const void *nw, *qw, *onw; /* onw NULL: no output norm */
-    int64_t sbt, sbs;          /* blocks strides in elements (multiples of 8) */
-    int64_t H;
-    int vecs;    /* H / 8 */
-    int nb;      /* 0..MAXS-1 */
+struct decode_params : row_args {
     int wb;      /* slot written, or -1 */
     int wstatic; /* the three weights are loaded before the PDL wait (static_weights) */
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
-    float eps, oeps, invH;
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -390,284 +380,6 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     }
 }
 
-/* ---- the loop body ------------------------------------------------------------------------ */
-
-const int kMaxSrc = kMaxBlocks + 1;
-const int kItems = 2 * kMaxSrc + 2; /* two per source, padded to a multiple of 4 */
-
-/* Warp sum of two values at once (the five exchanges of both interleaved). */
-__device__ __forceinline__ void warp_sum2(float &a, float &b) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-}
-
-/*
- * The token-wide sum (MAX: max of non-negative values) of n items whose per-warp values lane
- * 0 of every warp has put in red[warp][i]: thread i (i < n, strided) adds item i over the warps and
- * push it into recv[phase & 1][rank][i] of every CTA of the cluster; one cluster barrier (a
- * CTA barrier when C = 1) publishes them. The caller then adds recv[..][c][i] over c in rank
- * order (every CTA the same bits). The first exchange also completes the barrier phase the
- * kernel opened at entry (every CTA has started before any remote store); alternating recv
- * buffers make a CTA write buffer b again only two barriers after every CTA last read it.
- */
-using item_row = float[kItems];
-template <bool MAX>
-__device__ __forceinline__ item_row *exchange(int n, item_row *red, item_row (*recv)[kMaxCtas],
-                                              int &phase, int C, uint32_t rank) {
-    const int tid = threadIdx.x, nwarps = blockDim.x >> 5;
-    __syncthreads();
-    item_row *buf = recv[phase & 1];
-    if (C > 1 && phase == 0) cluster_wait();
-    for (int i = tid; i < n; i += blockDim.x) {
-        float v = 0.0f;
-#pragma unroll 1
-        for (int q = 0; q < nwarps; q++) v = MAX ? fmaxf(v, red[q][i]) : v + red[q][i];
-        if (C > 1)
-#pragma unroll 1
-            for (int c = 0; c < C; c++) st_cluster(&buf[rank][i], (uint32_t)c, v);
-        else
-            buf[0][i] = v;
-    }
-    if (C > 1) {
-        cluster_arrive();
-        cluster_wait();
-    } else {
-        __syncthreads();
-    }
-    phase++;
-    return buf;
-}
-
-/*
- * The same read as the register body with every per-source step a loop, so that the code a
- * launch runs once per warp stays a few hundred instructions whatever num_blocks is (the
- * register body's straight-line code is fetched once per SM and paid ~0.25 µs per source on
- * the H200; notes/PERF.md). Thread `tid` of CTA `rank` owns the 16-byte vector vi = rank * NT
- * + tid of every row; the block rows it reads go to its own slots of dynamic shared memory
- * (stage[s * NT + tid], cp.async, so no barrier guards them), p stays in registers.
- *  1. before the PDL wait: the weights when static_weights, the copies of block slots <
- *     static_blocks; after it: prefix, delta, the other slots;
- *  2. p = round(prefix + delta), written back and into slot wb (stage slot wb holds p);
- *  3. per source a dot and sum of squares, warp-reduced in the loop; one exchange gives the
- *     token's sums; warp 0 (lane s: source s, lane nb: p) forms the logits and the softmax;
- *  4. the mix, its sum of squares (a second exchange), the store.
- * A sum of squares that overflowed or underflowed takes the rare branch: the maxima, then the
- * sums of the values scaled by 2^-e, each through an exchange of its own.
- */
-template <class T, class W>
-__global__ void __launch_bounds__(kMaxThreads) attn_res_decode_loop_kernel(const decode_params p) {
-    extern __shared__ __align__(16) uint4 stage[];
-    __shared__ __align__(16) float red[kMaxThreads / 32][kItems];
-    __shared__ __align__(16) float recv[2][kMaxCtas][kItems];
-    __shared__ float probs[kMaxSrc];
-    __shared__ int sexp[kMaxSrc];
-    __shared__ int rare;
-
-    const int C = p.ctas, NT = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint32_t rank = C > 1 ? cluster_rank() : 0;
-    const int64_t t = blockIdx.x / C;
-    int phase = 0;
-    if (C > 1) cluster_arrive_relaxed();
-
-    const int vi = (int)rank * NT + tid, nb = p.nb, wb = p.wb;
-    const bool ok = vi < p.vecs;
-    const int64_t e0 = (int64_t)vi * 8, sbs = p.sbs;
-    T *prefix = (T *)p.prefix + t * p.H + e0;
-    const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
-    T *brow = (T *)p.blocks + t * p.sbt + e0;
-    uint4 *mine = stage + tid;
-    const bool wstatic = p.wstatic != 0;
-
-    wvec<T, W> wn, wq, wo;
-    wn.zero(), wq.zero(), wo.zero();
-    if (ok) {
-        if (wstatic) {
-            wn.load(p.nw, e0), wq.load(p.qw, e0);
-            if (p.onw) wo.load(p.onw, e0);
-        }
-#pragma unroll 1
-        for (int s = 0; s < p.nstatic; s++) cp_async16(mine + s * NT, brow + s * sbs);
-    }
-    if (p.pdl) {
-        pdl_wait();
-        pdl_launch_dependents();
-    }
-    uint4 pb = make_uint4(0, 0, 0, 0), de = pb;
-    if (ok) {
-        pb = ld_coherent(prefix);
-        if (delta) de = ld_coherent(delta);
-        if (!wstatic) {
-            wn.load(p.nw, e0), wq.load(p.qw, e0);
-            if (p.onw) wo.load(p.onw, e0);
-        }
-#pragma unroll 1
-        for (int s = p.nstatic; s < nb; s++)
-            if (s != wb) cp_async16(mine + s * NT, brow + s * sbs);
-    }
-    cp_async_commit();
-
-    if (delta) {
-        float a[8], b[8];
-        vec8<T>::unpack(pb, a);
-        vec8<T>::unpack(de, b);
-#pragma unroll
-        for (int e = 0; e < 8; e++) a[e] += b[e];
-        pb = pack8<T>(a);
-        if (ok) *(uint4 *)prefix = pb;
-    }
-    if (wb >= 0 && ok) *(uint4 *)(brow + wb * sbs) = pb;
-    if (wb >= 0 && wb < nb) mine[wb * NT] = pb;
-    float w[8];
-    {
-        float x[8], y[8];
-        wn.get(x);
-        wq.get(y);
-#pragma unroll
-        for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
-    }
-    cp_async_wait_all();
-
-    /* Source s < nb: block slot s (this thread's stage slot); s = nb: p. Idle threads: 0. */
-    auto src = [&](int s) { return !ok ? make_uint4(0, 0, 0, 0) : s < nb ? mine[s * NT] : pb; };
-#pragma unroll 2
-    for (int s = 0; s <= nb; s++) {
-        float v[8], dot = 0.0f, ss = 0.0f;
-        vec8<T>::unpack(src(s), v);
-        acc_source(v, w, dot, ss);
-        warp_sum2(dot, ss);
-        if (lane == 0) red[warp][2 * s] = dot, red[warp][2 * s + 1] = ss;
-    }
-    item_row *buf = exchange<false>(2 * (nb + 1), red, recv, phase, C, rank);
-
-    /* Warp 0, lane s <= nb: source s's totals, logit and weight. */
-    bool need = false;
-    float dot = 0.0f, ss = 0.0f;
-    if (warp == 0) {
-        if (lane <= nb)
-#pragma unroll 1
-            for (int c = 0; c < C; c++) dot += buf[c][2 * lane], ss += buf[c][2 * lane + 1];
-        need = lane <= nb && ss_needs_rescale(ss);
-        const bool any = __any_sync(0xffffffffu, need);
-        if (lane == 0) rare = any;
-        if (!any) {
-            float lg = lane <= nb ? dot * rsqrtf(ss * p.invH + p.eps) : -INFINITY;
-            float mx = warp_max(lg);
-            float ex = lane <= nb ? __expf(lg - mx) : 0.0f;
-            float sum = warp_sum(ex);
-            if (lane <= nb) probs[lane] = nb == 0 ? 1.0f : ex * (1.0f / sum);
-        }
-    }
-    __syncthreads();
-    if (rare) {
-        /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
-         * magnitude; e = 0 for a source whose sums were fine leaves them as they were). */
-#pragma unroll 1
-        for (int s = 0; s <= nb; s++) {
-            float v[8], am = 0.0f;
-            vec8<T>::unpack(src(s), v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
-            am = warp_max(am);
-            if (lane == 0) red[warp][s] = am;
-        }
-        buf = exchange<true>(nb + 1, red, recv, phase, C, rank);
-        if (warp == 0 && lane <= nb) {
-            float am = 0.0f;
-            for (int c = 0; c < C; c++) am = fmaxf(am, buf[c][lane]);
-            sexp[lane] = need ? scale_exp(am) : 0;
-        }
-        __syncthreads();
-#pragma unroll 1
-        for (int s = 0; s <= nb; s++) {
-            float v[8], d2 = 0.0f, s2 = 0.0f;
-            vec8<T>::unpack(src(s), v);
-            acc_scaled(v, w, pow2_scale(sexp[s]), d2, s2);
-            warp_sum2(d2, s2);
-            if (lane == 0) red[warp][2 * s] = d2, red[warp][2 * s + 1] = s2;
-        }
-        buf = exchange<false>(2 * (nb + 1), red, recv, phase, C, rank);
-        if (warp == 0) {
-            dot = ss = 0.0f;
-            if (lane <= nb)
-#pragma unroll 1
-                for (int c = 0; c < C; c++) dot += buf[c][2 * lane], ss += buf[c][2 * lane + 1];
-            float lg = lane <= nb ? dot * rms_factor_scaled(ss, p.invH, p.eps, sexp[lane]) : -INFINITY;
-            float mx = warp_max(lg);
-            float ex = lane <= nb ? __expf(lg - mx) : 0.0f;
-            float sum = warp_sum(ex);
-            if (lane <= nb) probs[lane] = nb == 0 ? 1.0f : ex * (1.0f / sum);
-        }
-        __syncthreads();
-    }
-
-    float m[8], sq = 0.0f;
-    {
-        float v[8];
-        vec8<T>::unpack(pb, v);
-        const float pp = probs[nb];
-#pragma unroll
-        for (int e = 0; e < 8; e++) m[e] = pp * v[e];
-#pragma unroll 2
-        for (int s = 0; s < nb; s++) {
-            vec8<T>::unpack(src(s), v);
-            const float ps = probs[s];
-#pragma unroll
-            for (int e = 0; e < 8; e++) m[e] = fmaf(ps, v[e], m[e]);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) sq = fmaf(m[e], m[e], sq);
-    }
-    T *out = (T *)p.out + t * p.H + e0;
-    if (!p.onw) {
-        if (ok) *(uint4 *)out = pack8<T>(m);
-        return;
-    }
-    sq = warp_sum(sq);
-    if (lane == 0) red[warp][0] = sq;
-    buf = exchange<false>(1, red, recv, phase, C, rank);
-    float tot = 0.0f;
-#pragma unroll 1
-    for (int c = 0; c < C; c++) tot += buf[c][0];
-    float r;
-    if (!ss_needs_rescale(tot)) {
-        r = rsqrtf(tot * p.invH + p.oeps);
-    } else {
-        /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */
-        float mm = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[e]));
-        mm = warp_max(mm);
-        if (lane == 0) red[warp][0] = mm;
-        buf = exchange<true>(1, red, recv, phase, C, rank);
-        mm = 0.0f;
-        for (int c = 0; c < C; c++) mm = fmaxf(mm, buf[c][0]);
-        const int e = scale_exp(mm);
-        const pow2_scale ps(e);
-        float s2 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            m[i] = ps(m[i]);
-            s2 = fmaf(m[i], m[i], s2);
-        }
-        s2 = warp_sum(s2);
-        if (lane == 0) red[warp][0] = s2;
-        buf = exchange<false>(1, red, recv, phase, C, rank);
-        s2 = 0.0f;
-        for (int c = 0; c < C; c++) s2 += buf[c][0];
-        r = rms_factor_scaled(s2, p.invH, p.oeps, e);
-    }
-    if (ok) {
-        float on[8], o[8];
-        wo.get(on);
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = m[e] * r * on[e];
-        *(uint4 *)out = pack8<T>(o);
-    }
-}
-
 /* Launch shape for a hidden size and num_blocks: CTAs per token and threads per CTA. */
 struct decode_shape {
     int ctas, threads;
@@ -681,7 +393,7 @@ struct decode_shape {
 const int kPreferThreads = 256;
 bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t n) {
     int64_t vecs = H / 8;
-    int maxt = get_knobs().decode_regs ? max_threads(nb <= 8 ? 9 : 17) : kMaxThreads;
+    int maxt = max_threads(nb <= 8 ? 9 : 17);
     int force = get_knobs().decode_ctas;
     for (int pass = 0; pass < 2; pass++) {
         int lim = pass == 0 && !force ? (kPreferThreads < maxt ? kPreferThreads : maxt) : maxt;
@@ -706,25 +418,11 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
 }
 
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
-    const char *K = k3_cuda_attn_res_decode_name;
-    int64_t T = a->prefix->size[0];
-    const int64_t kMaxTokens = get_knobs().decode_max_t;
-    if (T > kMaxTokens) {
-        snprintf(reason, n, "%s serves decode batches of T <= %lld tokens; got T = %lld", K,
-                 (long long)kMaxTokens, (long long)T);
-        return K3_ESHAPE;
-    }
-    if (a->num_blocks > kMaxBlocks) {
-        snprintf(reason, n, "%s supports num_blocks up to %d; got %lld", K, kMaxBlocks,
-                 (long long)a->num_blocks);
-        return K3_EINVAL;
-    }
-    K3_TRY(fast_path_checks(K, oa, reason, n));
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, kMaxTokens, false, 0, kMaxBlocks},
+                       reason, n));
     decode_shape sh;
-    if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n))
-        return K3_ESHAPE;
+    if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n)) return K3_ESHAPE;
     return K3_OK;
 }
 
@@ -737,22 +435,10 @@ k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_
     return K3_OK;
 }
 
-/* The loop body (K3_ATTN_RES_DECODE_BODY unset), with num_blocks * threads 16-byte stage slots
- * of dynamic shared memory; else the register body, its arrays sized to num_blocks + 1
- * rounded up to 2, 5, 9 or 17 sources. */
+/* Register arrays sized to num_blocks + 1 rounded up to 2, 5, 9 or 17 sources. */
 template <class T, class W>
-k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_, int dev,
+k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    if (!get_knobs().decode_regs) {
-        static int raised[64];
-        auto kern = attn_res_decode_loop_kernel<T, W>;
-        size_t smem = (size_t)p.nb * (size_t)sh.threads * sizeof(uint4);
-        K3_TRY(raise_smem(kern, dev, smem, raised));
-        K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)), dim3((unsigned)sh.threads), smem,
-                      sh.ctas, p.pdl, stream));
-        K3_CHECK_LAUNCH(attn_res_decode_loop_kernel);
-        return K3_OK;
-    }
     if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, stream);
     if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, stream);
     if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, stream);
@@ -763,51 +449,33 @@ k3_status decode_run(const k3_op_args *oa) {
     char reason[256] = "";
     k3_status s = decode_supports(oa, reason, sizeof reason);
     if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     int64_t T_ = a->prefix->size[0], H = a->prefix->size[1];
+    int dev = k3c_dev(a->prefix);
     k3c_ctx *ctx = nullptr;
-    K3_TRY(k3c_context(k3c_dev(a->prefix), &ctx));
+    K3_TRY(k3c_context(dev, &ctx));
     if (T_ == 0 || H == 0) return K3_OK;
     decode_shape sh;
-    bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
     if (!decode_pick(H, a->num_blocks, &sh, reason, sizeof reason))
         return k3_error(K3_ESHAPE, "attn_res: %s", reason);
     decode_params p;
-    p.prefix = k3_tensor_ptr(a->prefix);
-    p.delta = a->delta ? k3_tensor_ptr(a->delta) : nullptr;
-    p.blocks = k3_tensor_ptr(a->blocks);
-    p.out = k3_tensor_ptr(ka->out);
-    p.nw = k3_tensor_ptr(a->norm_weight);
-    p.qw = k3_tensor_ptr(a->qk_weight);
-    p.onw = a->output_norm_weight ? k3_tensor_ptr(a->output_norm_weight) : nullptr;
-    p.sbt = a->blocks->stride[0];
-    p.sbs = a->blocks->stride[1];
-    p.H = H;
-    p.vecs = (int)(H / 8);
-    p.nb = (int)a->num_blocks;
+    fill_row_args(p, oa);
     p.wb = (int)a->write_block;
     p.wstatic = a->static_weights != 0;
     p.nstatic = (int)a->static_blocks;
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
-    p.eps = (float)a->eps;
-    p.oeps = (float)a->output_eps;
-    p.invH = 1.0f / (float)H;
-    int dev = k3c_dev(a->prefix);
-    if (a->prefix->dtype == K3_DTYPE_BF16)
-        return wf32 ? decode_launch_w<k3c_bf16, float>(p, sh, T_, dev, ctx->stream)
-                    : decode_launch_w<k3c_bf16, k3c_bf16>(p, sh, T_, dev, ctx->stream);
-    return wf32 ? decode_launch_w<k3c_f16, float>(p, sh, T_, dev, ctx->stream)
-                : decode_launch_w<k3c_f16, k3c_f16>(p, sh, T_, dev, ctx->stream);
+    return by_types(a, [&](auto t, auto w) {
+        return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
+                                                                                      ctx->stream);
+    });
 }
 
 } // namespace
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    return cluster_loadable(dev, attn_res_decode_loop_kernel<k3c_bf16, k3c_bf16>) &&
-           cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
+    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
 }
 
 extern "C" const k3_kernel k3_cuda_attn_res_decode = K3_KERNEL_RECORD_USABLE(

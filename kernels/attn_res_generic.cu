@@ -1,7 +1,7 @@
 /*
  * attn_res_generic.cu — cuda.attn_res.generic, the AttnRes read for every case of the op
  * (delta write-back, write_block, num_blocks 0..S, output norm or none, any row strides, any
- * hidden size and dtype): the fallback behind the packed, decode and stream kernels.
+ * hidden size and dtype): the fallback behind the decode and stream kernels.
  */
 #include "attn_res.cuh"
 

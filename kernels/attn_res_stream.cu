@@ -39,15 +39,9 @@ const int kStreamV = 2;
 const int kStreamNB = 8; /* block sources of the one instance */
 const int64_t kStreamMinT = 64;
 
-struct stream_params {
-    void *prefix;
-    const void *delta;
-    const void *blocks;
-    void *out;
-    const void *nw, *qw, *onw;
-    int64_t sbt, sbs, H, T;
-    int vecs, nb, pdl;
-    float eps, oeps, invH;
+struct stream_params : row_args {
+    int64_t T;
+    int pdl;
 };
 
 /* Issues the copies of token t's rows into this thread's slots: slot (r, k) of thread tid
@@ -376,12 +370,9 @@ template <class T, class W>
 k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
     auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV>;
     size_t smem = (size_t)(2 + kStreamNB) * kStreamV * (size_t)nt * sizeof(uint4);
-    /* Raise the dynamic limit once per device (up to 160 KB for H = 8192). */
-    static int raised[64];
-    if (dev < 0 || dev >= 64 || !raised[dev]) {
-        K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-        if (dev >= 0 && dev < 64) raised[dev] = 1;
-    }
+    /* The dynamic limit raised once per device (up to 160 KB for H = 8192). */
+    static size_t raised[64];
+    K3_TRY(raise_smem(kern, dev, smem, raised));
     int sms = k3c_sm_count(dev);
     if (sms <= 0) sms = 132;
     int64_t grid = p.T < sms ? p.T : sms;
@@ -391,36 +382,12 @@ k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t st
 }
 
 k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     const char *K = k3_cuda_attn_res_stream_name;
-    int64_t T = a->prefix->size[0], H = a->prefix->size[1];
-    if (T < kStreamMinT) {
-        snprintf(reason, n, "%s serves T >= %lld tokens; got T = %lld", K,
-                 (long long)kStreamMinT, (long long)T);
-        return K3_ESHAPE;
-    }
-    if (!a->delta) {
-        snprintf(reason, n, "%s requires delta", K);
-        return K3_EINVAL;
-    }
-    if (!a->output_norm_weight) {
-        snprintf(reason, n, "%s requires output_norm_weight", K);
-        return K3_EINVAL;
-    }
-    if (a->num_blocks < 1 || a->num_blocks > 8) {
-        snprintf(reason, n, "%s requires num_blocks in 1..8; got %lld", K, (long long)a->num_blocks);
-        return K3_EINVAL;
-    }
-    if (a->write_block >= 0) {
-        snprintf(reason, n, "%s does not write blocks (write_block %lld)", K,
-                 (long long)k3_based(a->write_block, 1));
-        return K3_EINVAL;
-    }
-    K3_TRY(fast_path_checks(K, oa, reason, n));
-    if (!stream_threads(H)) {
+    K3_TRY(check_rules(K, oa, call_rules{kStreamMinT, 0, true, 1, kStreamNB}, reason, n));
+    if (!stream_threads(a->prefix->size[1])) {
         snprintf(reason, n, "%s supports hidden sizes %d..%d; got %lld", K, 8 * 2 * 64,
-                 8 * kStreamV * kStreamMaxThreads, (long long)H);
+                 8 * kStreamV * kStreamMaxThreads, (long long)a->prefix->size[1]);
         return K3_ESHAPE;
     }
     return K3_OK;
@@ -430,37 +397,19 @@ k3_status stream_run(const k3_op_args *oa) {
     char reason[256] = "";
     k3_status s = stream_supports(oa, reason, sizeof reason);
     if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);
-    const k3_attn_res_kargs *ka = &oa->u.attn_res;
-    const k3_attn_res_args *a = &ka->p;
-    int64_t T_ = a->prefix->size[0], H = a->prefix->size[1];
-    k3c_ctx *ctx = nullptr;
-    K3_TRY(k3c_context(k3c_dev(a->prefix), &ctx));
-    stream_params q;
-    q.prefix = k3_tensor_ptr(a->prefix);
-    q.delta = k3_tensor_ptr(a->delta);
-    q.blocks = k3_tensor_ptr(a->blocks);
-    q.out = k3_tensor_ptr(ka->out);
-    q.nw = k3_tensor_ptr(a->norm_weight);
-    q.qw = k3_tensor_ptr(a->qk_weight);
-    q.onw = k3_tensor_ptr(a->output_norm_weight);
-    q.sbt = a->blocks->stride[0];
-    q.sbs = a->blocks->stride[1];
-    q.H = H;
-    q.T = T_;
-    q.vecs = (int)(H / 8);
-    q.nb = (int)a->num_blocks;
-    q.pdl = get_knobs().pdl;
-    q.eps = (float)a->eps;
-    q.oeps = (float)a->output_eps;
-    q.invH = 1.0f / (float)H;
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
     int dev = k3c_dev(a->prefix);
-    int snt = stream_threads(H);
-    bool wf32 = a->norm_weight->dtype == K3_DTYPE_F32;
-    if (a->prefix->dtype == K3_DTYPE_BF16)
-        return wf32 ? stream_launch<k3c_bf16, float>(q, snt, dev, ctx->stream)
-                    : stream_launch<k3c_bf16, k3c_bf16>(q, snt, dev, ctx->stream);
-    return wf32 ? stream_launch<k3c_f16, float>(q, snt, dev, ctx->stream)
-                : stream_launch<k3c_f16, k3c_f16>(q, snt, dev, ctx->stream);
+    k3c_ctx *ctx = nullptr;
+    K3_TRY(k3c_context(dev, &ctx));
+    stream_params q;
+    fill_row_args(q, oa);
+    q.T = a->prefix->size[0];
+    q.pdl = get_knobs().pdl;
+    int snt = stream_threads(q.H);
+    return by_types(a, [&](auto t, auto w) {
+        return stream_launch<typename decltype(t)::type, typename decltype(w)::type>(q, snt, dev,
+                                                                                     ctx->stream);
+    });
 }
 
 } // namespace

@@ -95,8 +95,8 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
 /* The kernels' records are declared by the catalogue (k3_impl.h, lib/k3_kernels.def); backend.cu
  * registers every CUDA line of it. */
 
-/* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_PACKED_CTAS,
- * K3_ATTN_RES_DECODE_CTAS: attn_res.cuh) once, when the backend opens (attn_res_decode.cu). */
+/* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_DECODE_CTAS, ...: attn_res.cuh)
+ * once, when the backend opens (attn_res_decode.cu). */
 void k3c_attn_res_knobs_init(void);
 
 /* The silu_mul prologue through a temporary (linear_cublas.cu; also the skinny kernel's path

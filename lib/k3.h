@@ -332,7 +332,7 @@ K3_API k3_status k3_cosine(const k3_tensor *a, const k3_tensor *b, double *out);
 
 /* ---- kernels, policy and dispatch -------------------------------------------------------- */
 
-/* Registered kernels ("cpu.linear.blas", "cuda.attn_res.packed", …), in registration order.
+/* Registered kernels ("cpu.linear.blas", "cuda.attn_res.decode", …), in registration order.
  * A kernel named in K3_DISABLE_KERNELS (comma-separated; whitespace around a name is ignored)
  * is never registered. The variable is read once, when the registry is set up; a name that is
  * no known kernel disables nothing and is reported once through the log hook (K3_LOG_WARN;

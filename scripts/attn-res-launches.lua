@@ -2,11 +2,11 @@
 -- kernel for a profiler (ncu -k regex:attn_res): for each T:nb (default 1:1 1:8 16:8), two
 -- calls with H = 7168, 8 block slots, bf16, delta and output norm, out preallocated, each on
 -- inputs of its own (cold in L2 unless the profiler keeps caches). The kernel is
--- $K3_BENCH_KERNEL (default cuda.attn_res.packed); the launch variables (K3_ATTN_RES_PDL,
--- K3_ATTN_RES_PACKED_CTAS, K3_ATTN_RES_DECODE_CTAS) pick the shape.
+-- $K3_BENCH_KERNEL (default cuda.attn_res.decode); the launch variables (K3_ATTN_RES_PDL,
+-- K3_ATTN_RES_DECODE_CTAS) pick the shape.
 local k3 = require "k3"
 local H, S = 7168, 8
-local K = os.getenv("K3_BENCH_KERNEL") or "cuda.attn_res.packed"
+local K = os.getenv("K3_BENCH_KERNEL") or "cuda.attn_res.decode"
 local cases = {}
 for _, a in ipairs(arg) do
   local T, nb = a:match("^(%d+):(%d+)$")

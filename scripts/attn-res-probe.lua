@@ -8,22 +8,17 @@
 -- pass 200 MB. The decode kernel runs twice: with nothing static, and with static_weights and
 -- static_blocks = num_blocks (its PDL contract: the weights and sealed blocks are loaded before
 -- it waits for the previous kernel). The launch variables (K3_ATTN_RES_DECODE_CTAS,
--- K3_ATTN_RES_DECODE_BODY, K3_ATTN_RES_PDL, read when the backend loads) pick the shape: run it once per setting; the
--- label (default: their values) starts every line; cuda.attn_res.packed is timed only when
--- K3_ATTN_RES_DECODE_CTAS is unset or 0. K3_PROBE_OUT, when set, names a CSV file
+-- K3_ATTN_RES_PDL, read when the backend loads) pick the shape: run it once per setting; the
+-- label (default: their values) starts every line. K3_PROBE_OUT, when set, names a CSV file
 -- the lines are appended to.
 local k3 = require "k3"
 local H, S = 7168, 16
-local label = arg[1] or string.format("ctas=%s body=%s pdl=%s", os.getenv("K3_ATTN_RES_DECODE_CTAS") or "auto",
-                                      os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop",
+local label = arg[1] or string.format("ctas=%s pdl=%s", os.getenv("K3_ATTN_RES_DECODE_CTAS") or "auto",
                                       os.getenv("K3_ATTN_RES_PDL") or "1")
 local csv = os.getenv("K3_PROBE_OUT")
 local TS = {1, 4, 16}
 local NBS = {1, 4, 8, 15}
 local READS = {"full", "seal", "nodelta"}
--- The packed kernel has no launch variable: timed only in the run with the default shape.
-local with_packed = (os.getenv("K3_ATTN_RES_DECODE_CTAS") or "0") == "0" and
-                    (os.getenv("K3_ATTN_RES_DECODE_BODY") or "loop") ~= "regs"
 
 local rel_diff = require("k3.bench.util").rel_diff
 
@@ -34,10 +29,6 @@ local function emit(fmt, ...)
   if fh then fh:write(line, "\n") end
 end
 
--- Prefill sizes too when the decode kernel is let serve them (K3_ATTN_RES_DECODE_MAX_T):
--- the common read only, against cuda.attn_res.stream.
-local big = tonumber(os.getenv("K3_ATTN_RES_DECODE_MAX_T") or "64") >= 4096
-if big then TS[#TS + 1], TS[#TS + 2] = 256, 4096 end
 for _, T in ipairs(TS) do
   local per = 2 * H * T * (4 + 8)
   local n = math.max(2, math.min(2048, math.ceil(200e6 / per)))
@@ -47,8 +38,8 @@ for _, T in ipairs(TS) do
   local NW = (k3.randn({H}, {dtype = "bf16", seed = 4}) * 0.5 + 1):to("cuda")
   local QW = (k3.randn({H}, {dtype = "bf16", seed = 5}) * 0.5):to("cuda")
   local OW = (k3.randn({H}, {dtype = "bf16", seed = 6}) * 0.5 + 1):to("cuda")
-  for _, nb in ipairs(T > 16 and {1, 8} or NBS) do
-    for _, read in ipairs(T > 16 and {"full"} or READS) do
+  for _, nb in ipairs(NBS) do
+    for _, read in ipairs(READS) do
       local function args(c, kname, static)
         local r, rp = (c - 1) * T + 1, ((c - 2) % n) * T + 1
         local a = {prefix = P:narrow(1, r, T), blocks = B:narrow(1, r, T), num_blocks = nb,
@@ -61,8 +52,6 @@ for _, T in ipairs(TS) do
       end
       local runs = {{"decode", "cuda.attn_res.decode", false},
                     {"decode+static", "cuda.attn_res.decode", true}}
-      if with_packed and T <= 64 then table.insert(runs, 1, {"packed", "cuda.attn_res.packed", false}) end
-      if with_packed and T >= 64 then table.insert(runs, 1, {"stream", "cuda.attn_res.stream", false}) end
       -- The reference output on set 1 (prefix restored around each call).
       local p0 = P:narrow(1, 1, T):clone()
       local b0 = B:narrow(1, 1, T):clone()

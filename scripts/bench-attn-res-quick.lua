@@ -1,10 +1,11 @@
--- scripts/k3 scripts/bench-attn-res-quick.lua — one line per case: cuda.attn_res.packed in a
+-- scripts/k3 scripts/bench-attn-res-quick.lua — one line per case: the AttnRes kernel dispatch
+-- picks ($K3_BENCH_KERNEL when set) in a
 -- CUDA graph at T = 1, 16, 256, 4096 x num_blocks = 1, 8 (H = 7168, S = 8, bf16, delta and
 -- output norm), inputs rotated over enough sets to exceed L2, out = preallocated; µs per call
 -- and % of the floor (bytes / 4.27 TB/s). An argument "1,16" times only those T.
 local k3 = require "k3"
 local H, S, BW = 7168, 8, 4.27e12
-local K = os.getenv("K3_BENCH_KERNEL") or "cuda.attn_res.packed"
+local K = os.getenv("K3_BENCH_KERNEL")
 local function bytes(T, nb) return 2 * H * (T * (4 + nb) + 3) end
 local TS = {1, 16, 256, 4096}
 if arg[1] then
@@ -32,7 +33,7 @@ for _, T in ipairs(TS) do
                             {graph = true, calls = n, iters = 20})
     local floor = bytes(T, nb) / BW * 1e6
     print(string.format("%s T=%-5d nb=%d  %8.2f us  floor %7.2f us  %5.1f%% of floor  (%d sets)",
-                        K, T, nb, us, floor, 100 * floor / us, n))
+                        K or "dispatch", T, nb, us, floor, 100 * floor / us, n))
   end
   for _, t in ipairs({P, D, B, O, NW, QW}) do t:free() end
 end

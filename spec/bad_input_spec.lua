@@ -655,10 +655,10 @@ end, "attn_res: write_block 2 would overwrite memory the call reads: blocks[1, 2
 cases[#cases].exact = true
 ar_case("attn_res out wrong shape", function(a) a.out = k3.zeros({4, 2}) end,
   "attn_res: out must be [2, 4]; got [4, 2]")
--- Padded prefix rows forced onto cuda.attn_res.packed. Where CUDA runs, the arguments are ones
--- the packed kernel takes but for the rows' stride (bf16 on the device, H = 8, with delta and
+-- Padded prefix rows forced onto cuda.attn_res.decode. Where CUDA runs, the arguments are ones
+-- the decode kernel takes but for the rows' stride (bf16 on the device, H = 8, with delta and
 -- output_norm_weight), so its layout refusal shows; elsewhere the kernel is not registered.
-exact("attn_res padded rows forced onto the packed kernel", function()
+exact("attn_res padded rows forced onto the decode kernel", function()
   local on_gpu = H.cuda()
   local o = on_gpu and {dtype = "bf16", device = "cuda"} or {}
   local Hd = on_gpu and 8 or 4
@@ -669,9 +669,9 @@ exact("attn_res padded rows forced onto the packed kernel", function()
   local padded = H.padded(2, Hd, 3, o)
   local forced = {}
   for key, v in pairs(a) do forced[key] = v end
-  forced.prefix, forced.kernel = padded, "cuda.attn_res.packed"
+  forced.prefix, forced.kernel = padded, "cuda.attn_res.decode"
   local ts = {padded, a.prefix, a.delta, a.blocks, a.norm_weight, a.qk_weight, a.output_norm_weight}
-  -- the follow-up: the same call with densely packed rows (dispatch's choice; the packed kernel
+  -- the follow-up: the same call with densely packed rows (dispatch's choice; the decode kernel
   -- where CUDA runs), checked against the reference on f64 copies
   return function() k3.attn_res(forced) end, ts, function()
     local dense = {}
@@ -687,8 +687,8 @@ exact("attn_res padded rows forced onto the packed kernel", function()
     assert(k3.max_abs_diff(dense.prefix:to("cpu"):to("f64"), ref.prefix) < (on_gpu and 0.05 or 1e-6))
   end
 end, H.cuda()
-  and "attn_res: cuda.attn_res.packed requires densely packed rows; got strides 11, 8, 8 for hidden_size 8"
-  or "attn_res: kernel 'cuda.attn_res.packed' is " .. H.cuda_absent_reason())
+  and "attn_res: cuda.attn_res.decode requires densely packed rows; got strides 11, 8, 8 for hidden_size 8"
+  or "attn_res: kernel 'cuda.attn_res.decode' is " .. H.cuda_absent_reason())
 ar_case("attn_res kernel of another op", function(a) a.kernel = "cpu.linear.blas" end,
   "attn_res: kernel 'cpu.linear.blas' is for op linear, not attn_res")
 ar_case("attn_res empty prefix with non-empty blocks", function(a) a.prefix = k3.zeros({0, 4}) end,

@@ -1,7 +1,6 @@
--- cuda.attn_res.generic, .packed, .decode and .stream (#gpu) against the fp64 CPU reference on
--- fresh random inputs with poisoned outputs: every case of the op on the generic kernel, the
--- delta + output norm reads on the packed kernel and what it declines, every read of the
--- Kimi-K3 stream on the decode kernel (delta or none, a fused seal, num_blocks 0..16, hidden
+-- cuda.attn_res.generic, .decode and .stream (#gpu) against the fp64 CPU reference on fresh
+-- random inputs with poisoned outputs: every case of the op on the generic kernel, every read
+-- of the Kimi-K3 stream on the decode kernel (delta or none, a fused seal, num_blocks 0..16, hidden
 -- 4096, 7000, 7168, 7176, 8192), its static_weights / static_blocks contract (seal then read
 -- back to back), norms at extreme scales, the stream kernel's prefill shapes, the layout error
 -- through every path, the fallback policy, and which kernel dispatch picks.
@@ -98,7 +97,7 @@ local function have_kernel(K)
   return false
 end
 
--- The decode shapes both fast decode kernels serve, against the fp64 reference: every T in 1..17
+-- The decode shapes, against the fp64 reference: every T in 1..17
 -- at hidden 7168, T = 1, 4, 16, 17 at hidden 4096, 7000 and 7176, with 1, 4 and 8 blocks; then 16
 -- blocks, and 11 of 12 slots with padded block rows.
 local function decode_shapes(K)
@@ -135,7 +134,7 @@ describe("cuda.attn_res.generic #gpu", function()
     check(inputs(4, 6, 64, {num_blocks = 0, delta = false, onorm = false}), K, "num_blocks 0, plain")
   end)
 
-  it("hidden sizes around the packed kernel's limits", function()
+  it("hidden sizes around the fast kernels' limits", function()
     for _, hd in ipairs({4096, 7000, 7168, 7176, 7}) do
       check(inputs(3, 8, hd, {num_blocks = 8, pad = 5, seed = hd}), K, "hidden " .. hd)
     end
@@ -154,54 +153,21 @@ describe("cuda.attn_res.generic #gpu", function()
   end)
 end)
 
-describe("cuda.attn_res.packed #gpu", function()
-  if not H.require_gpu() then return end
-  local K = "cuda.attn_res.packed"
-  local function have_packed() return have_kernel(K) end
-
-  it("delta and output norm: T 1..17, 64; 1/4/8/16 blocks; hidden 4096, 7000, 7168, 7176, 8192", function()
-    if not have_packed() then return end
-    decode_shapes(K)
-    check(inputs(7, 12, 7168, {num_blocks = 10, bpad = 8}), K, "10 of 12 blocks")
-    check(inputs(64, 8, 7168, {num_blocks = 8}), K, "T=64")
-    check(inputs(16, 8, 8192, {num_blocks = 8}), K, "H=8192")
-    check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
-    check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
-    check(inputs(2, 4, 64, {}), K, "hidden 64")
-  end)
-
-  it("declines, by name, the reads cuda.attn_res.decode serves, and T > 64", function()
-    if not have_packed() then return end
-    for _, case in ipairs({
-      {o = {delta = false}, why = "attn_res: cuda.attn_res.packed requires delta"},
-      {o = {onorm = false}, why = "attn_res: cuda.attn_res.packed requires output_norm_weight"},
-      {o = {num_blocks = 0}, why = "attn_res: cuda.attn_res.packed requires num_blocks in 1..16; got 0"},
-      {o = {num_blocks = 3, write_block = 4}, why = "attn_res: cuda.attn_res.packed does not write blocks (write_block 4)"},
-      {T = 65, o = {}, why = "attn_res: cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 65"},
-    }) do
-      local a = inputs(case.T or 2, 8, 7168, case.o)
-      a.kernel = K
-      H.raises(function() k3.attn_res(a) end, case.why)
-    end
-  end)
-end)
-
 describe("cuda.attn_res.decode #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.decode"
-  local P = "cuda.attn_res.packed"
   local default_policy = k3.policy
   after_each(function() k3.set_policy(default_policy) end)
 
-  local function have_packed() return have_kernel(K) end
+  local function have_decode() return have_kernel(K) end
 
   it("decode shapes: T 1..17, 1/4/8/16 blocks, hidden 4096, 7000, 7168, 7176", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     decode_shapes(K)
   end)
 
   it("every read of the stream: delta or none, a fused seal or none, num_blocks 0..16, bf16 and f16", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     for _, dt in ipairs({"bf16", "f16"}) do
       for nb = 0, 16 do
         local T = ({1, 3, 16})[nb % 3 + 1]
@@ -219,7 +185,7 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 
   it("static_weights / static_blocks: seal then read back to back, bitwise as with nothing static", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     -- The Kimi-K3 order, queued with no host wait: step i seals slot i (num_blocks i - 1),
     -- then the next read takes num_blocks i, its delta the seal's output. Under the contract,
     -- slots sealed before the previous call are static and the slot the previous call sealed
@@ -261,7 +227,7 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 
   it("10 or 11 sources of 12 slots; T 1..17, 64; hidden 8192", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     for T = 1, 17 do
       check(inputs(T, 12, 7168, {num_blocks = 9 + T % 2, bpad = 8, seed = 800 + T}), K,
         string.format("T=%d %d of 12 blocks", T, 9 + T % 2))
@@ -271,7 +237,7 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 
   it("f16, f32 weights, small and large hidden sizes", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     check(inputs(16, 8, 7168, {dtype = "f16"}), K, "f16")
     check(inputs(16, 8, 7168, {wdtype = "f32"}), K, "bf16 with f32 weights")
     check(inputs(3, 16, 7168, {wdtype = "f32", num_blocks = 16, delta = false}), K, "f32 weights 16 blocks")
@@ -283,7 +249,7 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 
   it("key and output norms hold for inputs near 1e20 and 1e-25 (eps = 0: scale-invariant)", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     for _, scale in ipairs({1e20, 1e-25, 3e36}) do
       for _, kern in ipairs({K, "cuda.attn_res.generic"}) do
         local a = inputs(3, 8, 7168, {num_blocks = 5, delta = false, seed = 900})
@@ -296,15 +262,19 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 
   it("T > 64 is declined by name, and dispatch hands it to the stream kernel", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     local a = inputs(65, 8, 7168, {})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
       "attn_res: cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 65")
+    a = inputs(2, 17, 7168, {num_blocks = 17})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.decode requires num_blocks in 0..16; got 17")
   end)
 
   it("row-padded prefix and delta: direct call and default dispatch raise the layout error", function()
-    if not have_packed() then return end
+    if not have_decode() then return end
     local msg = "attn_res: cuda.attn_res.decode requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168"
     local a = inputs(17, 5, 7168, {pad = 7, opad = 0})
     assert.same({7175, 1}, a.prefix:stride())
@@ -313,8 +283,8 @@ describe("cuda.attn_res.decode #gpu", function()
     local c = clone_args(a)
     c.kernel = K
     H.raises(function() k3.attn_res(c) end, msg)
-    -- default dispatch: the first fast kernel's message (packed's, or decode's without it)
-    H.raises(function() k3.attn_res(clone_args(a)) end, k3.has_kernel(P) and msg:gsub("decode", "packed") or msg)
+    -- default dispatch: the first fast kernel's message
+    H.raises(function() k3.attn_res(clone_args(a)) end, msg)
     assert.equal(0, k3.max_abs_diff(a.prefix, p0)) -- nothing written
     assert.equal(0, k3.max_abs_diff(a.blocks, b0))
     assert.is_true(H.has_nan(a.out))
@@ -331,10 +301,9 @@ describe("cuda.attn_res.decode #gpu", function()
     local y
     local tr = k3.trace(function() y = k3.attn_res(clone_args(a)) end)
     assert.same({"cuda.attn_res.generic"}, kernels_of(tr))
-    if k3.has_kernel(P) then
-      assert.equal(P, tr[1].declined[1].kernel)
+    if k3.has_kernel(K) then
+      assert.equal(K, tr[1].declined[1].kernel)
       assert.truthy(tr[1].declined[1].reason:find("densely packed rows", 1, true))
-      assert.equal(K, tr[1].declined[2].kernel)
     end
     assert.is_false(H.has_nan(y))
     assert.is_true(k3.allclose(y:to("cpu"):to("f64"), want, {atol = 8e-2, rtol = 3e-2}))
@@ -342,11 +311,11 @@ describe("cuda.attn_res.decode #gpu", function()
     assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
   end)
 
-  it("dispatch: decode reads run packed or decode, prefill runs stream, the rest go to generic", function()
+  it("dispatch: decode reads run decode, prefill runs stream, the rest go to generic", function()
     local S = "cuda.attn_res.stream"
     for _, case in ipairs({
-      {T = 1, o = {num_blocks = 8}, k = P}, {T = 16, o = {num_blocks = 4}, k = P},
-      {T = 64, o = {num_blocks = 16, S = 16}, k = P},
+      {T = 1, o = {num_blocks = 8}, k = K}, {T = 16, o = {num_blocks = 4}, k = K},
+      {T = 64, o = {num_blocks = 16, S = 16}, k = K},
       {T = 2, o = {num_blocks = 0}, k = K}, {T = 2, o = {delta = false}, k = K},
       {T = 2, o = {onorm = false}, k = K}, {T = 2, o = {num_blocks = 1, write_block = 2}, k = K},
     }) do
@@ -356,11 +325,9 @@ describe("cuda.attn_res.decode #gpu", function()
     end
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
-    if k3.has_kernel(P) then
-      assert.equal("cuda.attn_res.packed serves decode batches of T <= 64 tokens; got T = 300",
-        tr[1].declined[1].reason)
+    if k3.has_kernel(K) then
       assert.equal("cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 300",
-        tr[1].declined[2].reason)
+        tr[1].declined[1].reason)
     end
     for _, case in ipairs({
       {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
@@ -375,7 +342,7 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("a policy without the packed and decode kernels runs num_blocks 0, 4 and 8 on generic", function()
+  it("a policy without the decode kernel runs num_blocks 0, 4 and 8 on generic", function()
     k3.set_policy{attn_res = {"cuda.attn_res.generic", "cpu.attn_res.reference"}}
     for _, nb in ipairs({0, 4, 8}) do
       local a = inputs(4, 8, 7168, {num_blocks = nb, seed = 300 + nb})
@@ -384,10 +351,10 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode routes everything to generic", function()
+  it("K3_DISABLE_KERNELS=cuda.attn_res.decode routes every decode read to generic", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
     local chunk = [[
-      assert(not k3.has_kernel("cuda.attn_res.packed") and not k3.has_kernel("cuda.attn_res.decode"))
+      assert(not k3.has_kernel("cuda.attn_res.decode"))
       for _, nb in ipairs({0, 4, 8}) do
         local a = {prefix = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16"}),
           delta = k3.randn({3, 7168}, {device = "cuda", dtype = "bf16", seed = 1}),
@@ -399,7 +366,7 @@ describe("cuda.attn_res.decode #gpu", function()
         io.write(tr[1].kernel, " ")
       end
       print()]]
-    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.packed,cuda.attn_res.decode scripts/k3 -e '" .. chunk .. "' 2>&1"))
+    local f = assert(io.popen("K3_DISABLE_KERNELS=cuda.attn_res.decode scripts/k3 -e '" .. chunk .. "' 2>&1"))
     local out = f:read("a")
     f:close()
     assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)

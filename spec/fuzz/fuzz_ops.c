@@ -132,7 +132,7 @@ static void release_all(void) {
 
 static const char *const kernels[] = {
     NULL, NULL, NULL, "cpu.linear.blas", "cpu.linear.reference", "cpu.linear.batch_invariant",
-    "cpu.attn_res.reference", "cuda.linear.skinny", "cuda.attn_res.packed", "no.such.kernel",
+    "cpu.attn_res.reference", "cuda.linear.skinny", "cuda.attn_res.decode", "no.such.kernel",
     "cpu.rms_norm.reference", NULL};
 
 static void setup_call(fz *f, k3_call *c, k3_dispatch *rec, k3_policy **pol) {
@@ -145,7 +145,7 @@ static void setup_call(fz *f, k3_call *c, k3_dispatch *rec, k3_policy **pol) {
     if (p % 3 == 0 && k3_policy_new(pol) == K3_OK) {
         k3_policy_set_layout_fallback(*pol, p & 8);
         if (p & 16) {
-            const char *names[] = {"cuda.attn_res.packed", "cpu.attn_res.reference",
+            const char *names[] = {"cuda.attn_res.decode", "cpu.attn_res.reference",
                                    "cuda.attn_res.generic"};
             k3_policy_set_candidates(*pol, "attn_res", names + (p >> 6) % 2, 2);
         }

@@ -1,12 +1,14 @@
 -- k3.bench.attn_res — `scripts/bench attn_res`: the AttnRes read with fused delta add and
 -- output norm (hidden 7168, 8 block slots, bf16) at T = 1, 4, 16, 256, 4096, 16384 tokens and
--- num_blocks = 1, 4, 8, through each CUDA kernel that serves the row (cuda.attn_res.packed,
+-- num_blocks = 1, 4, 8, through each CUDA kernel that serves the row (cuda.attn_res.decode,
 -- .stream, .generic: kernel = …, out = preallocated), each eager (events around every call,
 -- launch included) and inside a CUDA graph (one call per rotated input set per replay),
 -- against the copy-bandwidth floor, the peers and the targets. "fast" is the kernel default
 -- dispatch picks for the row. Each call's delta is the previous call's output, so a kernel
 -- launched with programmatic dependent launch overlaps its predecessor only as far as its
--- contract allows (delta is read after the wait).
+-- contract allows: the calls carry a decode step's contract (static_weights, static_blocks =
+-- num_blocks: weights and blocks are written before the timed calls), delta and prefix are
+-- read after the wait.
 local k3 = require "k3"
 local U = require "k3.bench.util"
 local Env = require "k3.bench.env"
@@ -26,7 +28,7 @@ A.TARGETS = {t1_us = 2.5, t1_nb1_us = 2.0, t16_us = 3.5, t256_us = 12.0, big_t =
              big_floor_frac = 0.90, generic_over_fast = 2.0}
 
 -- The kernels timed, as {short name, kernel}.
-A.KERNELS = {{"packed", "cuda.attn_res.packed"}, {"decode", "cuda.attn_res.decode"},
+A.KERNELS = {{"decode", "cuda.attn_res.decode"},
              {"stream", "cuda.attn_res.stream"},
              {"generic", "cuda.attn_res.generic"}}
 
@@ -38,9 +40,8 @@ function A.bytes(T, nb, H)
 end
 
 local function model_us(kind, floor, T, nb)
-  if kind == "decode_g" then kind = "packed_g" elseif kind == "decode_e" then kind = "packed_e" end
-  if kind == "packed_g" then return floor / 0.93 + 1.6 + 0.06 * nb + (T >= 16 and 0.5 or 0) end
-  if kind == "packed_e" then return floor / 0.93 + 5.5 + 0.06 * nb end
+  if kind == "decode_g" then return floor / 0.93 + 1.6 + 0.06 * nb + (T >= 16 and 0.5 or 0) end
+  if kind == "decode_e" then return floor / 0.93 + 5.5 + 0.06 * nb end
   if kind == "stream_g" then return floor / 0.90 + 2.0 end
   if kind == "stream_e" then return floor / 0.90 + 6.0 end
   if kind == "generic_g" then return floor / 0.80 + 3.0 + 0.4 * nb end
@@ -67,7 +68,7 @@ local function call_args(sets, c, nb, kname)
   return {prefix = s.prefix, delta = s.delta, blocks = s.blocks, num_blocks = nb,
           norm_weight = s.norm_weight, qk_weight = s.qk_weight,
           output_norm_weight = s.output_norm_weight, eps = 1e-5, output_eps = 1e-5,
-          out = s.out, kernel = kname}
+          static_weights = true, static_blocks = nb, out = s.out, kernel = kname}
 end
 
 -- True when kernel kname serves this call: dispatch under a policy whose attn_res list is
@@ -171,7 +172,7 @@ function A.run(env, peers, opts)
         if not row.fast_name and env:kernel(kk[2]) == row.fast then row.fast_name = kk[1] end
       end
       -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick.
-      if env.dry then row.fast_name = T <= 64 and "packed" or "stream" end
+      if env.dry then row.fast_name = T <= 64 and "decode" or "stream" end
       if row.fast_name then
         row.fast_graph_us = row[row.fast_name .. "_graph_us"]
         row.fast_us = row[row.fast_name .. "_us"]
@@ -260,8 +261,8 @@ function A.run(env, peers, opts)
   return res
 end
 
--- The decode step's reads that cuda.attn_res.packed declines, at T = 1: no delta (the read
--- after a seal) and a fused seal (write_block = num_blocks + 1), num_blocks 1 and 7, in a
+-- The decode step's other reads, at T = 1: no delta (the read after a seal) and a fused seal
+-- (write_block = num_blocks + 1, so static_blocks stays num_blocks), num_blocks 1 and 7, in a
 -- graph over the same rotated sets, by the kernel dispatch picks and by the generic kernel.
 A.DECLINED = {{"no delta", false}, {"seal", true}}
 function A.run_declined(env, sets, alloc, copies, out)
@@ -400,7 +401,7 @@ function A.format(env, peers, res, kernels)
   end
   if res.declined_rows and #res.declined_rows > 0 then
     p("")
-    p("the decode step's reads cuda.attn_res.packed declines (T = 1, in a graph, µs; 'fast' = what dispatch picks):")
+    p("the decode step's other reads (T = 1, in a graph, µs; 'fast' = what dispatch picks):")
     local dcols = {
       {head = "T", key = "T", fmt = "%d"}, {head = "nb", key = "num_blocks", fmt = "%d"},
       {head = "read", key = "read", fmt = "%s", align = "l"}, {head = "fast", key = "fast", fmt = "%s", align = "l"},

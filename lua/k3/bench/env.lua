@@ -23,7 +23,6 @@ Env.NOMINAL_BW = 4170      -- GB/s: an H200's copy bandwidth measured 2026-11-29
 local CPU_KERNEL = {
   ["cuda.linear.cublas"] = "cpu.linear.blas",
   ["cuda.linear.skinny"] = "cpu.linear.blas",
-  ["cuda.attn_res.packed"] = "cpu.attn_res.reference",
   ["cuda.attn_res.decode"] = "cpu.attn_res.reference",
   ["cuda.attn_res.generic"] = "cpu.attn_res.reference",
   ["cuda.attn_res.stream"] = "cpu.attn_res.reference",
