@@ -822,7 +822,7 @@ long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat
   "linear: unknown kernel '" .. cut200(LONG) .. "'")
 long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,
   "set_policy: unknown linear kernel '" .. cut200(LONG) .. "' (known: cpu.linear.blas, cpu.linear.reference, " ..
-  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant)")
+  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
 long_case("save_safetensors with a 10 MB name for a number", function() k3.save_safetensors("/nonexistent/x", {[LONG] = 1}) end,
   "bad argument #2 to 'save_safetensors' (field '" .. cut200(LONG) .. "' must be a k3.Tensor; got number)")
 do

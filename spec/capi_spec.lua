@@ -240,7 +240,7 @@ local checks = {
       {"device_parse 10 MB text", "K3_EDEVICE", "unknown device '" .. x200 .. "' (expected cpu, cuda or cuda:N)"},
       {"policy_set_candidates 10 MB kernel", "K3_EINVAL", "policy: unknown linear kernel '" .. x200 ..
        "' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, " ..
-       "cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant)"},
+       "cuda.linear.skinny, cuda.linear.batch_invariant)"},
       {"safetensors_load 1,100-byte path", "K3_EIO", cut},
     }
   end)(),

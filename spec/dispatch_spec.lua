@@ -389,7 +389,7 @@ describe("policy", function()
 
   it("rejects unknown kernels and another op's kernels, changing nothing", function()
     H.raises(function() k3.set_policy{linear = {"cpu.linear.blas", "cpu.linear.fast"}} end,
-      "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.skinny_ring, cuda.linear.batch_invariant")
+      "set_policy: unknown linear kernel 'cpu.linear.fast' (known: cpu.linear.blas, cpu.linear.reference, cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant")
     H.raises(function() k3.set_policy{rms_norm = {"cpu.silu_mul.reference"}} end,
       "set_policy: kernel 'cpu.silu_mul.reference' is for op silu_mul, not rms_norm")
     assert.same(plain(default), plain(k3.policy))

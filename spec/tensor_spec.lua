@@ -1173,6 +1173,14 @@ describe("Torch forms on a CUDA device #gpu", function()
     H.raises_exact(function() return g[4] end, "bad argument #2 to 'index' (index 4 out of range for dim 1 of size 3)")
   end)
 
+  it("a device tensor prints as its host copy does, wrapped and summarised alike", function()
+    for _, shape in ipairs({{12}, {3, 40}, {2, 1000}}) do
+      local h = k3.randn(shape, {seed = 100})
+      local g = h:to("cuda")
+      assert.equal(tostring(h), (tostring(g):gsub(" cuda:0\n", " cpu\n", 1)))
+    end
+  end)
+
   it("reshape, permute, squeeze and unsqueeze of device tensors match the host", function()
     for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
       local h = k3.randn({4, 6}, {dtype = dt, seed = 99})

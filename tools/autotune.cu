@@ -42,16 +42,6 @@ static std::vector<k3t_cand> classic_cands() {
     return v;
 }
 
-/* Every ring configuration (kernels/linear_skinny_ring.cuh) at 1 and 2 CTAs per SM. */
-static std::vector<k3t_cand> ring_cands() {
-    std::vector<k3t_cand> v;
-#define K3_AT_ADD(T, R, S, KC)                                                             \
-    for (int cps = 1; cps <= 2; cps++) v.push_back(k3t_cand{K3T_RING, T, R, S, cps, K3T_PDL_STATIC});
-    K3_RING_CONFIGS(K3_AT_ADD)
-#undef K3_AT_ADD
-    return v;
-}
-
 /* The split-K candidates for one shape: for each split template, the smallest kcta >= 2
  * whose grid reaches 2x the SM count and the smallest larger one reaching 4x, each CTA
  * keeping at least half a step (warps x unroll chunks of 32 k) of work. Shapes whose classic
@@ -131,8 +121,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
-            "                [--kinds classic,split,ring] [--all-m] [--dry-run]\n"
-            "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, classic,split,\n"
+            "                [--kinds classic,split] [--all-m] [--dry-run]\n"
+            "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
 }
 
@@ -171,7 +161,6 @@ int main(int argc, char **argv) {
     }
     const bool use_classic = kinds.find("classic") != std::string::npos;
     const bool use_split = kinds.find("split") != std::string::npos;
-    const bool use_ring = kinds.find("ring") != std::string::npos;
 
     CK(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -197,9 +186,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "autotune: %s\n", machine);
     k3t_scratch scr;
     k3t_scratch_init(scr);
-    std::vector<k3t_cand> base = use_classic ? classic_cands() : std::vector<k3t_cand>();
-    if (use_ring)
-        for (const k3t_cand &c : ring_cands()) base.push_back(c);
+    const std::vector<k3t_cand> classic = use_classic ? classic_cands() : std::vector<k3t_cand>();
 
     std::vector<Result> results;
     FILE *csv = fopen(csv_path.c_str(), "w");
@@ -212,7 +199,7 @@ int main(int argc, char **argv) {
     for (const Shape &s : shapes) {
         k3t_shape b;
         k3t_shape_alloc(b, s.N, s.K, l2, t.s);
-        std::vector<k3t_cand> cands = base;
+        std::vector<k3t_cand> cands = classic;
         if (use_split)
             for (const k3t_cand &c : split_cands(s, sms)) cands.push_back(c);
         std::vector<uint16_t> href;
@@ -317,9 +304,7 @@ int main(int argc, char **argv) {
                 "-- timing passes interleaved with cuBLAS (us and cublas_us: the slower pass of the\n"
                 "-- kernel, the faster of cuBLAS), launched with PDL and static weights as k3.nn runs\n"
                 "-- it. config.split_k = K-slices per row group = kw * kcta (kw = threads / 32 /\n"
-                "-- (rows / 8) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K across CTAs).\n"
-                "-- Entries of kernel cuda.linear.skinny_ring read config.unroll as ring stages and\n"
-                "-- config.split_k as CTAs per SM (kernels/linear_skinny_ring.cuh).\n",
+                "-- (rows / 8) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K across CTAs).\n",
                 arch, arch, (min_speedup - 1) * 100);
         fprintf(f, "return {\n  arch = \"%s\",\n  machine = \"%s\",\n  date = \"%s\",\n",
                 arch, machine, date);
@@ -336,10 +321,9 @@ int main(int argc, char **argv) {
             for (const Result &r : results) {
                 if (r.s.N != s.N || r.s.K != s.K || !r.kept) continue;
                 fprintf(f,
-                        "      [%d] = {kernel = \"%s\", config = %s, us = %.2f, cublas_us = "
+                        "      [%d] = {kernel = \"skinny\", config = %s, us = %.2f, cublas_us = "
                         "%.2f},\n",
-                        r.M, r.best.kind == K3T_RING ? "cuda.linear.skinny_ring" : "skinny",
-                        k3t_cand_config(r.best).c_str(), std::max(r.pass_us[0], r.pass_us[1]),
+                        r.M, k3t_cand_config(r.best).c_str(), std::max(r.pass_us[0], r.pass_us[1]),
                         std::min(r.pass_cublas[0], r.pass_cublas[1]));
             }
             fprintf(f, "    },\n");

@@ -22,15 +22,13 @@
 #define K3_TOOLS_LINEAR_BENCH_CUH
 
 #include "../kernels/linear_skinny.cuh"
-#include "../kernels/linear_skinny_ring.cuh"
 #include "bench_common.cuh"
 
 #include <string>
 
-/* A skinny candidate: classic (one CTA per row tile), split (split-K across kcta CTAs) or ring
- * (cuda.linear.skinny_ring: unroll = ring stages, kcta = CTAs per SM), in a launch mode:
- * plain, PDL, or PDL with static weights (the first step of w before the wait). */
-enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_RING };
+/* A skinny candidate: classic (one CTA per row tile) or split (split-K across kcta CTAs), in a
+ * launch mode: plain, PDL, or PDL with static weights (the first step of w before the wait). */
+enum k3t_kind { K3T_CLASSIC, K3T_SPLIT };
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
 
@@ -45,9 +43,6 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
     if (c.kind == K3T_SPLIT)
         snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
                  K3T_MODE_NAME[c.mode]);
-    else if (c.kind == K3T_RING)
-        snprintf(b, sizeof b, "ring t%dr%ds%dc%d %s", c.threads, c.rows, c.unroll, c.kcta,
-                 K3T_MODE_NAME[c.mode]);
     else
         snprintf(b, sizeof b, "classic t%dr%du%d %s", c.threads, c.rows, c.unroll,
                  K3T_MODE_NAME[c.mode]);
@@ -57,11 +52,6 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
     char b[160];
-    if (c.kind == K3T_RING) {
-        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
-                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, c.kcta);
-        return b;
-    }
     snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
              c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
              k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
@@ -75,8 +65,6 @@ struct k3t_scratch {
     unsigned *split_counters;
     size_t split_ws_bytes;
     int n_counters;
-    int sms;        /* multiprocessors of the current device (the ring kernel's grid) */
-    int smem_optin; /* shared memory one CTA may use (the ring kernel's stages) */
 };
 
 static inline void k3t_scratch_init(k3t_scratch &s) {
@@ -85,20 +73,12 @@ static inline void k3t_scratch_init(k3t_scratch &s) {
     CK(cudaMalloc(&s.split_ws, s.split_ws_bytes));
     CK(cudaMalloc(&s.split_counters, s.n_counters * sizeof(unsigned)));
     CK(cudaMemset(s.split_counters, 0, s.n_counters * sizeof(unsigned)));
-    int dev = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaDeviceGetAttribute(&s.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
 }
 
 /* Whether the candidate can run this problem at all (scratch sizes, tiles). */
 static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M, int N) {
     if (c.kind == K3T_SPLIT)
         return k3_skinny_split_ws_bytes(c.rows, c.kcta, M, N) <= s.split_ws_bytes &&
-               k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
-    if (c.kind == K3T_RING)
-        return k3_ring_ws_bytes(c.rows, s.sms * c.kcta) <= s.split_ws_bytes &&
-               k3_ring_smem_bytes(c.threads, c.rows, c.unroll, M) <= (size_t)s.smem_optin &&
                k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
     return true;
 }
@@ -118,9 +98,6 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     q.K = K;
     q.pdl = c.mode != K3T_PLAIN;
     q.static_w = c.mode == K3T_PDL_STATIC;
-    if (c.kind == K3T_RING)
-        return k3_ring_launch(c.threads, c.rows, c.unroll, c.kcta, q, s.sms, s.split_ws,
-                              s.split_ws_bytes, s.split_counters, s.n_counters, stream);
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);

@@ -3,9 +3,8 @@
  * y[M,N] = x[M,K] w[N,K]^T (bf16, fp32 accumulation) on the current GPU, per weight shape
  * (N, K) and M: the read limit of the weight's bytes (tools/read_limit.cuh, plain and chained
  * with PDL), cuBLAS, the skinny kernel as the plan file configures it
- * (lua/k3/policy/sm<cc>.lua), every instantiated classic configuration of the skinny
- * kernel (kernels/linear_skinny.cuh) and every ring configuration (kernels/linear_skinny_ring.cuh,
- * at 1 and 2 CTAs per SM; --kinds classic,ring picks the families), each in three launch modes: plain, PDL, and PDL with the
+ * (lua/k3/policy/sm<cc>.lua) and every instantiated classic configuration of the skinny
+ * kernel (kernels/linear_skinny.cuh), each in three launch modes: plain, PDL, and PDL with the
  * weight declared static (the first step of w loaded before griddepcontrol.wait). Built and run by
  * scripts/linear-sweep.
  *
@@ -35,9 +34,8 @@ static const Shape SHAPES[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304
 
 struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
-    bool ring; /* kernel cuda.linear.skinny_ring: unroll = stages, split_k = CTAs per SM */
 };
-/* The skinny and ring entries of a plan file written by scripts/autotune, by "NxK" and M. */
+/* The skinny entries of a plan file written by scripts/autotune, by "NxK" and M. */
 static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *path) {
     std::map<std::string, std::map<int, PlanEntry>> plan;
     FILE *f = fopen(path, "r");
@@ -52,15 +50,12 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
         char s[64];
         if (sscanf(line, " [\"%63[0-9x]\"] = {", s) == 1) {
             snprintf(shape, sizeof shape, "%s", s);
-        } else if (shape[0]) {
-            char kernel[64];
-            if (sscanf(line,
-                       " [%d] = {kernel = \"%63[a-z_.]\", config = {threads = %d, rows = %d, "
-                       "unroll = %d, vec = %d, split_k = %d}",
-                       &m, kernel, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 7) {
-                e.ring = !strcmp(kernel, "cuda.linear.skinny_ring");
-                if (e.ring || !strcmp(kernel, "skinny")) plan[shape][m] = e;
-            }
+        } else if (shape[0] &&
+                   sscanf(line,
+                          " [%d] = {kernel = \"skinny\", config = {threads = %d, rows = %d, "
+                          "unroll = %d, vec = %d, split_k = %d}",
+                          &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
+            plan[shape][m] = e;
         }
     }
     fclose(f);
@@ -108,14 +103,10 @@ struct Row {
     std::string best_cfg[3];
 };
 
-/* A candidate's configuration without its launch mode: classic "k512r8u2", ring
- * "g160r16s3c2" (threads, rows, stages, CTAs per SM; k per stage from K3_RING_CONFIGS). */
+/* A classic candidate's configuration without its launch mode: "k512r8u2". */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
-    if (c.kind == K3T_RING)
-        snprintf(b, sizeof b, "g%dr%ds%dc%d", c.threads, c.rows, c.unroll, c.kcta);
-    else
-        snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
+    snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
     return b;
 }
 
@@ -131,7 +122,7 @@ int main(int argc, char **argv) {
     std::vector<int> ms = parse_ms("1,2,4,8,16");
     const char *outdir_env = getenv("OUT");
     std::string outdir = outdir_env && *outdir_env ? outdir_env : "build/sweep";
-    std::string plan_path, profile, kinds = "classic,ring";
+    std::string plan_path, profile;
     int reps = 15;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -148,14 +139,12 @@ int main(int argc, char **argv) {
         else if (a == "--plan") plan_path = val();
         else if (a == "--reps") reps = std::max(3, atoi(val()));
         else if (a == "--profile") profile = val();
-        else if (a == "--kinds") kinds = val();
         else {
             fprintf(stderr,
                     "usage: linear-sweep [--shapes NxK,...] [--m 1,2,4,8,16] [--out DIR ($OUT)]\n"
                     "                    [--plan lua/k3/policy/sm<cc>.lua] [--reps 15]\n"
-                    "                    [--kinds classic,ring]  (which candidates beside the plan)\n"
                     "                    [--profile CFG,CFG,...]  (one eager launch of each named\n"
-                    "                    candidate, e.g. k512r8u2,g160r32s4c2, and of the read kernel\n"
+                    "                    candidate, e.g. k512r8u2,s256r8u8c2, and of the read kernel\n"
                     "                    c2t512u8stride, per shape and M: for ncu)\n");
             return 2;
         }
@@ -192,22 +181,12 @@ int main(int argc, char **argv) {
     }
     fprintf(csv, "N,K,M,candidate,mode,us,status\n");
 
-    /* every classic configuration and every ring configuration at 1 and 2 CTAs per SM, each
-     * in the three launch modes (--kinds picks the families) */
+    /* every classic configuration in the three launch modes */
     std::vector<k3t_cand> cands;
-    if (kinds.find("classic") != std::string::npos) {
 #define K3_SW_ADD(T_, R_, U_)                                                              \
     for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC, T_, R_, U_, 1, m});
-        K3_SKINNY_CONFIGS(K3_SW_ADD)
+    K3_SKINNY_CONFIGS(K3_SW_ADD)
 #undef K3_SW_ADD
-    }
-    if (kinds.find("ring") != std::string::npos) {
-#define K3_SW_ADD(T_, R_, S_, KC_)                                                         \
-    for (int cps = 1; cps <= 2; cps++)                                                     \
-        for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_RING, T_, R_, S_, cps, m});
-        K3_RING_CONFIGS(K3_SW_ADD)
-#undef K3_SW_ADD
-    }
     k3t_scratch scr;
     k3t_scratch_init(scr);
     int64_t out_words = 0;
@@ -307,10 +286,10 @@ int main(int argc, char **argv) {
             if (pe != plan.end() && pe->second.count(M)) {
                 const PlanEntry e = pe->second[M];
                 const int kw = k3_skinny_split_k(e.threads, e.rows);
-                const int kcta = e.ring ? e.split_k : kw ? e.split_k / kw : 0;
-                const int kind = e.ring ? K3T_RING : kcta > 1 ? K3T_SPLIT : K3T_CLASSIC;
+                const int kcta = kw ? e.split_k / kw : 0;
                 for (int mode = 0; mode < 3; mode++) {
-                    const k3t_cand c = {kind, e.threads, e.rows, e.unroll, kcta, mode};
+                    const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
+                                        e.unroll, kcta, mode};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {
