@@ -260,14 +260,14 @@ k3_status wait_ready(const char *what, const char *waiting_for) {
     }
 }
 
-const char *kind_name(int kind) {
-    return kind == 0 ? "all_reduce" : kind == 1 ? "all_gather" : "shape check";
-}
+const char *kind_name(int kind) { return kind == 0 ? "all_reduce" : "all_gather"; }
 
-/* Waits for the pending collective's end event (bounded), then adds its device time. */
+/* Waits for the pending collective's end event (bounded), then adds its device time. Each
+ * call that finds one pending is a host wait on the compute stream (stats.stream_waits). */
 k3_status wait_pending() {
     if (g.pending < 0) return K3_OK;
     int p = g.pending, kind = g.pending_kind;
+    g.stats.stream_waits[kind]++;
     const char *what = kind_name(kind);
     double start = now_s();
     int spins = 0;
@@ -339,7 +339,7 @@ template <class F> k3_status run_collective(int kind, F enqueue) {
     K3_CHECK(cudaEventRecord(g.ev[slot][1], s));
     g.pending = slot;
     g.pending_kind = kind;
-    if (g.wait_each || kind == 2) K3_TRY(wait_pending());
+    if (g.wait_each) K3_TRY(wait_pending());
     return K3_OK;
 }
 
@@ -411,16 +411,14 @@ k3_status be_init(int dev, int rank, int world, const void *id, size_t n, double
 
 k3_status be_all_reduce(k3_tensor *t, int op) {
     std::lock_guard<std::mutex> lock(g.mu);
-    int kind = (op & K3_DIST_INTERNAL) ? 2 : 0;
-    K3_TRY(check_live(kind_name(kind)));
-    K3_TRY(check_tensor(kind_name(kind), "tensor", t));
-    int base = op & ~K3_DIST_INTERNAL;
-    ncclRedOp_t rop = base == K3_DIST_MAX ? ncclMax : base == K3_DIST_MIN ? ncclMin : ncclSum;
+    K3_TRY(check_live("all_reduce"));
+    K3_TRY(check_tensor("all_reduce", "tensor", t));
+    ncclRedOp_t rop = op == K3_DIST_MAX ? ncclMax : op == K3_DIST_MIN ? ncclMin : ncclSum;
     void *p = k3_tensor_data(t);
     size_t count = (size_t)k3_tensor_numel(t);
     if (count == 0) return K3_OK;
     ncclDataType_t ty = nccl_type(t->dtype);
-    return run_collective(kind, [&](cudaStream_t s) {
+    return run_collective(0, [&](cudaStream_t s) {
         return g_nccl.AllReduce(p, p, count, ty, rop, g.comm, s);
     });
 }

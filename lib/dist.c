@@ -2,8 +2,11 @@
  * dist.c — tensor parallelism, the core side: process-group state from the launcher's
  * environment, the NCCL id exchanged through a file in the launcher's directory (bounded
  * waits), argument checks, and the cross-rank comparison of every collective's call, dtype and
- * shape before it runs. The collectives themselves are the CUDA backend's (kernels/dist.cu).
+ * shape before it runs, on a shared-memory board in the same directory (dist.h): host
+ * metadata only, so the compute stream keeps its queue. The collectives themselves are the
+ * CUDA backend's (kernels/dist.cu).
  */
+#include "dist.h"
 #include "k3_impl.h"
 
 #include <errno.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,7 +32,11 @@ static struct {
     double timeout_s;
     char dir[PATH_MAX];
     char failed_file[PATH_MAX + 16];
-} g_dist = {0, 0, 1, 0, 1, 1, 0, DIST_DEFAULT_TIMEOUT, "", ""};
+    k3_dist_board *board;  /* above world size 1: the agreement board (dist.h) */
+    uint64_t check_calls;  /* checks since init or the last stats reset, and their host wait */
+    double check_ms;
+    char dead[1100];       /* the first bounded wait that failed; every later call fails */
+} g_dist = {0, 0, 1, 0, 1, 1, 0, DIST_DEFAULT_TIMEOUT, "", "", NULL, 0, 0, ""};
 
 static double now_s(void) {
     struct timespec ts;
@@ -245,19 +253,33 @@ K3_API k3_status k3_dist_init(const k3_dist_options *o) {
         int gen = g_dist.generation + 1;
         char path[PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/nccl_id.%d", dir, gen);
+        char board_path[PATH_MAX + 32];
+        snprintf(board_path, sizeof board_path, "%s/check.%d", dir, gen);
         unsigned char id[K3_DIST_ID_BYTES];
+        k3_dist_board *board = NULL;
         if (r.rank == 0) {
-            s = be->dist_unique_id(id, sizeof id);
+            /* The board exists before the id does, so a rank that read the id finds it. */
+            s = k3_dist_board_open(&board, board_path, 0, r.world_size);
+            if (s == K3_OK) s = be->dist_unique_id(id, sizeof id);
             if (s == K3_OK) s = write_id(path, id);
         } else {
             s = read_id(path, g_dist.failed_file, r.rank, r.timeout_s, id);
+            if (s == K3_OK) s = k3_dist_board_open(&board, board_path, r.rank, r.world_size);
         }
         if (s == K3_OK)
             s = be->dist_init(r.device, r.rank, r.world_size, id, sizeof id, r.timeout_s,
                               g_dist.failed_file, r.wait_each);
-        if (s != K3_OK) goto out;
+        if (s != K3_OK) {
+            k3_dist_board_free(board);
+            if (r.rank == 0 && board) unlink(board_path); /* a retry creates it afresh */
+            goto out;
+        }
+        g_dist.board = board;
         g_dist.generation = gen;
     }
+    g_dist.check_calls = 0;
+    g_dist.check_ms = 0;
+    g_dist.dead[0] = '\0';
     g_dist.initialized = 1;
 out:
     if (s != K3_OK && !g_dist.initialized) {
@@ -273,110 +295,388 @@ K3_API int k3_dist_rank(void) { return g_dist.initialized ? g_dist.rank : 0; }
 K3_API int k3_dist_world_size(void) { return g_dist.initialized ? g_dist.world : 1; }
 K3_API int k3_dist_device(void) { return g_dist.device; }
 
-/* ---- the cross-rank check ------------------------------------------------------------- */
+/* ---- the agreement board (dist.h) -------------------------------------------------------- */
 
-enum { CALL_ALL_REDUCE_SUM = 1, CALL_ALL_REDUCE_MAX, CALL_ALL_REDUCE_MIN, CALL_ALL_GATHER,
-       CALL_BARRIER };
-#define SIG_N (3 + K3_MAX_DIMS) /* call, dtype, ndim, sizes */
+#define BOARD_MAGIC 0x6b33646973746231ULL /* "k3distb1" */
+#define SIG_N (3 + K3_MAX_DIMS)          /* call, dtype + 1, ndim, sizes */
 
-static const char *call_name(int c) {
+/* One rank's signature for one collective; `seq` (the rank's collective count) is stored
+ * last with release order, so a reader that sees it also sees the signature. */
+typedef struct {
+    uint64_t seq;
+    int64_t sig[SIG_N];
+    char pad[128 - 8 - 8 * SIG_N];
+} board_slot;
+
+typedef struct {
+    uint64_t magic;
+    int64_t world;
+    char host[256]; /* rank 0's host name: every rank must share it */
+    char pad[128 - (8 + 8 + 256) % 128];
+} board_head;
+
+struct k3_dist_board {
+    board_head *head;
+    board_slot *slots; /* [2][world]: the parity of the collective count, then the rank */
+    size_t bytes;
+    int world, mapped;
+    uint64_t *posted, *done; /* per rank: count of its last post and of its last verdict */
+};
+
+static size_t board_bytes(int world) {
+    return sizeof(board_head) + 2 * (size_t)world * sizeof(board_slot);
+}
+
+static board_slot *slot_of(const k3_dist_board *b, int rank, uint64_t seq) {
+    return &b->slots[(size_t)(seq & 1) * (size_t)b->world + (size_t)rank];
+}
+
+/* The per-rank counters and the struct around a mapping or an allocation of `bytes`. */
+static k3_status board_wrap(k3_dist_board **out, void *mem, size_t bytes, int world, int mapped) {
+    k3_dist_board *b = calloc(1, sizeof *b);
+    uint64_t *counts = calloc(2 * (size_t)world, sizeof(uint64_t));
+    if (!b || !counts) {
+        free(b);
+        free(counts);
+        return k3_error(K3_ENOMEM, "k3.dist: out of host memory for the agreement board");
+    }
+    b->head = mem;
+    b->slots = (board_slot *)((char *)mem + sizeof(board_head));
+    b->bytes = bytes;
+    b->world = world;
+    b->mapped = mapped;
+    b->posted = counts;
+    b->done = counts + world;
+    *out = b;
+    return K3_OK;
+}
+
+K3_API k3_status k3_dist_board_new(k3_dist_board **out, int world) {
+    if (!out) return k3_error(K3_EINVAL, "dist_board_new: out is NULL");
+    *out = NULL;
+    if (world < 1 || world > DIST_MAX_WORLD)
+        return k3_error(K3_EINVAL, "k3.dist: world size must be in 1..%d; got %d", DIST_MAX_WORLD,
+                        world);
+    size_t bytes = board_bytes(world);
+    void *mem = calloc(1, bytes);
+    if (!mem) return k3_error(K3_ENOMEM, "k3.dist: out of host memory for the agreement board");
+    k3_status s = board_wrap(out, mem, bytes, world, 0);
+    if (s != K3_OK) {
+        free(mem);
+        return s;
+    }
+    (*out)->head->magic = BOARD_MAGIC;
+    (*out)->head->world = world;
+    return K3_OK;
+}
+
+K3_API void k3_dist_board_free(k3_dist_board *b) {
+    if (!b) return;
+    if (b->mapped) munmap(b->head, b->bytes);
+    else free(b->head);
+    free(b->posted);
+    free(b);
+}
+
+K3_API k3_status k3_dist_board_open(k3_dist_board **out, const char *path, int rank,
+                                    int world) {
+    if (!out || !path) return k3_error(K3_EINVAL, "dist_board_open: out or path is NULL");
+    *out = NULL;
+    if (world < 1 || world > DIST_MAX_WORLD || rank < 0 || rank >= world)
+        return k3_error(K3_EINVAL, "k3.dist.init: rank %d of world size %d is not in 0..%d", rank,
+                        world, world - 1);
+    size_t bytes = board_bytes(world);
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+    int fd = rank == 0 ? open(path, O_RDWR | O_CREAT | O_EXCL, 0600) : open(path, O_RDWR);
+    if (fd < 0)
+        return k3_error(K3_EIO, "k3.dist.init: rank %d cannot %s the agreement board %s: %s",
+                        rank, rank == 0 ? "create" : "open", path, strerror(errno));
+    struct stat st;
+    if (rank == 0 && ftruncate(fd, (off_t)bytes) != 0) {
+        int err = errno;
+        close(fd);
+        return k3_error(K3_EIO, "k3.dist.init: rank 0 cannot size %s: %s", path, strerror(err));
+    }
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return k3_error(K3_EIO, "k3.dist.init: cannot stat %s: %s", path, strerror(err));
+    }
+    if ((size_t)st.st_size != bytes) {
+        close(fd);
+        return k3_error(K3_EIO, "k3.dist.init: %s holds %lld bytes; a board for %d ranks is %zu",
+                        path, (long long)st.st_size, world, bytes);
+    }
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (mem == MAP_FAILED)
+        return k3_error(K3_EIO, "k3.dist.init: rank %d cannot map %s: %s", rank, path,
+                        strerror(err));
+    board_head *h = mem;
+    if (rank == 0) {
+        h->world = world;
+        snprintf(h->host, sizeof h->host, "%s", host);
+        __atomic_store_n(&h->magic, BOARD_MAGIC, __ATOMIC_RELEASE);
+    } else if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != BOARD_MAGIC || h->world != world) {
+        munmap(mem, bytes);
+        return k3_error(K3_EIO, "k3.dist.init: %s is not the agreement board of this %d-rank "
+                                "world (did every rank get the same K3_DIST_DIR?)", path, world);
+    } else if (strncmp(h->host, host, sizeof h->host) != 0) {
+        char a[K3_ECHO_SIZE], b[K3_ECHO_SIZE];
+        munmap(mem, bytes);
+        return k3_error(K3_EINVAL, "k3.dist.init: rank %d runs on host '%s', rank 0 on '%s': "
+                                   "k3.dist's agreement check and barrier use shared memory in "
+                                   "K3_DIST_DIR, so every rank must run on one host",
+                        rank, k3_echo(a, sizeof a, host), k3_echo(b, sizeof b, h->host));
+    }
+    k3_status s = board_wrap(out, mem, bytes, world, 1);
+    if (s != K3_OK) munmap(mem, bytes);
+    return s;
+}
+
+static k3_status board_rank(const k3_dist_board *b, int rank, const char *fn) {
+    if (!b) return k3_error(K3_EINVAL, "%s: board is NULL", fn);
+    if (rank < 0 || rank >= b->world)
+        return k3_error(K3_EINVAL, "%s: rank %d is not in 0..%d", fn, rank, b->world - 1);
+    return K3_OK;
+}
+
+K3_API k3_status k3_dist_board_post(k3_dist_board *b, int rank, int call, const k3_tensor *t) {
+    K3_TRY(board_rank(b, rank, "dist_board_post"));
+    if (call < K3_DIST_CALL_ALL_REDUCE_SUM || call > K3_DIST_CALL_BARRIER)
+        return k3_error(K3_EINVAL, "dist_board_post: call must be in %d..%d; got %d",
+                        K3_DIST_CALL_ALL_REDUCE_SUM, K3_DIST_CALL_BARRIER, call);
+    if (b->posted[rank] != b->done[rank])
+        return k3_error(K3_EINVAL, "dist_board_post: rank %d posts collective %llu before the "
+                                   "verdict on collective %llu", rank,
+                        (unsigned long long)b->posted[rank] + 1,
+                        (unsigned long long)b->posted[rank]);
+    uint64_t seq = b->posted[rank] + 1;
+    board_slot *sl = slot_of(b, rank, seq);
+    for (int i = 0; i < SIG_N; i++) sl->sig[i] = 0;
+    sl->sig[0] = call;
+    if (t) {
+        sl->sig[1] = (int64_t)t->dtype + 1;
+        sl->sig[2] = t->ndim;
+        for (int d = 0; d < t->ndim; d++) sl->sig[3 + d] = t->size[d];
+    }
+    __atomic_store_n(&sl->seq, seq, __ATOMIC_RELEASE);
+    b->posted[rank] = seq;
+    return K3_OK;
+}
+
+K3_API int k3_dist_board_ready(const k3_dist_board *b, int rank, char *missing, size_t n) {
+    if (missing && n) missing[0] = '\0';
+    if (!b || rank < 0 || rank >= b->world || b->posted[rank] == b->done[rank]) return -1;
+    uint64_t seq = b->posted[rank];
+    int ready = 1;
+    size_t len = 0;
+    for (int q = 0; q < b->world; q++) {
+        if (__atomic_load_n(&slot_of(b, q, seq)->seq, __ATOMIC_ACQUIRE) == seq) continue;
+        ready = 0;
+        if (!missing || len + 16 >= n) {
+            if (!missing) break;
+            continue;
+        }
+        len += (size_t)snprintf(missing + len, n - len, "%s%d", len ? ", " : "", q);
+    }
+    return ready;
+}
+
+static const char *call_name(int64_t c) {
     switch (c) {
-    case CALL_ALL_REDUCE_SUM: return "all_reduce(sum)";
-    case CALL_ALL_REDUCE_MAX: return "all_reduce(max)";
-    case CALL_ALL_REDUCE_MIN: return "all_reduce(min)";
-    case CALL_ALL_GATHER: return "all_gather";
-    case CALL_BARRIER: return "barrier";
+    case K3_DIST_CALL_ALL_REDUCE_SUM: return "all_reduce(sum)";
+    case K3_DIST_CALL_ALL_REDUCE_MAX: return "all_reduce(max)";
+    case K3_DIST_CALL_ALL_REDUCE_MIN: return "all_reduce(min)";
+    case K3_DIST_CALL_ALL_GATHER: return "all_gather";
+    case K3_DIST_CALL_BARRIER: return "barrier";
     default: return "?";
     }
 }
 
-static void sig_of(double *sig, int call, const k3_tensor *t) {
-    for (int i = 0; i < SIG_N; i++) sig[i] = 0;
-    sig[0] = call;
-    if (!t) return;
-    sig[1] = (double)t->dtype + 1;
-    sig[2] = t->ndim;
-    for (int d = 0; d < t->ndim; d++) sig[3 + d] = (double)t->size[d];
-}
-
-static void describe(char *buf, size_t n, const double *sig) {
-    int call = (int)sig[0];
-    if (call == CALL_BARRIER || sig[1] < 1) {
-        snprintf(buf, n, "%s", call_name(call));
+static void describe(char *buf, size_t n, const int64_t *sig) {
+    if (sig[0] == K3_DIST_CALL_BARRIER || sig[1] < 1 || sig[1] > K3_DTYPE_F64 + 1) {
+        snprintf(buf, n, "%s", call_name(sig[0]));
         return;
     }
-    int64_t sz[K3_MAX_DIMS];
     int nd = (int)sig[2];
     if (nd < 0 || nd > K3_MAX_DIMS) nd = 0;
-    for (int d = 0; d < nd; d++) sz[d] = (int64_t)sig[3 + d];
     char dims[256];
-    k3_fmt_dims(dims, sizeof dims, nd, sz);
-    snprintf(buf, n, "%s of %s %s", call_name(call), k3_dtype_name((k3_dtype)((int)sig[1] - 1)),
+    k3_fmt_dims(dims, sizeof dims, nd, sig + 3);
+    snprintf(buf, n, "%s of %s %s", call_name(sig[0]), k3_dtype_name((k3_dtype)(sig[1] - 1)),
              dims);
 }
 
-/* Every rank contributes (sig, -sig) to one max-all-reduce: equal everywhere iff max == -min.
- * On a difference every rank sees the same result, so all of them gather the signatures
- * (the communicator stays usable) and raise one message naming each rank's call. */
-static k3_status check_across_ranks(const k3_backend *be, const char *what, int call,
-                                    const k3_tensor *t) {
-    double v[2 * SIG_N];
-    sig_of(v, call, t);
-    for (int i = 0; i < SIG_N; i++) v[SIG_N + i] = -v[i];
-    int64_t shape[1] = {2 * SIG_N};
-    k3_device dev = {K3_DEVICE_CUDA, g_dist.device};
-    k3_tensor *st = NULL;
-    K3_TRY(k3_tensor_from_f64(&st, 1, shape, K3_DTYPE_F64, dev, v));
-    double mine[SIG_N];
-    memcpy(mine, v, sizeof mine);
-    k3_status s = be->dist_all_reduce(st, K3_DIST_MAX | K3_DIST_INTERNAL);
-    if (s == K3_OK) s = k3_tensor_to_f64(st, v);
-    k3_tensor_free(st);
-    if (s != K3_OK) {
-        /* The backend names its internal call; the user made `what`. */
-        static const char internal[] = "k3.dist.shape check";
-        const char *m = k3_last_error();
-        if (strncmp(m, internal, sizeof internal - 1) == 0) {
-            char copy[1200];
-            snprintf(copy, sizeof copy, "%s", m + sizeof internal - 1);
-            return k3_error(s, "k3.dist.%s%s", what, copy);
-        }
-        return s;
-    }
+K3_API k3_status k3_dist_board_verdict(k3_dist_board *b, int rank, const char *what) {
+    K3_TRY(board_rank(b, rank, "dist_board_verdict"));
+    if (k3_dist_board_ready(b, rank, NULL, 0) != 1)
+        return k3_error(K3_EINVAL, "dist_board_verdict: rank %d's collective %llu is not on the "
+                                   "board from every rank", rank,
+                        (unsigned long long)b->posted[rank]);
+    uint64_t seq = b->posted[rank];
+    b->done[rank] = seq;
+    const int64_t *mine = slot_of(b, rank, seq)->sig;
     bool same = true;
-    for (int i = 0; i < SIG_N; i++) same = same && v[i] == -v[SIG_N + i];
+    for (int q = 0; q < b->world && same; q++)
+        same = memcmp(slot_of(b, q, seq)->sig, mine, sizeof(int64_t) * SIG_N) == 0;
     if (same) return K3_OK;
-
-    int W = g_dist.world;
-    k3_tensor *one = NULL, *all = NULL;
-    int64_t s1[1] = {SIG_N}, sw[1] = {(int64_t)SIG_N * W};
-    double *sigs = k3_host_alloc(sizeof(double) * SIG_N * (size_t)W);
-    if (!sigs) return k3_error(K3_ENOMEM, "k3.dist.%s: out of host memory", what);
-    s = k3_tensor_from_f64(&one, 1, s1, K3_DTYPE_F64, dev, mine);
-    if (s == K3_OK) s = k3_tensor_empty(&all, 1, sw, K3_DTYPE_F64, dev);
-    if (s == K3_OK) s = be->dist_all_gather(all, one);
-    if (s == K3_OK) s = k3_tensor_to_f64(all, sigs);
-    k3_tensor_free(one);
-    k3_tensor_free(all);
-    if (s != K3_OK) {
-        k3_host_free(sigs, sizeof(double) * SIG_N * (size_t)W);
-        return s;
-    }
     char msg[2048];
     int len = snprintf(msg, sizeof msg, "k3.dist.%s: the ranks' calls differ (every rank must make "
                                         "the same collective call with the same dtype and shape):",
-                       what);
-    for (int r = 0; r < W && len > 0 && (size_t)len < sizeof msg; r++) {
-        if (r == 8 && W > 9) {
-            snprintf(msg + len, sizeof msg - (size_t)len, " ... (%d ranks)", W);
+                       what ? what : "?");
+    for (int q = 0; q < b->world && len > 0 && (size_t)len < sizeof msg; q++) {
+        if (q == 8 && b->world > 9) {
+            snprintf(msg + len, sizeof msg - (size_t)len, " ... (%d ranks)", b->world);
             break;
         }
         char d[320];
-        describe(d, sizeof d, sigs + (size_t)r * SIG_N);
-        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s rank %d: %s", r ? ";" : "", r, d);
+        describe(d, sizeof d, slot_of(b, q, seq)->sig);
+        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s rank %d: %s", q ? ";" : "", q, d);
     }
-    k3_host_free(sigs, sizeof(double) * SIG_N * (size_t)W);
     return k3_error(K3_ESHAPE, "%s", msg);
+}
+
+K3_API uint64_t k3_dist_board_checks(const k3_dist_board *b, int rank) {
+    return b && rank >= 0 && rank < b->world ? b->done[rank] : 0;
+}
+
+/* Tells the other ranks why this one gives up (the first note wins: O_EXCL), as the
+ * backend does for its own waits. */
+static void note_failure(const char *failed_file, int rank, const char *msg) {
+    if (!failed_file || !failed_file[0]) return;
+    int fd = open(failed_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return;
+    char line[1200];
+    int len = snprintf(line, sizeof line, "rank %d: %s\n", rank, msg);
+    if (len > 0) {
+        ssize_t w = write(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+        (void)w;
+    }
+    close(fd);
+}
+
+K3_API k3_status k3_dist_board_wait(k3_dist_board *b, int rank, const char *what,
+                                    double timeout_s, const char *failed_file) {
+    K3_TRY(board_rank(b, rank, "dist_board_wait"));
+    if (!what) what = "?";
+    double start = now_s(), last_file = start;
+    int spins = 0;
+    char missing[256];
+    for (;;) {
+        int ready = k3_dist_board_ready(b, rank, missing, sizeof missing);
+        if (ready == 1) return K3_OK;
+        if (ready < 0)
+            return k3_error(K3_EINVAL, "dist_board_wait: rank %d has no call on the board", rank);
+        double tn = now_s();
+        if (tn - last_file > 0.005) {
+            last_file = tn;
+            char note[512];
+            if (failed_file && failed_file[0] && read_failed(failed_file, note, sizeof note))
+                return k3_error(K3_ECUDA, "k3.dist.%s: rank %d stops: %s", what, rank, note);
+        }
+        if (tn - start > timeout_s) {
+            char msg[1100];
+            snprintf(msg, sizeof msg, "k3.dist.%s: rank %d timed out after %g s waiting for the "
+                                      "other ranks to make the same call (not there: rank%s %s; "
+                                      "a rank may have failed, or not made the call)",
+                     what, rank, timeout_s, strchr(missing, ',') ? "s" : "", missing);
+            note_failure(failed_file, rank, msg); /* the others stop now, not in turn */
+            return k3_error(K3_ECUDA, "%s", msg);
+        }
+        /* Spin briefly (the ranks' hosts reach a call microseconds apart), then sleep. */
+        int sp = spins++;
+        if (sp >= 200) {
+            struct timespec ts = {0, sp < 2000 ? 20000L : 500000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ---- the check before each collective ------------------------------------------------------ */
+
+/* A bounded wait ended without the peers: abort the communicator (its in-flight kernels
+ * stop, so the stream drains) and fail this and every later call with the message. */
+static k3_status stop(const k3_backend *be, const char *msg) {
+    snprintf(g_dist.dead, sizeof g_dist.dead, "%.1000s; communicator aborted", msg);
+    if (be) (void)be->dist_destroy(1);
+    return k3_error(K3_ECUDA, "%s", g_dist.dead);
+}
+
+/* Posts this rank's call to the board and waits (on the host only, bounded by the timeout
+ * and the launcher's failure note) until every rank has posted its own; then every rank
+ * compares the same signatures and a difference is the same K3_ESHAPE on each. Nothing is
+ * queued on a stream and no stream is waited for. */
+static k3_status check_across_ranks(const k3_backend *be, const char *what, int call,
+                                    const k3_tensor *t) {
+    k3_dist_board *b = g_dist.board;
+    int r = g_dist.rank;
+    K3_TRY(k3_dist_board_post(b, r, call, t));
+    double start = now_s();
+    if (k3_dist_board_wait(b, r, what, g_dist.timeout_s, g_dist.failed_file) != K3_OK) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", k3_last_error());
+        return stop(be, msg);
+    }
+    g_dist.check_calls++;
+    g_dist.check_ms += (now_s() - start) * 1e3;
+    return k3_dist_board_verdict(b, r, what);
+}
+
+/* ---- which collective runs (k3_dist_explain) ------------------------------------------------ */
+
+/* The message size up to which a one-shot all-reduce (each rank reads every peer's buffer
+ * through peer mappings and sums) beats NCCL's ring on NVLink; above it NCCL's bandwidth
+ * wins. 512 KiB is the split planned for two ranks on NVLink (an estimate, not a
+ * measurement here): to be measured once the kernel exists. */
+#define ONE_SHOT_MAX_BYTES (512 * 1024)
+
+static void decline(k3_dispatch *rec, const char *kernel, const char *reason) {
+    if (rec->ndeclined >= K3_MAX_DECLINES) return;
+    k3_decline *d = &rec->declined[rec->ndeclined++];
+    snprintf(d->kernel, sizeof d->kernel, "%s", kernel);
+    snprintf(d->reason, sizeof d->reason, "%s", reason);
+}
+
+K3_API k3_status k3_dist_decide(k3_dispatch *rec, const char *collective, const k3_tensor *t,
+                                int world, int simulated) {
+    if (!rec) return k3_error(K3_EINVAL, "dist_explain: rec is NULL");
+    bool reduce = collective && strcmp(collective, "all_reduce") == 0;
+    if (!reduce && !(collective && strcmp(collective, "all_gather") == 0)) {
+        char e[K3_ECHO_SIZE];
+        return k3_error(K3_EINVAL, "k3.dist.explain: collective must be \"all_reduce\" or "
+                                   "\"all_gather\"; got '%s'",
+                        collective ? k3_echo(e, sizeof e, collective) : "(null)");
+    }
+    memset(rec, 0, sizeof *rec);
+    snprintf(rec->op, sizeof rec->op, "%s", collective);
+    static const char alone[] = "world size 1: no other rank to exchange with";
+    if (reduce) {
+        char why[256];
+        int64_t bytes = t ? k3_tensor_numel(t) * (int64_t)k3_dtype_size(t->dtype) : 0;
+        if (world == 1) snprintf(why, sizeof why, "%s", alone);
+        else if (bytes > ONE_SHOT_MAX_BYTES)
+            snprintf(why, sizeof why, "the message is %lld bytes, over the one-shot limit of %d",
+                     (long long)bytes, ONE_SHOT_MAX_BYTES);
+        else if (simulated) snprintf(why, sizeof why, "a simulated world has no device buffers "
+                                                      "to map between ranks");
+        else snprintf(why, sizeof why, "not in this build: no peer-mapped buffers yet (NCCL "
+                                       "serves every size)");
+        decline(rec, "cuda.all_reduce.one_shot", why);
+    }
+    const char *nccl = reduce ? "nccl.all_reduce" : "nccl.all_gather";
+    if (world == 1) decline(rec, nccl, alone);
+    else if (simulated) decline(rec, nccl, "a simulated world has no communicator");
+    const char *chosen = world == 1 ? (reduce ? "local.all_reduce" : "local.all_gather")
+                         : simulated ? (reduce ? "simulate.all_reduce" : "simulate.all_gather")
+                                     : nccl;
+    snprintf(rec->chosen, sizeof rec->chosen, "%s", chosen);
+    return K3_OK;
+}
+
+K3_API k3_status k3_dist_explain(k3_dispatch *rec, const char *collective, const k3_tensor *t) {
+    return k3_dist_decide(rec, collective, t, k3_dist_world_size(), 0);
 }
 
 /* Shared entry checks; *be is NULL at world size 1 (no backend needed). */
@@ -396,6 +696,7 @@ static k3_status collective_prologue(const char *what, const k3_tensor *t, const
         }
     }
     if (g_dist.world == 1) return K3_OK;
+    if (g_dist.dead[0]) return k3_error(K3_ECUDA, "k3.dist.%s: %s", what, g_dist.dead);
     if (t) {
         k3_device d = k3_tensor_device(t);
         if (d.type != K3_DEVICE_CUDA || d.index != g_dist.device) {
@@ -423,7 +724,7 @@ K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op) {
     K3_TRY(collective_prologue("all_reduce", t, "tensor", &be));
     if (!be) return K3_OK;
     if (g_dist.check_shapes)
-        K3_TRY(check_across_ranks(be, "all_reduce", CALL_ALL_REDUCE_SUM + (int)op, t));
+        K3_TRY(check_across_ranks(be, "all_reduce", K3_DIST_CALL_ALL_REDUCE_SUM + (int)op, t));
     return be->dist_all_reduce(t, (int)op);
 }
 
@@ -442,7 +743,8 @@ K3_API k3_status k3_dist_all_gather(k3_tensor **out, const k3_tensor *t) {
         return k3_error(K3_EOVERFLOW, "k3.dist.all_gather: %d x %lld rows overflow", g_dist.world,
                         (long long)shape[0]);
     shape[0] = rows;
-    if (be && g_dist.check_shapes) K3_TRY(check_across_ranks(be, "all_gather", CALL_ALL_GATHER, t));
+    if (be && g_dist.check_shapes)
+        K3_TRY(check_across_ranks(be, "all_gather", K3_DIST_CALL_ALL_GATHER, t));
     k3_tensor *o = NULL;
     K3_TRY(k3_tensor_empty(&o, nd, shape, t->dtype, k3_tensor_device(t)));
     k3_status s;
@@ -472,8 +774,9 @@ K3_API k3_status k3_dist_barrier(void) {
     const k3_backend *be;
     K3_TRY(collective_prologue("barrier", NULL, NULL, &be));
     if (!be) return K3_OK;
-    /* The check is itself a synchronous all-reduce, so it is the barrier. */
-    return check_across_ranks(be, "barrier", CALL_BARRIER, NULL);
+    /* The check waits for every rank's post, so it is the barrier (of the hosts: work
+     * already queued on the streams is not waited for; k3.synchronize does that). */
+    return check_across_ranks(be, "barrier", K3_DIST_CALL_BARRIER, NULL);
 }
 
 K3_API k3_status k3_dist_synchronize(void) {
@@ -487,8 +790,11 @@ K3_API k3_status k3_dist_destroy(int abort) {
     k3_status s = K3_OK;
     if (g_dist.initialized && g_dist.world > 1) {
         const k3_backend *be = dist_backend("destroy");
-        s = be ? be->dist_destroy(abort) : K3_EDEVICE;
+        s = be ? be->dist_destroy(abort || g_dist.dead[0]) : K3_EDEVICE;
     }
+    k3_dist_board_free(g_dist.board);
+    g_dist.board = NULL;
+    g_dist.dead[0] = '\0';
     g_dist.initialized = 0;
     g_dist.rank = 0;
     g_dist.world = 1;
@@ -501,5 +807,14 @@ K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset) {
     memset(out, 0, sizeof *out);
     if (!g_dist.initialized || g_dist.world == 1) return K3_OK;
     const k3_backend *be = dist_backend("stats");
-    return be ? be->dist_stats(out, reset) : K3_EDEVICE;
+    K3_TRY(be ? be->dist_stats(out, reset) : K3_EDEVICE);
+    /* The checks are the core's: host time waiting for the peers' posts, no stream waits. */
+    out->calls[2] = g_dist.check_calls;
+    out->ms[2] = g_dist.check_ms;
+    out->stream_waits[2] = 0;
+    if (reset) {
+        g_dist.check_calls = 0;
+        g_dist.check_ms = 0;
+    }
+    return K3_OK;
 }

@@ -850,7 +850,8 @@ typedef struct k3_dist_options {
     const char *dir;   /* NULL: K3_DIST_DIR, the launcher's directory for the NCCL id file */
     double timeout_s;  /* <= 0: K3_DIST_TIMEOUT (default 120): bound of every wait */
     int check_shapes;  /* -1: K3_DIST_CHECK (default 1): compare call, dtype and shape
-                        * across ranks before each collective (one small all-reduce) */
+                        * across ranks before each collective, on the host (a shared-memory
+                        * board in dir: every rank on one host) */
     int wait_each;     /* -1: K3_DIST_WAIT ("each", the default, = 1; "next" = 0): wait for
                         * each collective before returning, or only before the next one */
 } k3_dist_options;
@@ -876,22 +877,34 @@ K3_API k3_status k3_dist_all_reduce(k3_tensor *t, k3_dist_op op);
  * rank order (a 0-dim t gives [world]). Same checks as all_reduce; out or t NULL is K3_EINVAL
  * ("dist_all_gather: out is NULL"). The caller owns *out. */
 K3_API k3_status k3_dist_all_gather(k3_tensor **out, const k3_tensor *t);
-/* Returns when every rank has called it (bounded like every wait). */
+/* Returns when every rank's host has called it (bounded like every wait); work queued on
+ * the streams is not waited for (k3_synchronize first for that). */
 K3_API k3_status k3_dist_barrier(void);
 /* Waits (bounded) for the last collective this process queued (wait_each = 0 mode). */
 K3_API k3_status k3_dist_synchronize(void);
 /* Leaves the group: graceful (finalize, bounded) unless abort is set or the communicator has
  * failed, then aborted. No-op when not initialised. */
 K3_API k3_status k3_dist_destroy(int abort);
-/* Device time of the collectives since init or the last reset, from CUDA events around each
- * NCCL call (it includes waiting for the slowest rank). Index 0 all_reduce, 1 all_gather,
- * 2 the shape checks. reset: zero them after reading. out NULL is K3_EINVAL
- * ("dist_get_stats: out is NULL"). */
+/* The collectives since init or the last reset. Index 0 all_reduce, 1 all_gather: calls,
+ * device time from CUDA events around each NCCL call (it includes waiting for the slowest
+ * rank), and stream_waits, the host's bounded waits for a collective on the compute stream
+ * (one per call with K3_DIST_WAIT=each, at most one per call with "next"). Index 2 the
+ * agreement checks: calls, ms = host time waiting for the other ranks' posts, and
+ * stream_waits, always 0 (the check reads host metadata only). reset: zero them after
+ * reading. out NULL is K3_EINVAL ("dist_get_stats: out is NULL"). */
 typedef struct k3_dist_stats {
     uint64_t calls[3];
     double ms[3];
+    uint64_t stream_waits[3];
 } k3_dist_stats;
 K3_API k3_status k3_dist_get_stats(k3_dist_stats *out, int reset);
+/* The collective k3_dist_all_reduce ("all_reduce") or k3_dist_all_gather ("all_gather") runs
+ * for t in this process group, as a dispatch record: chosen "nccl.all_reduce" above world
+ * size 1, "local.all_reduce" at 1 (the tensor is already the result; a gather copies), and
+ * each other candidate declined with its reason ("cuda.all_reduce.one_shot": peer-mapped
+ * buffers for messages <= 512 KiB, not in this build). Nothing runs. rec NULL or another
+ * collective name is K3_EINVAL. */
+K3_API k3_status k3_dist_explain(k3_dispatch *rec, const char *collective, const k3_tensor *t);
 
 /* ---- Lua embedding (libk3lua) --------------------------------------------------------------- */
 

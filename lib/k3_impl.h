@@ -350,8 +350,8 @@ typedef struct k3_backend {
      * dlopen on first use; NULL entries (a backend built without nccl.h) make k3_dist_init
      * fail with a reason. One communicator per process, on device `dev`; every wait is bounded by
      * timeout_s, and stops early when `abort_file` exists (the launcher's failed-rank
-     * note; this rank writes it first when it times out). op: k3_dist_op, plus
-     * K3_DIST_INTERNAL for the shape checks (counted apart). Tensors are contiguous on dev. */
+     * note; this rank writes it first when it times out). op: k3_dist_op. The agreement
+     * checks are the core's (lib/dist.c), on the host. Tensors are contiguous on dev. */
     k3_status (*dist_unique_id)(void *id, size_t n);
     k3_status (*dist_init)(int dev, int rank, int world, const void *id, size_t n,
                            double timeout_s, const char *abort_file, int wait_each);
@@ -364,7 +364,6 @@ typedef struct k3_backend {
      * freed to make room then), else 0. */
     int (*capturing)(int dev);
 } k3_backend;
-#define K3_DIST_INTERNAL 0x100
 
 /* Exported by libk3_cuda.so. Fills *out and returns K3_OK, or returns an error with a
  * one-line reason ("no CUDA device", "driver too old: …") in reason. */

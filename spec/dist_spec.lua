@@ -123,13 +123,64 @@ describe("k3.dist.simulate", function()
     assert.are.equal("rank 1: " .. want, errs[2])
   end)
 
-  it("fails the other ranks when one raises", function()
+  it("a call, dtype or shape that differs on one rank of three fails all three alike", function()
+    local cases = {
+      {function(d) d.all_reduce(k3.zeros({2, 3})) end, function(d) d.all_reduce(k3.zeros({2, 3}), "max") end,
+       "rank 0: all_reduce(sum) of f32 [2, 3]; rank 1: all_reduce(max) of f32 [2, 3]; rank 2: all_reduce(sum) of f32 [2, 3]"},
+      {function(d) d.all_reduce(k3.zeros({4})) end, function(d) d.all_reduce(k3.zeros({4}, {dtype = "bf16"})) end,
+       "rank 0: all_reduce(sum) of f32 [4]; rank 1: all_reduce(sum) of bf16 [4]; rank 2: all_reduce(sum) of f32 [4]"},
+      {function(d) d.barrier() end, function(d) d.all_gather(k3.zeros({1, 2})) end,
+       "rank 0: barrier; rank 1: all_gather of f32 [1, 2]; rank 2: barrier"},
+    }
+    for _, c in ipairs(cases) do
+      local _, errs = k3.dist.simulate(3, function(r, d)
+        if r == 1 then c[2](d) else c[1](d) end
+      end, {errors = "return"})
+      local tail = ": the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): " .. c[3]
+      for r = 0, 2 do
+        local op = r == 1 and c[3]:match("rank 1: ([%w_]+)") or c[3]:match("rank 0: ([%w_]+)")
+        -- (all_gather raises at its caller, so its message starts with the caller's position)
+        local got = errs[r + 1]:gsub("^(rank %d+: )[^:]*:%d+: ", "%1")
+        assert.are.equal(string.format("rank %d: k3.dist.%s%s", r, op, tail), got)
+      end
+    end
+  end)
+
+  it("checks every collective on the host board and never waits for a stream", function()
+    local res = k3.dist.simulate(2, function(r, d)
+      local t = k3.ones({2, 4})
+      for _ = 1, 5 do d.all_reduce(t) end
+      d.all_gather(t, 2)
+      d.barrier()
+      local st = d.stats{reset = true}
+      local after = d.stats()
+      return {st, after, t:get(1, 1)}
+    end)
+    for r = 1, 2 do
+      local st, after = res[r][1], res[r][2]
+      assert.are.equal(5, st.all_reduce.calls)
+      assert.are.equal(1, st.all_gather.calls)
+      assert.are.equal(7, st.check.calls) -- 5 all-reduces, the gather and the barrier
+      assert.are.equal(0, st.check.stream_waits)
+      assert.are.equal(0, after.check.calls + after.all_reduce.calls)
+      assert.are.equal(32, res[r][3]) -- 2^5: the checks let every all-reduce through
+    end
+  end)
+
+  it("fails the other ranks when one raises, and every later call of theirs alike", function()
     local _, errs = k3.dist.simulate(2, function(r, d)
       if r == 1 then error("boom", 0) end
       d.barrier()
     end, {errors = "return"})
     assert.are.equal("rank 1: boom", errs[2])
     assert.are.equal("rank 0: k3.dist.barrier: rank 0 waits for ranks that will not join (rank 1 failed)", errs[1])
+    local res = k3.dist.simulate(2, function(r, d)
+      if r == 1 then return "gone" end
+      local first = select(2, pcall(d.barrier))
+      return {first, select(2, pcall(d.all_reduce, k3.ones({2})))}
+    end)
+    local want = "k3.dist.barrier: rank 0 waits for ranks that will not join (rank 1 finished)"
+    assert.are.same({want, want}, res[1])
   end)
 end)
 
@@ -220,14 +271,59 @@ describe("k3.trace and k3.dist.simulate", function()
         d.all_reduce(t)
       end)
     end)
-    assert.are.equal(2, #r)
+    assert.are.equal(4, #r)
     assert.are.equal("silu_mul", r[1].op)
+    assert.are.equal("silu_mul", r[2].op)
+    for i = 3, 4 do
+      assert.are.equal("all_reduce", r[i].op)
+      assert.are.equal("simulate.all_reduce", r[i].kernel)
+      assert.are.same({{kernel = "cuda.all_reduce.one_shot", reason = "a simulated world has no device buffers to map between ranks"},
+                       {kernel = "nccl.all_reduce", reason = "a simulated world has no communicator"}}, r[i].declined)
+    end
     local ok, err = pcall(k3.dist.simulate, 2, function(_, d)
       local t = k3.ones({2})
       return #k3.trace(function() d.all_reduce(t) end)
     end)
     assert.is_false(ok)
     assert.truthy(tostring(err):find("attempt to yield across a C-call boundary", 1, true), err)
+  end)
+end)
+
+describe("which collective runs (k3.dist.explain, k3.trace)", function()
+  after_each(function() k3.dist.destroy() end)
+
+  it("names the local collective at world size 1 and why NCCL and one-shot decline", function()
+    local alone = "world size 1: no other rank to exchange with"
+    local t = k3.zeros({1, 7168}, {dtype = "bf16"})
+    assert.are.same({op = "all_reduce", chosen = "local.all_reduce", kernel = "local.all_reduce",
+                     declined = {{kernel = "cuda.all_reduce.one_shot", reason = alone},
+                                 {kernel = "nccl.all_reduce", reason = alone}}},
+                    k3.dist.explain("all_reduce", t))
+    k3.dist.init{world_size = 1}
+    local r = k3.trace(function()
+      k3.dist.all_reduce(t)
+      k3.dist.all_gather(t, 2):free()
+      k3.dist.barrier()
+    end)
+    assert.are.equal(2, #r)
+    assert.are.same({"all_reduce", "local.all_reduce"}, {r[1].op, r[1].kernel})
+    assert.are.same({"all_gather", "local.all_gather"}, {r[2].op, r[2].kernel})
+    assert.are.same({{kernel = "nccl.all_gather", reason = alone}}, r[2].declined)
+    H.raises(function() k3.dist.explain("reduce_scatter", t) end,
+             "k3.dist.explain: collective must be \"all_reduce\" or \"all_gather\"; got 'reduce_scatter'")
+    H.raises(function() k3.dist.explain("all_reduce", 3) end,
+             "bad argument #2 to 'explain' (k3.Tensor expected, got number)")
+  end)
+
+  it("in a simulated world: the size decides whether one-shot would be in reach", function()
+    local res = k3.dist.simulate(2, function(_, d)
+      return {d.explain("all_reduce", k3.zeros({16, 7168}, {dtype = "bf16"})),
+              d.explain("all_reduce", k3.zeros({64, 7168}, {dtype = "bf16"}))}
+    end)
+    assert.are.equal("simulate.all_reduce", res[1][1].kernel)
+    assert.are.equal("a simulated world has no device buffers to map between ranks", res[1][1].declined[1].reason)
+    assert.are.equal("simulate.all_reduce", res[2][2].kernel)
+    assert.are.equal("the message is 917504 bytes, over the one-shot limit of 524288", res[2][2].declined[1].reason)
   end)
 end)
 
@@ -242,9 +338,10 @@ describe("the --tp demo's table", function()
       assert.is_nil(r.ar_alone_dev_us) -- no collective runs at world size 1
       assert.is_true(r.pass)
       assert.are.equal(0, r.rel_err) -- TP=1 is the same computation
+      assert.are.equal(0, r.waits) -- nothing to wait for at world size 1
     end
     local text = tp.format(res)
-    for _, col in ipairs({"TP1 ms", "speed-up", "AR alone µs", "(wall µs)", "AR ms/step"}) do
+    for _, col in ipairs({"TP1 ms", "speed-up", "AR alone µs", "(wall µs)", "AR ms/step", "waits/step", "check ms"}) do
       assert.truthy(text:find(col, 1, true), col)
     end
     assert.truthy(text:find("NCCL's own all-reduce of one [M, 256] bf16 tensor", 1, true), text)
@@ -308,6 +405,114 @@ describe("scripts/k3 --nproc (launcher)", function()
     out, code = launch("--nproc 3 x.lua", "CUDA_VISIBLE_DEVICES=0,1")
     assert.are.equal(2, code)
     assert.truthy(out:find("--nproc 3 but CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)", 1, true), out)
+  end)
+end)
+
+describe("the agreement board between processes (scripts/k3 --nproc, CPU)", function()
+  -- Every rank maps K3_DIST_DIR/check.test as the process group does (rank 0 creates it and
+  -- leaves a marker once it is whole; the group orders it before the NCCL id instead), then
+  -- runs `body` with `board`, `rank` and `post(call, shape, dtype)` (post + wait + verdict;
+  -- returns the verdict's message or nil).
+  local function board_ranks(body, args)
+    local s = script([[
+      local k3 = require "k3"
+      local core = require "k3.core"
+      local rank = tonumber(os.getenv("K3_RANK"))
+      local dir = os.getenv("K3_DIST_DIR")
+      local path = dir .. "/check.test"
+      if rank ~= 0 then
+        for _ = 1, 400 do
+          if io.open(dir .. "/board.made") then break end
+          os.execute("sleep 0.01")
+        end
+      end
+      local board = core.dist_board_open(path, rank, 2)
+      if rank == 0 then io.open(dir .. "/board.made", "w"):close() end
+      local function post(call, shape, dtype, timeout)
+        board:post(rank, call, shape and k3.zeros(shape, {dtype = dtype or "f32"}) or nil)
+        local what = call:match("^[%w_]+")
+        local ok, err = pcall(board.wait, board, rank, what, timeout or 20, dir .. "/failed")
+        if not ok then error((tostring(err):gsub("^[^:]*:%d+: ", "")), 0) end
+        return board:verdict(rank, what)
+      end
+    ]] .. body)
+    local out, code, secs = launch("--nproc 2 " .. (args or "") .. " " .. s)
+    os.remove(s)
+    return out, code, secs
+  end
+
+  it("agrees over thousands of calls, names a difference alike on both ranks, stays usable", function()
+    local out, code = board_ranks([[
+      for i = 1, 3000 do
+        local call = ({"all_reduce(sum)", "all_gather", "barrier"})[i % 3 + 1]
+        local msg = post(call, call ~= "barrier" and {i % 5 + 1, 7} or nil, "bf16")
+        assert(msg == nil, msg)
+      end
+      print("rank " .. rank .. ": " .. tostring(post("all_reduce(sum)", {2, 8 * (rank + 1)}, "bf16")))
+      assert(post("barrier") == nil)
+      print("rank " .. rank .. " checks " .. board:checks(rank))]])
+    assert.are.equal(0, code, out)
+    local want = "k3.dist.all_reduce: the ranks' calls differ (every rank must make the same collective call with the same dtype and shape): rank 0: all_reduce(sum) of bf16 [2, 8]; rank 1: all_reduce(sum) of bf16 [2, 16]"
+    for r = 0, 1 do
+      assert.truthy(out:find(string.format("rank %d: %s\n", r, want), 1, true), out)
+      assert.truthy(out:find(string.format("rank %d checks 3002", r), 1, true), out)
+    end
+  end)
+
+  it("a rank that exits makes the other stop with the launcher's note, within the bound", function()
+    local out, code, secs = board_ranks([[
+      assert(post("barrier") == nil)
+      if rank == 1 then os.exit(3) end
+      local ok, err = pcall(post, "all_reduce(sum)", {16, 7168}, "bf16", 30)
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
+      os.exit(ok and 0 or 7)]], "--grace 30")
+    assert.are.equal(3, code, out)
+    assert.truthy(out:find("rank 0 got: k3.dist.all_reduce: rank 0 stops: rank 1 exited with status 3", 1, true), out)
+    assert.is_true(secs < 20, "took " .. secs .. " s")
+  end)
+
+  it("a rank that never posts makes the other time out naming it, and tells the others", function()
+    local out, code, secs = board_ranks([[
+      if rank == 1 then
+        for _ = 1, 400 do
+          local f = io.open(os.getenv("K3_DIST_DIR") .. "/failed")
+          if f then io.stderr:write("rank 1 saw: " .. f:read("l") .. "\n") os.exit(0) end
+          os.execute("sleep 0.02")
+        end
+        os.exit(9)
+      end
+      local ok, err = pcall(post, "all_gather", {1, 4}, "f32", 1)
+      io.stderr:write("rank 0 got: " .. tostring(err) .. "\n")
+      os.exit(ok and 0 or 7)]])
+    assert.are.equal(7, code, out)
+    local want = "k3.dist.all_gather: rank 0 timed out after 1 s waiting for the other ranks to make the same call (not there: rank 1; a rank may have failed, or not made the call)"
+    assert.truthy(out:find("rank 0 got: " .. want, 1, true), out)
+    assert.truthy(out:find("rank 1 saw: rank 0: " .. want, 1, true), out)
+    assert.is_true(secs < 20, "took " .. secs .. " s")
+  end)
+
+  it("refuses a board of another world and bad arguments", function()
+    local core = require "k3.core"
+    local path = os.tmpname()
+    os.remove(path)
+    local b0 = core.dist_board_open(path, 0, 2)
+    H.raises(function() core.dist_board_open(path, 1, 3) end, "k3.dist.init: " .. path .. " holds")
+    local b1 = core.dist_board_open(path, 1, 2)
+    H.raises(function() core.dist_board_open(path, 0, 2) end, "k3.dist.init: rank 0 cannot create the agreement board " .. path)
+    H.raises(function() b0:post(2, "barrier") end, "rank must be in 0..1; got 2")
+    H.raises(function() b0:post(0, "reduce") end, "unknown call 'reduce'")
+    H.raises(function() b0:ready(0) end, "k3.dist: rank 0 has no call on the board")
+    b0:post(0, "barrier")
+    H.raises(function() b0:post(0, "barrier") end, "dist_board_post: rank 0 posts collective 2 before the verdict on collective 1")
+    local ready, missing = b0:ready(0)
+    assert.is_false(ready)
+    assert.are.equal("1", missing)
+    H.raises(function() b0:verdict(0, "barrier") end, "dist_board_verdict: rank 0's collective 1 is not on the board from every rank")
+    b1:post(1, "barrier")
+    assert.is_true(b0:ready(0))
+    assert.is_nil(b0:verdict(0, "barrier"))
+    H.raises(function() core.dist_board(0) end, "world size must be in 1..4096; got 0")
+    os.remove(path)
   end)
 end)
 
@@ -384,6 +589,28 @@ describe("k3.dist on two GPUs #multigpu", function()
       print("rank " .. rank .. " parallel ok")]], 120)
     assert.are.equal(0, code, out)
     assert.truthy(out:find("rank 0 parallel ok", 1, true) and out:find("rank 1 parallel ok", 1, true), out)
+  end)
+
+  it("the agreement check waits for no stream: stream waits are the all-reduces' own", function()
+    if not two_gpus() then return end
+    for _, wait in ipairs{"each", "next"} do
+      local out, code = ranks(string.format([[
+        k3.dist.destroy()
+        k3.dist.init{wait = %q}
+        local t = k3.ones({1, 7168}, {dtype = "bf16", device = "cuda"})
+        k3.dist.stats{reset = true}
+        for _ = 1, 20 do k3.dist.all_reduce(t) end
+        k3.synchronize()
+        k3.dist.synchronize()
+        local st = k3.dist.stats()
+        assert(t:get(1, 1) == 2 ^ 20, "sum " .. t:get(1, 1))
+        assert(st.check.calls == 20 and st.check.stream_waits == 0, "check " .. st.check.calls)
+        assert(st.all_reduce.calls == 20 and st.all_reduce.stream_waits == 20,
+               "waits " .. st.all_reduce.stream_waits)
+        print("rank " .. rank .. " waits ok")]], wait), 60)
+      assert.are.equal(0, code, out)
+      assert.truthy(out:find("rank 0 waits ok", 1, true) and out:find("rank 1 waits ok", 1, true), out)
+    end
   end)
 
   it("a shape that differs across ranks is an error on both ranks, naming each shape", function()

@@ -171,6 +171,9 @@ void k3l_op_prepare(lua_State *L, int opts, int argn, int explain, k3l_call *c, 
 /* Ends an op or method call: raises on failure, pushes the explain record, or counts the call
  * in the state's counters and the active trace. Returns the number of results. */
 int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain);
+/* Pushes a decision as k3.explain and k3.trace show it: {op =, chosen =, kernel =, declined =
+ * {{kernel =, reason =}, ...}, captured = true|nil}. */
+void k3l_push_dispatch(lua_State *L, const k3_dispatch *d);
 
 /* ---- registration: each adds its functions to the table on top of the stack ---------------------- */
 

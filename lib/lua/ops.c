@@ -84,6 +84,9 @@ static void trace_record(lua_State *L, const k3l_call *c) {
     lua_pop(L, 1);
 }
 
+/* push_dispatch for the binding's other files (k3.dist's collectives). */
+void k3l_push_dispatch(lua_State *L, const k3_dispatch *d) { push_dispatch(L, d); }
+
 /* Reads opts.kernel (a string) from the table at idx, or NULL. The string stays valid while
  * the table is on the stack. */
 static const char *opt_kernel(lua_State *L, int idx, int argn) {

@@ -1,8 +1,8 @@
 -- k3.dist: tensor parallelism. The process group (one process per GPU, started by
 -- `scripts/k3 --nproc N`) and its collectives are C (lib/dist.c, kernels/dist.cu over NCCL);
--- this file adds all_gather along any dim and `simulate`, which runs the ranks of a world as
--- coroutines in one process with the same collective semantics, so sharded layers can be
--- checked on the CPU without GPUs.
+-- this file adds all_gather along any dim, explain, and `simulate`, which runs the ranks of a
+-- world as coroutines in one process with the same collective semantics and the same
+-- agreement check, so sharded layers can be checked on the CPU without GPUs.
 local core = require "k3.core"
 
 local dist = {}
@@ -113,48 +113,51 @@ function dist.all_gather(t, dim)
   return gather_along(core.dist_all_gather, t, dim, core.dist_world_size(), "all_gather")
 end
 
+--- k3.dist.explain(collective, t) -> record: which collective k3.dist.all_reduce
+--- ("all_reduce") or k3.dist.all_gather ("all_gather") runs for t now and why the others
+--- decline, as k3.explain gives a kernel's: {op =, chosen =, kernel =, declined = {{kernel =,
+--- reason =}, ...}}. Nothing runs. k3.trace records each collective the same way.
+function dist.explain(collective, t)
+  if t ~= nil then check_tensor(t, 2, "explain") end
+  return core.dist_explain(collective, t)
+end
+
 --- k3.dist.destroy{abort = false} leaves the group (graceful unless abort). opts other than
 --- nil or a table, or an abort other than a boolean, is a `bad argument` error.
 function dist.destroy(opts)
   core.dist_destroy(boolean_option(opts, "abort", 1, "destroy"))
 end
 
---- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =}, all_gather = ..., check = ...}:
---- device time of the collectives (CUDA events around each NCCL call; includes waiting for
---- the slowest rank). Zero at world size 1. opts other than nil or a table, or a reset other
---- than a boolean, is a `bad argument` error.
+--- k3.dist.stats{reset = false} -> {all_reduce = {calls =, ms =, stream_waits =}, all_gather =
+--- ..., check = ...}: ms the device time of the collectives (CUDA events around each NCCL
+--- call; includes waiting for the slowest rank), stream_waits the host's waits for one on the
+--- compute stream; for check, ms the host time waiting for the other ranks' posts and
+--- stream_waits 0 (the check reads host metadata only). Zero at world size 1. opts other
+--- than nil or a table, or a reset other than a boolean, is a `bad argument` error.
 function dist.stats(opts) return core.dist_stats(boolean_option(opts, "reset", 1, "stats")) end
 
 -- ---- a simulated world ---------------------------------------------------------------------
 
 local function dims(t) return "[" .. table.concat(t:size(), ", ") .. "]" end
 
-local function describe(req)
-  if req.op == "barrier" then return "barrier" end
-  local name = req.op == "all_reduce" and ("all_reduce(" .. req.reduce .. ")") or req.op
-  return string.format("%s of %s %s", name, req.t:dtype(), dims(req.t))
+-- The board's name of a request's call (lib/dist.h).
+local function call_name(req)
+  if req.op == "all_reduce" then return "all_reduce(" .. req.reduce .. ")" end
+  return req.op
 end
 
--- Runs one collective for every rank's request; returns per-rank replies.
-local function run_collective(reqs, W)
+-- Runs one collective for every rank's request (each posted to `board`); returns per-rank
+-- replies. The agreement check is the process group's own (the C board): every rank's
+-- verdict over the same signatures, so a difference fails every rank with one message.
+local function run_collective(reqs, W, board)
+  local replies, differ = {}, false
+  for r = 0, W - 1 do
+    local msg = board:verdict(r, reqs[r].op)
+    if msg then differ = true end
+    replies[r] = {err = msg}
+  end
+  if differ then return replies end
   local first = reqs[0]
-  local same = true
-  for r = 1, W - 1 do
-    same = same and describe(reqs[r]) == describe(first)
-  end
-  if not same then
-    local parts = {}
-    for r = 0, W - 1 do parts[#parts + 1] = string.format("rank %d: %s", r, describe(reqs[r])) end
-    local msg = string.format("k3.dist.%s: the ranks' calls differ (every rank must make the same " ..
-                              "collective call with the same dtype and shape): %s", first.op,
-                              table.concat(parts, "; "))
-    local replies = {}
-    for r = 0, W - 1 do
-      replies[r] = {err = msg:gsub("^k3%.dist%.[%w_]+", "k3.dist." .. reqs[r].op, 1)}
-    end
-    return replies
-  end
-  local replies = {}
   if first.op == "all_reduce" then
     if first.reduce == "sum" then
       -- Summed in f64 and rounded once: what NCCL's sum gives for two ranks.
@@ -201,12 +204,23 @@ local function run_collective(reqs, W)
 end
 
 -- The rank object handed to each simulated rank: k3.dist's interface.
-local function sim_rank(rank, W)
+local function sim_rank(rank, W, board)
   local d = {}
+  local calls = {all_reduce = 0, all_gather = 0}
+  local dead -- as the process group's: after a wait that failed, every later call fails so
   local function call(req)
+    if dead then error(dead, 0) end
+    board:post(rank, call_name(req), req.t)
+    if calls[req.op] then calls[req.op] = calls[req.op] + 1 end
     local reply = coroutine.yield(req)
+    if reply.fatal then dead = reply.err end
     if reply.err then error(reply.err, 0) end
+    if req.op ~= "barrier" then core.dist_trace(req.op, req.t, W) end
     return reply.value
+  end
+  function d.explain(collective, t)
+    if t ~= nil then check_tensor(t, 2, "explain") end
+    return core.dist_explain(collective, t, W)
   end
   function d.rank() return rank end
   function d.world_size() return W end
@@ -231,18 +245,27 @@ local function sim_rank(rank, W)
   end
   function d.barrier() call{op = "barrier"} end
   function d.synchronize() end
+  -- Calls made, and the checks this rank ran on the board; no time and no stream waits (a
+  -- simulated world has no streams, and the check never waits for one).
+  local checks0 = 0
   function d.stats(opts)
-    boolean_option(opts, "reset", 1, "stats")
-    return {all_reduce = {calls = 0, ms = 0}, all_gather = {calls = 0, ms = 0},
-                             check = {calls = 0, ms = 0}}
+    local reset = boolean_option(opts, "reset", 1, "stats")
+    local st = {all_reduce = {calls = calls.all_reduce, ms = 0, stream_waits = 0},
+                all_gather = {calls = calls.all_gather, ms = 0, stream_waits = 0},
+                check = {calls = board:checks(rank) - checks0, ms = 0, stream_waits = 0}}
+    if reset then
+      calls.all_reduce, calls.all_gather, checks0 = 0, 0, board:checks(rank)
+    end
+    return st
   end
   return d
 end
 
 --- k3.dist.simulate(world_size, fn, {errors = "raise"|"return"}) runs fn(rank, d) for every
 --- rank as a coroutine; d has k3.dist's interface (rank, world_size, all_reduce, all_gather,
---- barrier) and its collectives meet like NCCL's: each waits for every rank's call, and calls
---- that differ in kind, dtype or shape fail on every rank. Returns {[rank + 1] = fn's first
+--- barrier, explain, stats) and its collectives meet like NCCL's: each waits for every rank's
+--- call, and calls that differ in kind, dtype or shape fail on every rank (checked on the
+--- process group's own agreement board, lib/dist.h). Returns {[rank + 1] = fn's first
 --- result}; with errors = "return" also {[rank + 1] = message} instead of raising. A world
 --- size that is not an integer >= 1, an fn that is not a function, opts other than nil or a
 --- table and an errors other than "raise" or "return" are `bad argument` errors; inside a
@@ -262,6 +285,7 @@ function dist.simulate(W, fn, opts)
           shown(opts.errors) .. ")", 2)
   end
   local cos, results, errors, pending, live = {}, {}, {}, {}, {}
+  local board = core.dist_board(W)
   local function step(r, reply)
     local ok, v = coroutine.resume(cos[r], reply)
     if not ok then
@@ -275,7 +299,7 @@ function dist.simulate(W, fn, opts)
     live[r] = nil
   end
   for r = 0, W - 1 do
-    cos[r] = coroutine.create(function() return fn(r, sim_rank(r, W)) end)
+    cos[r] = coroutine.create(function() return fn(r, sim_rank(r, W, board)) end)
     live[r] = true
   end
   for r = 0, W - 1 do step(r) end
@@ -287,7 +311,7 @@ function dist.simulate(W, fn, opts)
     local reqs = pending
     pending = {}
     if #gone == 0 then
-      local replies = run_collective(reqs, W)
+      local replies = run_collective(reqs, W, board)
       for r = 0, W - 1 do step(r, replies[r]) end
     else
       -- Ranks that finished or failed never join: in a real world the others would time out.
@@ -297,7 +321,7 @@ function dist.simulate(W, fn, opts)
       end
       for _, r in ipairs(waiting) do
         step(r, {err = string.format("k3.dist.%s: rank %d waits for ranks that will not join (%s)",
-                                     reqs[r].op, r, table.concat(why, ", "))})
+                                     reqs[r].op, r, table.concat(why, ", ")), fatal = true})
       end
     end
   end

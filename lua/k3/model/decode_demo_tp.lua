@@ -95,6 +95,8 @@ function M.run(opts)
     local st = d.stats()
     rows[#rows + 1] = {m = m, ms = ms, ar_ms = st.all_reduce.ms / steps,
                        ar_calls = st.all_reduce.calls / steps, check_ms = st.check.ms / steps,
+                       waits = (st.all_reduce.stream_waits + st.all_gather.stream_waits +
+                                st.check.stream_waits) / steps,
                        kernels = count_kernels(trace), output = y}
   end
   -- TP = 1 on every rank at once (so no rank idles into a timeout): the same weights whole,
@@ -162,13 +164,13 @@ function M.format(res)
   p("  fidelity: rank 0's final hidden state of the last step vs a TP=1 run of the same weights (pass: rel err <= %g, cosine >= %g)",
     res.tol.rel_err, res.tol.cosine)
   p("")
-  p("%3s  %10s  %10s  %8s  %10s  %7s  %8s  %12s  %12s  %11s  %10s  %9s  %4s  %s", "M",
-    "ms/step", "TP1 ms", "speed-up", "AR ms/step", "AR %", "AR/step", "AR alone µs", "(wall µs)",
-    "rel err", "cosine", "max |d|", "ok", "kernels (calls per step, rank 0)")
+  p("%3s  %10s  %10s  %8s  %10s  %7s  %8s  %10s  %11s  %12s  %12s  %11s  %10s  %9s  %4s  %s", "M",
+    "ms/step", "TP1 ms", "speed-up", "AR ms/step", "AR %", "AR/step", "waits/step", "check ms",
+    "AR alone µs", "(wall µs)", "rel err", "cosine", "max |d|", "ok", "kernels (calls per step, rank 0)")
   for _, r in ipairs(res.rows) do
-    p("%3d  %10.3f  %10.3f  %7.2fx  %10.3f  %6.1f%%  %8.0f  %12s  %12.1f  %11.3e  %10.7f  %9.3e  %4s  %s",
+    p("%3d  %10.3f  %10.3f  %7.2fx  %10.3f  %6.1f%%  %8.0f  %10.0f  %11.3f  %12s  %12.1f  %11.3e  %10.7f  %9.3e  %4s  %s",
       r.m, r.ms, r.tp1_ms, r.ms > 0 and r.tp1_ms / r.ms or 0, r.ar_ms,
-      r.ms > 0 and 100 * r.ar_ms / r.ms or 0, r.ar_calls,
+      r.ms > 0 and 100 * r.ar_ms / r.ms or 0, r.ar_calls, r.waits, r.check_ms,
       r.ar_alone_dev_us and string.format("%.1f", r.ar_alone_dev_us) or "-", r.ar_alone_wall_us,
       r.rel_err, r.cosine, r.max_abs, r.pass and "yes" or "NO", r.kernels)
   end
@@ -178,6 +180,8 @@ function M.format(res)
     cfg.hidden_size, res.dtype)
   p("per call from CUDA events around it ('-' at world size 1: no collective runs), and wall time")
   p("per call including k3's bounded host wait; AR ms/step = the stack's all-reduces, device time.")
+  p("waits/step: the host's waits for a collective on the compute stream (K3_DIST_WAIT=each: one per")
+  p("collective); check ms: host time per step in the agreement check, waiting for the other ranks.")
   return table.concat(out, "\n")
 end
 
