@@ -101,8 +101,10 @@ test: deps
 # with nvcc, compiling kernels/*.cu (about 2.5 min on 2 cores) would be most of the demo's
 # time for a backend that cannot run there. `make` (or `make test`) still builds it.
 DEMO_TARGETS = $(filter-out $(if $(wildcard /dev/nvidia[0-9]*),,$(LIBCUDA)),$(TARGETS))
+# WEIGHTS=PATH: a checkpoint (file, folder or index) instead of generated weights; DEMO_ARGS:
+# more options for scripts/demo.lua (`make demo WEIGHTS=ckpt/ DEMO_ARGS="--config tiny"`).
 demo: $(DEMO_TARGETS)
-	@scripts/k3 scripts/demo.lua
+	@scripts/k3 scripts/demo.lua $(if $(WEIGHTS),--weights '$(WEIGHTS)') $(DEMO_ARGS)
 
 # valgrind (memcheck) over spec/scripts/leak_check.lua (tensors, ops, methods, trace, policy, and
 # their failing versions) and over the game-loop host's clean run (scripts/leak-check says what

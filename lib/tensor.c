@@ -246,7 +246,8 @@ void k3_storage_release_memory(k3_storage *s) {
  * pressure hook one chance to free unreachable tensors, then the allocation is retried once. */
 static k3_status device_alloc(const k3_backend *b, k3_storage *s) {
     k3_status st = b->alloc(s->device.index, s->nbytes, &s->data);
-    if (st == K3_ENOMEM && t_pressure && !(b->capturing && b->capturing(s->device.index))) {
+    if (st == K3_ENOMEM && t_pressure && !k3_graph_capturing() &&
+        !(b->capturing && b->capturing(s->device.index))) {
         t_pressure(t_pressure_ud);
         st = b->alloc(s->device.index, s->nbytes, &s->data);
     }

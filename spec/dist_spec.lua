@@ -228,6 +228,13 @@ describe("k3.nn.parallel", function()
     H.raises(function() P.RowParallelLinear({a = w}, {name = "b"}) end,
              "RowParallelLinear: the weight table has no tensor 'b'")
     H.raises(function() P.RowParallelLinear(w, {rank = 2, world_size = 2}) end, "parallel: rank 2 is not in 0..1")
+    -- from a safetensors path only the named tensor is read (a name with pattern characters)
+    local path = os.tmpname()
+    k3.save_safetensors(path, {["g.weight"] = w, ["g+weight"] = k3.zeros({2, 2})})
+    local lp = P.ColumnParallelLinear(path, {name = "g.weight", parts = {8, 8}, rank = 1, world_size = 2})
+    assert.are.equal(0, k3.max_abs_diff(lp(x), y))
+    H.raises(function() P.RowParallelLinear(path, {name = "g"}) end, "RowParallelLinear: the weight table has no tensor 'g'")
+    os.remove(path)
   end)
 
   it("the Kimi-K3 TP stack (tiny) matches TP=1 at W = 2 and 4, every rank the same", function()

@@ -195,6 +195,13 @@ describe("scripts/demo.lua --weights DIR", function()
     assert.is_not_nil(row(a), a)
     assert.are.equal(row(a), row(b))
   end)
+
+  it("make demo WEIGHTS=DIR passes the folder on as --weights", function()
+    local out, code = H.sh(string.format("cd %q && make -n demo WEIGHTS=/ckpt/dir DEMO_ARGS='--config tiny' NVCC= 2>&1",
+                                         H.root()))
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("scripts/k3 scripts/demo.lua --weights '/ckpt/dir' --config tiny", 1, true), out)
+  end)
 end)
 
 describe("README: loading a sharded checkpoint folder", function()

@@ -40,8 +40,8 @@ int k3l_raise(lua_State *L);
 int k3l_raise_as(lua_State *L, const char *fname);
 
 /* Runs a core call with its messages numbered as Lua counts (from 1), restoring the thread's
- * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). */
-/* For the call's duration the thread's device-pressure hook (k3_embed.h) is this state's full
+ * numbering afterwards, so a C host on the same thread keeps its own (k3_embed.h). For the
+ * call's duration the thread's device-pressure hook (k3_embed.h) is this state's full
  * collection (k3l_collect), so a device allocation that fails first frees what the collector
  * can; the previous hook is restored afterwards. Expands in functions with `L` in scope. */
 #define K3L_RUN(s, expr)                                                                   \

@@ -23,8 +23,9 @@
 void k3l_collect(void *ud) { lua_gc((lua_State *)ud, LUA_GCCOLLECT); }
 
 k3l_tensor_ud *k3l_push_tensor(lua_State *L) {
-    uint64_t grown = k3_take_allocated_bytes(GC_REPORT_BYTES);
-    /* An explicit step runs even in a stopped collector: collectgarbage("stop") is respected. */
+    /* An explicit step runs even in a stopped collector: collectgarbage("stop") is respected.
+     * During a graph capture the bytes wait for the first tensor after it. */
+    uint64_t grown = k3_graph_capturing() ? 0 : k3_take_allocated_bytes(GC_REPORT_BYTES);
     if (grown && lua_gc(L, LUA_GCISRUNNING))
         lua_gc(L, LUA_GCSTEP, (int)((grown >> 10) < INT32_MAX ? grown >> 10 : INT32_MAX));
     k3l_tensor_ud *u = lua_newuserdatauv(L, sizeof *u, 0);

@@ -80,20 +80,6 @@ function M.dequantize(w, scale_inv, opts)
   return res
 end
 
--- Stacks tensors along dim 1 into one new tensor (their dtype and device). Stands where a
--- concatenation op is not yet available: one narrow + copy per part.
-local function join_rows(parts)
-  local rows, first = 0, parts[1]
-  for _, p in ipairs(parts) do rows = rows + p:size(1) end
-  local out = k3.empty({rows, first:size(2)}, {dtype = first:dtype(), device = first:device()})
-  local at = 1
-  for _, p in ipairs(parts) do
-    out:narrow(1, at, p:size(1)):copy(p)
-    at = at + p:size(1)
-  end
-  return out
-end
-
 -- The sources of the stack weights that `names` (a set of tensor names) provides: {stack name
 -- = {source, ...}}, one source when the name is kept, both parts of a joined weight when either
 -- is there (a missing part is the loader's error; a missing weight is kimi_k3.build's).
@@ -205,7 +191,7 @@ function M.to_stack(weights, opts)
         parts[i] = weights[s]
         if not parts[i] then error(string.format("hf.to_stack: no tensor '%s' (needed for '%s')", s, target), 2) end
       end
-      out[target] = join_rows(parts)
+      out[target] = k3.cat(parts, 1)
       if opts and opts.free then
         for _, t in ipairs(parts) do t:free() end
       end

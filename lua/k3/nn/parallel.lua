@@ -35,8 +35,11 @@ end
 -- The full weight from a table of tensors (opts.name) or a safetensors file path. Errors
 -- point at the caller of the layer's constructor (named_weight < source_weight < __call).
 local function named_weight(src, opts, what)
-  if type(src) == "string" then
-    src = k3.load_safetensors(src)
+  if type(src) == "string" and type(opts.name) == "string" then
+    -- only that tensor is read (a missing one gives the table's error below)
+    src = k3.load_safetensors(src, {match = "^" .. opts.name:gsub("%p", "%%%0") .. "$"})
+  elseif type(src) == "string" then
+    src = {}
   end
   if type(src) ~= "table" then
     error(string.format("%s: weight must be a k3 tensor or a {name = tensor} table (got %s)", what,
