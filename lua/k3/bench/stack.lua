@@ -27,6 +27,10 @@ local Env = require "k3.bench.env"
 
 local S = {}
 S.MS = {1, 16}
+-- A read-only pass cannot beat the memory: an H200's HBM peak (4.8 TB/s) is about 1.1x its
+-- measured copy bandwidth (4.2-4.3 TB/s, read + written). A read limit faster than this many
+-- times the copy bandwidth is a measurement error and is refused.
+S.READ_BW_MAX = 1.15
 -- The targets of the decode step (a benchmark, never a timed test): kimi-k3-tp8 on one H200,
 -- in a graph, about 83% / 79% of the read limit; AttnRes's marginal cost; eager vs graph.
 S.TARGETS = {
@@ -43,11 +47,14 @@ local function record_step(stack, x)
   local nn = require "k3.nn"
   local rec = {linear = {}, attn = {}}
   local orig_call, orig_attn = nn.Linear.__call, k3.attn_res
-  -- x is [M, K], or [M, 2K] (gate | up) with the down projection's silu_mul prologue.
+  -- x is [M, K], or [M, 2K] (gate | up) with the down projection's silu_mul prologue; the
+  -- call's options (a prologue and what it needs: norm_weight, eps) are replayed as given.
   nn.Linear.__call = function(self, xx, o)
+    local opts = {}
+    for k, v in pairs(o or {}) do opts[k] = v end
     rec.linear[#rec.linear + 1] = {method = self.method, weight = self.weight, bias = self.bias,
                                    M = xx:size(1), K = self.weight:size(2), XK = xx:size(2),
-                                   N = self.weight:size(1), prologue = o and o.prologue,
+                                   N = self.weight:size(1), opts = opts,
                                    packed = xx:stride(1) == xx:size(2) and xx:stride(2) == 1}
     return orig_call(self, xx, o)
   end
@@ -93,8 +100,10 @@ local function build_replays(env, rec)
   end
   local lin, lin_bytes = {}, 0
   for i, c in ipairs(rec.linear) do
-    lin[i] = {m = c.method, w = c.weight, b = c.bias, x = buf(xb, {c.M, c.XK}, true),
-              o = {out = buf(yb, {c.M, c.N}, false), prologue = c.prologue}}
+    local o = {}
+    for k, v in pairs(c.opts) do o[k] = v end
+    o.out = buf(yb, {c.M, c.N}, false)
+    lin[i] = {m = c.method, w = c.weight, b = c.bias, x = buf(xb, {c.M, c.XK}, true), o = o}
     lin_bytes = lin_bytes + 2 * (c.N * c.K + c.M * c.XK + c.M * c.N)
   end
   local attn, attn_bytes = {}, 0
@@ -249,9 +258,21 @@ function S.run(env, peers, opts)
   local L = require "k3.bench.linear"
   local lok, limits, machine, limit_method = pcall(L.read_limits, env, sizes, {"--single", "--reps", "5"})
   if lok then
+    -- The plain read only: chained with PDL, two reads of one buffer overlap and the second
+    -- finds the first's lines in L2. A figure faster than any memory can be (above
+    -- S.READ_BW_MAX x the measured copy bandwidth) is refused, never reported.
     for _, row in ipairs(rows) do
       local r = limits[granule(row.step_bytes)]
-      row.read_limit_us = r and math.min(r.read_us, r.read_pdl_us or r.read_us)
+      local us = r and r.read_us
+      local bw = us and us > 0 and row.step_bytes / (us * 1e3)
+      if bw and not env.dry and bw > S.READ_BW_MAX * env.bw then
+        env.errors = env.errors or {}
+        env.errors[#env.errors + 1] = {label = string.format("M=%d read limit", row.M),
+          error = string.format("%.3f ms for %.2f GB is %.0f GB/s, above %.1fx the measured copy bandwidth (%.0f GB/s): refused",
+                                us / 1000, row.step_bytes / 1e9, bw, S.READ_BW_MAX, env.bw)}
+      else
+        row.read_limit_us = us
+      end
     end
   else
     env.errors = env.errors or {}
