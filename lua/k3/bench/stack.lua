@@ -43,11 +43,13 @@ local function record_step(stack, x)
   local nn = require "k3.nn"
   local rec = {linear = {}, attn = {}}
   local orig_call, orig_attn = nn.Linear.__call, k3.attn_res
-  -- x is [M, K], or [M, 2K] (gate | up) with the down projection's silu_mul prologue.
+  -- x is [M, K], or [M, 2K] (gate | up) with the down projection's silu_mul prologue; q_b's
+  -- rms_norm prologue brings its norm_weight and eps.
   nn.Linear.__call = function(self, xx, o)
     rec.linear[#rec.linear + 1] = {method = self.method, weight = self.weight, bias = self.bias,
                                    M = xx:size(1), K = self.weight:size(2), XK = xx:size(2),
                                    N = self.weight:size(1), prologue = o and o.prologue,
+                                   norm_weight = o and o.norm_weight, eps = o and o.eps,
                                    packed = xx:stride(1) == xx:size(2) and xx:stride(2) == 1}
     return orig_call(self, xx, o)
   end
@@ -94,7 +96,8 @@ local function build_replays(env, rec)
   local lin, lin_bytes = {}, 0
   for i, c in ipairs(rec.linear) do
     lin[i] = {m = c.method, w = c.weight, b = c.bias, x = buf(xb, {c.M, c.XK}, true),
-              o = {out = buf(yb, {c.M, c.N}, false), prologue = c.prologue}}
+              o = {out = buf(yb, {c.M, c.N}, false), prologue = c.prologue,
+                   norm_weight = c.norm_weight, eps = c.eps}}
     lin_bytes = lin_bytes + 2 * (c.N * c.K + c.M * c.XK + c.M * c.N)
   end
   local attn, attn_bytes = {}, 0
