@@ -82,6 +82,7 @@ k3_status k3_graph_note_op(const k3_op_args *a, k3_device device) {
     case K3_OP_LINEAR: {
         const k3_linear_args *l = &a->u.linear;
         ts[0] = l->x, ts[1] = l->w, ts[2] = l->bias, ts[3] = l->residual, ts[4] = l->out;
+        ts[5] = l->norm_weight; /* the rms_norm prologue's */
         break;
     }
     case K3_OP_ATTN_RES: {
