@@ -393,12 +393,10 @@ k3_status k3_tensor_empty(k3_tensor **out, int ndim, const int64_t *shape, k3_dt
 
 /* ---- strided row walking (CPU) -------------------------------------------------------------- */
 
-/* Calls fn once per innermost row of `shape` with the element offset of that row's first
- * element in each of the nt tensors' strides. */
-typedef void (*row_fn)(void *ctx, const int64_t *off, int64_t n);
-
-static void walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
-                      const int64_t *base, row_fn fn, void *ctx) {
+/* k3_walk_rows (k3_impl.h): fn once per innermost row of `shape`, with the element offset of
+ * that row's first element in each of the nt views' strides. */
+void k3_walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
+                  const int64_t *base, k3_row_fn fn, void *ctx) {
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) numel *= shape[i];
     if (numel == 0) return;
@@ -447,7 +445,7 @@ static k3_status copy_cpu(k3_tensor *dst, const k3_tensor *src) {
                   src->ndim ? src->stride[src->ndim - 1] : 1};
     const int64_t *strides[2] = {dst->stride, src->stride};
     int64_t base[2] = {dst->offset, src->offset};
-    walk_rows(dst->ndim, dst->size, 2, strides, base, copy_row, &c);
+    k3_walk_rows(dst->ndim, dst->size, 2, strides, base, copy_row, &c);
     return K3_OK;
 }
 
@@ -564,7 +562,7 @@ k3_status k3_tensor_fill(k3_tensor *t_in, double value) {
     fill_ctx c = {t->storage->data, t->dtype, t->ndim ? t->stride[t->ndim - 1] : 1, value};
     const int64_t *strides[1] = {t->stride};
     int64_t base[1] = {t->offset};
-    walk_rows(t->ndim, t->size, 1, strides, base, fill_row, &c);
+    k3_walk_rows(t->ndim, t->size, 1, strides, base, fill_row, &c);
     return K3_OK;
 }
 
@@ -1211,7 +1209,7 @@ static k3_status binary_impl(const char *fname, k3_tensor **out, k3_binop op,
                          b ? 0 : (scalar_first ? 2 : 1)};
             const int64_t *strides[3] = {r->stride, a->stride, b ? b->stride : a->stride};
             int64_t base[3] = {0, a->offset, b ? b->offset : 0};
-            walk_rows(a->ndim, a->size, 3, strides, base, bin_row, &c);
+            k3_walk_rows(a->ndim, a->size, 3, strides, base, bin_row, &c);
         }
     }
     if (st != K3_OK) {
@@ -1345,11 +1343,6 @@ k3_status k3_synchronize(void) {
 }
 
 /* ---- joins, ranges and equality (k3.cat, k3.stack, k3.arange, k3.linspace, k3.equal) --------- */
-
-void k3_walk_rows(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
-                  const int64_t *base, k3_row_fn fn, void *ctx) {
-    walk_rows(ndim, shape, nt, strides, base, fn, ctx);
-}
 
 /* The n tensors of a join: present, live, of ts[0]'s ndim, dtype and device, each size equal
  * to ts[0]'s except in dim `skip` (-1: none). Entries are numbered from the message base. */
