@@ -125,14 +125,15 @@ template <class T> struct wvec<T, float> {
 
 /* ---- warps, clusters, programmatic dependent launch ----------------------------------------- */
 
-__device__ __forceinline__ float warp_sum(float v) {
+/* Sum and max over the 32 lanes of a warp, f32 or f64 (the generic kernel's f64 accumulator). */
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
+template <class A> __device__ __forceinline__ A warp_max(A v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 

@@ -37,18 +37,6 @@ __device__ __forceinline__ double k3c_rsqrt(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float k3c_exp(float x) { return expf(x); }
 __device__ __forceinline__ double k3c_exp(double x) { return exp(x); }
 
-template <class A> __device__ __forceinline__ A warp_sum_any(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-template <class A> __device__ __forceinline__ A warp_max_any(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 /* The scale-safe norms (attn_res.cuh's ss_needs_rescale, for f32 and f64 accumulators): a sum
  * of squares that overflowed or fell where squared elements may be denormal is recomputed on
  * the values scaled by 2^-e, e the binary exponent of their max magnitude. */
@@ -75,7 +63,7 @@ template <class A, int N, bool MAX = false> __device__ void block_sum(A (&v)[N],
      * reported the mix loop's reads against this function's scratch writes). */
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < N; i++) v[i] = MAX ? warp_max_any(v[i]) : warp_sum_any(v[i]);
+    for (int i = 0; i < N; i++) v[i] = MAX ? warp_max(v[i]) : warp_sum(v[i]);
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < N; i++) scratch[warp * N + i] = v[i];

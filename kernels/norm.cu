@@ -5,6 +5,7 @@
  * rounded once. Both launch with programmatic dependent launch (common.cuh).
  */
 #include "common.cuh"
+#include "silu.cuh"
 
 #include <stdio.h>
 
@@ -35,13 +36,6 @@ template <> __device__ __forceinline__ double load_w<double>(const void *p, int 
 }
 __device__ __forceinline__ float rsqrt_exact(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); }
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
-/* silu(g) = g / (1 + exp(-g)); at g = -inf that is -inf / inf, NaN, where the limit is 0
- * (reached from below: -0), as lib/cpu/norm.c. */
-template <class A> __device__ __forceinline__ A silu_(A g) {
-    return g == -(A)INFINITY ? -(A)0 : g / ((A)1 + exp_(-g));
-}
 
 /* One CTA per row (grid-stride over rows). The row scale follows lib/cpu/rms.h: the sum of
  * squares and max |x| are reduced together; a row whose sum is not finite or below the
@@ -126,7 +120,7 @@ __global__ void silu_mul_kernel(const T *__restrict__ x, int64_t xs, T *__restri
         int64_t i = k / I, j = k - i * I;
         A g = k3c_load_acc<T>(x[i * xs + j]);
         A u = k3c_load_acc<T>(x[i * xs + I + j]);
-        y[i * ys + j] = k3c_store_acc<T>(silu_(g) * u);
+        y[i * ys + j] = k3c_store_acc<T>(k3c_silu(g) * u);
     }
 }
 

@@ -1,8 +1,8 @@
 /*
- * silu.cuh — SiLU on the device for the SwiGLU gate of the linear kernels' silu_mul prologue
- * (cuda.linear.skinny, cuda.linear.batch_invariant): the expression and evaluation order of
- * cuda.silu_mul.generic (kernels/norm.cu) and of lib/cpu/silu.h, so a fused gate rounds to
- * the bits the separate silu_mul kernel writes. Needs only the CUDA math library.
+ * silu.cuh — SiLU on the device for the SwiGLU gate: cuda.silu_mul.generic (kernels/norm.cu)
+ * and the linear kernels' silu_mul prologue (cuda.linear.skinny, cuda.linear.batch_invariant)
+ * share this one definition, the expression and evaluation order of lib/cpu/silu.h, so a fused
+ * gate rounds to the bits the separate silu_mul kernel writes. Needs only the CUDA math library.
  */
 #ifndef K3_SILU_CUH
 #define K3_SILU_CUH
