@@ -11,7 +11,7 @@ local Summary = require "k3.bench.summary"
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
   linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
-  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: packed, decode, stream and generic,
+  attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: decode, stream and generic,
                 eager and in a graph, beside a plain Triton AttnRes kernel timed in the same command
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
@@ -22,7 +22,7 @@ options:
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
   --bw GBPS         use this copy bandwidth for the floors instead of the measured one
   --ts 1,16         attn_res: only these token counts;  --nbs 1,8  only these num_blocks
-  --kernels a,b     attn_res: only these kernels (packed, decode, stream, generic)
+  --kernels a,b     attn_res: only these kernels (decode, stream, generic)
   --graph-only      attn_res: no eager figures
   --independent-delta  attn_res: each call's delta is its own input, not the previous output
   --no-triton       attn_res: do not run scripts/bench-peers.py --only attn_res_triton first
@@ -62,8 +62,8 @@ local function parse(args)
     elseif key == "--kernels" then
       local list = {}
       for v in value():gmatch("[^,]+") do
-        if v ~= "packed" and v ~= "decode" and v ~= "stream" and v ~= "generic" then
-          die("--kernels: unknown kernel '" .. v .. "' (packed, decode, stream, generic)")
+        if v ~= "decode" and v ~= "stream" and v ~= "generic" then
+          die("--kernels: unknown kernel '" .. v .. "' (decode, stream, generic)")
         end
         list[#list + 1] = v
       end

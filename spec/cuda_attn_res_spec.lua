@@ -376,7 +376,13 @@ end)
 describe("cuda.attn_res.stream #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.stream"
-  if not k3.has_kernel(K) then return end
+  if not k3.has_kernel(K) then
+    -- Not registered here (K3_DISABLE_KERNELS): the suite says so, and forcing it must raise.
+    it("is not registered, and a call forced to it raises", function()
+      assert.is_false(have_kernel(K))
+    end)
+    return
+  end
 
   it("prefill shapes: T 64, 300, 4097; num_blocks 1, 4, 8; padded blocks; f16; f32 weights", function()
     for _, T in ipairs({64, 300}) do

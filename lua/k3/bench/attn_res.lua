@@ -109,7 +109,7 @@ function A.run(env, peers, opts)
     for _, n in ipairs(opts.kernels or {}) do if n == kk[1] then want = true end end
     if want then kernels[#kernels + 1] = {kk[1], env:kernel(kk[2])} end
   end
-  local rows, declined = {}, {}
+  local rows, other_reads = {}, {}
   local total, done = #ts * #nbs, 0
   for ti, T in ipairs(ts) do
     local tl = env.dry and math.max(1, T // env.shrink) or T
@@ -246,7 +246,7 @@ function A.run(env, peers, opts)
       rows[#rows + 1] = row
     end
     if T == 1 and not opts.kernels then
-      A.run_declined(env, sets, alloc, copies, declined)
+      A.run_other_reads(env, sets, alloc, copies, other_reads)
     end
     for _, t in ipairs({P, B, O, NW, QW, OW, D}) do t:free() end
     sets = nil
@@ -254,7 +254,7 @@ function A.run(env, peers, opts)
   end
   U.progress_done()
   local res = {rows = rows, summary = A.summarize(rows), independent_delta = opts.independent_delta,
-               declined_rows = declined,
+               other_reads = other_reads,
                machine = env:device_name(),
                partial = (opts.ts or opts.nbs or opts.kernels or opts.independent_delta) and true or nil}
   res.lines = A.format(env, peers, res, kernels)
@@ -264,10 +264,10 @@ end
 -- The decode step's other reads, at T = 1: no delta (the read after a seal) and a fused seal
 -- (write_block = num_blocks + 1, so static_blocks stays num_blocks), num_blocks 1 and 7, in a
 -- graph over the same rotated sets, by the kernel dispatch picks and by the generic kernel.
-A.DECLINED = {{"no delta", false}, {"seal", true}}
-function A.run_declined(env, sets, alloc, copies, out)
+A.OTHER_READS = {{"no delta", false}, {"seal", true}}
+function A.run_other_reads(env, sets, alloc, copies, out)
   for _, nb in ipairs({1, A.S - 1}) do
-    for _, case in ipairs(A.DECLINED) do
+    for _, case in ipairs(A.OTHER_READS) do
       local row = {T = 1, num_blocks = nb, read = case[1]}
       local function args_for(kname)
         local a = {}
@@ -399,7 +399,7 @@ function A.format(env, peers, res, kernels)
     p("measurements that raised an error (shown as '-' above):")
     for _, l in ipairs(errs) do out[#out + 1] = l end
   end
-  if res.declined_rows and #res.declined_rows > 0 then
+  if res.other_reads and #res.other_reads > 0 then
     p("")
     p("the decode step's other reads (T = 1, in a graph, µs; 'fast' = what dispatch picks):")
     local dcols = {
@@ -409,7 +409,7 @@ function A.format(env, peers, res, kernels)
       {head = "generic-g", key = "generic_graph_us", fmt = U.fmt_us},
       {head = "gen/fast", key = "generic_over_fast", fmt = "%.2fx"},
     }
-    for _, line in ipairs(U.format_table(dcols, res.declined_rows)) do out[#out + 1] = line end
+    for _, line in ipairs(U.format_table(dcols, res.other_reads)) do out[#out + 1] = line end
   end
   p("")
   p("'check': each kernel vs generic (out and written-back prefix), max|diff| / max|generic| <= 2e-2.")

@@ -3,6 +3,6 @@
 -- accepts the call runs; unregistered kernels and kernels for another device are skipped with a
 -- recorded reason), batch_invariant's lists, which replace an op's list in batch-invariant mode,
 -- and on_layout_mismatch = "error": a layout a kernel needs but does not get (padded rows for
--- the packed AttnRes kernel) raises that kernel's layout error ("fallback" makes it a decline).
+-- the decode AttnRes kernel) raises that kernel's layout error ("fallback" makes it a decline).
 -- k3.set_policy(tbl) replaces any of them.
 return require("k3.core").default_policy()
