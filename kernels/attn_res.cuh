@@ -19,12 +19,15 @@ namespace k3ar {
 
 /* K3_ATTN_RES_PDL: "0" launches the decode and stream kernels without programmatic dependent
  * launch; anything else (or unset) launches them with it. K3_ATTN_RES_DECODE_CTAS: CTAs per
- * token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's rule. */
+ * token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's rule.
+ * K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves (1..2^30; unset or out
+ * of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
+    int64_t decode_max_t;
 };
-inline knobs g_knobs = {1, 0};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -37,6 +40,9 @@ inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
+    const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
+    const long long v = mt && *mt ? atoll(mt) : 0;
+    g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

@@ -1,5 +1,6 @@
 /*
- * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64) for every case
+ * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64, attn_res.cuh's
+ * K3_ATTN_RES_DECODE_MAX_T) for every case
  * of the op the Kimi-K3 stream makes (delta or none, a fused block write or none, num_blocks
  * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
  * default policy. A token is a cluster of CTAs (4 at H 7168; 1..8) exchanging partial sums
@@ -18,7 +19,6 @@ namespace {
 
 const int kMaxThreads = 512;
 const int kMaxCtas = 8;
-const int64_t kMaxTokens = 64;
 const int kMaxBlocks = 16;
 
 struct decode_params : row_args {
@@ -419,7 +419,7 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
 
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
-    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, kMaxTokens, false, 0, kMaxBlocks},
+    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, get_knobs().decode_max_t, false, 0, kMaxBlocks},
                        reason, n));
     decode_shape sh;
     if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n)) return K3_ESHAPE;

@@ -6,10 +6,13 @@
  * For each B (a positive multiple of 16): random non-zero data in copies of B bytes totalling
  * >= 4x the L2 (at least K3T_MIN_COPIES), a CUDA graph of L = max(20, copies) back-to-back reads (read j
  * streams copy j % copies), median of R replays / L, for every launch shape of
- * k3t_read_shapes(); the read limit is the best shape's time, plain and chained with PDL.
+ * k3t_read_shapes(); the read limit is the best shape's time, plain, chained with PDL, and
+ * chained with PDL through a data dependency (each read's write waits on a load of the
+ * previous read's output: read_limit.cuh's dependent chain, the floor of a decode chain).
  * Writes one JSON object: {"machine": "...", "method": "...", "results": [{"bytes": B,
- * "read_us": t, "read_shape": "c2t512u8stride", "read_pdl_us": t, "read_pdl_shape": "..."},
- * ...]} to FILE (default stdout); progress and errors go to stderr.
+ * "read_us": t, "read_shape": "c2t512u8stride", "read_pdl_us": t, "read_pdl_shape": "...",
+ * "read_dep_us": t, "read_dep_shape": "..."}, ...]} to FILE (default stdout); progress and
+ * errors go to stderr.
  *
  * --single: for byte counts far above the L2 (a whole decode step's weights, tens of GB): one
  * buffer of B bytes (B >= 4x the L2, so no read finds the previous one's data in it), a graph
@@ -71,7 +74,8 @@ int main(int argc, char **argv) {
     int64_t words = 0;
     for (const auto &r : shapes) words = std::max(words, k3t_read_out_words(r, sms));
     unsigned *out = nullptr;
-    CK(cudaMalloc(&out, words * sizeof(unsigned)));
+    CK(cudaMalloc(&out, 2 * words * sizeof(unsigned)));
+    CK(cudaMemset(out, 0, 2 * words * sizeof(unsigned)));
 
     std::string res = "[";
     for (size_t si = 0; si < sizes.size(); si++) {
@@ -88,35 +92,41 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&buf, bytes * copies));
         k3t_fill(buf, bytes / 2 * copies, 4242 + si, 1.0f, t.s);
         CK(cudaStreamSynchronize(t.s));
-        double best[2] = {1e30, 0};
-        std::string best_name[2];
-        for (int pdl = 0; pdl < (single ? 1 : 2); pdl++) {
+        double best[3] = {1e30, 0, 0};
+        std::string best_name[3];
+        for (int mode = 0; mode < (single ? 1 : 3); mode++) {
             k3t_read_shape r = {};
-            best[pdl] = k3t_read_limit(t, sms, buf, bytes, copies, L, out, pdl != 0, &r,
-                                       [](const k3t_read_shape &, double) {});
-            best_name[pdl] = k3t_read_shape_name(r);
+            best[mode] = k3t_read_limit(t, sms, buf, bytes, copies, L, out, mode != 0, &r,
+                                        [](const k3t_read_shape &, double) {}, mode == 2,
+                                        2 * words);
+            best_name[mode] = k3t_read_shape_name(r);
         }
         CK(cudaFree(buf));
-        if (best[0] > 1e29 || (!single && best[1] > 1e29)) {
+        if (best[0] > 1e29 || (!single && (best[1] > 1e29 || best[2] > 1e29))) {
             fprintf(stderr, "read-limit: no launch shape could be timed for %zu bytes\n", bytes);
             return 1;
         }
-        char item[256];
+        char item[448];
         if (single) {
             fprintf(stderr, "read-limit: %zu bytes: %.2f us (%s), one plain read\n", bytes, best[0],
                     best_name[0].c_str());
             snprintf(item, sizeof item,
                      "%s{\"bytes\": %zu, \"read_us\": %.4f, \"read_shape\": \"%s\", "
-                     "\"read_pdl_us\": null, \"read_pdl_shape\": null}",
+                     "\"read_pdl_us\": null, \"read_pdl_shape\": null, \"read_dep_us\": null, "
+                     "\"read_dep_shape\": null}",
                      si ? ", " : "", bytes, best[0], best_name[0].c_str());
         } else {
-            fprintf(stderr, "read-limit: %zu bytes: %.2f us (%s), chained with PDL %.2f us (%s)\n",
-                    bytes, best[0], best_name[0].c_str(), best[1], best_name[1].c_str());
+            fprintf(stderr,
+                    "read-limit: %zu bytes: %.2f us (%s), chained with PDL %.2f us (%s), "
+                    "dependent chain %.2f us (%s)\n",
+                    bytes, best[0], best_name[0].c_str(), best[1], best_name[1].c_str(), best[2],
+                    best_name[2].c_str());
             snprintf(item, sizeof item,
                      "%s{\"bytes\": %zu, \"read_us\": %.4f, \"read_shape\": \"%s\", "
-                     "\"read_pdl_us\": %.4f, \"read_pdl_shape\": \"%s\"}",
+                     "\"read_pdl_us\": %.4f, \"read_pdl_shape\": \"%s\", \"read_dep_us\": %.4f, "
+                     "\"read_dep_shape\": \"%s\"}",
                      si ? ", " : "", bytes, best[0], best_name[0].c_str(), best[1],
-                     best_name[1].c_str());
+                     best_name[1].c_str(), best[2], best_name[2].c_str());
         }
         res += item;
     }

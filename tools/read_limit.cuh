@@ -16,6 +16,12 @@
  * calls launched with the programmatic-stream-serialization attribute overlap each one's
  * ramp with the previous one's tail, which is the best a weight-streaming kernel that may
  * read its weights before the wait can do.
+ *
+ * The dependent chain (dep != NULL, with pdl): after the wait every thread also loads one
+ * 16-byte word of `dep`, the previous call's output (what a decode projection does with x
+ * after its wait: an L2 round trip to data the previous kernel just wrote), folds it in, and
+ * the CTA meets at a barrier (a partial-sum reduction's) before the write. That is the floor
+ * of a weight-streaming kernel whose input is the output of the kernel before it.
  */
 #ifndef K3_TOOLS_READ_LIMIT_CUH
 #define K3_TOOLS_READ_LIMIT_CUH
@@ -39,7 +45,7 @@ static __device__ __forceinline__ uint4 k3rl_load(const uint4 *p) {
 template <int THREADS, int UNROLL, bool CONTIG>
 __global__ void __launch_bounds__(THREADS)
     k3_read_limit_kernel(const uint4 *__restrict__ p, int64_t n16, unsigned *__restrict__ out,
-                         int pdl) {
+                         int pdl, const unsigned *__restrict__ dep, int64_t dep_words) {
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     uint32_t acc = 0;
     int64_t i, end, stride;
@@ -65,9 +71,17 @@ __global__ void __launch_bounds__(THREADS)
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int64_t wi = ((int64_t)blockIdx.x * THREADS + threadIdx.x) >> 5;
+    if (dep) {
+        /* 16 bytes per lane, wrapped into the buffer */
+        const int64_t q = (wi * 32 + (threadIdx.x & 31)) * 4 % (dep_words & ~(int64_t)3);
+        const uint4 d = __ldcg((const uint4 *)(dep + q)); /* L2: the previous call wrote it */
+        acc ^= d.x ^ d.y ^ d.z ^ d.w;
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) out[((int64_t)blockIdx.x * THREADS + threadIdx.x) >> 5] = acc;
+    if (dep) __syncthreads();
+    if ((threadIdx.x & 31) == 0) out[wi] = acc;
 }
 
 /* One launch shape of the read-limit sweep. */
@@ -93,10 +107,12 @@ static inline int64_t k3t_read_out_words(const k3t_read_shape &s, int sms) {
 }
 
 /* Enqueues one read of bytes (a multiple of 16) at p on stream; out holds
- * k3t_read_out_words words. */
+ * k3t_read_out_words words. dep (with pdl; else NULL): the dependent chain's input, dep_words
+ * >= 4 words (16-byte aligned) the previous call wrote. */
 static inline cudaError_t k3t_read_launch(const k3t_read_shape &s, int sms, const void *p,
                                           size_t bytes, unsigned *out, bool pdl,
-                                          cudaStream_t stream) {
+                                          cudaStream_t stream, const unsigned *dep = nullptr,
+                                          int64_t dep_words = 0) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -112,8 +128,10 @@ static inline cudaError_t k3t_read_launch(const k3t_read_shape &s, int sms, cons
     cudaError_t e = cudaErrorInvalidValue;
 #define K3RL_CASE(T_, U_)                                                                  \
     if (s.threads == (T_) && s.unroll == (U_))                                             \
-        e = s.contig ? cudaLaunchKernelEx(&lc, k3_read_limit_kernel<T_, U_, true>, q, n16, out, f) \
-                     : cudaLaunchKernelEx(&lc, k3_read_limit_kernel<T_, U_, false>, q, n16, out, f);
+        e = s.contig ? cudaLaunchKernelEx(&lc, k3_read_limit_kernel<T_, U_, true>, q, n16, out, f, \
+                                          dep, dep_words)                                  \
+                     : cudaLaunchKernelEx(&lc, k3_read_limit_kernel<T_, U_, false>, q, n16, out, f, \
+                                          dep, dep_words);
     K3RL_CASE(256, 4) K3RL_CASE(256, 8) K3RL_CASE(512, 4) K3RL_CASE(512, 8)
     K3RL_CASE(1024, 4) K3RL_CASE(1024, 8)
 #undef K3RL_CASE
@@ -129,16 +147,22 @@ static inline std::string k3t_read_shape_name(const k3t_read_shape &r) {
 
 /* The read limit of `bytes`: the best (smallest) median µs per read over k3t_read_shapes(),
  * each timed as a graph of L reads, read j streaming copy j % copies of base (copies of
- * `bytes` bytes each, back to back); chained with PDL when pdl. *best = the winning shape;
+ * `bytes` bytes each, back to back); chained with PDL when pdl. dep (with pdl): the dependent
+ * chain, read j writing half j % 2 of out and reading the other half (out then holds
+ * out_words words: twice the largest shape's k3t_read_out_words). *best = the winning shape;
  * each(shape, us) sees every timing (us < 0: it failed). 1e30 when none could be timed. */
 template <class F>
 static double k3t_read_limit(k3t_timer &t, int sms, const void *base, size_t bytes, int copies,
-                             int L, unsigned *out, bool pdl, k3t_read_shape *best, F each) {
+                             int L, unsigned *out, bool pdl, k3t_read_shape *best, F each,
+                             bool dep = false, int64_t out_words = 0) {
     double best_us = 1e30;
+    const int64_t half = (out_words / 2) & ~(int64_t)3;
     for (const auto &r : k3t_read_shapes()) {
         const double us = k3t_time_calls(t, L, [&](int j) {
+            unsigned *o = dep ? out + (j % 2) * half : out;
+            const unsigned *d = dep ? out + ((j + 1) % 2) * half : nullptr;
             return k3t_read_launch(r, sms, (const char *)base + (size_t)(j % copies) * bytes,
-                                   bytes, out, pdl, t.s) == cudaSuccess;
+                                   bytes, o, pdl, t.s, d, dep ? half : 0) == cudaSuccess;
         });
         each(r, us);
         if (us > 0 && us < best_us) {

@@ -60,7 +60,8 @@ end
 L.repo_root = repo_root
 
 -- L.read_limits(env, byte_counts[, flags]) -> {[bytes] = {read_us =, read_pdl_us =, read_shape =,
--- read_pdl_shape =}}, machine, method. flags: more arguments of scripts/read-limit (the stack
+-- read_pdl_shape =, read_dep_us =, read_dep_shape =}}, machine, method (read_dep_us: chained
+-- with PDL through a data dependency, tools/read_limit.cuh's dependent chain). flags: more arguments of scripts/read-limit (the stack
 -- bench's {"--single", "--reps", "5"}). On the GPU: scripts/read-limit (tools/read_limit.cu),
 -- which raises here when it fails; in a dry run: a model (bytes over the nominal bandwidth
 -- plus a 1.5 µs ramp; 0.3 µs of it left when chained with PDL).
@@ -69,7 +70,8 @@ function L.read_limits(env, byte_counts, flags)
   if env.dry then
     for _, b in ipairs(byte_counts) do
       local t = b / (Env.NOMINAL_BW * 1e3)
-      out[b] = {read_us = t + 1.5, read_pdl_us = t + 0.3, read_shape = "model", read_pdl_shape = "model"}
+      out[b] = {read_us = t + 1.5, read_pdl_us = t + 0.3, read_dep_us = t + 1.0, read_shape = "model",
+                read_pdl_shape = "model", read_dep_shape = "model"}
     end
     return out, "dry run (CPU): modelled read limits", "model"
   end
@@ -177,6 +179,7 @@ function L.run(env, peers, opts)
       local fast = ex.chosen and ex.chosen:find("skinny", 1, true) ~= nil
       local pdl = fast -- the skinny kernel launches with PDL
       local read_us = pdl and lim.read_pdl_us or lim.read_us
+      local dep_us = pdl and lim.read_dep_us or lim.read_us
       local note
       if not fast then
         for _, d in ipairs(ex.declined or {}) do
@@ -245,6 +248,7 @@ function L.run(env, peers, opts)
         launch = pdl and "pdl" or "plain", read_us = read_us,
         read_shape = pdl and lim.read_pdl_shape or lim.read_shape,
         read_frac = ratio(read_us, t_plan), cublas_read_frac = ratio(read_us, t_cub),
+        dep_us = dep_us, dep_frac = ratio(dep_us, t_plan),
         plan_eager_us = t_plan_e, cublas_eager_us = t_cub_e,
         torch_us = peer.torch_us, torch_eager_us = peer.torch_eager_us,
         vs_torch = ratio(peer.torch_us, t_plan),
@@ -274,11 +278,16 @@ function L.summarize(rows)
   local vs_torch_m1 = {}
   local bad_checks = {}
   local read_min, read_min_at = {}, {}
+  local dep_min, dep_min_at = {}, {}
   local won = {}
   for _, r in ipairs(rows) do
     if (r.M == 1 or r.M == 16) and r.read_frac and
        (not read_min[r.M] or r.read_frac < read_min[r.M]) then
       read_min[r.M], read_min_at[r.M] = r.read_frac, r.shape
+    end
+    if (r.M == 1 or r.M == 16) and r.dep_frac and
+       (not dep_min[r.M] or r.dep_frac < dep_min[r.M]) then
+      dep_min[r.M], dep_min_at[r.M] = r.dep_frac, r.shape
     end
     if r.M == 1 and r.config then won[#won + 1] = r.shape end
     by_m[r.M] = by_m[r.M] or {}
@@ -310,6 +319,8 @@ function L.summarize(rows)
     bad_checks = bad_checks,
     read_limit_frac_m1_min = read_min[1], read_limit_frac_m1_at = read_min_at[1],
     read_limit_frac_m16_min = read_min[16], read_limit_frac_m16_at = read_min_at[16],
+    dep_floor_frac_m1_min = dep_min[1], dep_floor_frac_m1_at = dep_min_at[1],
+    dep_floor_frac_m16_min = dep_min[16], dep_floor_frac_m16_at = dep_min_at[16],
     shapes_won = won,
   }
   for m, xs in pairs(by_m) do s.geomean_by_m[tostring(m)] = U.geomean(xs) end
@@ -335,7 +346,9 @@ function L.format(env, peers, res)
   p("each call's x the previous call's y; random bf16 data; floor = (weight + x + y bytes) / copy bandwidth;")
   p("%%floor = floor / time; gap = time - floor; read = the read limit of the weight's bytes (k3's read-only")
   p("streaming kernel, best launch shape, timed the same way; chained with PDL where 'launch' is pdl);")
-  p("%%read = read / time. Read limit: %s; %s", res.read_limit_method or "-", res.machine or "-")
+  p("%%read = read / time; dep = the same read chained through a data dependency (after its wait each")
+  p("read loads the previous read's output, then meets at a barrier, then writes: a decode chain's floor);")
+  p("%%dep = dep / time. Read limit: %s; %s", res.read_limit_method or "-", res.machine or "-")
   p("peer column 'torch': torch.nn.functional.linear, from %s", peers.source)
   p("")
   local cols = {
@@ -353,6 +366,8 @@ function L.format(env, peers, res)
     {head = "read µs", key = "read_us", fmt = U.fmt_us},
     {head = "%read", key = "read_frac", fmt = U.pct},
     {head = "cuBLAS %read", key = "cublas_read_frac", fmt = U.pct},
+    {head = "dep µs", key = "dep_us", fmt = U.fmt_us},
+    {head = "%dep", key = "dep_frac", fmt = U.pct},
     {head = "floor µs", key = "floor_us", fmt = U.fmt_us},
     {head = "%floor", key = "plan_floor_frac", fmt = U.pct},
     {head = "cuBLAS %floor", key = "cublas_floor_frac", fmt = U.pct},
@@ -409,6 +424,10 @@ function L.format(env, peers, res)
   p("  %%read limit, min over shapes, M = 16:  %-8s target >= %.0f%%   %s   at %s",
     U.pct(s.read_limit_frac_m16_min), 100 * T.read_frac_m16, s.verdicts.read_frac_m16,
     s.read_limit_frac_m16_at or "-")
+  p("  %%dependent-chain floor, min, M = 1:    %-8s (no target: the floor a chain of dependent calls can reach)   at %s",
+    U.pct(s.dep_floor_frac_m1_min), s.dep_floor_frac_m1_at or "-")
+  p("  %%dependent-chain floor, min, M = 16:   %-8s   at %s", U.pct(s.dep_floor_frac_m16_min),
+    s.dep_floor_frac_m16_at or "-")
   p("  shapes the plan runs skinny at M = 1:   %d/%d   %s", #s.shapes_won, s.near_floor_total,
     table.concat(s.shapes_won, ", "))
   p("  shapes within %.1f µs of floor, M = 1:  %d/%d     target %d/%d   %s%s", T.floor_gap_us,
@@ -430,7 +449,7 @@ end
 L.CSV_KEYS = {"shape", "N", "K", "M", "weight_MB", "copies", "choice", "config", "plan_entry",
               "plan_source", "note", "plan_us", "plan_min_us", "plan_p90_us", "cublas_us",
               "cublas_min_us", "cublas_p90_us", "speedup", "launch", "read_us", "read_shape",
-              "read_frac", "cublas_read_frac", "floor_us", "gap_us", "plan_GBps",
+              "read_frac", "cublas_read_frac", "dep_us", "dep_frac", "floor_us", "gap_us", "plan_GBps",
               "cublas_GBps", "plan_floor_frac", "cublas_floor_frac", "plan_eager_us",
               "cublas_eager_us", "torch_us", "torch_eager_us", "vs_torch", "check_rel", "check_ok"}
 
@@ -445,6 +464,8 @@ function L.summary_object(res, cmd, commit)
     worst_at = s.worst_at,
     read_limit_frac_m1_min = s.read_limit_frac_m1_min,
     read_limit_frac_m16_min = s.read_limit_frac_m16_min,
+    dep_floor_frac_m1_min = s.dep_floor_frac_m1_min,
+    dep_floor_frac_m16_min = s.dep_floor_frac_m16_min,
     shapes_won = s.shapes_won,
     targets = {geomean_m1 = L.TARGETS.geomean_m1, geomean_m16 = L.TARGETS.geomean_m16,
                worst_ratio = L.TARGETS.worst_ratio, read_limit_frac_m1_min = L.TARGETS.read_frac_m1,
