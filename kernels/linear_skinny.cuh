@@ -81,13 +81,6 @@
     X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
 
 #define K3_SKINNY_VEC 8
-/* K3_SKINNY_PIPE (compile time, default 0): 1 software-pipelines the weight stream: each step
- * issues the NEXT step's w loads before its own x loads and MMAs (two register sets of w), and
- * with static_w the first two steps of w go before griddepcontrol.wait. An experiment measured
- * by tools/linear_sweep.cu built with -DK3_SKINNY_PIPE=1; the kernel record builds with 0. */
-#ifndef K3_SKINNY_PIPE
-#define K3_SKINNY_PIPE 0
-#endif
 #define K3_SKINNY_MAX_M 16
 #define K3_SKINNY_MAX_KCTA 32
 
@@ -434,21 +427,14 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
      * loaded before the wait for the previous kernel, everything else after it. */
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
-    constexpr int STEP = KW * UNROLL;
-    constexpr bool PIPE = K3_SKINNY_PIPE != 0;
-    uint4 wv[UNROLL], wn[UNROLL];
-    /* One step of w (chunks c0 .. c0 + UNROLL - 1) into d, in program order. */
-    auto w_step = [&](int c0, uint4(&d)[UNROLL]) {
+    uint4 wv[UNROLL];
+    if (static_w && cfirst < cend) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int v = (c0 + u) * 4 + t;
-            const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
-            d[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+            const int v = (cfirst + u) * 4 + t;
+            const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
+            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
         }
-    };
-    if (static_w && cfirst < cend) {
-        w_step(cfirst, wv);
-        if (PIPE && cfirst + STEP < cend) w_step(cfirst + STEP, wn);
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
@@ -491,13 +477,9 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     }
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (PIPE && !static_w && cfirst < cend) w_step(cfirst, wv);
-    for (int c0 = cfirst; c0 < cend; c0 += STEP) {
+    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
-        /* PIPE: this step's w is in wv already; the next step's goes in flight first (with
-         * static_w the first iteration's was loaded before the wait). */
-        if (PIPE && c0 + STEP < cend && !(static_w && c0 == cfirst)) w_step(c0 + STEP, wn);
-        const bool have_w = PIPE || (static_w && c0 == cfirst);
+        const bool have_w = static_w && c0 == cfirst;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
@@ -533,10 +515,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
             k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
             k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
-        }
-        if (PIPE) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) wv[u] = wn[u];
         }
     }
 
