@@ -1,6 +1,6 @@
 /*
- * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64, attn_res.cuh's
- * K3_ATTN_RES_DECODE_MAX_T) for every case
+ * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64, or any T at
+ * num_blocks <= 4: decode_supports) for every case
  * of the op the Kimi-K3 stream makes (delta or none, a fused block write or none, num_blocks
  * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
  * default policy. A token is a cluster of CTAs (4 at H 7168; 1..8) exchanging partial sums
@@ -168,6 +168,11 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
 /* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
  * the 17-source instances, whose source registers are twice as many. */
 constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
+/* The prefill instance (T > 64, num_blocks 5..8): at most kPrefillThreads threads and
+ * kPrefillMinBlocks CTAs resident per SM, so registers are capped at 65536 / (256 x 3) = 85:
+ * three tokens' loads per SM in flight instead of two. */
+const int kPrefillThreads = 256;
+const int kPrefillMinBlocks = 3;
 
 /*
  * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
@@ -186,8 +191,9 @@ constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS>
-__global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
+template <class T, class W, int MAXS, int MINB = 1>
+__global__ void __launch_bounds__(MINB > 1 ? kPrefillThreads : max_threads(MAXS), MINB)
+    attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NP = (NV + 3) & ~3;
@@ -417,19 +423,32 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
     return false;
 }
 
+/* Token counts: any T at num_blocks <= kAnyTBlocks, where one token per cluster with every load
+ * in flight beats the stream kernel's pipeline at every T measured (256..16384, notes/PERF.md);
+ * above it T <= decode_max_t (64 unless K3_ATTN_RES_DECODE_MAX_T says otherwise). */
+const int kAnyTBlocks = 4;
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
-    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, get_knobs().decode_max_t, false, 0, kMaxBlocks},
+    const int64_t T_ = a->prefix->size[0], maxt = get_knobs().decode_max_t;
+    if (a->num_blocks > kAnyTBlocks && a->num_blocks <= kMaxBlocks && T_ > maxt) {
+        snprintf(reason, n,
+                 "%s serves T <= %lld tokens at num_blocks %d..%d (any T at num_blocks <= %d); got "
+                 "T = %lld at num_blocks %lld",
+                 k3_cuda_attn_res_decode_name, (long long)maxt, kAnyTBlocks + 1, kMaxBlocks,
+                 kAnyTBlocks, (long long)T_, (long long)a->num_blocks);
+        return K3_ESHAPE;
+    }
+    K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, 0, false, 0, kMaxBlocks},
                        reason, n));
     decode_shape sh;
     if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n)) return K3_ESHAPE;
     return K3_OK;
 }
 
-template <class T, class W, int MAXS>
+template <class T, class W, int MAXS, int MINB = 1>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS>, p, dim3((unsigned)(T_ * sh.ctas)),
+    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS, MINB>, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
     return K3_OK;
@@ -441,6 +460,8 @@ k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_
                           cudaStream_t stream) {
     if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, stream);
     if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, stream);
+    if (std::is_same<T, W>::value && p.nb <= 8 && T_ > 64 && sh.threads <= kPrefillThreads)
+        return decode_launch_s<T, W, 9, kPrefillMinBlocks>(p, sh, T_, stream);
     if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, stream);
     return decode_launch_s<T, W, 17>(p, sh, T_, stream);
 }

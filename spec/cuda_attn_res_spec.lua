@@ -261,12 +261,17 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("T > 64 is declined by name, and dispatch hands it to the stream kernel", function()
+  it("T > 64 at num_blocks > 4 is declined by name; at num_blocks <= 4 any T is served", function()
     if not have_decode() then return end
-    local a = inputs(65, 8, 7168, {})
+    local a = inputs(65, 8, 7168, {num_blocks = 5})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 65")
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (any T at num_blocks <= 4); got T = 65 at num_blocks 5")
+    for _, nb in ipairs({1, 4}) do
+      a = inputs(300, 8, 7168, {num_blocks = nb, seed = 910 + nb})
+      a.kernel = K
+      check(a, K, string.format("T = 300, num_blocks %d by name", nb))
+    end
     a = inputs(2, 17, 7168, {num_blocks = 17})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
@@ -326,13 +331,17 @@ describe("cuda.attn_res.decode #gpu", function()
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
     if k3.has_kernel(K) then
-      assert.equal("cuda.attn_res.decode serves decode batches of T <= 64 tokens; got T = 300",
-        tr[1].declined[1].reason)
+      assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (any T at " ..
+        "num_blocks <= 4); got T = 300 at num_blocks 8", tr[1].declined[1].reason)
     end
+    -- prefill at num_blocks <= 4 stays on the decode kernel (faster than stream there)
+    tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4})) end)
+    assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
+      kernels_of(tr), "T=300 num_blocks 4")
     for _, case in ipairs({
       {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
       {T = 300, o = {num_blocks = 16, S = 16}, why = "requires num_blocks in 1..8"},
-      {T = 300, o = {write_block = 2}, why = "does not write blocks"},
+      {T = 300, o = {num_blocks = 6, S = 8, write_block = 2}, why = "does not write blocks"},
     }) do
       local tr = k3.trace(function() k3.attn_res(inputs(case.T, case.o.S or 4, 64, case.o)) end)
       assert.same({"cuda.attn_res.generic"}, kernels_of(tr), case.why)

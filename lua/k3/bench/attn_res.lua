@@ -172,7 +172,7 @@ function A.run(env, peers, opts)
         if not row.fast_name and env:kernel(kk[2]) == row.fast then row.fast_name = kk[1] end
       end
       -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick.
-      if env.dry then row.fast_name = T <= 64 and "decode" or "stream" end
+      if env.dry then row.fast_name = (T <= 64 or nb <= 4) and "decode" or "stream" end
       if row.fast_name then
         row.fast_graph_us = row[row.fast_name .. "_graph_us"]
         row.fast_us = row[row.fast_name .. "_us"]
