@@ -380,6 +380,30 @@ describe("cuda.attn_res.decode #gpu", function()
     f:close()
     assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)
   end)
+
+  it("K3_ATTN_RES_DECODE_MAX_T=1000: T = 300 at num_blocks 5 and 8 on the decode kernel's prefill instance", function()
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    local chunk = [[
+      local function r(shape, seed) return k3.randn(shape, {device = "cuda", dtype = "bf16", seed = seed}) end
+      for _, nb in ipairs({5, 8}) do
+        local a = {prefix = r({300, 7168}, 10 + nb), delta = r({300, 7168}, 20 + nb),
+          blocks = r({300, 8, 7168}, 30 + nb), num_blocks = nb, norm_weight = r({7168}, 40),
+          qk_weight = r({7168}, 41), output_norm_weight = r({7168}, 42), eps = 1e-5, output_eps = 1e-5}
+        local b = {}
+        for k, v in pairs(a) do b[k] = v end
+        b.prefix = a.prefix:clone()
+        a.kernel, b.kernel = "cuda.attn_res.decode", "cuda.attn_res.generic"
+        local tr = k3.trace(function() a.out = k3.attn_res(a) end)
+        b.out = k3.attn_res(b)
+        local ok = k3.allclose(a.out:to("f64"), b.out:to("f64"), {atol = 8e-2, rtol = 3e-2})
+        io.write(tr[1].kernel, " ", tostring(ok), " ", tostring(k3.max_abs_diff(a.prefix, b.prefix) == 0), " ")
+      end
+      print()]]
+    local f = assert(io.popen("K3_ATTN_RES_DECODE_MAX_T=1000 scripts/k3 -e '" .. chunk .. "' 2>&1"))
+    local out = f:read("a")
+    f:close()
+    assert.equal("cuda.attn_res.decode true true cuda.attn_res.decode true true \n", out)
+  end)
 end)
 
 describe("cuda.attn_res.stream #gpu", function()
