@@ -81,18 +81,6 @@
     X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
 
 #define K3_SKINNY_VEC 8
-/* K3_SKINNY_STAGE (compile time, default 0): with static_w, steps 1..K3_SKINNY_STAGE of each
- * warp's w are also issued before griddepcontrol.wait, as cp.async copies into the lane's own
- * shared-memory slots (no barrier: a thread waits for its own copies), so up to
- * 1 + K3_SKINNY_STAGE steps of the weight stream run under the previous kernel. An experiment
- * measured by tools/linear_sweep.cu built with -DK3_SKINNY_STAGE=n; the kernel record builds
- * with 0. Dynamic shared memory: k3_skinny_stage_smem_bytes. */
-#ifndef K3_SKINNY_STAGE
-#define K3_SKINNY_STAGE 0
-#endif
-static inline size_t k3_skinny_stage_smem_bytes(int threads, int unroll) {
-    return (size_t)K3_SKINNY_STAGE * (size_t)unroll * (size_t)threads * 16u;
-}
 #define K3_SKINNY_MAX_M 16
 #define K3_SKINNY_MAX_KCTA 32
 
@@ -182,12 +170,6 @@ static __device__ __forceinline__ uint4 k3sk_load_w(const uint4 *p, bool pred) {
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p), "r"((int)pred));
     return r;
-}
-
-/* 16 bytes of global memory into shared memory, asynchronously (L1 bypassed). */
-static __device__ __forceinline__ void k3sk_cp_async16(void *smem, const void *gmem) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
 }
 
 /* 16 bytes of x, kept in L1 (every warp of the block reads the same x); zero when !pred. */
@@ -454,22 +436,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
         }
     }
-    constexpr int STAGE = PRO == 0 ? K3_SKINNY_STAGE : 0;
-    if (STAGE > 0 && static_w) {
-        /* steps 1..STAGE of w into this lane's slots stash[((s - 1) * UNROLL + u) * THREADS + tid] */
-        for (int s = 1; s <= STAGE; ++s) {
-            const int c0 = cfirst + s * KW * UNROLL;
-            if (c0 >= cend) break;
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int v = (c0 + u) * 4 + t;
-                const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
-                if (row_ok && kin)
-                    k3sk_cp_async16(&k3sk_h[((s - 1) * UNROLL + u) * THREADS + threadIdx.x], wr + v);
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
     /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
@@ -511,21 +477,9 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     }
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int step = 0;
-    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL, ++step) {
+    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
-        const bool staged = STAGE > 0 && static_w && step >= 1 && step <= STAGE;
-        if (staged) {
-            if (step == 1) asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int v = (c0 + u) * 4 + t;
-                const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
-                wv[u] = row_ok && kin ? k3sk_h[((step - 1) * UNROLL + u) * THREADS + threadIdx.x]
-                                      : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-        const bool have_w = (static_w && c0 == cfirst) || staged;
+        const bool have_w = static_w && c0 == cfirst;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
@@ -643,9 +597,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1)
-                          : p.static_w ? k3_skinny_stage_smem_bytes(THREADS, UNROLL)
-                                       : 0;
+    lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
