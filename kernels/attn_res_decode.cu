@@ -168,11 +168,6 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
 /* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
  * the 17-source instances, whose source registers are twice as many. */
 constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
-/* The prefill instance (T > 64, num_blocks 5..8): at most kPrefillThreads threads and
- * kPrefillMinBlocks CTAs resident per SM, so registers are capped at 65536 / (256 x 3) = 85:
- * three tokens' loads per SM in flight instead of two. */
-const int kPrefillThreads = 256;
-const int kPrefillMinBlocks = 3;
 
 /*
  * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
@@ -191,9 +186,8 @@ const int kPrefillMinBlocks = 3;
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS, int MINB = 1>
-__global__ void __launch_bounds__(MINB > 1 ? kPrefillThreads : max_threads(MAXS), MINB)
-    attn_res_decode_kernel(const decode_params p) {
+template <class T, class W, int MAXS>
+__global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NP = (NV + 3) & ~3;
@@ -445,10 +439,10 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     return K3_OK;
 }
 
-template <class T, class W, int MAXS, int MINB = 1>
+template <class T, class W, int MAXS>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS, MINB>, p, dim3((unsigned)(T_ * sh.ctas)),
+    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS>, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
     return K3_OK;
@@ -460,8 +454,6 @@ k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_
                           cudaStream_t stream) {
     if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, stream);
     if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, stream);
-    if (std::is_same<T, W>::value && p.nb <= 8 && T_ > 64 && sh.threads <= kPrefillThreads)
-        return decode_launch_s<T, W, 9, kPrefillMinBlocks>(p, sh, T_, stream);
     if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, stream);
     return decode_launch_s<T, W, 17>(p, sh, T_, stream);
 }

@@ -381,7 +381,7 @@ describe("cuda.attn_res.decode #gpu", function()
     assert.equal("cuda.attn_res.generic cuda.attn_res.generic cuda.attn_res.generic \n", out)
   end)
 
-  it("K3_ATTN_RES_DECODE_MAX_T=1000: T = 300 at num_blocks 5 and 8 on the decode kernel's prefill instance", function()
+  it("K3_ATTN_RES_DECODE_MAX_T=1000 lets the decode kernel serve T = 300 at num_blocks 5 and 8", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
     local chunk = [[
       local function r(shape, seed) return k3.randn(shape, {device = "cuda", dtype = "bf16", seed = seed}) end
