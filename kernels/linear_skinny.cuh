@@ -81,6 +81,13 @@
     X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
 
 #define K3_SKINNY_VEC 8
+/* K3_SKINNY_RW (compile time, default 1): 2 gives each warp two 8-row groups (16 rows of w,
+ * rows >= 16 per CTA), so every x fragment it loads feeds the MMAs of both: half the x loads
+ * per byte of w at M > 8 (tokens g and g + 8). An experiment measured by
+ * tools/linear_sweep.cu built with -DK3_SKINNY_RW=2; the kernel record builds with 1. */
+#ifndef K3_SKINNY_RW
+#define K3_SKINNY_RW 1
+#endif
 #define K3_SKINNY_MAX_M 16
 #define K3_SKINNY_MAX_KCTA 32
 
@@ -391,13 +398,15 @@ template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
 static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
-    constexpr int KW = WARPS / GROUPS;
+    /* RW row groups per warp (K3_SKINNY_RW where the CTA has an even number of them) */
+    constexpr int RW = K3_SKINNY_RW == 2 && GROUPS % 2 == 0 && WARPS >= GROUPS / 2 ? 2 : 1;
+    constexpr int KW = WARPS / (GROUPS / RW);
     static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
-    static_assert(WARPS % GROUPS == 0 && KW >= 1, "warps must cover the row groups");
+    static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
     static_assert(MT == 1 || MT == 2, "one or two token tiles");
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
-    __shared__ float partial[WARPS][4][32];
+    __shared__ float partial[WARPS][4 * RW][32];
     extern __shared__ uint4 k3sk_h[]; /* PRO: h [M][hrow] of this CTA's k range */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -406,9 +415,12 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nvec = K / 8;            /* 16-byte vectors per row (K % 8 == 0) */
     const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
 
-    const int64_t row = (int64_t)blockIdx.x * ROWS + group * 8 + g;
+    const int64_t row = (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
     const bool row_ok = row < N;
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
+    /* RW == 2: the warp's second row group, 8 rows further */
+    const bool row2_ok = RW == 2 && row + 8 < N;
+    const uint4 *wr2 = w + (row2_ok ? row + 8 : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
     /* x's row in vectors */
@@ -427,13 +439,14 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
      * loaded before the wait for the previous kernel, everything else after it. */
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
-    uint4 wv[UNROLL];
+    uint4 wv[UNROLL], wv2[RW == 2 ? UNROLL : 1];
     if (static_w && cfirst < cend) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (cfirst + u) * 4 + t;
             const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
             wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+            if (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
         }
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -476,7 +489,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         __syncthreads();
     }
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
         const bool have_w = static_w && c0 == cfirst;
@@ -491,11 +504,13 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                 if (!have_w) {
                     if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                     else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                    if (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
                 }
                 xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
                 xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
             } else if (SPLIT) {
                 if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                if (RW == 2 && !have_w) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
@@ -503,6 +518,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                     xb[u] = zero;
             } else {
                 if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                if (RW == 2 && !have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -515,11 +531,18 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
             k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
             k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
+            if (RW == 2) {
+                k3sk_mma(acc2, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv2[u].x, wv2[u].y);
+                k3sk_mma(acc2, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv2[u].z, wv2[u].w);
+            }
         }
     }
 
 #pragma unroll
     for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
+    if (RW == 2)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) partial[warp][(4 * RW - 4) + r][lane] = acc2[r];
     __syncthreads();
 
     /* Output (token m, row r of group): acc[2*(m/8) + r%2] of lane 4*(m%8) + r/2. */
@@ -531,7 +554,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         const int reg = ((m >> 3) << 1) | (r & 1);
         float s = 0.f;
 #pragma unroll
-        for (int j = 0; j < KW; ++j) s += partial[grp * KW + j][reg][src];
+        for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
         if (SPLIT) {
             /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
             ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
