@@ -114,6 +114,49 @@ local function decode_shapes(K)
   check(inputs(3, 12, 7168, {num_blocks = 11, bpad = 8}), K, "11 of 12 blocks, padded block rows")
 end
 
+-- The static_weights / static_blocks contract on kernel K: seal then read back to back,
+-- bitwise as with nothing static.
+local function static_contract(K)
+  -- The Kimi-K3 order, queued with no host wait: step i seals slot i (num_blocks i - 1),
+  -- then the next read takes num_blocks i, its delta the seal's output. Under the contract,
+  -- slots sealed before the previous call are static and the slot the previous call sealed
+  -- is not. Run once with the contract and once without; every output, the prefix and the
+  -- blocks must be bitwise equal (a slot or weight loaded before it was written would not be).
+  local T, S, Hd = 16, 16, 7168
+  local function run(static)
+    local a = inputs(T, S, Hd, {seed = 900})
+    k3.synchronize() -- the inputs are written before the first call: its weights are static
+    local outs, delta = {}, a.delta
+    for i = 1, S do
+      local seal = {prefix = a.prefix, delta = delta, blocks = a.blocks, num_blocks = i - 1,
+                    write_block = i, norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                    output_norm_weight = a.output_norm_weight, kernel = K,
+                    out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+      local read = {prefix = a.prefix, delta = seal.out, blocks = a.blocks, num_blocks = i,
+                    norm_weight = a.norm_weight, qk_weight = a.qk_weight,
+                    output_norm_weight = a.output_norm_weight, kernel = K,
+                    out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
+      if static then
+        seal.static_weights, seal.static_blocks = true, i - 1
+        read.static_weights, read.static_blocks = true, i - 1
+      end
+      k3.attn_res(seal)
+      k3.attn_res(read)
+      outs[#outs + 1], outs[#outs + 2] = seal.out, read.out
+      delta = read.out
+    end
+    return outs, a.prefix:to("cpu"), a.blocks:to("cpu")
+  end
+  local o1, p1, b1 = run(true)
+  local o0, p0, b0 = run(false)
+  for i = 1, #o0 do
+    assert.is_false(H.has_nan(o1[i]:to("cpu"):to("f64")), "call " .. i .. ": NaN")
+    assert.equal(0, k3.max_abs_diff(o1[i], o0[i]), "call " .. i .. ": output")
+  end
+  assert.equal(0, k3.max_abs_diff(p1, p0), "prefix")
+  assert.equal(0, k3.max_abs_diff(b1, b0), "blocks")
+end
+
 describe("cuda.attn_res.generic #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.generic"
@@ -143,6 +186,51 @@ describe("cuda.attn_res.generic #gpu", function()
   it("many tokens and one", function()
     check(inputs(1, 2, 96, {num_blocks = 2}), K, "T=1")
     check(inputs(1100, 3, 256, {num_blocks = 3, write_block = 3, pad = 8}), K, "T=1100")
+  end)
+
+  it("strided rows at T = 16 through the 16-byte and the element path of each tensor", function()
+    -- A layout {pad, off}: rows pad elements longer than H, the view off elements in. {8, 0}:
+    -- 16-byte aligned starts and strides; {8, 1}: aligned strides, unaligned starts; {7, 0}:
+    -- unaligned strides; {0, 0}: dense. prefix, delta and out take one layout, blocks another;
+    -- qk_weight ~ 0.5 / sqrt(H) gives logits of order one, so every source weighs in the mix and
+    -- a wrong one moves the cosine against the reference.
+    local T, S, Hd = 16, 10, 7168
+    local function rows(dt, pad, off, seed)
+      return k3.randn({T, Hd + pad}, {device = "cuda", dtype = dt, seed = seed}):narrow(2, 1 + off, Hd)
+    end
+    local n = 0
+    for _, dt in ipairs({"bf16", "f32"}) do
+      for i, rl in ipairs({{0, 0}, {8, 0}, {8, 1}, {7, 0}}) do
+        for j, bl in ipairs({{0, 0}, {8, 3}, {5, 0}}) do
+          if dt == "bf16" or i == j + 1 then
+            local seed = 1000 + 100 * i + 10 * j + (dt == "f32" and 1 or 0)
+            local a = {
+              prefix = rows(dt, rl[1], rl[2], seed + 1),
+              delta = (i + j) % 4 ~= 0 and rows(dt, rl[1], rl[2], seed + 2) or nil,
+              blocks = k3.randn({T, S, Hd + bl[1]}, {device = "cuda", dtype = dt, seed = seed + 3})
+                :narrow(3, 1 + bl[2], Hd),
+              num_blocks = 8, write_block = ({nil, 10, 3})[j],
+              norm_weight = (k3.randn({Hd}, {dtype = dt, seed = seed + 4}) * 0.5 + 1):to("cuda"),
+              qk_weight = (k3.randn({Hd}, {dtype = dt, seed = seed + 5}) * (0.5 / math.sqrt(Hd))):to("cuda"),
+              output_norm_weight = (k3.randn({Hd}, {dtype = dt, seed = seed + 6}) * 0.1 + 1):to("cuda"),
+              out = rows(dt, rl[1], rl[2], seed + 7),
+            }
+            a.out:fill(0 / 0)
+            local what = string.format("%s rows {%d, %d} blocks {%d, %d}", dt, rl[1], rl[2], bl[1], bl[2])
+            local want = reference(a)
+            local y = check(a, K, what)
+            local cos = k3.cosine(y:to("cpu"):to("f64"), want)
+            assert.is_true(cos > (dt == "bf16" and 1 - 2e-5 or 1 - 1e-9), what .. ": cosine " .. cos)
+            n = n + 1
+          end
+        end
+      end
+    end
+    assert.equal(15, n)
+  end)
+
+  it("static_weights / static_blocks: seal then read back to back, bitwise as with nothing static", function()
+    static_contract(K)
   end)
 
   it("an empty token dim writes nothing and raises nothing", function()
@@ -186,44 +274,7 @@ describe("cuda.attn_res.decode #gpu", function()
 
   it("static_weights / static_blocks: seal then read back to back, bitwise as with nothing static", function()
     if not have_decode() then return end
-    -- The Kimi-K3 order, queued with no host wait: step i seals slot i (num_blocks i - 1),
-    -- then the next read takes num_blocks i, its delta the seal's output. Under the contract,
-    -- slots sealed before the previous call are static and the slot the previous call sealed
-    -- is not. Run once with the contract and once without; every output, the prefix and the
-    -- blocks must be bitwise equal (a slot or weight loaded before it was written would not be).
-    local T, S, Hd = 16, 16, 7168
-    local function run(static)
-      local a = inputs(T, S, Hd, {seed = 900})
-      k3.synchronize() -- the inputs are written before the first call: its weights are static
-      local outs, delta = {}, a.delta
-      for i = 1, S do
-        local seal = {prefix = a.prefix, delta = delta, blocks = a.blocks, num_blocks = i - 1,
-                      write_block = i, norm_weight = a.norm_weight, qk_weight = a.qk_weight,
-                      output_norm_weight = a.output_norm_weight, kernel = K,
-                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
-        local read = {prefix = a.prefix, delta = seal.out, blocks = a.blocks, num_blocks = i,
-                      norm_weight = a.norm_weight, qk_weight = a.qk_weight,
-                      output_norm_weight = a.output_norm_weight, kernel = K,
-                      out = k3.empty({T, Hd}, {device = "cuda", dtype = "bf16"})}
-        if static then
-          seal.static_weights, seal.static_blocks = true, i - 1
-          read.static_weights, read.static_blocks = true, i - 1
-        end
-        k3.attn_res(seal)
-        k3.attn_res(read)
-        outs[#outs + 1], outs[#outs + 2] = seal.out, read.out
-        delta = read.out
-      end
-      return outs, a.prefix:to("cpu"), a.blocks:to("cpu")
-    end
-    local o1, p1, b1 = run(true)
-    local o0, p0, b0 = run(false)
-    for i = 1, #o0 do
-      assert.is_false(H.has_nan(o1[i]:to("cpu"):to("f64")), "call " .. i .. ": NaN")
-      assert.equal(0, k3.max_abs_diff(o1[i], o0[i]), "call " .. i .. ": output")
-    end
-    assert.equal(0, k3.max_abs_diff(p1, p0), "prefix")
-    assert.equal(0, k3.max_abs_diff(b1, b0), "blocks")
+    static_contract(K)
   end)
 
   it("10 or 11 sources of 12 slots; T 1..17, 64; hidden 8192", function()
