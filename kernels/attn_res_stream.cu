@@ -152,7 +152,6 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
     extern __shared__ __align__(16) uint4 stage[];
     __shared__ __align__(16) float red[kStreamMaxThreads / 32][NVP];
     __shared__ float red2[kStreamMaxThreads / 32];
-    __shared__ __align__(16) float totals[NVP]; /* the token's logit sums, by warp 0 */
     __shared__ float redm[kStreamMaxThreads / 32][MAXS]; /* the rare path's maxima */
 
     const int NT = blockDim.x;
@@ -235,22 +234,19 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
 #pragma unroll
             for (int i = 0; i < NV; i++) red[warp][i] = part[i];
         __syncthreads();
-        /* Lane i of warp 0 adds the warps' partial i in warp order; every thread then reads
-         * the NVP totals (one pass over red instead of one per thread). */
-        if (warp == 0 && lane < NVP) {
-            float sum = 0.0f;
-            for (int q = 0; q < nwarps; q++) sum += red[q][lane];
-            totals[lane] = sum;
-        }
-        __syncthreads();
         float tot[NVP];
 #pragma unroll
-        for (int j = 0; j < NVP / 4; j++) {
-            const float4 x = ((const float4 *)totals)[j];
-            tot[4 * j] = x.x;
-            tot[4 * j + 1] = x.y;
-            tot[4 * j + 2] = x.z;
-            tot[4 * j + 3] = x.w;
+        for (int i = 0; i < NVP; i++) tot[i] = 0.0f;
+        for (int q = 0; q < nwarps; q++) {
+            const float4 *r4 = (const float4 *)red[q];
+#pragma unroll
+            for (int j = 0; j < NVP / 4; j++) {
+                float4 x = r4[j];
+                tot[4 * j] += x.x;
+                tot[4 * j + 1] += x.y;
+                tot[4 * j + 2] += x.z;
+                tot[4 * j + 3] += x.w;
+            }
         }
         /* Bit s: source s's sum of squares overflowed or underflowed (the same in every
          * thread: all read the same totals). */
