@@ -173,7 +173,12 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     if (!r.rows) r.rows = 8;
     if (!r.unroll) r.unroll = 4;
     if (!r.vec) r.vec = K3_SKINNY_VEC;
-    int sk = k3_skinny_split_k(r.threads, r.rows);
+    if (!r.rows_per_warp) r.rows_per_warp = 8;
+    if (r.rows_per_warp != 8 && r.rows_per_warp != 16)
+        return snprintf(why, n, "config rows_per_warp = %d; expected 8 or 16", r.rows_per_warp),
+               K3_EINVAL;
+    const bool rpw16 = r.rows_per_warp == 16;
+    int sk = k3_skinny_split_k(r.threads, r.rows, r.rows_per_warp);
     if (!r.split_k) r.split_k = sk;
     /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
      * (CTAs along K); kcta = 1 is the classic kernel, kcta >= 2 the split-K-across-CTAs one. */
@@ -185,13 +190,14 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         r.threads, r.rows, r.unroll, r.vec, r.split_k, kcta, sk,
                         K3_SKINNY_MAX_KCTA),
                K3_EINVAL;
-    if (r.vec != K3_SKINNY_VEC || !sk || !kcta ||
-        (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll)) ||
+    if (r.vec != K3_SKINNY_VEC || !sk || !kcta || (rpw16 && kcta > 1) ||
+        (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp)) ||
         (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll)))
         return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s} "
                         "is not instantiated%s",
                         r.threads, r.rows, r.unroll, r.vec, r.split_k,
+                        rpw16 ? ", rows_per_warp = 16" : "",
                         kcta > 1 ? " for split-K across CTAs" : ""),
                K3_EINVAL;
     if (K % r.vec)
@@ -297,7 +303,7 @@ static k3_status k3sk_run(const k3_op_args *a) {
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows);
+    const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
@@ -313,13 +319,16 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
+    /* The 16-rows-per-warp instances have no in-kernel prologue. */
+    if (p.prologue && cfg.rows_per_warp == 16) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
         p.prologue = 0;
     }
     if (kcta <= 1) {
-        K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream));
+        K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream,
+                                  cfg.rows_per_warp));
         return K3_OK;
     }
     k3sk_scratch *scr = NULL;

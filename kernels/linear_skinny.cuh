@@ -54,6 +54,10 @@
  *     resets counters[tile] to 0 — so the counters must be zero before the first launch
  *     and stay zero between launches (re-launchable, CUDA-graph safe). Only the triples of
  *     K3_SKINNY_SPLIT_CONFIGS are compiled for this mode, kcta 2..K3_SKINNY_MAX_KCTA.
+ * rows_per_warp (8 or 16): with 16 each warp owns two 8-row groups, 8 rows apart, and feeds
+ * every x fragment to the MMAs of both (half the x loads per byte of w at M > 8, twice the w
+ * loads in flight per lane); then kw = threads / 32 / (rows / 16). Classic kernel only, no
+ * in-kernel prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
  * spec/skinny_spec.lua uses some of them by value.
  */
 #ifndef K3_LINEAR_SKINNY_CUH
@@ -77,17 +81,17 @@
     X(256, 64, 4) X(512, 64, 4)
 
 /* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
+/* X(threads, rows, unroll) instantiated with 16 rows per warp (rows_per_warp = 16: a warp
+ * streams two 8-row groups and feeds each x fragment to both; classic kernel only, no
+ * in-kernel prologue). */
+#define K3_SKINNY_RPW16_CONFIGS(X)                                                        \
+    X(128, 16, 4) X(256, 16, 4) X(256, 16, 8) X(512, 16, 4) X(512, 16, 8)                 \
+    X(256, 32, 4) X(512, 32, 2) X(512, 32, 4) X(256, 64, 4) X(512, 64, 4)
+
 #define K3_SKINNY_SPLIT_CONFIGS(X)                                                        \
     X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
 
 #define K3_SKINNY_VEC 8
-/* K3_SKINNY_RW (compile time, default 1): 2 gives each warp two 8-row groups (16 rows of w,
- * rows >= 16 per CTA), so every x fragment it loads feeds the MMAs of both: half the x loads
- * per byte of w at M > 8 (tokens g and g + 8). An experiment measured by
- * tools/linear_sweep.cu built with -DK3_SKINNY_RW=2; the kernel record builds with 1. */
-#ifndef K3_SKINNY_RW
-#define K3_SKINNY_RW 1
-#endif
 #define K3_SKINNY_MAX_M 16
 #define K3_SKINNY_MAX_KCTA 32
 
@@ -116,16 +120,24 @@ typedef struct k3_skinny_problem {
     double eps;
 } k3_skinny_problem;
 
-/* split_k of a configuration (K-slices per row group); 0 when the shape is malformed. */
-static inline int k3_skinny_split_k(int threads, int rows) {
+/* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
+ * group, each warp covering rows_per_warp rows, 8 or 16); 0 when the shape is malformed. */
+static inline int k3_skinny_split_k(int threads, int rows, int rows_per_warp = 8) {
     if (threads < 32 || threads % 32 || rows < 8 || rows % 8) return 0;
-    int warps = threads / 32, groups = rows / 8;
+    if (rows_per_warp != 8 && rows_per_warp != 16) return 0;
+    if (rows % rows_per_warp) return 0;
+    int warps = threads / 32, groups = rows / rows_per_warp;
     return warps % groups ? 0 : warps / groups;
 }
 
-static inline bool k3_skinny_instantiated(int threads, int rows, int unroll) {
+static inline bool k3_skinny_instantiated(int threads, int rows, int unroll,
+                                          int rows_per_warp = 8) {
 #define K3_SK_MATCH(T, R, U)                                                               \
     if (threads == (T) && rows == (R) && unroll == (U)) return true;
+    if (rows_per_warp == 16) {
+        K3_SKINNY_RPW16_CONFIGS(K3_SK_MATCH)
+        return false;
+    }
     K3_SKINNY_CONFIGS(K3_SK_MATCH)
 #undef K3_SK_MATCH
     return false;
@@ -394,12 +406,13 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
         int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
 #define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
 /* The kernel's body; k3_skinny_kernel (no prologue) and k3_skinny_pro_kernel wrap it. */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO, int RW>
 static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
-    /* RW row groups per warp (K3_SKINNY_RW where the CTA has an even number of them) */
-    constexpr int RW = K3_SKINNY_RW == 2 && GROUPS % 2 == 0 && WARPS >= GROUPS / 2 ? 2 : 1;
+    /* RW 8-row groups per warp (rows_per_warp / 8) */
+    static_assert(RW == 1 || (RW == 2 && GROUPS % 2 == 0 && !SPLIT && PRO == 0),
+                  "16 rows per warp: an even number of row groups, classic, no prologue");
     constexpr int KW = WARPS / (GROUPS / RW);
     static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
     static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
@@ -593,9 +606,9 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
 __global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 0>(K3SK_ARGS);
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 0, RW>(K3SK_ARGS);
 }
 /* With a prologue the kernel holds more live values (the fill's loads, the row scales): its
  * registers are capped at 64 (1024 threads' worth per SM), so as many CTAs stay resident as
@@ -603,12 +616,12 @@ __global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
  * where the plain kernel has two, and the grid ran in two waves. */
 template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO>(K3SK_ARGS);
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
 #undef K3SK_PARAMS
 #undef K3SK_ARGS
 
-template <int THREADS, int ROWS, int UNROLL, bool SPLIT>
+template <int THREADS, int ROWS, int UNROLL, bool SPLIT, int RW = 1>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
     const uint4 *x = (const uint4 *)p.x, *w = (const uint4 *)p.w;
@@ -635,28 +648,43 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
          ? e                                                                               \
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
                               p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
-    if (p.prologue == 1)
+    if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
+    if (RW != 1)
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
+                     : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
+    else if (p.prologue == 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
                      : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
     else if (p.prologue == 2)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 2>))
                      : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 2>));
     else
-        e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>))
-                     : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>));
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
+                     : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
 #undef K3_SK_EX
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* Launches one instantiated configuration on `stream`. cudaErrorInvalidValue when the
+/* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 for the
+ * K3_SKINNY_RPW16_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
  * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
  * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
 static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
-                                    const k3_skinny_problem &p, cudaStream_t stream) {
+                                    const k3_skinny_problem &p, cudaStream_t stream,
+                                    int rows_per_warp = 8) {
     if (p.M < 1 || p.M > K3_SKINNY_MAX_M || p.N < 0 || p.K < 0 || p.K % K3_SKINNY_VEC ||
         ((uintptr_t)p.x & 15) || ((uintptr_t)p.w & 15) || !p.y)
         return cudaErrorInvalidValue;
     if (p.N == 0) return cudaSuccess;
+    if (rows_per_warp == 16) {
+#define K3_SK_LAUNCH16(T, R, U)                                                            \
+    if (threads == (T) && rows == (R) && unroll == (U))                                    \
+        return k3_skinny_launch_t<T, R, U, false, 2>(p, 1, nullptr, nullptr, stream);
+        K3_SKINNY_RPW16_CONFIGS(K3_SK_LAUNCH16)
+#undef K3_SK_LAUNCH16
+        return cudaErrorInvalidValue;
+    }
+    if (rows_per_warp != 8) return cudaErrorInvalidValue;
 #define K3_SK_LAUNCH(T, R, U)                                                              \
     if (threads == (T) && rows == (R) && unroll == (U))                                    \
         return k3_skinny_launch_t<T, R, U, false>(p, 1, nullptr, nullptr, stream);

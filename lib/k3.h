@@ -626,6 +626,9 @@ typedef struct k3_plan_entry {
      * kernel may load w before it waits for the previous kernel (programmatic dependent
      * launch); 0: w is read only after that wait, like every other input. */
     int static_weights;
+    /* Rows of w each warp streams: 8 (0 = 8), or 16 (two 8-row groups sharing each x load;
+     * kernels/linear_skinny.cuh lists the configurations compiled that way). */
+    int rows_per_warp;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

@@ -34,11 +34,15 @@ static const Shape KIMI[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304, 
                              {7168, 4224}, {7168, 8448},  {8448, 7168},  {16896, 7168},
                              {7168, 14336}, {20480, 7168}, {7168, 7168}};
 
-static std::vector<k3t_cand> classic_cands() {
+/* The classic candidates: 8 rows per warp, and (classic16) 16 rows per warp. */
+static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen) {
     std::vector<k3t_cand> v;
 #define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC});
-    K3_SKINNY_CONFIGS(K3_AT_ADD)
+#define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC});
+    if (eight) K3_SKINNY_CONFIGS(K3_AT_ADD)
+    if (sixteen) K3_SKINNY_RPW16_CONFIGS(K3_AT_ADD16)
 #undef K3_AT_ADD
+#undef K3_AT_ADD16
     return v;
 }
 
@@ -121,7 +125,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
-            "                [--kinds classic,split] [--all-m] [--dry-run]\n"
+            "                [--kinds classic,classic16,split] [--all-m] [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
 }
@@ -130,7 +134,7 @@ int main(int argc, char **argv) {
     std::vector<Shape> shapes(KIMI, KIMI + sizeof KIMI / sizeof KIMI[0]);
     std::vector<int> ms = parse_ms("1-16");
     std::string out_path, table_path = "build/autotune.txt", csv_path = "build/autotune.csv";
-    std::string kinds = "classic,split";
+    std::string kinds = "classic,classic16,split";
     int device = 0, reps = 15;
     double min_speedup = 1.05;
     bool all_m = false, dry = false;
@@ -159,7 +163,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const bool use_classic = kinds.find("classic") != std::string::npos;
+    const std::string kl = "," + kinds + ",";
+    const bool use_classic = kl.find(",classic,") != std::string::npos;
+    const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
     const bool use_split = kinds.find("split") != std::string::npos;
 
     CK(cudaSetDevice(device));
@@ -186,7 +192,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "autotune: %s\n", machine);
     k3t_scratch scr;
     k3t_scratch_init(scr);
-    const std::vector<k3t_cand> classic = use_classic ? classic_cands() : std::vector<k3t_cand>();
+    const std::vector<k3t_cand> classic = classic_cands(use_classic, use_classic16);
 
     std::vector<Result> results;
     FILE *csv = fopen(csv_path.c_str(), "w");
@@ -304,7 +310,8 @@ int main(int argc, char **argv) {
                 "-- timing passes interleaved with cuBLAS (us and cublas_us: the slower pass of the\n"
                 "-- kernel, the faster of cuBLAS), launched with PDL and static weights as k3.nn runs\n"
                 "-- it. config.split_k = K-slices per row group = kw * kcta (kw = threads / 32 /\n"
-                "-- (rows / 8) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K across CTAs).\n",
+                "-- (rows / rows_per_warp) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K\n"
+                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups.\n",
                 arch, arch, (min_speedup - 1) * 100);
         fprintf(f, "return {\n  arch = \"%s\",\n  machine = \"%s\",\n  date = \"%s\",\n",
                 arch, machine, date);

@@ -26,9 +26,10 @@
 
 #include <string>
 
-/* A skinny candidate: classic (one CTA per row tile) or split (split-K across kcta CTAs), in a
- * launch mode: plain, PDL, or PDL with static weights (the first step of w before the wait). */
-enum k3t_kind { K3T_CLASSIC, K3T_SPLIT };
+/* A skinny candidate: classic (one CTA per row tile), classic with 16 rows per warp
+ * (rows_per_warp = 16) or split (split-K across kcta CTAs), in a launch mode: plain, PDL, or
+ * PDL with static weights (the first step of w before the wait). */
+enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_CLASSIC16 };
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
 
@@ -43,6 +44,9 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
     if (c.kind == K3T_SPLIT)
         snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
                  K3T_MODE_NAME[c.mode]);
+    else if (c.kind == K3T_CLASSIC16)
+        snprintf(b, sizeof b, "classic16 t%dr%du%d %s", c.threads, c.rows, c.unroll,
+                 K3T_MODE_NAME[c.mode]);
     else
         snprintf(b, sizeof b, "classic t%dr%du%d %s", c.threads, c.rows, c.unroll,
                  K3T_MODE_NAME[c.mode]);
@@ -51,10 +55,15 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
 
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
-    char b[160];
-    snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
-             c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
-             k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
+    char b[192];
+    if (c.kind == K3T_CLASSIC16)
+        snprintf(b, sizeof b,
+                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16}",
+                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16));
+    else
+        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
+                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
+                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
     return b;
 }
 
@@ -101,7 +110,8 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);
-    return k3_skinny_launch(c.threads, c.rows, c.unroll, q, stream);
+    return k3_skinny_launch(c.threads, c.rows, c.unroll, q, stream,
+                            c.kind == K3T_CLASSIC16 ? 16 : 8);
 }
 
 /* One shape's buffers (see the file comment). */

@@ -34,6 +34,7 @@ static const Shape SHAPES[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304
 
 struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
+    int rows_per_warp; /* 8 or 16 */
 };
 /* The skinny entries of a plan file written by scripts/autotune, by "NxK" and M. */
 static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *path) {
@@ -55,6 +56,7 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
                           " [%d] = {kernel = \"skinny\", config = {threads = %d, rows = %d, "
                           "unroll = %d, vec = %d, split_k = %d}",
                           &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
+            e.rows_per_warp = strstr(line, "rows_per_warp = 16") ? 16 : 8;
             plan[shape][m] = e;
         }
     }
@@ -106,7 +108,8 @@ struct Row {
 /* A classic candidate's configuration without its launch mode: "k512r8u2". */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
-    snprintf(b, sizeof b, "k%dr%du%d", c.threads, c.rows, c.unroll);
+    snprintf(b, sizeof b, "k%dr%du%d%s", c.threads, c.rows, c.unroll,
+             c.kind == K3T_CLASSIC16 ? "w16" : "");
     return b;
 }
 
@@ -185,8 +188,12 @@ int main(int argc, char **argv) {
     std::vector<k3t_cand> cands;
 #define K3_SW_ADD(T_, R_, U_)                                                              \
     for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC, T_, R_, U_, 1, m});
+#define K3_SW_ADD16(T_, R_, U_)                                                            \
+    for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC16, T_, R_, U_, 1, m});
     K3_SKINNY_CONFIGS(K3_SW_ADD)
+    K3_SKINNY_RPW16_CONFIGS(K3_SW_ADD16)
 #undef K3_SW_ADD
+#undef K3_SW_ADD16
     k3t_scratch scr;
     k3t_scratch_init(scr);
     int64_t out_words = 0;
@@ -285,11 +292,13 @@ int main(int argc, char **argv) {
             auto pe = plan.find(shape_key);
             if (pe != plan.end() && pe->second.count(M)) {
                 const PlanEntry e = pe->second[M];
-                const int kw = k3_skinny_split_k(e.threads, e.rows);
+                const int kw = k3_skinny_split_k(e.threads, e.rows, e.rows_per_warp);
                 const int kcta = kw ? e.split_k / kw : 0;
                 for (int mode = 0; mode < 3; mode++) {
-                    const k3t_cand c = {kcta > 1 ? K3T_SPLIT : K3T_CLASSIC, e.threads, e.rows,
-                                        e.unroll, kcta, mode};
+                    const k3t_cand c = {e.rows_per_warp == 16 ? K3T_CLASSIC16
+                                        : kcta > 1            ? K3T_SPLIT
+                                                              : K3T_CLASSIC,
+                                        e.threads, e.rows, e.unroll, kcta, mode};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {
