@@ -141,6 +141,12 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
       "method.low_latency: plan entry for M = 2 names 'turbo', not a known linear kernel")
     H.raises(function() k3.method.low_latency({[2] = {kernel = "skinny", config = {threads = -1}}}) end,
       "method.low_latency: plan entry for M = 2 has a negative config value")
+    H.raises(function() k3.method.low_latency({[3] = {kernel = "skinny", config = {rows_per_warp = 12}}}) end,
+      "method.low_latency: plan entry for M = 3 has rows_per_warp 12; expected 8 or 16")
+    -- 8 and 16 are accepted (what a machine runs is the kernel's own decision)
+    for _, rpw in ipairs({8, 16}) do
+      k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw}}}):free()
+    end
   end)
 
   it("a freed method and freed inputs raise", function()

@@ -25,6 +25,11 @@ local CONFIGS = {
   {512, 16, 4}, {512, 16, 8}, {256, 32, 4}, {512, 32, 2}, {512, 32, 4}, {256, 64, 4},
   {512, 64, 4},
 }
+-- kernels/linear_skinny.cuh's K3_SKINNY_RPW16_CONFIGS: 16 rows of w per warp.
+local CONFIGS16 = {
+  {128, 16, 4}, {256, 16, 4}, {256, 16, 8}, {512, 16, 4}, {512, 16, 8}, {256, 32, 4},
+  {512, 32, 2}, {512, 32, 4}, {256, 64, 4}, {512, 64, 4},
+}
 
 local function bf16(shape, seed)
   return k3.randn(shape, {dtype = "bf16", seed = seed, device = "cuda"})
@@ -112,6 +117,47 @@ describe("cuda.linear.skinny #gpu", function()
         check_ref(ll:apply(x, w), x, w, nil, what)
       end
     end
+  end)
+
+  it("every 16-rows-per-warp configuration matches the reference (through plans)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- N = 200 ends inside a warp's second 8-row group for rows 16 and 32 (N % 16 = 8)
+    for _, shape in ipairs({{200, 4104}, {7168, 1536}}) do
+      local N, K = shape[1], shape[2]
+      local w = bf16({N, K}, 510 + N)
+      for _, c in ipairs(CONFIGS16) do
+        local config = {threads = c[1], rows = c[2], unroll = c[3], vec = 8, rows_per_warp = 16}
+        local ll = k3.method.low_latency(all_plan(config))
+        for _, M in ipairs({1, 8, 9, 16}) do
+          local x = bf16({M, K}, 610 + M)
+          local what = string.format("N=%d threads=%d rows=%d unroll=%d rows_per_warp=16 M=%d",
+            N, c[1], c[2], c[3], M)
+          assert.equal(SKINNY, ll:explain(x, w).chosen, what)
+          check_ref(ll:apply(x, w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}),
+            x, w, nil, what)
+        end
+      end
+    end
+  end)
+
+  it("rows_per_warp = 16: a configuration not compiled that way is declined by name; a prologue call runs", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local K = 1536
+    local w = bf16({64, K}, 520)
+    local x = bf16({4, K}, 521)
+    local ll = k3.method.low_latency(all_plan({threads = 256, rows = 16, unroll = 2, vec = 8,
+                                               rows_per_warp = 16}))
+    local e = ll:explain(x, w)
+    assert.equal(CUBLAS, e.chosen)
+    assert.equal("config {threads = 256, rows = 16, unroll = 2, vec = 8, split_k = 8, " ..
+      "rows_per_warp = 16} is not instantiated", skinny_decline(e))
+    -- SwiGLU prologue: h through the temporary, then the 16-rows-per-warp kernel
+    local ll16 = k3.method.low_latency(all_plan({threads = 512, rows = 16, unroll = 8, vec = 8,
+                                                 rows_per_warp = 16}))
+    local xg = bf16({4, 2 * K}, 522)
+    local y = ll16:apply(xg, w, nil, {prologue = "silu_mul"})
+    local h = k3.silu_mul(xg)
+    check_ref(y, h, w, nil, "silu_mul prologue, rows_per_warp = 16")
   end)
 
   it("ones · ones = K exactly (rounded once to bf16)", function()
