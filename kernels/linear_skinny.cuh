@@ -517,13 +517,11 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                 if (!have_w) {
                     if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                     else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
-                    if (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
                 }
                 xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
                 xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
             } else if (SPLIT) {
                 if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
-                if (RW == 2 && !have_w) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
@@ -531,6 +529,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                     xb[u] = zero;
             } else {
                 if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                /* RW == 2 (classic tiles, no prologue: the static_assert above) */
                 if (RW == 2 && !have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
