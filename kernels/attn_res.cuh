@@ -132,17 +132,6 @@ template <class T> struct wvec<T, float> {
 
 /* ---- warps, clusters, programmatic dependent launch ----------------------------------------- */
 
-/* Sum and max over the 32 lanes of a warp, f32 or f64 (the generic kernel's f64 accumulator). */
-template <class A> __device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-template <class A> __device__ __forceinline__ A warp_max(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 __device__ __forceinline__ uint32_t cluster_rank() {
     uint32_t r;

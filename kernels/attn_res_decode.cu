@@ -94,7 +94,7 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
         for (int j = 0; j < spread_count(N, 16); j++) red[warp][id[j]] = v[j];
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) v[i] = MAX ? warp_max(v[i]) : warp_sum(v[i]);
+        for (int i = 0; i < N; i++) v[i] = MAX ? k3c_warp_max(v[i]) : k3c_warp_sum(v[i]);
         if (lane == 0)
 #pragma unroll
             for (int i = 0; i < N; i++) red[warp][i] = v[i];
@@ -108,7 +108,7 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
          * warp reduction, not nwarps dependent loads). */
         for (int item = warp; item < N; item += nwarps) {
             float s = lane < nwarps ? red[lane][item] : 0.0f;
-            s = MAX ? warp_max(s) : warp_sum(s);
+            s = MAX ? k3c_warp_max(s) : k3c_warp_sum(s);
             if (C > 1) {
                 if (lane < C) st_cluster(&buf[rank][item], (uint32_t)lane, s);
             } else if (lane == 0) {

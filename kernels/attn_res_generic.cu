@@ -242,7 +242,7 @@ __device__ __forceinline__ const A *exchange(A (&v)[N], bool use_max, A (&red)[M
                                              int C, uint32_t rank) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 #pragma unroll
-    for (int i = 0; i < N; i++) v[i] = use_max ? warp_max(v[i]) : warp_sum(v[i]);
+    for (int i = 0; i < N; i++) v[i] = use_max ? k3c_warp_max(v[i]) : k3c_warp_sum(v[i]);
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < N; i++) red[warp][i] = v[i];
@@ -280,9 +280,9 @@ __device__ __forceinline__ A total(const A *buf, int i, int C, bool use_max) {
 template <class A> __device__ __forceinline__ void softmax_warp(A *prob, int nsrc, int lane) {
     A mx = -INFINITY, sum = 0;
     for (int s = lane; s < nsrc; s += 32) mx = fmax(mx, prob[s]);
-    mx = warp_max(mx);
+    mx = k3c_warp_max(mx);
     for (int s = lane; s < nsrc; s += 32) sum += k3c_exp(prob[s] - mx);
-    sum = warp_sum(sum);
+    sum = k3c_warp_sum(sum);
     for (int s = lane; s < nsrc; s += 32) prob[s] = k3c_exp(prob[s] - mx) / sum;
 }
 

@@ -111,7 +111,7 @@ __device__ __noinline__ void stream_rescale_partials(const T *prow, const T *bro
 #pragma unroll
             for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
         }
-        am = warp_max(am);
+        am = k3c_warp_max(am);
         if (lane == 0) redm[warp * ldm + s] = am;
     }
     __syncthreads();
@@ -135,8 +135,8 @@ __device__ __noinline__ void stream_rescale_partials(const T *prow, const T *bro
                 ss = fmaf(z, z, ss);
             }
         }
-        dot = warp_sum(dot);
-        ss = warp_sum(ss);
+        dot = k3c_warp_sum(dot);
+        ss = k3c_warp_sum(ss);
         if (lane == 0) red[warp * ldr + 2 * s] = dot, red[warp * ldr + 2 * s + 1] = ss;
     }
     __syncthreads();
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
             }
         }
 #pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = warp_sum(part[i]);
+        for (int i = 0; i < NV; i++) part[i] = k3c_warp_sum(part[i]);
         if (lane == 0)
 #pragma unroll
             for (int i = 0; i < NV; i++) red[warp][i] = part[i];
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
 #pragma unroll
             for (int e = 0; e < 8; e++) sq = fmaf(m[k][e], m[k][e], sq);
         }
-        sq = warp_sum(sq);
+        sq = k3c_warp_sum(sq);
         if (lane == 0) red2[warp] = sq;
         __syncthreads();
         float total = 0.0f;
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
             for (int k = 0; k < V; k++)
 #pragma unroll
                 for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[k][e]));
-            mm = block_max_sum(warp_max(mm), red2, true);
+            mm = block_max_sum(k3c_warp_max(mm), red2, true);
             const int eo = scale_exp(mm);
             const pow2_scale ps(eo);
             float s2 = 0.0f;
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
                     m[k][e] = ps(m[k][e]);
                     s2 = fmaf(m[k][e], m[k][e], s2);
                 }
-            s2 = block_max_sum(warp_sum(s2), red2, false);
+            s2 = block_max_sum(k3c_warp_sum(s2), red2, false);
             r = rms_factor_scaled(s2, p.invH, p.oeps, eo);
         }
         T *out = (T *)p.out + t * p.H;

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "k3_half.h"
+#include "warp.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -68,6 +68,7 @@
 #include <stdint.h>
 
 #include "silu.cuh"
+#include "warp.cuh"
 
 /* X(threads, rows, unroll) for every instantiated configuration (vec is always 8). */
 #define K3_SKINNY_CONFIGS(X)                                                              \
@@ -263,18 +264,6 @@ static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
                       k3sk_silu_mul2(g.z, u.z), k3sk_silu_mul2(g.w, u.w));
 }
 
-/* cuda.rms_norm.generic's warp reductions (kernels/norm.cu): the xor butterfly, whose lane 0
- * holds the value that kernel keeps. */
-static __device__ __forceinline__ float k3sk_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static __device__ __forceinline__ float k3sk_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* One virtual thread's partial sums in cuda.rms_norm.generic's order: elements d = vt,
  * vt + 256, ... of row xr (bf16, K of them), accumulated in increasing d; loads are issued
@@ -326,8 +315,8 @@ static __device__ void k3sk_rms_scales(const uint4 *__restrict__ x, int64_t xrow
         const int m = task >> 3, vw = task & 7;
         float ss, mx;
         k3sk_rms_partial<false>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, 0, &ss, &mx);
-        ss = k3sk_warp_sum(ss);
-        mx = k3sk_warp_max(mx);
+        ss = k3c_warp_sum(ss);
+        mx = k3c_warp_max(mx);
         if (lane == 0) {
             part[m][vw] = ss;
             part_max[m][vw] = mx;
@@ -358,7 +347,7 @@ static __device__ void k3sk_rms_scales(const uint4 *__restrict__ x, int64_t xrow
         const int k = flag[m] == INT_MIN ? 0 : flag[m];
         float sz, unused;
         k3sk_rms_partial<true>((const uint16_t *)(x + m * xrow), K, vw * 32 + lane, k, &sz, &unused);
-        sz = k3sk_warp_sum(sz);
+        sz = k3c_warp_sum(sz);
         if (lane == 0) part[m][vw] = sz;
     }
     __syncthreads();

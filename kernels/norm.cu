@@ -13,17 +13,6 @@ namespace {
 
 const int kThreads = 256;
 
-template <class A> __device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-/* fmax returns the other operand for a NaN, so a NaN never becomes the row's max |x|. */
-template <class A> __device__ __forceinline__ A warp_max(A v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 template <class A> __device__ __forceinline__ A min_normal();
 template <> __device__ __forceinline__ float min_normal<float>() { return 0x1p-126f; }
 template <> __device__ __forceinline__ double min_normal<double>() { return 0x1p-1022; }
@@ -60,8 +49,8 @@ __global__ void __launch_bounds__(kThreads)
             ss += v * v;
             mx = fmax(mx, fabs(v));
         }
-        ss = warp_sum(ss);
-        mx = warp_max(mx);
+        ss = k3c_warp_sum(ss);
+        mx = k3c_warp_max(mx);
         if ((threadIdx.x & 31) == 0) {
             part[threadIdx.x >> 5] = ss;
             part_max[threadIdx.x >> 5] = mx;
@@ -85,7 +74,7 @@ __global__ void __launch_bounds__(kThreads)
                 A z = ldexp(k3c_load_acc<T>(xr[d]), -k);
                 sz += z * z;
             }
-            sz = warp_sum(sz);
+            sz = k3c_warp_sum(sz);
             if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = sz;
             __syncthreads();
             A szt = 0;

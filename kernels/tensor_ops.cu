@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int u = 0; u < kUnroll; u++) v += t[u];
         }
         for (; j < p.inner_n; j += step) v += k3c_load_acc<T>(x[xo + inner_offset(p, j)]);
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        v = k3c_warp_sum(v);
         if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
         __syncthreads();
         if (threadIdx.x == 0) {
