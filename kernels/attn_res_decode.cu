@@ -436,6 +436,11 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
                        reason, n));
     decode_shape sh;
     if (!decode_pick(a->prefix->size[1], a->num_blocks, &sh, reason, n)) return K3_ESHAPE;
+    if (T_ > (int64_t)INT_MAX / sh.ctas) {
+        snprintf(reason, n, "%s launches T x %d CTAs, at most %d; got T = %lld",
+                 k3_cuda_attn_res_decode_name, sh.ctas, INT_MAX, (long long)T_);
+        return K3_ESHAPE;
+    }
     return K3_OK;
 }
 

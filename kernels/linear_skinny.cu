@@ -183,7 +183,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
      * (CTAs along K); kcta = 1 is the classic kernel, kcta >= 2 the split-K-across-CTAs one. */
     const int kcta = sk && r.split_k % sk == 0 ? r.split_k / sk : 0;
-    if (kcta > K3_SKINNY_MAX_KCTA)
+    if (kcta > K3_SKINNY_MAX_KCTA && !rpw16)
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
                         "asks for %d CTAs along K (split_k / %d); at most %d",

@@ -81,7 +81,6 @@
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4)                                             \
     X(256, 64, 4) X(512, 64, 4)
 
-/* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
 /* X(threads, rows, unroll) instantiated with 16 rows per warp (rows_per_warp = 16: a warp
  * streams two 8-row groups and feeds each x fragment to both; classic kernel only, no
  * in-kernel prologue). */
@@ -89,6 +88,7 @@
     X(128, 16, 4) X(256, 16, 4) X(256, 16, 8) X(512, 16, 4) X(512, 16, 8)                 \
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4) X(256, 64, 4) X(512, 64, 4)
 
+/* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
 #define K3_SKINNY_SPLIT_CONFIGS(X)                                                        \
     X(128, 8, 8) X(256, 8, 4) X(256, 8, 8) X(512, 8, 2)
 
@@ -448,7 +448,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             const int v = (cfirst + u) * 4 + t;
             const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
             wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
-            if (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
+            if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
         }
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -519,7 +519,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             } else {
                 if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 /* RW == 2 (classic tiles, no prologue: the static_assert above) */
-                if (RW == 2 && !have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
+                if constexpr (RW == 2)
+                    if (!have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -532,7 +533,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
             k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
             k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
-            if (RW == 2) {
+            if constexpr (RW == 2) {
                 k3sk_mma(acc2, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv2[u].x, wv2[u].y);
                 k3sk_mma(acc2, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv2[u].z, wv2[u].w);
             }
@@ -541,9 +542,9 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 
 #pragma unroll
     for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
-    if (RW == 2)
+    if constexpr (RW == 2)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) partial[warp][(4 * RW - 4) + r][lane] = acc2[r];
+        for (int r = 0; r < 4; ++r) partial[warp][4 + r][lane] = acc2[r];
     __syncthreads();
 
     /* Output (token m, row r of group): acc[2*(m/8) + r%2] of lane 4*(m%8) + r/2. */

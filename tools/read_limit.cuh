@@ -17,11 +17,12 @@
  * ramp with the previous one's tail, which is the best a weight-streaming kernel that may
  * read its weights before the wait can do.
  *
- * The dependent chain (dep != NULL, with pdl): after the wait every thread also loads one
- * 16-byte word of `dep`, the previous call's output (what a decode projection does with x
- * after its wait: an L2 round trip to data the previous kernel just wrote), folds it in, and
- * the CTA meets at a barrier (a partial-sum reduction's) before the write. That is the floor
- * of a weight-streaming kernel whose input is the output of the kernel before it.
+ * The dependent chain (dep != NULL, with pdl): after the wait every thread also loads 16
+ * bytes of `dep`, the buffer the previous call writes its words into (an L2 round trip that
+ * cannot start before the previous grid has completed, as a decode projection's x loads; most
+ * lanes read words written earlier, which changes nothing: the load waits for the wait), folds
+ * them in, and the CTA meets at a barrier (a partial-sum reduction's) before the write. That
+ * is the floor of a weight-streaming kernel whose input is the output of the kernel before it.
  */
 #ifndef K3_TOOLS_READ_LIMIT_CUH
 #define K3_TOOLS_READ_LIMIT_CUH

@@ -64,7 +64,7 @@ L.repo_root = repo_root
 -- with PDL through a data dependency, tools/read_limit.cuh's dependent chain). flags: more arguments of scripts/read-limit (the stack
 -- bench's {"--single", "--reps", "5"}). On the GPU: scripts/read-limit (tools/read_limit.cu),
 -- which raises here when it fails; in a dry run: a model (bytes over the nominal bandwidth
--- plus a 1.5 µs ramp; 0.3 µs of it left when chained with PDL).
+-- plus a 1.5 µs ramp; 0.3 µs of it left when chained with PDL, 1.0 µs in the dependent chain).
 function L.read_limits(env, byte_counts, flags)
   local out = {}
   if env.dry then
