@@ -22,13 +22,16 @@ namespace k3ar {
  * CTAs per token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 (1..2^30; unset or out of range: 64), so one benchmark run can time it beside
- * cuda.attn_res.stream at prefill sizes. */
+ * cuda.attn_res.stream at prefill sizes. K3_ATTN_RES_STREAM_V: "2" runs cuda.attn_res.stream's
+ * second body (weights staged once per CTA in shared memory, lane-parallel reductions and
+ * softmax: attn_res_stream.cu); anything else (or unset) the first, so one build times both. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
+    int stream_v;
 };
-inline knobs g_knobs = {1, 0, 64};
+inline knobs g_knobs = {1, 0, 64, 1};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -44,6 +47,8 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
+    const char *sv = getenv("K3_ATTN_RES_STREAM_V");
+    g_knobs.stream_v = sv && sv[0] == '2' && !sv[1] ? 2 : 1;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -152,6 +157,36 @@ __device__ __forceinline__ void st_cluster(float *local, uint32_t rank, float v)
     uint32_t a = (uint32_t)__cvta_generic_to_shared(local), r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+}
+
+/* Values a lane holds after spread_step<C, O> and the steps below O (halving per step). */
+__host__ __device__ constexpr int spread_count(int c, int o) { return o == 0 ? c : spread_count(c / 2 + c % 2, o / 2); }
+
+/*
+ * Warp reduction of C values per lane in about C shuffles instead of 5 C: at lane offset O,
+ * partners swap halves (lane & O keeps the upper half) and add, so each value is summed over
+ * both lanes and each lane keeps half; an odd last value is added whole. After the step at
+ * offset 1, value j of a lane is the warp's total of item id[j] (id follows the same swaps).
+ */
+template <int C, int O, bool MAX, int N>
+__device__ __forceinline__ void spread_step(float (&v)[N], int (&id)[N], int lane) {
+    if constexpr (O > 0) {
+        constexpr int H = C / 2;
+        const bool up = (lane & O) != 0;
+#pragma unroll
+        for (int j = 0; j < H; j++) {
+            float send = up ? v[j] : v[j + H], keep = up ? v[j + H] : v[j];
+            float r = __shfl_xor_sync(0xffffffffu, send, O);
+            v[j] = MAX ? fmaxf(keep, r) : keep + r;
+            id[j] = up ? id[j + H] : id[j];
+        }
+        if constexpr (C % 2 == 1) {
+            float r = __shfl_xor_sync(0xffffffffu, v[C - 1], O);
+            v[H] = MAX ? fmaxf(v[C - 1], r) : v[C - 1] + r;
+            id[H] = id[C - 1];
+        }
+        spread_step<H + C % 2, O / 2, MAX>(v, id, lane);
+    }
 }
 
 /* Programmatic dependent launch (PTX ISA "griddepcontrol"): both are no-ops in a launch

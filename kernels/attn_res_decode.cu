@@ -40,36 +40,6 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
     return r;
 }
 
-/* Values a lane holds after spread_step<C, O> and the steps below O (halving per step). */
-__host__ __device__ constexpr int spread_count(int c, int o) { return o == 0 ? c : spread_count(c / 2 + c % 2, o / 2); }
-
-/*
- * Warp reduction of C values per lane in about C shuffles instead of 5 C: at lane offset O,
- * partners swap halves (lane & O keeps the upper half) and add, so each value is summed over
- * both lanes and each lane keeps half; an odd last value is added whole. After the step at
- * offset 1, value j of a lane is the warp's total of item id[j] (id follows the same swaps).
- */
-template <int C, int O, bool MAX, int N>
-__device__ __forceinline__ void spread_step(float (&v)[N], int (&id)[N], int lane) {
-    if constexpr (O > 0) {
-        constexpr int H = C / 2;
-        const bool up = (lane & O) != 0;
-#pragma unroll
-        for (int j = 0; j < H; j++) {
-            float send = up ? v[j] : v[j + H], keep = up ? v[j + H] : v[j];
-            float r = __shfl_xor_sync(0xffffffffu, send, O);
-            v[j] = MAX ? fmaxf(keep, r) : keep + r;
-            id[j] = up ? id[j + H] : id[j];
-        }
-        if constexpr (C % 2 == 1) {
-            float r = __shfl_xor_sync(0xffffffffu, v[C - 1], O);
-            v[H] = MAX ? fmaxf(v[C - 1], r) : v[C - 1] + r;
-            id[H] = id[C - 1];
-        }
-        spread_step<H + C % 2, O / 2, MAX>(v, id, lane);
-    }
-}
-
 /*
  * Sums (or maxima) of N values over the token: the warps of this CTA, then the CTAs of the
  * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank] and one cluster

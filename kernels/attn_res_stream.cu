@@ -48,7 +48,7 @@ struct stream_params : row_args {
  * is stage[(r * V + k) * NT + tid]; row 0 prefix, 1 delta, 2.. the block rows. */
 template <int NB, int V>
 __device__ __forceinline__ void stream_issue(const stream_params &p, uint4 *stage, int64_t t,
-                                             const int (&vi)[V], const bool (&ok)[V]) {
+                                             const int (&vi)[V], const bool (&ok)[V], int nb) {
     const int NT = blockDim.x, tid = threadIdx.x;
     const uint16_t *prefix = (const uint16_t *)p.prefix + t * p.H;
     const uint16_t *delta = (const uint16_t *)p.delta + t * p.H;
@@ -63,7 +63,7 @@ __device__ __forceinline__ void stream_issue(const stream_params &p, uint4 *stag
     for (int s = 0; s < NB; s++)
 #pragma unroll
         for (int k = 0; k < V; k++)
-            if (s < p.nb && ok[k])
+            if (s < nb && ok[k])
                 cp_async16(&stage[((2 + s) * V + k) * NT + tid],
                            blocks + s * p.sbs + (int64_t)vi[k] * 8);
     cp_async_commit();
@@ -142,14 +142,19 @@ __device__ __noinline__ void stream_rescale_partials(const T *prow, const T *bro
     __syncthreads();
 }
 
-template <class T, class W, int NB, int V>
+template <class T, class W, int NB, int V, bool V2, bool FULL>
 __global__ void __launch_bounds__(kStreamMaxThreads, 1)
     attn_res_stream_kernel(const stream_params p) {
     constexpr int MAXS = NB + 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NVP = (NV + 3) & ~3;
     static_assert(NB == kStreamNB, "stream_rescale_partials numbers p's bit as kStreamNB");
+    static_assert(V2 || !FULL, "the full-token instance is one of the second body");
+    static_assert(MAXS <= 32, "the second body gives each source a lane");
     extern __shared__ __align__(16) uint4 stage[];
+    /* The second body's weights, f32, slot (j, h) of thread tid at wsm[(j * 2 + h) * NT + tid]:
+     * j < V the product nw * qw of vector j, j >= V the output norm weight of vector j - V. */
+    float4 *wsm = (float4 *)(stage + (2 + NB) * V * blockDim.x);
     __shared__ __align__(16) float red[kStreamMaxThreads / 32][NVP];
     __shared__ float red2[kStreamMaxThreads / 32];
     __shared__ float redm[kStreamMaxThreads / 32][MAXS]; /* the rare path's maxima */
@@ -161,14 +166,33 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
 #pragma unroll
     for (int k = 0; k < V; k++) {
         vi[k] = k * NT + tid;
-        ok[k] = vi[k] < p.vecs;
+        ok[k] = FULL || vi[k] < p.vecs;
     }
+    /* FULL: the host checked num_blocks == NB and H == 8 * V * NT (every slot used). */
+    const int nb = FULL ? NB : p.nb;
     int64_t t = blockIdx.x;
     if (p.pdl) {
         pdl_wait();
         pdl_launch_dependents();
     }
-    if (t < p.T) stream_issue<NB, V>(p, stage, t, vi, ok);
+    if (t < p.T) stream_issue<NB, V>(p, stage, t, vi, ok, nb);
+    if constexpr (V2) {
+        /* This thread's weight slots, once per CTA; only this thread reads them (no barrier). */
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (ok[k]) {
+                float x[8], y[8];
+                wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
+                wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
+#pragma unroll
+                for (int e = 0; e < 8; e++) x[e] *= y[e];
+                wsm[(2 * k) * NT + tid] = make_float4(x[0], x[1], x[2], x[3]);
+                wsm[(2 * k + 1) * NT + tid] = make_float4(x[4], x[5], x[6], x[7]);
+                wload<T, W>(p.onw, (int64_t)vi[k] * 8, y);
+                wsm[(2 * (V + k)) * NT + tid] = make_float4(y[0], y[1], y[2], y[3]);
+                wsm[(2 * (V + k) + 1) * NT + tid] = make_float4(y[4], y[5], y[6], y[7]);
+            }
+    }
     for (; t < p.T; t += gridDim.x) {
         cp_async_wait_all();
         uint4 pr[V], de[V], src[NB][V];
@@ -182,11 +206,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
         for (int s = 0; s < NB; s++)
 #pragma unroll
             for (int k = 0; k < V; k++)
-                src[s][k] = (s < p.nb && ok[k]) ? stage[((2 + s) * V + k) * NT + tid]
+                src[s][k] = (s < nb && ok[k]) ? stage[((2 + s) * V + k) * NT + tid]
                                                 : make_uint4(0, 0, 0, 0);
         /* The next token into the same slots: this thread has read them all above. */
         const int64_t tn = t + gridDim.x;
-        if (tn < p.T) stream_issue<NB, V>(p, stage, tn, vi, ok);
+        if (tn < p.T) stream_issue<NB, V>(p, stage, tn, vi, ok, nb);
 
         T *prefix = (T *)p.prefix + t * p.H;
         float part[NV];
@@ -198,7 +222,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
             float a[8], b[8], w[8];
             pb[k] = make_uint4(0, 0, 0, 0);
             if (!ok[k]) continue; /* idle slots add nothing to any sum */
-            {
+            if constexpr (V2) {
+                const float4 lo = wsm[(2 * k) * NT + tid], hi = wsm[(2 * k + 1) * NT + tid];
+                w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+                w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+            } else {
                 float x[8], y[8];
                 wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
                 wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
@@ -228,83 +256,135 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
                 }
             }
         }
+        float prob[MAXS];
+        if constexpr (V2) {
+            /* The 2 MAXS partials of each warp in ~NV shuffles (spread_step), then lane s of
+             * every warp adds source s's dot and sum of squares over the warps, computes its
+             * logit, and the softmax runs across those lanes: every warp reads the same
+             * partials in the same order, so all hold the same bits and take the same
+             * branches. */
+            {
+                int id[NV];
 #pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = k3c_warp_sum(part[i]);
-        if (lane == 0)
+                for (int i = 0; i < NV; i++) id[i] = i;
+                spread_step<NV, 16, false>(part, id, lane);
 #pragma unroll
-            for (int i = 0; i < NV; i++) red[warp][i] = part[i];
-        __syncthreads();
-        float tot[NVP];
-#pragma unroll
-        for (int i = 0; i < NVP; i++) tot[i] = 0.0f;
-        for (int q = 0; q < nwarps; q++) {
-            const float4 *r4 = (const float4 *)red[q];
-#pragma unroll
-            for (int j = 0; j < NVP / 4; j++) {
-                float4 x = r4[j];
-                tot[4 * j] += x.x;
-                tot[4 * j + 1] += x.y;
-                tot[4 * j + 2] += x.z;
-                tot[4 * j + 3] += x.w;
+                for (int j = 0; j < spread_count(NV, 16); j++) red[warp][id[j]] = part[j];
             }
-        }
-        /* Bit s: source s's sum of squares overflowed or underflowed (the same in every
-         * thread: all read the same totals). */
-        uint32_t needs = 0;
-#pragma unroll
-        for (int s = 0; s < MAXS; s++)
-            if ((s == NB || s < p.nb) && ss_needs_rescale(tot[2 * s + 1])) needs |= 1u << s;
-        float logit[MAXS], mx = -INFINITY;
-        if (!needs) {
-#pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                bool active = s == NB || s < p.nb;
-                logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
+            __syncthreads();
+            const int s = lane < MAXS ? lane : 0; /* lanes past the sources mirror source 0 */
+            const bool active = lane < MAXS && (lane == NB || lane < nb);
+            float dot = 0.0f, ss = 0.0f;
+            for (int q = 0; q < nwarps; q++) {
+                const float2 x = *(const float2 *)&red[q][2 * s];
+                dot += x.x;
+                ss += x.y;
             }
-        } else {
-            /* Rare: the partials again on scaled values; source q's sums sit at slot q of
-             * the helper's numbering (p at nb). */
-            stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs, p.nw,
-                                          p.qw, p.vecs, p.nb, needs, &red[0][0], NVP, &redm[0][0],
-                                          MAXS);
-#pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                const bool active = s == NB || s < p.nb;
-                const int q = s == NB ? p.nb : s;
-                float dot = 0.0f, ss = 0.0f, am = 0.0f;
+            /* Bit s: source s's sum of squares overflowed or underflowed (p is bit NB). */
+            const uint32_t needs = __ballot_sync(0xffffffffu, active && ss_needs_rescale(ss));
+            float logit;
+            if (!needs) {
+                logit = active ? dot * rsqrtf(ss * p.invH + p.eps) : -INFINITY;
+            } else {
+                stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs,
+                                              p.nw, p.qw, p.vecs, nb, needs, &red[0][0], NVP,
+                                              &redm[0][0], MAXS);
+                const int q = s == NB ? nb : s;
+                float d2 = 0.0f, s2 = 0.0f, am = 0.0f;
                 for (int w = 0; w < nwarps; w++) {
-                    dot += red[w][2 * q];
-                    ss += red[w][2 * q + 1];
+                    d2 += red[w][2 * q];
+                    s2 += red[w][2 * q + 1];
                     am = fmaxf(am, redm[w][q]);
                 }
-                const int e = (needs >> s) & 1u ? scale_exp(am) : 0;
-                logit[s] = active ? dot * rms_factor_scaled(ss, p.invH, p.eps, e) : -INFINITY;
+                const int e = (needs >> lane) & 1u ? scale_exp(am) : 0;
+                logit = active ? d2 * rms_factor_scaled(s2, p.invH, p.eps, e) : -INFINITY;
             }
-        }
+            const float mx = k3c_warp_max(logit);
+            const float ex = active ? __expf(logit - mx) : 0.0f;
+            const float pl = ex * (1.0f / k3c_warp_sum(ex));
 #pragma unroll
-        for (int s = 0; s < MAXS; s++) mx = fmaxf(mx, logit[s]);
-        float sum = 0.0f;
+            for (int q = 0; q < MAXS; q++) prob[q] = __shfl_sync(0xffffffffu, pl, q);
+        } else {
+    #pragma unroll
+            for (int i = 0; i < NV; i++) part[i] = k3c_warp_sum(part[i]);
+            if (lane == 0)
+    #pragma unroll
+                for (int i = 0; i < NV; i++) red[warp][i] = part[i];
+            __syncthreads();
+            float tot[NVP];
+    #pragma unroll
+            for (int i = 0; i < NVP; i++) tot[i] = 0.0f;
+            for (int q = 0; q < nwarps; q++) {
+                const float4 *r4 = (const float4 *)red[q];
+    #pragma unroll
+                for (int j = 0; j < NVP / 4; j++) {
+                    float4 x = r4[j];
+                    tot[4 * j] += x.x;
+                    tot[4 * j + 1] += x.y;
+                    tot[4 * j + 2] += x.z;
+                    tot[4 * j + 3] += x.w;
+                }
+            }
+            /* Bit s: source s's sum of squares overflowed or underflowed (the same in every
+             * thread: all read the same totals). */
+            uint32_t needs = 0;
+    #pragma unroll
+            for (int s = 0; s < MAXS; s++)
+                if ((s == NB || s < nb) && ss_needs_rescale(tot[2 * s + 1])) needs |= 1u << s;
+            float logit[MAXS], mx = -INFINITY;
+            if (!needs) {
+    #pragma unroll
+                for (int s = 0; s < MAXS; s++) {
+                    bool active = s == NB || s < nb;
+                    logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
+                }
+            } else {
+                /* Rare: the partials again on scaled values; source q's sums sit at slot q of
+                 * the helper's numbering (p at nb). */
+                stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs, p.nw,
+                                              p.qw, p.vecs, nb, needs, &red[0][0], NVP, &redm[0][0],
+                                              MAXS);
+    #pragma unroll
+                for (int s = 0; s < MAXS; s++) {
+                    const bool active = s == NB || s < nb;
+                    const int q = s == NB ? nb : s;
+                    float dot = 0.0f, ss = 0.0f, am = 0.0f;
+                    for (int w = 0; w < nwarps; w++) {
+                        dot += red[w][2 * q];
+                        ss += red[w][2 * q + 1];
+                        am = fmaxf(am, redm[w][q]);
+                    }
+                    const int e = (needs >> s) & 1u ? scale_exp(am) : 0;
+                    logit[s] = active ? dot * rms_factor_scaled(ss, p.invH, p.eps, e) : -INFINITY;
+                }
+            }
+    #pragma unroll
+            for (int s = 0; s < MAXS; s++) mx = fmaxf(mx, logit[s]);
+            float sum = 0.0f;
+    #pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                bool active = s == NB || s < nb;
+                logit[s] = active ? expf(logit[s] - mx) : 0.0f;
+                sum += logit[s];
+            }
+            const float inv_sum = 1.0f / sum;
 #pragma unroll
-        for (int s = 0; s < MAXS; s++) {
-            bool active = s == NB || s < p.nb;
-            logit[s] = active ? expf(logit[s] - mx) : 0.0f;
-            sum += logit[s];
+            for (int s = 0; s < MAXS; s++) prob[s] = logit[s] * inv_sum;
         }
-        const float inv_sum = 1.0f / sum;
         float m[V][8];
         float sq = 0.0f;
 #pragma unroll
         for (int k = 0; k < V; k++) {
             float a[8];
             vec8<T>::unpack(pb[k], a);
-            const float pr_p = logit[NB] * inv_sum;
+            const float pr_p = prob[NB];
 #pragma unroll
             for (int e = 0; e < 8; e++) m[k][e] = pr_p * a[e];
 #pragma unroll
             for (int s = 0; s < NB; s++) {
                 float v[8];
                 vec8<T>::unpack(src[s][k], v);
-                const float pr_s = logit[s] * inv_sum;
+                const float pr_s = prob[s];
 #pragma unroll
                 for (int e = 0; e < 8; e++) m[k][e] = fmaf(pr_s, v[e], m[k][e]);
             }
@@ -315,10 +395,16 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
         if (lane == 0) red2[warp] = sq;
         __syncthreads();
         float total = 0.0f;
-        for (int q = 0; q < nwarps; q++) total += red2[q];
+        if constexpr (V2) {
+            /* Lane q reads warp q's sum: one load and five shuffles, the same bits in every
+             * lane of every warp (warp.cuh). */
+            total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
+        } else {
+            for (int q = 0; q < nwarps; q++) total += red2[q];
+        }
         float r;
         if (!ss_needs_rescale(total)) {
-            r = 1.0f / sqrtf(total * p.invH + p.oeps);
+            r = V2 ? rsqrtf(total * p.invH + p.oeps) : 1.0f / sqrtf(total * p.invH + p.oeps);
         } else {
             /* Rare: the same on the mix scaled by 2^-e; out = m' * r' * w. */
             float mm = 0.0f;
@@ -345,7 +431,13 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
         for (int k = 0; k < V; k++) {
             if (!ok[k]) continue;
             float on[8], o[8];
-            wload<T, W>(p.onw, (int64_t)vi[k] * 8, on);
+            if constexpr (V2) {
+                const float4 lo = wsm[(2 * (V + k)) * NT + tid], hi = wsm[(2 * (V + k) + 1) * NT + tid];
+                on[0] = lo.x, on[1] = lo.y, on[2] = lo.z, on[3] = lo.w;
+                on[4] = hi.x, on[5] = hi.y, on[6] = hi.z, on[7] = hi.w;
+            } else {
+                wload<T, W>(p.onw, (int64_t)vi[k] * 8, on);
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = m[k][e] * r * on[e];
             *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(o);
@@ -365,12 +457,18 @@ int stream_threads(int64_t H) {
 /* nvcc 13, sm_90a, -Xptxas -v: every instance (bf16/f16 x bf16/f16/f32 weights, NB = 8,
  * V = 2) uses 128 registers (the __launch_bounds__(512, 1) cap), 0 bytes stack, no spills;
  * 1344 B static + (2 + 8) * 2 * NT * 16 B dynamic shared memory (143 KB at H = 7168, NT =
- * 448), so one CTA of 448 threads per SM (57344 of 65536 registers). */
-template <class T, class W>
-k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
-    auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV>;
-    size_t smem = (size_t)(2 + kStreamNB) * kStreamV * (size_t)nt * sizeof(uint4);
-    /* The dynamic limit raised once per device (up to 160 KB for H = 8192). */
+ * 448), so one CTA of 448 threads per SM (57344 of 65536 registers). The second body adds
+ * 2 * 2 * V * NT * 16 B of weights (56 KB at NT = 448; 224 KB in all at H = 8192, under the
+ * 227 KB opt-in limit). */
+size_t stream_smem(int nt, bool v2) {
+    return ((size_t)(2 + kStreamNB) + (v2 ? 4 : 0)) * kStreamV * (size_t)nt * sizeof(uint4);
+}
+
+template <class T, class W, bool V2, bool FULL>
+k3_status stream_go(const stream_params &p, int nt, int dev, cudaStream_t stream) {
+    auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV, V2, FULL>;
+    const size_t smem = stream_smem(nt, V2);
+    /* The dynamic limit raised once per device and instance. */
     static size_t raised[64];
     K3_TRY(raise_smem(kern, dev, smem, raised));
     int sms = k3c_sm_count(dev);
@@ -379,6 +477,16 @@ k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t st
     K3_TRY(launch(kern, p, dim3((unsigned)grid), dim3((unsigned)nt), smem, 1, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_stream_kernel);
     return K3_OK;
+}
+
+/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second, its full-token instance when
+ * num_blocks is NB and every thread's V vectors are in the row. */
+template <class T, class W>
+k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
+    if (get_knobs().stream_v != 2) return stream_go<T, W, false, false>(p, nt, dev, stream);
+    if (p.nb == kStreamNB && p.vecs == kStreamV * nt)
+        return stream_go<T, W, true, true>(p, nt, dev, stream);
+    return stream_go<T, W, true, false>(p, nt, dev, stream);
 }
 
 k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
