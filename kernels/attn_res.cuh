@@ -24,7 +24,8 @@ namespace k3ar {
  * above 4 (1..2^30; unset or out of range: 64), so one benchmark run can time it beside
  * cuda.attn_res.stream at prefill sizes. K3_ATTN_RES_STREAM_V: "2" runs cuda.attn_res.stream's
  * second body (weights staged once per CTA in shared memory, lane-parallel reductions and
- * softmax: attn_res_stream.cu); anything else (or unset) the first, so one build times both. */
+ * softmax: attn_res_stream.cu), "3" the same with its full-token instance where a call fits
+ * it; anything else (or unset) the first body, so one build times all three. */
 struct knobs {
     int pdl;
     int decode_ctas;
@@ -48,7 +49,7 @@ inline void read_knobs() {
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
     const char *sv = getenv("K3_ATTN_RES_STREAM_V");
-    g_knobs.stream_v = sv && sv[0] == '2' && !sv[1] ? 2 : 1;
+    g_knobs.stream_v = sv && (sv[0] == '2' || sv[0] == '3') && !sv[1] ? sv[0] - '0' : 1;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

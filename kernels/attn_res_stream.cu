@@ -479,12 +479,13 @@ k3_status stream_go(const stream_params &p, int nt, int dev, cudaStream_t stream
     return K3_OK;
 }
 
-/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second, its full-token instance when
- * num_blocks is NB and every thread's V vectors are in the row. */
+/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second; with 3 the second's full-token
+ * instance when num_blocks is NB and every thread's V vectors are in the row. */
 template <class T, class W>
 k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
-    if (get_knobs().stream_v != 2) return stream_go<T, W, false, false>(p, nt, dev, stream);
-    if (p.nb == kStreamNB && p.vecs == kStreamV * nt)
+    const int v = get_knobs().stream_v;
+    if (v == 1) return stream_go<T, W, false, false>(p, nt, dev, stream);
+    if (v == 3 && p.nb == kStreamNB && p.vecs == kStreamV * nt)
         return stream_go<T, W, true, true>(p, nt, dev, stream);
     return stream_go<T, W, true, false>(p, nt, dev, stream);
 }
