@@ -12,6 +12,14 @@ using namespace k3ar;
 
 namespace {
 
+/* u, as a value the compiler cannot prove equal to u: the mix unpacks the staged words again
+ * instead of keeping the logit pass's 16 floats per row alive across the reductions (which
+ * spills the bf16 instances). */
+__device__ __forceinline__ uint4 opaque(uint4 u) {
+    asm("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+    return u;
+}
+
 /* 8 weights at element offset e as f32. */
 template <class T, class W>
 __device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
@@ -143,8 +151,7 @@ __device__ __noinline__ void stream_rescale_partials(const T *prow, const T *bro
 }
 
 template <class T, class W, int NB, int V, bool V2, bool FULL>
-__global__ void __launch_bounds__(kStreamMaxThreads, 1)
-    attn_res_stream_kernel(const stream_params p) {
+__device__ __forceinline__ void stream_body(const stream_params &p) {
     constexpr int MAXS = NB + 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NVP = (NV + 3) & ~3;
@@ -376,14 +383,14 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
 #pragma unroll
         for (int k = 0; k < V; k++) {
             float a[8];
-            vec8<T>::unpack(pb[k], a);
+            vec8<T>::unpack(V2 ? opaque(pb[k]) : pb[k], a);
             const float pr_p = prob[NB];
 #pragma unroll
             for (int e = 0; e < 8; e++) m[k][e] = pr_p * a[e];
 #pragma unroll
             for (int s = 0; s < NB; s++) {
                 float v[8];
-                vec8<T>::unpack(src[s][k], v);
+                vec8<T>::unpack(V2 ? opaque(src[s][k]) : src[s][k], v);
                 const float pr_s = prob[s];
 #pragma unroll
                 for (int e = 0; e < 8; e++) m[k][e] = fmaf(pr_s, v[e], m[k][e]);
@@ -446,6 +453,21 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1)
     cp_async_wait_all(); /* nothing outstanding at exit */
 }
 
+/* The first body: 128 registers (the cap of 512 threads), up to 512 threads. */
+template <class T, class W, int NB, int V>
+__global__ void __launch_bounds__(kStreamMaxThreads, 1) attn_res_stream_kernel(const stream_params p) {
+    stream_body<T, W, NB, V, false, false>(p);
+}
+
+/* The second body: up to kStream2MaxThreads threads, so kStream2Regs registers (65536 / 448 =
+ * 146; given only launch bounds, ptxas stays at 128 and spills). */
+const int kStream2MaxThreads = 448;
+const int kStream2Regs = 144;
+template <class T, class W, int NB, int V, bool FULL>
+__global__ void __maxnreg__(kStream2Regs) attn_res_stream2_kernel(const stream_params p) {
+    stream_body<T, W, NB, V, true, FULL>(p);
+}
+
 /* Threads per CTA (two vectors each), or 0 when H / 8 vectors do not fit 64..512 of them. */
 int stream_threads(int64_t H) {
     int64_t vecs = H / 8;
@@ -464,12 +486,10 @@ size_t stream_smem(int nt, bool v2) {
     return ((size_t)(2 + kStreamNB) + (v2 ? 4 : 0)) * kStreamV * (size_t)nt * sizeof(uint4);
 }
 
-template <class T, class W, bool V2, bool FULL>
-k3_status stream_go(const stream_params &p, int nt, int dev, cudaStream_t stream) {
-    auto kern = attn_res_stream_kernel<T, W, kStreamNB, kStreamV, V2, FULL>;
+template <bool V2>
+k3_status stream_go(void (*kern)(stream_params), const stream_params &p, int nt, int dev,
+                    size_t (&raised)[64], cudaStream_t stream) {
     const size_t smem = stream_smem(nt, V2);
-    /* The dynamic limit raised once per device and instance. */
-    static size_t raised[64];
     K3_TRY(raise_smem(kern, dev, smem, raised));
     int sms = k3c_sm_count(dev);
     if (sms <= 0) sms = 132;
@@ -479,15 +499,21 @@ k3_status stream_go(const stream_params &p, int nt, int dev, cudaStream_t stream
     return K3_OK;
 }
 
-/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second; with 3 the second's full-token
- * instance when num_blocks is NB and every thread's V vectors are in the row. */
+/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second where nt <= kStream2MaxThreads
+ * (H <= 7168); with 3 the second's full-token instance when num_blocks is NB and every
+ * thread's V vectors are in the row. Each instance's dynamic limit is raised once per device. */
 template <class T, class W>
 k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
+    static size_t raised[3][64];
     const int v = get_knobs().stream_v;
-    if (v == 1) return stream_go<T, W, false, false>(p, nt, dev, stream);
+    if (v == 1 || nt > kStream2MaxThreads)
+        return stream_go<false>(attn_res_stream_kernel<T, W, kStreamNB, kStreamV>, p, nt, dev,
+                                raised[0], stream);
     if (v == 3 && p.nb == kStreamNB && p.vecs == kStreamV * nt)
-        return stream_go<T, W, true, true>(p, nt, dev, stream);
-    return stream_go<T, W, true, false>(p, nt, dev, stream);
+        return stream_go<true>(attn_res_stream2_kernel<T, W, kStreamNB, kStreamV, true>, p, nt,
+                               dev, raised[1], stream);
+    return stream_go<true>(attn_res_stream2_kernel<T, W, kStreamNB, kStreamV, false>, p, nt, dev,
+                           raised[2], stream);
 }
 
 k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
