@@ -486,6 +486,21 @@ describe("cuda.attn_res.stream #gpu", function()
     check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
   end)
 
+  it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
+    -- Every sum of squares overflows or underflows f32: the rare paths (scaled partials of
+    -- the key norms, the scaled output norm) of both the full-token and the general shape.
+    for _, scale in ipairs({1e20, 1e-25, 3e36}) do
+      for _, c in ipairs({{8, 7168, 1}, {5, 1000, 2}}) do
+        local a = inputs(64, 8, c[2], {num_blocks = c[1], seed = 910 + c[3]})
+        a.prefix:copy(a.prefix * scale)
+        a.delta:copy(a.delta * scale)
+        a.blocks:copy(a.blocks * scale)
+        a.eps, a.output_eps = 0, 0
+        check(a, K, string.format("scale %g num_blocks %d H=%d", scale, c[1], c[2]))
+      end
+    end
+  end)
+
   it("row-padded rows raise its own layout error by name", function()
     local a = inputs(65, 5, 7168, {pad = 7, opad = 0})
     a.kernel = K
