@@ -40,7 +40,10 @@ __device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
  * barrier, on two scratch arrays: a thread reads red[0] before it reaches reduction 2's
  * barrier and red[1] before the next token's reduction-1 barrier, so no write overtakes a
  * read. Weights are re-read per token through the read-only path (L1/L2 resident).
- * Registers: see the comment at stream_launch (nvcc -Xptxas -v).
+ * The second body (K3_ATTN_RES_STREAM_V, attn_res.cuh) keeps the two barriers and cuts the
+ * instructions around them: the weights as f32 in shared memory once per CTA, the partials
+ * reduced by spread_step, the cross-warp sums, logits and softmax one source per lane.
+ * Registers: see the comment at stream_smem (nvcc -Xptxas -v).
  */
 const int kStreamMaxThreads = 512;
 const int kStreamV = 2;
@@ -476,12 +479,12 @@ int stream_threads(int64_t H) {
     return (int)nt;
 }
 
-/* nvcc 13, sm_90a, -Xptxas -v: every instance (bf16/f16 x bf16/f16/f32 weights, NB = 8,
- * V = 2) uses 128 registers (the __launch_bounds__(512, 1) cap), 0 bytes stack, no spills;
- * 1344 B static + (2 + 8) * 2 * NT * 16 B dynamic shared memory (143 KB at H = 7168, NT =
- * 448), so one CTA of 448 threads per SM (57344 of 65536 registers). The second body adds
- * 2 * 2 * V * NT * 16 B of weights (56 KB at NT = 448; 224 KB in all at H = 8192, under the
- * 227 KB opt-in limit). */
+/* nvcc 13, sm_90a, -Xptxas -v: every instance of the first body (bf16/f16 x bf16/f16/f32
+ * weights, NB = 8, V = 2) uses 128 registers (the __launch_bounds__(512, 1) cap), 0 bytes
+ * stack, no spills; 1920 B static + (2 + 8) * 2 * NT * 16 B dynamic shared memory (143 KB at
+ * H = 7168, NT = 448), so one CTA of 448 threads per SM (57344 of 65536 registers). The
+ * second body's instances (general and full-token) use 142-144 registers, no spills, and
+ * 2 * 2 * V * NT * 16 B more for the weights (196 KB in all at NT = 448; 64512 registers). */
 size_t stream_smem(int nt, bool v2) {
     return ((size_t)(2 + kStreamNB) + (v2 ? 4 : 0)) * kStreamV * (size_t)nt * sizeof(uint4);
 }
