@@ -63,7 +63,7 @@ describe("AttnRes stream", function()
     for _, r in ipairs(trace) do ops[r.op] = (ops[r.op] or 0) + 1 end
     assert.are.equal(186, ops.attn_res)
     assert.are.equal(93 * 5, ops.linear)   -- qkv_a, q_b, o_proj, gate_up, down
-    assert.is_nil(ops.silu_mul)           -- the SwiGLU gate is the down projection's prologue
+    assert.is_nil(ops.silu_mul)           -- the SwiGLU gate is gate_up's epilogue
     assert.are.equal(1, ops.rms_norm)      -- layer 0's skipped read (q_a_layernorm is q_b's prologue)
     assert.are.same({2, 16}, out:size())
     assert.is_false(H.has_nan(out))

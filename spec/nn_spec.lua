@@ -179,7 +179,7 @@ describe("k3.nn", function()
                "SwiGLU: gate_up takes 8 features but down returns 7")
     end)
 
-    it("runs gate_up and down with the gate as its prologue, nothing else; fused = false adds silu_mul", function()
+    it("runs gate_up with the gate as its epilogue and down, nothing else; fused = false adds silu_mul", function()
       local gu, down = k3.randn({16, 8}, {seed = 1}), k3.randn({8, 8}, {seed = 2})
       local x = k3.randn({3, 8}, {seed = 3})
       local function ops_of(mlp)
@@ -188,6 +188,19 @@ describe("k3.nn", function()
         return ops
       end
       assert.are.same({"linear", "linear"}, ops_of(nn.SwiGLU(gu, down)))
+      -- gate_up's call asks for the epilogue and writes h [M, I]; down runs plainly on it
+      local calls = {}
+      local gate_up, dn = nn.Linear(gu), nn.Linear(down)
+      for _, lin in ipairs({gate_up, dn}) do
+        local m = lin.method
+        lin.method = setmetatable({}, {__index = {apply = function(_, xx, w, b, o)
+          local y = m:apply(xx, w, b, o)
+          calls[#calls + 1] = {epilogue = o and o.epilogue, prologue = o and o.prologue, size = y:size()}
+          return y
+        end}})
+      end
+      nn.SwiGLU(gate_up, dn)(x)
+      assert.are.same({{epilogue = "silu_mul", size = {3, 8}}, {size = {3, 8}}}, calls)
       assert.are.same({"linear", "silu_mul", "linear"}, ops_of(nn.SwiGLU(gu, down, {fused = false})))
       H.raises(function() nn.SwiGLU(gu, down, {fused = "yes"}) end, "SwiGLU: fused must be a boolean (got string)")
     end)

@@ -40,7 +40,9 @@ end
 
 -- Linear: y[M,N] = x[M,K] w[N,K]^T (+ bias[N]).
 --   nn.Linear(w, {bias = b, method = m});  lin(x) or lin(x, {prologue = "silu_mul"}) (x is
---   then [M, 2K], gate | up: y = silu_mul(x) w^T with silu_mul's bits, k3.linear's option)
+--   then [M, 2K], gate | up: y = silu_mul(x) w^T with silu_mul's bits, k3.linear's option), or
+--   lin(x, {epilogue = "silu_mul"}) (w is then [2N, K], gate rows | up rows: the result is
+--   silu_mul(x w^T) [M, N] with the bits of the two separate ops)
 local Linear = {}
 Linear.__index = Linear
 Linear.__name = "k3.nn.Linear"
@@ -114,8 +116,10 @@ end
 
 -- SwiGLU MLP: down(silu(gate) * up), gate and up from one fused gate_up projection
 -- (the first I output features are the gate, the next I the up projection). The gate is the
--- down projection's silu_mul prologue (k3.linear's {prologue = "silu_mul"}: one kernel fewer,
--- the same bits as k3.silu_mul then the projection); fused = false runs k3.silu_mul apart.
+-- gate_up projection's silu_mul epilogue (k3.linear's {epilogue = "silu_mul"}: gate_up writes
+-- h [M, I] itself, the same bits as the projection then k3.silu_mul; on the skinny kernel's
+-- classic path one kernel and the [M, 2I] round trip fewer), and down runs plainly on h;
+-- fused = false runs gate_up, k3.silu_mul and down as three calls.
 --   nn.SwiGLU(gate_up_w [2I, H], down_w [H, I], {gate_up_method =, down_method =, fused = true})
 local SwiGLU = {}
 SwiGLU.__index = SwiGLU
@@ -146,12 +150,13 @@ nn.SwiGLU = setmetatable(SwiGLU, {
 -- Intermediates are freed as soon as they are consumed: a decode loop makes thousands of
 -- them and the Lua collector does not see the memory they hold.
 function SwiGLU:__call(x)
-  local gu = self.gate_up(x)
   if self.fused then
-    local y = self.down(gu, {prologue = "silu_mul"})
-    gu:free()
+    local h = self.gate_up(x, {epilogue = "silu_mul"})
+    local y = self.down(h)
+    h:free()
     return y
   end
+  local gu = self.gate_up(x)
   local g = k3.silu_mul(gu)
   gu:free()
   local y = self.down(g)
