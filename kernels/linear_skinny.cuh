@@ -403,11 +403,11 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
  * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
  * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
 template <int ROWS>
-static __device__ __forceinline__ int64_t k3sk_epi_col(int lr) {
-    return (int64_t)blockIdx.x * (ROWS / 2) + lr % (ROWS / 2);
+static __device__ __forceinline__ int k3sk_epi_col(int lr) {
+    return (int)blockIdx.x * (ROWS / 2) + lr % (ROWS / 2);
 }
 template <int ROWS>
-static __device__ __forceinline__ int64_t k3sk_epi_row(int lr, int N) {
+static __device__ __forceinline__ int k3sk_epi_row(int lr, int N) {
     return lr < ROWS / 2 ? k3sk_epi_col<ROWS>(lr) : N + k3sk_epi_col<ROWS>(lr);
 }
 
@@ -575,71 +575,69 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
          * ROWS/2 + o in the plain kernel's order, rounds both to bf16 as the plain kernel
          * writes y, and stores round(silu(gate) * up) as cuda.silu_mul.generic does. */
         constexpr int HALF = ROWS / 2;
+        /* the sum of token m's local row lr: that of the plain kernel's loop below */
         const auto row_sum = [&](int m, int lr) {
             const int grp = lr >> 3, r = lr & 7;
-            const int src = (m & 7) * 4 + (r >> 1);
-            const int reg = ((m >> 3) << 1) | (r & 1);
+            const int src = (m & 7) * 4 + (r >> 1), reg = ((m >> 3) << 1) | (r & 1);
             float s = 0.f;
 #pragma unroll
-            for (int j = 0; j < KW; ++j)
-                s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
+            for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
             return s;
         };
         for (int i = threadIdx.x; i < 16 * HALF; i += THREADS) {
             const int m = i / HALF, o = i % HALF;
-            const int64_t n = k3sk_epi_col<ROWS>(o);
+            const int n = k3sk_epi_col<ROWS>(o);
             if (m >= M || n >= N) continue;
-            const uint16_t gb = k3sk_f32_to_bf16(row_sum(m, o));
-            const uint16_t ub = k3sk_f32_to_bf16(row_sum(m, HALF + o));
-            y[m * y_s0 + n * y_s1] = k3sk_silu_mul1(gb, ub);
+            const uint16_t g = k3sk_f32_to_bf16(row_sum(m, o)), u = k3sk_f32_to_bf16(row_sum(m, HALF + o));
+            y[m * y_s0 + n * y_s1] = k3sk_silu_mul1(g, u);
         }
-        return;
-    }
-    for (int i = threadIdx.x; i < GROUPS * 128; i += THREADS) {
-        const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
-        const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
-        if (m >= M || n >= N) continue;
-        const int src = (m & 7) * 4 + (r >> 1);
-        const int reg = ((m >> 3) << 1) | (r & 1);
-        float s = 0.f;
+    } else {
+        for (int i = threadIdx.x; i < GROUPS * 128; i += THREADS) {
+            const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
+            const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
+            if (m >= M || n >= N) continue;
+            const int src = (m & 7) * 4 + (r >> 1);
+            const int reg = ((m >> 3) << 1) | (r & 1);
+            float s = 0.f;
 #pragma unroll
-        for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
-        if (SPLIT) {
-            /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
-            ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
-               r] = s;
-            continue;
+            for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
+            if (SPLIT) {
+                /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
+                ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
+                   r] = s;
+                continue;
+            }
+            if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+            y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
         }
-        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
-        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
-    }
-    if (!SPLIT) return;
+        if (!SPLIT) return;
 
-    /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
-     * seeing the count), sum the kcta partials in split order, round once, reset. */
-    __shared__ unsigned is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned prev = atomicAdd(&counters[blockIdx.x], 1u);
-        is_last = prev == gridDim.y - 1;
+        /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
+         * seeing the count), sum the kcta partials in split order, round once, reset. */
+        __shared__ unsigned is_last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned prev = atomicAdd(&counters[blockIdx.x], 1u);
+            is_last = prev == gridDim.y - 1;
+        }
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+        const int kcta = (int)gridDim.y;
+        const int64_t slot = (int64_t)M * ROWS;
+        const float *tp = ws + (int64_t)blockIdx.x * kcta * slot;
+        for (int i = threadIdx.x; i < M * ROWS; i += THREADS) {
+            const int m = i / ROWS, rr = i % ROWS;
+            const int64_t n = (int64_t)blockIdx.x * ROWS + rr;
+            if (n >= N) continue;
+            float s = 0.f;
+            for (int j = 0; j < kcta; ++j) s += __ldcg(tp + j * slot + i);
+            if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+            y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
+        }
+        if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
     }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const int kcta = (int)gridDim.y;
-    const int64_t slot = (int64_t)M * ROWS;
-    const float *tp = ws + (int64_t)blockIdx.x * kcta * slot;
-    for (int i = threadIdx.x; i < M * ROWS; i += THREADS) {
-        const int m = i / ROWS, rr = i % ROWS;
-        const int64_t n = (int64_t)blockIdx.x * ROWS + rr;
-        if (n >= N) continue;
-        float s = 0.f;
-        for (int j = 0; j < kcta; ++j) s += __ldcg(tp + j * slot + i);
-        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
-        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
-    }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
 template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
@@ -655,9 +653,18 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
 /* The silu_mul epilogue (classic tiles, rows_per_warp 8 or 16): the plain kernel's live set
- * during the stream, the same launch bounds. */
+ * during the stream and its launch bounds. With 512 threads, 16 tokens, 8 rows per warp and
+ * unroll <= 4 the plain kernel takes 64 registers (two CTAs per SM); there ptxas gave the
+ * epilogue 64 and a 4-byte spill, so k3_skinny_epi2_kernel asks for two CTAs per SM outright
+ * (64 registers, no spill). k3sk_epi2 says which instances take it. */
+template <int THREADS, int UNROLL, int MT, int RW>
+constexpr bool k3sk_epi2() { return THREADS == 512 && UNROLL <= 4 && MT == 2 && RW == 1; }
 template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
 __global__ void __launch_bounds__(THREADS) k3_skinny_epi_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
+}
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
+__global__ void __launch_bounds__(THREADS, 2) k3_skinny_epi2_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
 }
 #undef K3SK_PARAMS
@@ -694,10 +701,15 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
                               p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
-    if (p.epilogue)
-        e = p.M <= 8 ? K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 1, RW>))
-                     : K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 2, RW>));
-    else if (RW != 1)
+    if (p.epilogue) {
+        if constexpr (SPLIT) return cudaErrorInvalidValue;
+        else if (p.M <= 8)
+            e = K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 1, RW>));
+        else if constexpr (k3sk_epi2<THREADS, UNROLL, 2, RW>())
+            e = K3_SK_EX((k3_skinny_epi2_kernel<THREADS, ROWS, UNROLL, 2, RW>));
+        else
+            e = K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 2, RW>));
+    } else if (RW != 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
     else if (p.prologue == 1)
