@@ -256,12 +256,14 @@ static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
 
 /* h = silu(g) * u for the two bf16 of g and u (low half first), rounded to bf16 as
  * cuda.silu_mul.generic rounds (fp32 arithmetic, one rounding). */
-static __device__ __forceinline__ uint16_t k3sk_silu_mul1(uint16_t g, uint16_t u) {
-    return k3sk_f32_to_bf16(k3c_silu(k3sk_bf16_to_f32(g)) * k3sk_bf16_to_f32(u));
+static __device__ __forceinline__ uint16_t k3sk_silu_mul1(float g, float u) {
+    return k3sk_f32_to_bf16(k3c_silu(g) * u);
 }
 static __device__ __forceinline__ uint32_t k3sk_silu_mul2(uint32_t g, uint32_t u) {
-    const uint32_t h0 = k3sk_silu_mul1((uint16_t)(g & 0xffffu), (uint16_t)(u & 0xffffu));
-    const uint32_t h1 = k3sk_silu_mul1((uint16_t)(g >> 16), (uint16_t)(u >> 16));
+    const float g0 = k3sk_bf16_to_f32((uint16_t)(g & 0xffffu)), g1 = k3sk_bf16_to_f32((uint16_t)(g >> 16));
+    const float u0 = k3sk_bf16_to_f32((uint16_t)(u & 0xffffu)), u1 = k3sk_bf16_to_f32((uint16_t)(u >> 16));
+    const uint32_t h0 = k3sk_silu_mul1(g0, u0);
+    const uint32_t h1 = k3sk_silu_mul1(g1, u1);
     return h0 | (h1 << 16);
 }
 static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
@@ -438,7 +440,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 
     /* EPI: the local row's gate or up row of w (k3sk_epi_row), N is h's columns. */
     const int lrow = group * RW * 8 + g;
-    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N) : (int64_t)blockIdx.x * ROWS + lrow;
+    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N)
+                            : (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
     const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < N;
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     /* RW == 2: the warp's second row group, 8 rows further */
@@ -588,56 +591,58 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             const int m = i / HALF, o = i % HALF;
             const int n = k3sk_epi_col<ROWS>(o);
             if (m >= M || n >= N) continue;
-            const uint16_t g = k3sk_f32_to_bf16(row_sum(m, o)), u = k3sk_f32_to_bf16(row_sum(m, HALF + o));
+            /* gate and up rounded to bf16 (y's bits), then widened exactly */
+            const float g = k3sk_bf16_to_f32(k3sk_f32_to_bf16(row_sum(m, o)));
+            const float u = k3sk_bf16_to_f32(k3sk_f32_to_bf16(row_sum(m, HALF + o)));
             y[m * y_s0 + n * y_s1] = k3sk_silu_mul1(g, u);
         }
-    } else {
-        for (int i = threadIdx.x; i < GROUPS * 128; i += THREADS) {
-            const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
-            const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
-            if (m >= M || n >= N) continue;
-            const int src = (m & 7) * 4 + (r >> 1);
-            const int reg = ((m >> 3) << 1) | (r & 1);
-            float s = 0.f;
-#pragma unroll
-            for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
-            if (SPLIT) {
-                /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
-                ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
-                   r] = s;
-                continue;
-            }
-            if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
-            y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
-        }
-        if (!SPLIT) return;
-
-        /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
-         * seeing the count), sum the kcta partials in split order, round once, reset. */
-        __shared__ unsigned is_last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const unsigned prev = atomicAdd(&counters[blockIdx.x], 1u);
-            is_last = prev == gridDim.y - 1;
-        }
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
-        const int kcta = (int)gridDim.y;
-        const int64_t slot = (int64_t)M * ROWS;
-        const float *tp = ws + (int64_t)blockIdx.x * kcta * slot;
-        for (int i = threadIdx.x; i < M * ROWS; i += THREADS) {
-            const int m = i / ROWS, rr = i % ROWS;
-            const int64_t n = (int64_t)blockIdx.x * ROWS + rr;
-            if (n >= N) continue;
-            float s = 0.f;
-            for (int j = 0; j < kcta; ++j) s += __ldcg(tp + j * slot + i);
-            if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
-            y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
-        }
-        if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
     }
+    /* (no iteration under EPI, whose outputs the loop above wrote) */
+    for (int i = threadIdx.x; !EPI && i < GROUPS * 128; i += THREADS) {
+        const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
+        const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
+        if (m >= M || n >= N) continue;
+        const int src = (m & 7) * 4 + (r >> 1);
+        const int reg = ((m >> 3) << 1) | (r & 1);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
+        if (SPLIT) {
+            /* partial of split blockIdx.y: [M][ROWS] fp32, rows of the tile consecutive */
+            ws[((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * M * ROWS + m * ROWS + grp * 8 +
+               r] = s;
+            continue;
+        }
+        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
+    }
+    if (!SPLIT) return;
+
+    /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
+     * seeing the count), sum the kcta partials in split order, round once, reset. */
+    __shared__ unsigned is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned prev = atomicAdd(&counters[blockIdx.x], 1u);
+        is_last = prev == gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int kcta = (int)gridDim.y;
+    const int64_t slot = (int64_t)M * ROWS;
+    const float *tp = ws + (int64_t)blockIdx.x * kcta * slot;
+    for (int i = threadIdx.x; i < M * ROWS; i += THREADS) {
+        const int m = i / ROWS, rr = i % ROWS;
+        const int64_t n = (int64_t)blockIdx.x * ROWS + rr;
+        if (n >= N) continue;
+        float s = 0.f;
+        for (int j = 0; j < kcta; ++j) s += __ldcg(tp + j * slot + i);
+        if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
+        y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0u;
 }
 
 template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
