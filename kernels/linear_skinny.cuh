@@ -658,22 +658,36 @@ __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
 /* The silu_mul epilogue (classic tiles, rows_per_warp 8 or 16): the plain kernel's live set
- * during the stream and its launch bounds. With 512 threads, 16 tokens, 8 rows per warp and
- * unroll <= 4 the plain kernel takes 64 registers (two CTAs per SM); there ptxas gave the
- * epilogue 64 and a 4-byte spill, so k3_skinny_epi2_kernel asks for two CTAs per SM outright
- * (64 registers, no spill). k3sk_epi2 says which instances take it. */
+ * during the stream and its launch bounds, except where ptxas then spilled (it gave the
+ * epilogue fewer registers than the plain kernel takes): with 512 threads, 16 tokens, 8 rows per
+ * warp and unroll <= 4 (the plain kernel: 64 registers, two CTAs per SM) k3_skinny_epi_mb_kernel
+ * asks for two CTAs per SM outright (64 registers, no spill); with 256 threads, 8 tokens and
+ * unroll 8 (the plain kernel: 90 registers, two CTAs per SM) for one, which leaves it the
+ * registers it needs (two CTAs still fit). k3sk_epi_min_blocks says which instances take it. */
 template <int THREADS, int UNROLL, int MT, int RW>
-constexpr bool k3sk_epi2() { return THREADS == 512 && UNROLL <= 4 && MT == 2 && RW == 1; }
+constexpr int k3sk_epi_min_blocks() {
+    return THREADS == 512 && UNROLL <= 4 && MT == 2 && RW == 1   ? 2
+           : THREADS == 256 && UNROLL == 8 && MT == 1 && RW == 1 ? 1
+                                                                 : 0;
+}
 template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
 __global__ void __launch_bounds__(THREADS) k3_skinny_epi_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
 }
-template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
-__global__ void __launch_bounds__(THREADS, 2) k3_skinny_epi2_kernel(K3SK_PARAMS) {
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) k3_skinny_epi_mb_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
 }
 #undef K3SK_PARAMS
 #undef K3SK_ARGS
+
+/* The epilogue kernel of one instance (k3sk_epi_min_blocks). */
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
+static constexpr auto k3sk_epi_instance() {
+    constexpr int mb = k3sk_epi_min_blocks<THREADS, UNROLL, MT, RW>();
+    if constexpr (mb > 0) return k3_skinny_epi_mb_kernel<THREADS, ROWS, UNROLL, MT, RW, mb>;
+    else return k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, MT, RW>;
+}
 
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT, int RW = 1>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
@@ -709,11 +723,9 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     if (p.epilogue) {
         if constexpr (SPLIT) return cudaErrorInvalidValue;
         else if (p.M <= 8)
-            e = K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 1, RW>));
-        else if constexpr (k3sk_epi2<THREADS, UNROLL, 2, RW>())
-            e = K3_SK_EX((k3_skinny_epi2_kernel<THREADS, ROWS, UNROLL, 2, RW>));
+            e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 1, RW>()));
         else
-            e = K3_SK_EX((k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, 2, RW>));
+            e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 2, RW>()));
     } else if (RW != 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
