@@ -30,6 +30,14 @@
  * padded to 4 (mod 8) 16-byte vectors so a quarter-warp's eight 16-byte reads (two tokens,
  * four k vectors) hit distinct banks.
  *
+ * Epilogue (k3_skinny_problem.epilogue, classic tiles only, no in-kernel prologue): SwiGLU
+ * (1): w is [2N, K], gate rows then up rows, and y is h [M, N]. CTA b's first ROWS/2 local rows
+ * stream gate rows b*ROWS/2 + r and its last ROWS/2 the matching up rows N + b*ROWS/2 + r (only
+ * each lane's row pointer changes: the same weight stream, ceil(N / (ROWS/2)) CTAs); after the
+ * shared-memory reduction, in the plain kernel's order, each output pairs its gate and up sums,
+ * rounds both to bf16 (the bits the plain kernel writes for y) and stores silu(g) * u rounded
+ * as cuda.silu_mul.generic rounds it.
+ *
  * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
  * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
  * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
