@@ -394,13 +394,14 @@ k3_status launch(void (*kern)(P), const P &p, dim3 grid, dim3 block, size_t smem
     return K3_OK;
 }
 
-/* Raises kern's dynamic shared memory limit on device dev to `bytes` when it is more than the
- * 48 KB default and than what was set before (cudaFuncSetAttribute; `set` holds the limit set
- * per device, an array the caller keeps per kern instance). The caller keeps bytes within the
- * device's opt-in limit less kern's static shared memory. */
+/* Raises kern's dynamic shared memory limit on device dev to `bytes` when it is more than
+ * what was set before (cudaFuncSetAttribute; `set` holds the limit set per device, an array the
+ * caller keeps per kern instance). Any non-zero request is raised: without the attribute a
+ * launch gets 48 KB less kern's static shared memory, not 48 KB. The caller keeps bytes within
+ * the device's opt-in limit less kern's static shared memory. */
 template <class P>
 k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, size_t (&set)[64]) {
-    if (bytes <= 48 * 1024) return K3_OK;
+    if (bytes == 0) return K3_OK;
     if (dev >= 0 && dev < 64 && set[dev] >= bytes) return K3_OK;
     K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (dev >= 0 && dev < 64) set[dev] = bytes;

@@ -717,10 +717,13 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     lc.numAttrs = p.pdl ? 1 : 0;
     const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
-    /* Above 48 KB a kernel must opt in to its dynamic shared memory. */
+    /* A launch may use 48 KB of shared memory, static and dynamic together, unless the kernel
+     * opts in to more: the prologue's h (its only dynamic shared memory) opts in whenever it
+     * is used, since from 48 KB less the kernel's static partials (8-9 KB) a launch without the
+     * attribute fails. */
     const uint4 *nw = (const uint4 *)p.norm_weight;
 #define K3_SK_EX(KERNEL)                                                                   \
-    ((lc.dynamicSmemBytes > 48u * 1024u &&                                                 \
+    ((lc.dynamicSmemBytes > 0 &&                                                           \
       (e = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,         \
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
