@@ -81,6 +81,44 @@ describe("k3.nn", function()
       assert.are.equal(0, k3.max_abs_diff(lin(x), k3.method.default():apply(x, w)))
     end)
 
+    it("k3.plan_for takes {epilogue = \"silu_mul\"}, and refuses other options by name", function()
+      local w = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      assert.is_nil(k3.plan_for(w, {epilogue = "silu_mul"})) -- no plan for a CPU weight
+      assert.is_nil(k3.plan_for(w, {}))
+      local function msg(...)
+        local ok, err = pcall(k3.plan_for, ...)
+        assert.is_false(ok)
+        return tostring(err)
+      end
+      assert.matches("bad argument #2 to 'plan_for' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")",
+                     msg(w, {epilogue = "gelu"}), 1, true)
+      assert.matches("bad argument #2 to 'plan_for' (unknown option 'prologue'; the option is epilogue)",
+                     msg(w, {prologue = "silu_mul"}), 1, true)
+      assert.matches("bad argument #2 to 'plan_for' (table or nil expected, got number)", msg(w, 5), 1, true)
+    end)
+
+    it("SwiGLU's gate_up asks for the plan of its fused call; fused = false for the plain one", function()
+      local gu = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      local down = k3.randn({8, 8}, {dtype = "bf16", seed = 9})
+      local asked = {}
+      local saved = k3.plan_for
+      k3.plan_for = function(w, opts)
+        asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
+        return nil
+      end
+      local ok, err = pcall(function()
+        nn.SwiGLU(gu, down)
+        nn.SwiGLU(gu, down, {fused = false})
+      end)
+      k3.plan_for = saved
+      assert.is_true(ok, tostring(err))
+      assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
+      -- a bad fused option is refused before any method is built (no weight marked static)
+      local ok2, err2 = pcall(nn.SwiGLU, gu, down, {fused = "yes"})
+      assert.is_false(ok2)
+      assert.matches("SwiGLU: fused must be a boolean (got string)", tostring(err2), 1, true)
+    end)
+
     it("an explicit method is used as given", function()
       local w = k3.randn({4, 4}, {seed = 8})
       local m = k3.method.default()

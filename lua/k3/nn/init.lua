@@ -26,10 +26,13 @@ end
 -- declines), else the default method. A layer's weight is loaded once and never rewritten
 -- while the model runs, so the method is told the weights are static (the skinny kernel may
 -- start streaming them before the previous kernel ends) and the weight's storage is marked
--- static (a later copy, fill or set into it raises, naming the layer).
-function nn.default_method(w, owner)
+-- static (a later copy, fill or set into it raises, naming the layer). opts.epilogue =
+-- "silu_mul": the layer is a SwiGLU gate_up called with that epilogue, so its plan is
+-- k3.plan_for(w, {epilogue = "silu_mul"}) (measured for the fused call).
+--   nn.default_method(w[, owner[, {epilogue = "silu_mul"}]]) -> method
+function nn.default_method(w, owner, opts)
   if k3.plan_for then
-    local plan = k3.plan_for(w)
+    local plan = k3.plan_for(w, opts and opts.epilogue and {epilogue = opts.epilogue} or nil)
     if plan then
       w:mark_static(owner or "k3.nn.Linear weight")
       return k3.method.low_latency(plan, {static_weights = true})
@@ -127,8 +130,17 @@ SwiGLU.__name = "k3.nn.SwiGLU"
 nn.SwiGLU = setmetatable(SwiGLU, {
   __call = function(_, gate_up, down, opts)
     opts = opts or {}
+    if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
+      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
+    end
     if getmetatable(gate_up) ~= Linear then
-      gate_up = nn.Linear(gate_up, {method = opts.gate_up_method})
+      -- fused (the default): every call carries the silu_mul epilogue, so the plan is the one
+      -- measured for that call
+      local method = opts.gate_up_method
+      if method == nil and opts.fused ~= false and k3.is_tensor(gate_up) then
+        method = nn.default_method(gate_up, nil, {epilogue = "silu_mul"})
+      end
+      gate_up = nn.Linear(gate_up, {method = method})
     end
     if getmetatable(down) ~= Linear then down = nn.Linear(down, {method = opts.down_method}) end
     local two_i, i = gate_up:out_features(), down:in_features()
@@ -139,9 +151,6 @@ nn.SwiGLU = setmetatable(SwiGLU, {
     if gate_up:in_features() ~= down:out_features() then
       error(string.format("SwiGLU: gate_up takes %d features but down returns %d",
                           gate_up:in_features(), down:out_features()), 2)
-    end
-    if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
-      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
     end
     return setmetatable({gate_up = gate_up, down = down, fused = opts.fused ~= false}, SwiGLU)
   end,
