@@ -14,7 +14,9 @@
  * and rounds once. f32 uses CUBLAS_COMPUTE_32F: no TF32.
  * A prologue goes through a temporary: cuda.silu_mul.generic's or cuda.rms_norm.generic's own
  * run writes h [M, K] into a contiguous device buffer (so h has that op's bits by
- * construction), then the GEMM above reads h as x.
+ * construction), then the GEMM above reads h as x. The silu_mul epilogue likewise: the GEMM
+ * writes y [M, 2N] into a temporary and cuda.silu_mul.generic's run writes out from it
+ * (k3c_epilogue_temp).
  */
 #include "common.cuh"
 
@@ -319,13 +321,19 @@ k3_status run_prologue(const k3_op_args *oa) {
     return run_plain(&plain);
 }
 
+/* The call without an epilogue: with its prologue, or plain. */
+k3_status run_product(const k3_op_args *oa) {
+    if (oa->u.linear.prologue != K3_LINEAR_PROLOGUE_NONE) return run_prologue(oa);
+    return run_plain(oa);
+}
+
 k3_status run(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
     char reason[256] = "";
     k3_status st = supports(oa, reason, sizeof reason);
     if (st != K3_OK) return k3_error(st, "linear: %s", reason);
-    if (a->prologue != K3_LINEAR_PROLOGUE_NONE) return run_prologue(oa);
-    return run_plain(oa);
+    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return k3c_epilogue_temp(oa, run_product);
+    return run_product(oa);
 }
 
 k3_status run_plain(const k3_op_args *oa) {
@@ -377,6 +385,27 @@ k3_status k3c_prologue_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_t
     }
     op.op = K3_OP_SILU_MUL;
     op.u.silu_mul = (k3_silu_mul_args){a->x, &ht.t, a->base};
+    return k3_cuda_silu_mul_generic.run(&op);
+}
+
+k3_status k3c_epilogue_temp(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
+    const k3_linear_args *a = &oa->u.linear;
+    const int64_t M = a->x->size[0], N2 = a->w->size[0];
+    int64_t shape[2] = {M, N2};
+    const size_t bytes = (size_t)M * (size_t)N2 * k3_dtype_size(a->x->dtype);
+    k3c_buffer ybuf;
+    k3c_temp_tensor yt;
+    if (bytes > 0) K3_TRY(ybuf.alloc(k3c_dev(a->x), bytes));
+    k3c_temp_init(&yt, ybuf.ptr, bytes, k3c_dev(a->x), a->x->dtype, 2, shape);
+    if (bytes == 0) return K3_OK;
+    k3_op_args plain = *oa;
+    plain.u.linear.out = &yt.t;
+    plain.u.linear.epilogue = K3_LINEAR_EPILOGUE_NONE;
+    K3_TRY(run(&plain));
+    k3_op_args op;
+    memset(&op, 0, sizeof op);
+    op.op = K3_OP_SILU_MUL;
+    op.u.silu_mul = (k3_silu_mul_args){&yt.t, a->out, a->base};
     return k3_cuda_silu_mul_generic.run(&op);
 }
 

@@ -1,6 +1,7 @@
 /*
  * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
- * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up). supports() is DESIGN.md's runtime check with a named
+ * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up, optional
+ * SwiGLU epilogue: w [2N, K] gate | up rows, out h [M, N]). supports() is DESIGN.md's runtime check with a named
  * reason per failure; run() repeats it and raises the same text as an error, so a strided
  * x passed directly fails loud instead of being read with the wrong stride. The device
  * code is in linear_skinny.cuh (shared with tools/autotune.cu).
@@ -261,6 +262,10 @@ static k3_status k3sk_run(const k3_op_args *a) {
     char why[256];
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
+    /* The silu_mul epilogue runs in the classic kernel (k3_skinny_epi_kernel); split-K across
+     * CTAs writes y [M, 2N] into a temporary and cuda.silu_mul.generic writes out from it. */
+    const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && kcta > 1) return k3c_epilogue_temp(a, k3sk_run);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
      * into it are refused from now on. A write queued before this mark may still be in
      * flight, so this first call loads w after the wait like any input; every later call
@@ -287,7 +292,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.y_s0 = l->out->stride[0];
     p.y_s1 = l->out->stride[1];
     p.M = (int)l->x->size[0];
-    p.N = (int)l->w->size[0];
+    p.epilogue = l->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL ? 1 : 0;
+    p.N = (int)l->w->size[0] / (p.epilogue ? 2 : 1); /* the epilogue's N: h's columns */
     p.K = (int)l->w->size[1];
     p.prologue = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL  ? 1
                  : l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 2
@@ -303,7 +309,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
 
     k3c_ctx *ctx = NULL;
     K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
@@ -319,8 +324,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    /* The 16-rows-per-warp instances have no in-kernel prologue. */
-    if (p.prologue && cfg.rows_per_warp == 16) temp = true;
+    /* The 16-rows-per-warp and the epilogue instances have no in-kernel prologue. */
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);

@@ -30,6 +30,14 @@
  * padded to 4 (mod 8) 16-byte vectors so a quarter-warp's eight 16-byte reads (two tokens,
  * four k vectors) hit distinct banks.
  *
+ * Epilogue (k3_skinny_problem.epilogue, classic tiles only, no in-kernel prologue): SwiGLU
+ * (1): w is [2N, K], gate rows then up rows, and y is h [M, N]. CTA b's first ROWS/2 local rows
+ * stream gate rows b*ROWS/2 + r and its last ROWS/2 the matching up rows N + b*ROWS/2 + r (only
+ * each lane's row pointer changes: the same weight stream, ceil(N / (ROWS/2)) CTAs); after the
+ * shared-memory reduction, in the plain kernel's order, each output pairs its gate and up sums,
+ * rounds both to bf16 (the bits the plain kernel writes for y) and stores silu(g) * u rounded
+ * as cuda.silu_mul.generic rounds it.
+ *
  * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
  * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
  * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
@@ -119,6 +127,10 @@ typedef struct k3_skinny_problem {
     int64_t x_row;
     const void *norm_weight;
     double eps;
+    /* epilogue: 0 none; 1 silu_mul (classic tiles, no prologue): w is [2N, K], gate rows then
+     * up rows, N is h's columns, and y is h [M, N] = silu(g) * u of the product's gate and up
+     * halves, each rounded to bf16 first (the epilogue above k3_skinny_epi_kernel). */
+    int epilogue;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
@@ -252,11 +264,14 @@ static __device__ __forceinline__ uint16_t k3sk_f32_to_bf16(float f) {
 
 /* h = silu(g) * u for the two bf16 of g and u (low half first), rounded to bf16 as
  * cuda.silu_mul.generic rounds (fp32 arithmetic, one rounding). */
+static __device__ __forceinline__ uint16_t k3sk_silu_mul1(float g, float u) {
+    return k3sk_f32_to_bf16(k3c_silu(g) * u);
+}
 static __device__ __forceinline__ uint32_t k3sk_silu_mul2(uint32_t g, uint32_t u) {
     const float g0 = k3sk_bf16_to_f32((uint16_t)(g & 0xffffu)), g1 = k3sk_bf16_to_f32((uint16_t)(g >> 16));
     const float u0 = k3sk_bf16_to_f32((uint16_t)(u & 0xffffu)), u1 = k3sk_bf16_to_f32((uint16_t)(u >> 16));
-    const uint32_t h0 = k3sk_f32_to_bf16(k3c_silu(g0) * u0);
-    const uint32_t h1 = k3sk_f32_to_bf16(k3c_silu(g1) * u1);
+    const uint32_t h0 = k3sk_silu_mul1(g0, u0);
+    const uint32_t h1 = k3sk_silu_mul1(g1, u1);
     return h0 | (h1 << 16);
 }
 static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
@@ -394,8 +409,21 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
         int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
         int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
 #define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
-/* The kernel's body; k3_skinny_kernel (no prologue) and k3_skinny_pro_kernel wrap it. */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO, int RW>
+/* The silu_mul epilogue's rows (EPI): local row lr of CTA b (0..ROWS-1) streams gate row
+ * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
+ * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
+template <int ROWS>
+static __device__ __forceinline__ int k3sk_epi_col(int lr) {
+    return (int)blockIdx.x * (ROWS / 2) + lr % (ROWS / 2);
+}
+template <int ROWS>
+static __device__ __forceinline__ int k3sk_epi_row(int lr, int N) {
+    return lr < ROWS / 2 ? k3sk_epi_col<ROWS>(lr) : N + k3sk_epi_col<ROWS>(lr);
+}
+
+/* The kernel's body; k3_skinny_kernel (no prologue), k3_skinny_pro_kernel and
+ * k3_skinny_epi_kernel (EPI: the silu_mul epilogue, classic tiles, no prologue) wrap it. */
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO, int RW, bool EPI = false>
 static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
@@ -406,6 +434,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
     static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
     static_assert(MT == 1 || MT == 2, "one or two token tiles");
+    static_assert(!EPI || (!SPLIT && PRO == 0), "the silu_mul epilogue: classic tiles, no prologue");
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
     __shared__ float partial[WARPS][4 * RW][32];
@@ -417,12 +446,16 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nvec = K / 8;            /* 16-byte vectors per row (K % 8 == 0) */
     const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
 
-    const int64_t row = (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
-    const bool row_ok = row < N;
+    /* EPI: the local row's gate or up row of w (k3sk_epi_row), N is h's columns. */
+    const int lrow = group * RW * 8 + g;
+    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N)
+                            : (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
+    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < N;
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     /* RW == 2: the warp's second row group, 8 rows further */
-    const bool row2_ok = RW == 2 && row + 8 < N;
-    const uint4 *wr2 = w + (row2_ok ? row + 8 : 0) * (int64_t)nvec;
+    const int64_t row2 = EPI ? k3sk_epi_row<ROWS>(lrow + 8, N) : row + 8;
+    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < N);
+    const uint4 *wr2 = w + (row2_ok ? row2 : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
     /* x's row in vectors */
@@ -548,7 +581,32 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     __syncthreads();
 
     /* Output (token m, row r of group): acc[2*(m/8) + r%2] of lane 4*(m%8) + r/2. */
-    for (int i = threadIdx.x; i < GROUPS * 128; i += THREADS) {
+    if constexpr (EPI) {
+        /* Each output (token m, column n = b * ROWS/2 + o) sums its gate row o and its up row
+         * ROWS/2 + o in the plain kernel's order, rounds both to bf16 as the plain kernel
+         * writes y, and stores round(silu(gate) * up) as cuda.silu_mul.generic does. */
+        constexpr int HALF = ROWS / 2;
+        /* the sum of token m's local row lr: that of the plain kernel's loop below */
+        const auto row_sum = [&](int m, int lr) {
+            const int grp = lr >> 3, r = lr & 7;
+            const int src = (m & 7) * 4 + (r >> 1), reg = ((m >> 3) << 1) | (r & 1);
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < KW; ++j) s += partial[(grp / RW) * KW + j][(grp % RW) * 4 + reg][src];
+            return s;
+        };
+        for (int i = threadIdx.x; i < 16 * HALF; i += THREADS) {
+            const int m = i / HALF, o = i % HALF;
+            const int n = k3sk_epi_col<ROWS>(o);
+            if (m >= M || n >= N) continue;
+            /* gate and up rounded to bf16 (y's bits), then widened exactly */
+            const float g = k3sk_bf16_to_f32(k3sk_f32_to_bf16(row_sum(m, o)));
+            const float u = k3sk_bf16_to_f32(k3sk_f32_to_bf16(row_sum(m, HALF + o)));
+            y[m * y_s0 + n * y_s1] = k3sk_silu_mul1(g, u);
+        }
+    }
+    /* (no iteration under EPI, whose outputs the loop above wrote) */
+    for (int i = threadIdx.x; !EPI && i < GROUPS * 128; i += THREADS) {
         const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
         const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
         if (m >= M || n >= N) continue;
@@ -607,8 +665,37 @@ template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
+/* The silu_mul epilogue (classic tiles, rows_per_warp 8 or 16): the plain kernel's live set
+ * during the stream and its launch bounds, except where ptxas then spilled (it gave the
+ * epilogue fewer registers than the plain kernel takes): with 512 threads, 16 tokens, 8 rows per
+ * warp and unroll <= 4 (the plain kernel: 64 registers, two CTAs per SM) k3_skinny_epi_mb_kernel
+ * asks for two CTAs per SM outright (64 registers, no spill); with 256 threads, 8 tokens and
+ * unroll 8 (the plain kernel: 90 registers, two CTAs per SM) for one, which leaves it the
+ * registers it needs (two CTAs still fit). k3sk_epi_min_blocks says which instances take it. */
+template <int THREADS, int UNROLL, int MT, int RW>
+constexpr int k3sk_epi_min_blocks() {
+    return THREADS == 512 && UNROLL <= 4 && MT == 2 && RW == 1   ? 2
+           : THREADS == 256 && UNROLL == 8 && MT == 1 && RW == 1 ? 1
+                                                                 : 0;
+}
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
+__global__ void __launch_bounds__(THREADS) k3_skinny_epi_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
+}
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) k3_skinny_epi_mb_kernel(K3SK_PARAMS) {
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, true>(K3SK_ARGS);
+}
 #undef K3SK_PARAMS
 #undef K3SK_ARGS
+
+/* The epilogue kernel of one instance (k3sk_epi_min_blocks). */
+template <int THREADS, int ROWS, int UNROLL, int MT, int RW>
+static constexpr auto k3sk_epi_instance() {
+    constexpr int mb = k3sk_epi_min_blocks<THREADS, UNROLL, MT, RW>();
+    if constexpr (mb > 0) return k3_skinny_epi_mb_kernel<THREADS, ROWS, UNROLL, MT, RW, mb>;
+    else return k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, MT, RW>;
+}
 
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT, int RW = 1>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
@@ -620,7 +707,9 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS), SPLIT ? (unsigned)kcta : 1u);
+    /* The epilogue's CTA writes ROWS/2 columns of h from ROWS rows of w. */
+    const int cols = p.epilogue ? ROWS / 2 : ROWS;
+    lc.gridDim = dim3((unsigned)((p.N + cols - 1) / cols), SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
     lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
@@ -641,7 +730,14 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
                               p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
-    if (RW != 1)
+    if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
+    if (p.epilogue) {
+        if constexpr (SPLIT) return cudaErrorInvalidValue;
+        else if (p.M <= 8)
+            e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 1, RW>()));
+        else
+            e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 2, RW>()));
+    } else if (RW != 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
     else if (p.prologue == 1)

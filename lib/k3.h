@@ -496,6 +496,30 @@ K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, cons
                                          const k3_linear_prologue_args *prologue,
                                          k3_tensor *out, const k3_call *call);
 
+/* What a linear computes from its product before it writes (k3_linear_fused): the product y
+ * is rounded to x's dtype first, exactly as k3_linear writes it, then the separate op runs on
+ * it with its own arithmetic and rounding, so the fused call gives the bits of k3_linear
+ * followed by that op on every kernel.
+ * K3_LINEAR_EPILOGUE_SILU_MUL: w is [2N, K], gate rows 0..N-1 then up rows N..2N-1 (the SwiGLU
+ *   MLP's gate_up weight), bias (if any) [2N], and the result is h[M, N] = silu(y[:, :N]) *
+ *   y[:, N:] as k3_silu_mul computes it from y = x w^T (+ bias). */
+typedef enum k3_linear_epilogue {
+    K3_LINEAR_EPILOGUE_NONE = 0,
+    K3_LINEAR_EPILOGUE_SILU_MUL = 1,
+} k3_linear_epilogue;
+/* k3_linear with a prologue (NULL: none) and an epilogue: out = epilogue(k3_linear_with_prologue
+ * (x, w, bias, prologue)). SILU_MUL: w's dim 0 must be even (K3_ESHAPE "linear: w dim 0 (7) must
+ * be even for epilogue silu_mul"), out [M, N] = [M, w dim 0 / 2] (K3_ESHAPE "linear: out must be
+ * [2, 3]; got [2, 6]"), residual NULL (K3_EINVAL: the residual would be added before the gate;
+ * add it to the result instead). A prologue and the epilogue together compute the prologue's h,
+ * the product, then the epilogue: the bits of the three ops in that order. An epilogue out of
+ * range is K3_EINVAL. Every linear kernel applies it, in the kernel or through a temporary y
+ * [M, 2N] and the device's silu_mul kernel. */
+K3_API k3_status k3_linear_fused(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
+                                 const k3_tensor *bias, const k3_tensor *residual,
+                                 const k3_linear_prologue_args *prologue,
+                                 k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call);
+
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
  * S = 3 slots); got 3", or with S = 0 "attn_res: write_block must be -1 (no write): blocks
@@ -664,6 +688,16 @@ K3_API k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y
                                                const k3_tensor *bias, const k3_tensor *residual,
                                                const k3_linear_prologue_args *prologue,
                                                k3_tensor *out, const k3_call *call);
+
+/* k3_method_apply with a prologue (NULL: none) and an epilogue (k3_linear_fused): the plan is
+ * looked up by x's M, and the planned kernel and the owned default method's candidates all get
+ * both. */
+K3_API k3_status k3_method_apply_fused(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                                       const k3_tensor *w, const k3_tensor *bias,
+                                       const k3_tensor *residual,
+                                       const k3_linear_prologue_args *prologue,
+                                       k3_linear_epilogue epilogue, k3_tensor *out,
+                                       const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */
 

@@ -119,7 +119,7 @@ void k3_method_free(k3_method *m) {
 static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                const k3_tensor *w, const k3_tensor *bias,
                                const k3_tensor *residual, const k3_linear_prologue_args *prologue,
-                               k3_tensor *out, const k3_call *call,
+                               k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call,
                                const k3_skinny_config *config, const k3_dispatch_ext *ext) {
     k3_call c = call ? *call : (k3_call){0};
     k3_policy local;
@@ -128,20 +128,20 @@ static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tenso
         local.batch_invariant = k3_policy_batch_invariant(call ? call->policy : NULL);
         c.policy = &local;
     }
-    return k3_linear_ext(y, x, w, bias, residual, prologue, out, &c, config, ext);
+    return k3_linear_ext(y, x, w, bias, residual, prologue, epilogue, out, &c, config, ext);
 }
 
-k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const k3_tensor *x,
-                                        const k3_tensor *w, const k3_tensor *bias,
-                                        const k3_tensor *residual,
-                                        const k3_linear_prologue_args *prologue, k3_tensor *out,
-                                        const k3_call *call) {
+k3_status k3_method_apply_fused(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                                const k3_tensor *w, const k3_tensor *bias,
+                                const k3_tensor *residual, const k3_linear_prologue_args *prologue,
+                                k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call) {
     if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
     if (!m->low_latency)
-        return apply_default(m, y, x, w, bias, residual, prologue, out, call, NULL, NULL);
-    if (call && call->kernel) /* forced: the plan has nothing to say */
-        return apply_default(m->fallback, y, x, w, bias, residual, prologue, out, call, NULL,
+        return apply_default(m, y, x, w, bias, residual, prologue, epilogue, out, call, NULL,
                              NULL);
+    if (call && call->kernel) /* forced: the plan has nothing to say */
+        return apply_default(m->fallback, y, x, w, bias, residual, prologue, epilogue, out, call,
+                             NULL, NULL);
     /* The plan lookup, for a live 2-D x (dispatch's prologue reports any other). */
     k3_dispatch_ext ext = {-1, NULL, 0};
     k3_decline d;
@@ -160,8 +160,17 @@ k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const
             ext.ndeclined = 1;
         }
     }
-    return apply_default(m->fallback, y, x, w, bias, residual, prologue, out, call, config,
-                         &ext);
+    return apply_default(m->fallback, y, x, w, bias, residual, prologue, epilogue, out, call,
+                         config, &ext);
+}
+
+k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const k3_tensor *x,
+                                        const k3_tensor *w, const k3_tensor *bias,
+                                        const k3_tensor *residual,
+                                        const k3_linear_prologue_args *prologue, k3_tensor *out,
+                                        const k3_call *call) {
+    return k3_method_apply_fused(m, y, x, w, bias, residual, prologue, K3_LINEAR_EPILOGUE_NONE,
+                                 out, call);
 }
 
 k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,

@@ -138,8 +138,18 @@ static k3_status linear_inputs(const k3_linear_args *a) {
                         "linear: prologue must be %d (none), %d (silu_mul) or %d (rms_norm); got %d",
                         (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
                         (int)K3_LINEAR_PROLOGUE_RMS_NORM, (int)a->prologue);
+    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE && a->epilogue != K3_LINEAR_EPILOGUE_SILU_MUL)
+        return k3_error(K3_EINVAL, "linear: epilogue must be %d (none) or %d (silu_mul); got %d",
+                        (int)K3_LINEAR_EPILOGUE_NONE, (int)K3_LINEAR_EPILOGUE_SILU_MUL,
+                        (int)a->epilogue);
     bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
     bool rms = a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM;
+    bool epi = a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL;
+    /* The residual would be added to y before the gate: no op of the library computes that. */
+    if (epi && a->residual)
+        return k3_error(K3_EINVAL,
+                        "linear: residual cannot be combined with epilogue silu_mul (it would be "
+                        "added before the gate); add it to the result instead");
     if (!rms && a->norm_weight)
         return k3_error(K3_EINVAL, "linear: norm_weight is given but the prologue is not rms_norm");
     if (rms) K3_TRY(need(op, "norm_weight", a->norm_weight));
@@ -174,6 +184,10 @@ static k3_status linear_inputs(const k3_linear_args *a) {
         K3_TRY(finite_eps(op, "eps", a->norm_eps));
     }
     int64_t M = x->size[0], N = w->size[0];
+    /* The silu_mul epilogue pairs gate row n with up row N/2 + n of w. */
+    if (epi && N % 2 != 0)
+        return k3_error(K3_ESHAPE, "linear: w dim %d (%lld) must be even for epilogue silu_mul",
+                        0 + a->base, (long long)N);
     if (a->bias) {
         char b[DIMS_LEN];
         if (a->bias->ndim != 1 || a->bias->size[0] != N)
@@ -193,10 +207,17 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     return K3_OK;
 }
 
+/* The result's columns: w's rows, half of them under the silu_mul epilogue. */
+static int64_t linear_n(const k3_linear_args *a) {
+    return a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL ? a->w->size[0] / 2 : a->w->size[0];
+}
+
 static k3_status linear_out(const k3_linear_args *a) {
     const char *op = "linear";
-    int64_t shape[2] = {a->x->size[0], a->w->size[0]};
+    int64_t shape[2] = {a->x->size[0], linear_n(a)};
     K3_TRY(check_out(op, a->out, 2, shape, a->x->dtype, k3_tensor_device(a->x)));
+    /* The epilogue writes out as silu_mul writes its out. */
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) K3_TRY(unit_last(op, "out", a->out));
     K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
     K3_TRY(no_overlap(op, "out", a->out, "w", a->w));
     K3_TRY(no_overlap(op, "out", a->out, "bias", a->bias));
@@ -626,7 +647,7 @@ static void set_result(k3_op_result *r, int nd, const int64_t *shape, const k3_t
     r->device = k3_tensor_device(like);
 }
 static void linear_result(const k3_linear_args *a, k3_op_result *r) {
-    int64_t shape[2] = {a->x->size[0], a->w->size[0]};
+    int64_t shape[2] = {a->x->size[0], linear_n(a)};
     set_result(r, 2, shape, a->x);
 }
 static void attn_res_result(const k3_attn_res_kargs *a, k3_op_result *r) {

@@ -63,7 +63,7 @@ describe("AttnRes stream", function()
     for _, r in ipairs(trace) do ops[r.op] = (ops[r.op] or 0) + 1 end
     assert.are.equal(186, ops.attn_res)
     assert.are.equal(93 * 5, ops.linear)   -- qkv_a, q_b, o_proj, gate_up, down
-    assert.is_nil(ops.silu_mul)           -- the SwiGLU gate is the down projection's prologue
+    assert.is_nil(ops.silu_mul)           -- the SwiGLU gate is gate_up's epilogue
     assert.are.equal(1, ops.rms_norm)      -- layer 0's skipped read (q_a_layernorm is q_b's prologue)
     assert.are.same({2, 16}, out:size())
     assert.is_false(H.has_nan(out))
@@ -205,6 +205,21 @@ describe("Kimi-K3 stack", function()
     -- measured 0.99996 on this stack; the bound leaves room for kernel changes
     assert.is_true(cos >= 0.9998, "cosine " .. cos)
     for i = 0, cfg.num_layers - 1 do assert.is_true(cosines[i] >= 0.999, "layer " .. i) end
+  end)
+
+  it("the step's bits are the same with the SwiGLU gate as gate_up's epilogue and as a separate silu_mul", function()
+    for _, dtype in ipairs({"bf16", "f32", "f64"}) do
+      local cfg = small_config()
+      local stack = kimi.build(cfg, kimi.generate_weights(cfg, {seed = 4321, dtype = dtype}))
+      local x = kimi.embedding(cfg, 3, {seed = 4321, step = 1, dtype = dtype})
+      for _, layer in ipairs(stack.layers) do assert.is_true(layer.mlp.fused, dtype) end
+      local fused = stack:forward(x)
+      for _, layer in ipairs(stack.layers) do layer.mlp.fused = false end
+      local unfused = stack:forward(x)
+      assert.is_false(H.has_nan(fused), dtype)
+      assert.equal(dtype, fused:dtype())
+      assert.equal(0, k3.max_abs_diff(fused, unfused), dtype .. ": fused and unfused steps differ")
+    end
   end)
 
   it("weights: a missing tensor and a wrong shape are named", function()

@@ -81,6 +81,44 @@ describe("k3.nn", function()
       assert.are.equal(0, k3.max_abs_diff(lin(x), k3.method.default():apply(x, w)))
     end)
 
+    it("k3.plan_for takes {epilogue = \"silu_mul\"}, and refuses other options by name", function()
+      local w = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      assert.is_nil(k3.plan_for(w, {epilogue = "silu_mul"})) -- no plan for a CPU weight
+      assert.is_nil(k3.plan_for(w, {}))
+      local function msg(...)
+        local ok, err = pcall(k3.plan_for, ...)
+        assert.is_false(ok)
+        return tostring(err)
+      end
+      assert.matches("bad argument #2 to 'plan_for' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")",
+                     msg(w, {epilogue = "gelu"}), 1, true)
+      assert.matches("bad argument #2 to 'plan_for' (unknown option 'prologue'; the option is epilogue)",
+                     msg(w, {prologue = "silu_mul"}), 1, true)
+      assert.matches("bad argument #2 to 'plan_for' (table or nil expected, got number)", msg(w, 5), 1, true)
+    end)
+
+    it("SwiGLU's gate_up asks for the plan of its fused call; fused = false for the plain one", function()
+      local gu = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
+      local down = k3.randn({8, 8}, {dtype = "bf16", seed = 9})
+      local asked = {}
+      local saved = k3.plan_for
+      k3.plan_for = function(w, opts)
+        asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
+        return nil
+      end
+      local ok, err = pcall(function()
+        nn.SwiGLU(gu, down)
+        nn.SwiGLU(gu, down, {fused = false})
+      end)
+      k3.plan_for = saved
+      assert.is_true(ok, tostring(err))
+      assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
+      -- a bad fused option is refused before any method is built (no weight marked static)
+      local ok2, err2 = pcall(nn.SwiGLU, gu, down, {fused = "yes"})
+      assert.is_false(ok2)
+      assert.matches("SwiGLU: fused must be a boolean (got string)", tostring(err2), 1, true)
+    end)
+
     it("an explicit method is used as given", function()
       local w = k3.randn({4, 4}, {seed = 8})
       local m = k3.method.default()
@@ -179,7 +217,7 @@ describe("k3.nn", function()
                "SwiGLU: gate_up takes 8 features but down returns 7")
     end)
 
-    it("runs gate_up and down with the gate as its prologue, nothing else; fused = false adds silu_mul", function()
+    it("runs gate_up with the gate as its epilogue and down, nothing else; fused = false adds silu_mul", function()
       local gu, down = k3.randn({16, 8}, {seed = 1}), k3.randn({8, 8}, {seed = 2})
       local x = k3.randn({3, 8}, {seed = 3})
       local function ops_of(mlp)
@@ -188,6 +226,19 @@ describe("k3.nn", function()
         return ops
       end
       assert.are.same({"linear", "linear"}, ops_of(nn.SwiGLU(gu, down)))
+      -- gate_up's call asks for the epilogue and writes h [M, I]; down runs plainly on it
+      local calls = {}
+      local gate_up, dn = nn.Linear(gu), nn.Linear(down)
+      for _, lin in ipairs({gate_up, dn}) do
+        local m = lin.method
+        lin.method = setmetatable({}, {__index = {apply = function(_, xx, w, b, o)
+          local y = m:apply(xx, w, b, o)
+          calls[#calls + 1] = {epilogue = o and o.epilogue, prologue = o and o.prologue, size = y:size()}
+          return y
+        end}})
+      end
+      nn.SwiGLU(gate_up, dn)(x)
+      assert.are.same({{epilogue = "silu_mul", size = {3, 8}}, {size = {3, 8}}}, calls)
       assert.are.same({"linear", "silu_mul", "linear"}, ops_of(nn.SwiGLU(gu, down, {fused = false})))
       H.raises(function() nn.SwiGLU(gu, down, {fused = "yes"}) end, "SwiGLU: fused must be a boolean (got string)")
     end)

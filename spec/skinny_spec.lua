@@ -710,7 +710,7 @@ describe("linear with prologue silu_mul on the GPU kernels #gpu", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
     local out, code = H.sh("cd '" .. H.root() .. "' && K3_SKINNY_PROLOGUE_MAX_M=16 scripts/k3 spec/scripts/prologue_in_kernel.lua")
     assert.equal(0, code, out)
-    assert.truthy(out:find("in-kernel prologues: %d+ cases, 0 differ"), out)
+    assert.truthy(out:find("in%-kernel prologues: %d+ cases, 0 differ"), out)
   end)
 
   it("skinny with h above 48 KB of shared memory, and past the device's limit (through a temporary)", function()

@@ -14,6 +14,12 @@
  * graph of the candidate, and is kept only when both passes give cuBLAS / candidate >= the
  * margin. Every candidate is timed as k3's layers launch it: PDL, weights static (the first
  * step of w loaded before griddepcontrol.wait).
+ *
+ * --epilogue silu_mul measures the SwiGLU gate_up call instead (w [N, K] = gate rows | up
+ * rows, the call writes h = silu(gate) * up [M, N/2]): the skinny classic candidates with the
+ * epilogue in the kernel against cuBLAS followed by a separate silu_mul kernel (what k3 runs
+ * without the skinny kernel), the same two passes and margin, into
+ * lua/k3/policy/sm<cc>_silu_mul.lua (k3.plan_for(w, {epilogue = "silu_mul"})).
  */
 #define K3_TOOL_NAME "autotune"
 #include "linear_bench.cuh"
@@ -125,7 +131,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
-            "                [--kinds classic,classic16,split] [--all-m] [--dry-run]\n"
+            "                [--kinds classic,classic16,split] [--epilogue silu_mul] [--all-m]\n"
+            "                [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
 }
@@ -135,6 +142,7 @@ int main(int argc, char **argv) {
     std::vector<int> ms = parse_ms("1-16");
     std::string out_path, table_path = "build/autotune.txt", csv_path = "build/autotune.csv";
     std::string kinds = "classic,classic16,split";
+    std::string epilogue; /* "" or "silu_mul" */
     int device = 0, reps = 15;
     double min_speedup = 1.05;
     bool all_m = false, dry = false;
@@ -156,6 +164,7 @@ int main(int argc, char **argv) {
         else if (a == "--reps") reps = std::max(3, atoi(val()));
         else if (a == "--min-speedup") min_speedup = atof(val());
         else if (a == "--kinds") kinds = val();
+        else if (a == "--epilogue") epilogue = val();
         else if (a == "--all-m") all_m = true;
         else if (a == "--dry-run") dry = true;
         else {
@@ -166,7 +175,19 @@ int main(int argc, char **argv) {
     const std::string kl = "," + kinds + ",";
     const bool use_classic = kl.find(",classic,") != std::string::npos;
     const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
-    const bool use_split = kinds.find("split") != std::string::npos;
+    const bool epi = epilogue == "silu_mul";
+    if (!epilogue.empty() && !epi) {
+        fprintf(stderr, "autotune: --epilogue must be silu_mul (got '%s')\n", epilogue.c_str());
+        return 2;
+    }
+    /* The epilogue runs in the kernel on classic tiles only (split-K goes through a temporary). */
+    const bool use_split = !epi && kinds.find("split") != std::string::npos;
+    for (const Shape &s : shapes)
+        if (epi && s.N % 2) {
+            fprintf(stderr, "autotune: --epilogue silu_mul needs an even N (gate | up rows); got %dx%d\n",
+                    s.N, s.K);
+            return 2;
+        }
 
     CK(cudaSetDevice(device));
     cudaDeviceProp prop;
@@ -174,7 +195,8 @@ int main(int argc, char **argv) {
     const int sms = prop.multiProcessorCount;
     char arch[16];
     snprintf(arch, sizeof arch, "sm%d%d", prop.major, prop.minor);
-    if (out_path.empty()) out_path = std::string("lua/k3/policy/") + arch + ".lua";
+    if (out_path.empty())
+        out_path = std::string("lua/k3/policy/") + arch + (epi ? "_silu_mul" : "") + ".lua";
     int rt = 0, drv = 0, blas_ver = 0;
     CK(cudaRuntimeGetVersion(&rt));
     CK(cudaDriverGetVersion(&drv));
@@ -204,18 +226,18 @@ int main(int argc, char **argv) {
 
     for (const Shape &s : shapes) {
         k3t_shape b;
-        k3t_shape_alloc(b, s.N, s.K, l2, t.s);
+        k3t_shape_alloc(b, s.N, s.K, l2, t.s, epi);
         std::vector<k3t_cand> cands = classic;
         if (use_split)
             for (const k3t_cand &c : split_cands(s, sms)) cands.push_back(c);
         std::vector<uint16_t> href;
         for (int M : ms) {
             auto cublas = [&](const uint16_t *x, const uint16_t *w, uint16_t *y) {
-                return k3t_cublas_linear(h, x, w, y, M, s.N, s.K) ? cudaSuccess : cudaErrorUnknown;
+                return k3t_cublas_call(h, b, x, w, y, M, t.s) ? cudaSuccess : cudaErrorUnknown;
             };
             auto launcher = [&](const k3t_cand &c) {
                 return [&, c](const uint16_t *x, const uint16_t *w, uint16_t *y) {
-                    return k3t_launch(c, scr, x, w, y, M, s.N, s.K, t.s);
+                    return k3t_launch(c, scr, x, w, y, M, s.N, s.K, t.s, epi);
                 };
             };
             k3t_reference(h, b, M, t.s, href);
@@ -284,15 +306,18 @@ int main(int argc, char **argv) {
     char date[64];
     const time_t now = time(nullptr);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    char method[768];
+    char method[1024];
     snprintf(method, sizeof method,
              "scripts/autotune: CUDA graph of >= 20 back-to-back calls chained through x (each "
              "reads the previous y), weights rotated over copies totalling >= 4x L2, median of "
              "%d replays after %d warm-up, random non-zero bf16 data, every candidate checked "
              "against cuBLAS (cublasGemmEx bf16, fp32 compute) before timing; the fastest kept "
              "where cuBLAS/skinny >= %.2f in two more passes, each cuBLAS then the candidate; "
-             "skinny launch: PDL, static weights; kinds %s",
-             t.reps, t.warm, min_speedup, kinds.c_str());
+             "skinny launch: PDL, static weights; kinds %s%s",
+             t.reps, t.warm, min_speedup, kinds.c_str(),
+             epi ? "; epilogue silu_mul: each call writes h = silu(gate) * up in the kernel, "
+                   "against cuBLAS then a separate silu_mul kernel"
+                 : "");
 
     int failures = 0;
     for (const Result &r : results) failures += r.failed;
@@ -311,8 +336,14 @@ int main(int argc, char **argv) {
                 "-- kernel, the faster of cuBLAS), launched with PDL and static weights as k3.nn runs\n"
                 "-- it. config.split_k = K-slices per row group = kw * kcta (kw = threads / 32 /\n"
                 "-- (rows / rows_per_warp) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K\n"
-                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups.\n",
-                arch, arch, (min_speedup - 1) * 100);
+                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups.\n%s",
+                epi ? (std::string(arch) + "_silu_mul").c_str() : arch, arch,
+                (min_speedup - 1) * 100,
+                epi ? "-- These plans are for the SwiGLU gate_up call with {epilogue = \"silu_mul\"}\n"
+                      "-- (w = gate rows | up rows, the call writes silu(gate) * up): the kernel\n"
+                      "-- applies the epilogue itself, cuBLAS is followed by a silu_mul kernel;\n"
+                      "-- k3.plan_for(w, {epilogue = \"silu_mul\"}) reads them.\n"
+                    : "");
         fprintf(f, "return {\n  arch = \"%s\",\n  machine = \"%s\",\n  date = \"%s\",\n",
                 arch, machine, date);
         fprintf(f, "  method = \"%s\",\n  plans = {\n", method);
@@ -321,7 +352,12 @@ int main(int argc, char **argv) {
             for (const Result &r : results)
                 if (r.s.N == s.N && r.s.K == s.K && r.kept) any = true;
             if (!any) {
-                fprintf(f, "    -- %dx%d: cuBLAS wins at every M measured\n", s.N, s.K);
+                /* An epilogue plan keeps the measured shape as an empty table: k3.plan_for then
+                 * answers nil (cuBLAS) instead of falling back to the plain plan's entries. */
+                if (epi)
+                    fprintf(f, "    [\"%dx%d\"] = {}, -- cuBLAS wins at every M measured\n", s.N, s.K);
+                else
+                    fprintf(f, "    -- %dx%d: cuBLAS wins at every M measured\n", s.N, s.K);
                 continue;
             }
             fprintf(f, "    [\"%dx%d\"] = {\n", s.N, s.K);

@@ -17,6 +17,13 @@
  * reset); for a PDL launch mode also a 4-call chain whose y regions start as NaN, each link
  * against cuBLAS on the x that link was given: a link that read x before its predecessor wrote
  * it read NaN and fails.
+ *
+ * With the silu_mul epilogue (k3t_shape.epi; w is [N, K] = gate rows | up rows) a call writes
+ * h = silu(gate) * up [M, N/2] instead of y: the skinny candidates in the kernel
+ * (k3_skinny_problem.epilogue), cuBLAS as k3 serves the call without the skinny kernel, y
+ * into a scratch buffer then a separate silu_mul kernel (k3t_silu_mul: the rounding of
+ * cuda.silu_mul.generic, launched with PDL as k3 launches it); the checks compare h against
+ * that pair's.
  */
 #ifndef K3_TOOLS_LINEAR_BENCH_CUH
 #define K3_TOOLS_LINEAR_BENCH_CUH
@@ -95,16 +102,18 @@ static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M,
 /* Enqueues one call of the candidate: y[M,N] (row stride N) = x[M,K] w[N,K]^T. */
 static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, const uint16_t *x,
                                      const uint16_t *w, uint16_t *y, int M, int N, int K,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, bool epi = false) {
     k3_skinny_problem q = {};
     q.x = x;
     q.w = w;
     q.y = y;
-    q.y_s0 = N;
+    /* the epilogue writes h [M, N/2] from w's N = 2 * (N/2) rows */
+    q.y_s0 = epi ? N / 2 : N;
     q.y_s1 = 1;
     q.M = M;
-    q.N = N;
+    q.N = epi ? N / 2 : N;
     q.K = K;
+    q.epilogue = epi ? 1 : 0;
     q.pdl = c.mode != K3T_PLAIN;
     q.static_w = c.mode == K3T_PDL_STATIC;
     if (c.kind == K3T_SPLIT)
@@ -117,15 +126,20 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
 /* One shape's buffers (see the file comment). */
 struct k3t_shape {
     int N, K, copies, L;
+    bool epi; /* the silu_mul epilogue: a call's output is h [M, No] */
+    int No;   /* columns of a call's output: N, or N / 2 with the epilogue */
     size_t wn, bn;
-    uint16_t *w, *chain, *x0, *y, *yref;
+    uint16_t *w, *chain, *x0, *y, *yref, *yfull; /* yfull: cuBLAS's y [16, N] before silu_mul */
     uint16_t *wcopy(int j) const { return w + (size_t)(j % copies) * wn; }
     uint16_t *cbuf(int j) const { return chain + (size_t)(((j % L) + L) % L) * bn; }
 };
 
-static inline void k3t_shape_alloc(k3t_shape &b, int N, int K, size_t l2, cudaStream_t s) {
+static inline void k3t_shape_alloc(k3t_shape &b, int N, int K, size_t l2, cudaStream_t s,
+                                   bool epi = false) {
     b.N = N;
     b.K = K;
+    b.epi = epi;
+    b.No = epi ? N / 2 : N;
     b.wn = (size_t)N * K;
     const size_t wbytes = b.wn * 2;
     b.copies = (int)std::max<size_t>(K3T_MIN_COPIES, (4 * l2 + wbytes - 1) / wbytes + 1);
@@ -136,6 +150,7 @@ static inline void k3t_shape_alloc(k3t_shape &b, int N, int K, size_t l2, cudaSt
     CK(cudaMalloc(&b.x0, (size_t)K3_SKINNY_MAX_M * K * 2));
     CK(cudaMalloc(&b.y, b.bn * 2));
     CK(cudaMalloc(&b.yref, b.bn * 2));
+    CK(cudaMalloc(&b.yfull, b.bn * 2));
     k3t_fill(b.w, b.wn * b.copies, 1000 + N * 7 + K, std::sqrt(3.0f / K), s);
     k3t_fill(b.chain, b.bn * b.L, 77 + N, 1.0f, s);
     k3t_fill(b.x0, (size_t)K3_SKINNY_MAX_M * K, 7 + K, 1.0f, s);
@@ -148,15 +163,56 @@ static inline void k3t_shape_free(k3t_shape &b) {
     CK(cudaFree(b.x0));
     CK(cudaFree(b.y));
     CK(cudaFree(b.yref));
+    CK(cudaFree(b.yfull));
+}
+
+/* h[m, n] = silu(y[m, n]) * y[m, n + No] rounded to bf16, y [M, 2 No] and h [M, No] densely
+ * packed: cuda.silu_mul.generic's arithmetic (k3sk_silu_mul1, fp32, one rounding), launched
+ * with PDL as k3 launches its kernels (the wait before y is read). */
+static __global__ void k3t_silu_mul_kernel(const uint16_t *__restrict__ y, uint16_t *__restrict__ h,
+                                           int M, int No) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const int64_t n = (int64_t)M * No;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = i / No, c = i % No;
+        h[i] = k3sk_silu_mul1(k3sk_bf16_to_f32(y[m * 2 * No + c]),
+                              k3sk_bf16_to_f32(y[m * 2 * No + No + c]));
+    }
+}
+static inline cudaError_t k3t_silu_mul(const uint16_t *y, uint16_t *h, int M, int No,
+                                       cudaStream_t stream) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    const int64_t n = (int64_t)M * No;
+    lc.gridDim = dim3((unsigned)std::min<int64_t>((n + 255) / 256, 1024));
+    lc.blockDim = dim3(256);
+    lc.stream = stream;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&lc, k3t_silu_mul_kernel, y, h, M, No);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/* What k3 runs for the call without the skinny kernel: cuBLAS's y[M, N] = x w^T, then (with
+ * the epilogue) silu_mul from the scratch y into out. */
+static inline bool k3t_cublas_call(cublasHandle_t h, const k3t_shape &b, const uint16_t *x,
+                                   const uint16_t *w, uint16_t *out, int M, cudaStream_t s) {
+    if (!b.epi) return k3t_cublas_linear(h, x, w, out, M, b.N, b.K);
+    return k3t_cublas_linear(h, x, w, b.yfull, M, b.N, b.K) &&
+           k3t_silu_mul(b.yfull, out, M, b.No, s) == cudaSuccess;
 }
 
 /* cuBLAS's y for x0 and copy 0 at this M, on the host (the reference of k3t_check). */
 static inline void k3t_reference(cublasHandle_t h, const k3t_shape &b, int M, cudaStream_t s,
                                  std::vector<uint16_t> &href) {
-    const size_t ny = (size_t)M * b.N;
+    const size_t ny = (size_t)M * b.No;
     href.resize(ny);
     CK(cudaMemsetAsync(b.yref, 0xff, ny * 2, s));
-    if (!k3t_cublas_linear(h, b.x0, b.w, b.yref, M, b.N, b.K)) {
+    if (!k3t_cublas_call(h, b, b.x0, b.w, b.yref, M, s)) {
         fprintf(stderr, "\n%s: cuBLAS failed on %dx%d M=%d\n", K3_TOOL_NAME, b.N, b.K, M);
         exit(1);
     }
@@ -170,7 +226,7 @@ template <class F>
 static const char *k3t_check(cublasHandle_t h, const k3t_shape &b, int M, cudaStream_t s,
                              const std::vector<uint16_t> &href, const std::string &name, bool pdl,
                              F launch) {
-    const size_t ny = (size_t)M * b.N;
+    const size_t ny = (size_t)M * b.No;
     std::vector<uint16_t> hy(ny), hprev(ny), r(ny);
     for (int pass = 0; pass < 2; pass++) {
         CK(cudaMemsetAsync(b.y, 0xff, ny * 2, s));
@@ -192,8 +248,8 @@ static const char *k3t_check(cublasHandle_t h, const k3t_shape &b, int M, cudaSt
             fprintf(stderr,
                     "\n%s: WRONG %s on %dx%d M=%d (call %d): %zu of %zu differ from cuBLAS "
                     "(first [%zu, %zu]: %g vs %g)\n",
-                    K3_TOOL_NAME, name.c_str(), b.N, b.K, M, pass + 1, bad, ny, first / b.N,
-                    first % b.N, k3t_bf16_to_f32(hy[first]), k3t_bf16_to_f32(href[first]));
+                    K3_TOOL_NAME, name.c_str(), b.N, b.K, M, pass + 1, bad, ny, first / b.No,
+                    first % b.No, k3t_bf16_to_f32(hy[first]), k3t_bf16_to_f32(href[first]));
             return "wrong";
         }
         if (pass && memcmp(hprev.data(), hy.data(), ny * 2)) {
@@ -214,7 +270,7 @@ static const char *k3t_check(cublasHandle_t h, const k3t_shape &b, int M, cudaSt
     CK(cudaStreamSynchronize(s));
     for (int k = 0; k < 4 && !strcmp(status, "ok"); k++) {
         CK(cudaMemsetAsync(b.yref, 0xff, ny * 2, s));
-        if (!k3t_cublas_linear(h, links[k], b.wcopy(k + 1), b.yref, M, b.N, b.K)) {
+        if (!k3t_cublas_call(h, b, links[k], b.wcopy(k + 1), b.yref, M, s)) {
             status = "cublas-failed";
             break;
         }

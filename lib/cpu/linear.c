@@ -9,7 +9,8 @@
  * call gives the bits of silu_mul followed by the plain linear on the same kernel. The
  * rms_norm prologue runs cpu.rms_norm.reference into a temporary and the kernel on it (on the
  * CPU a fused row norm would save nothing; the temporary gives rms_norm's bits by
- * construction).
+ * construction); the silu_mul epilogue runs the kernel into a temporary y [M, 2N] and
+ * cpu.silu_mul.reference from it into out, for the same reason.
  */
 #include "k3_impl.h"
 #include "silu.h"
@@ -114,13 +115,41 @@ static void widen_lhs(void *dst, bool dbl, const k3_linear_args *a, int64_t r0, 
         widen_rows(dst, dbl, a->x, r0, rows);
 }
 
+/* A temporary [rows, cols] of x's dtype on the host, its allocation errors naming the op. */
+static k3_status linear_temp(k3_tensor **t, const k3_linear_args *a, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    return k3_tensor_new(t, 2, shape, a->x->dtype, k3_tensor_device(a->x), "linear");
+}
+
+/* The silu_mul epilogue on the CPU: run(the call without it) writes y [M, 2N] into a
+ * temporary of x's dtype (y's bits are the plain call's), then cpu.silu_mul.reference(y)
+ * writes out [M, N]. Any prologue is left to run. */
+static k3_status with_silu_mul_epilogue(const k3_op_args *oa,
+                                        k3_status (*run)(const k3_op_args *)) {
+    const k3_linear_args *a = &oa->u.linear;
+    k3_tensor *y = NULL;
+    K3_TRY(linear_temp(&y, a, a->x->size[0], a->w->size[0]));
+    k3_op_args plain = *oa;
+    plain.u.linear.out = y;
+    plain.u.linear.epilogue = K3_LINEAR_EPILOGUE_NONE;
+    k3_status s = run(&plain);
+    if (s == K3_OK) {
+        k3_op_args gate;
+        memset(&gate, 0, sizeof gate);
+        gate.op = K3_OP_SILU_MUL;
+        gate.u.silu_mul = (k3_silu_mul_args){y, a->out, a->base};
+        s = k3_cpu_silu_mul_reference.run(&gate);
+    }
+    k3_tensor_free(y);
+    return s;
+}
+
 /* The rms_norm prologue on the CPU: h = cpu.rms_norm.reference(x, norm_weight, eps) into a
  * temporary [M, K] of x's dtype, then run(h) as a plain call. */
 static k3_status with_rms_norm(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
     const k3_linear_args *a = &oa->u.linear;
-    int64_t shape[2] = {a->x->size[0], a->x->size[1]};
     k3_tensor *h = NULL;
-    K3_TRY(k3_tensor_new(&h, 2, shape, a->x->dtype, k3_tensor_device(a->x), "linear"));
+    K3_TRY(linear_temp(&h, a, a->x->size[0], a->x->size[1]));
     k3_op_args norm;
     memset(&norm, 0, sizeof norm);
     norm.op = K3_OP_RMS_NORM;
@@ -142,6 +171,7 @@ static k3_status with_rms_norm(const k3_op_args *oa, k3_status (*run)(const k3_o
 
 static k3_status run_blas(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_blas);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_blas);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -289,6 +319,7 @@ const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, suppor
  * silu_mul prologue, of products with h, itself rounded as silu_mul rounds it). */
 static k3_status run_reference(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_reference);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_reference);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -347,6 +378,7 @@ DEFINE_BI_ROW(bi_row_f64, double, fma)
 
 static k3_status run_batch_invariant(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_batch_invariant);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_batch_invariant);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;

@@ -102,6 +102,10 @@ int k3l_check_name(lua_State *L, int arg, const char *def, const char *const nam
  * \"rms_norm\" or nil; got ...", and 'eps' without "rms_norm" raises too. The norm_weight
  * tensor stays referenced by the table. */
 k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn);
+/* The linear epilogue of the options table at idx (0: no table; lib/lua/ops.c): field
+ * 'epilogue' nil (none) or "silu_mul"; anything else raises "field 'epilogue' must be
+ * \"silu_mul\" or nil; got ...". */
+k3_linear_epilogue k3l_epilogue_field(lua_State *L, int idx, int argn);
 /* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
  * allow_neg, for view's -1). Returns n. */
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);

@@ -193,24 +193,45 @@ k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn) {
     return p;
 }
 
-/* k3.linear(x, w, {bias =, residual =, prologue =, norm_weight =, eps =, out =, kernel =})
+k3_linear_epilogue k3l_epilogue_field(lua_State *L, int idx, int argn) {
+    if (!idx) return K3_LINEAR_EPILOGUE_NONE;
+    k3_linear_epilogue e = K3_LINEAR_EPILOGUE_NONE;
+    int ty = lua_getfield(L, idx, "epilogue");
+    const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (name && strcmp(name, "silu_mul") == 0)
+        e = K3_LINEAR_EPILOGUE_SILU_MUL;
+    else if (name)
+        k3l_arg_error(L, argn, "field 'epilogue' must be \"silu_mul\" or nil; got \"%s\"",
+                      k3l_push_echo(L, name));
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field 'epilogue' must be \"silu_mul\" or nil; got %s",
+                      luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return e;
+}
+
+/* k3.linear(x, w, {bias =, residual =, prologue =, norm_weight =, eps =, epilogue =, out =,
+ * kernel =})
  * -> y[M,N] = x[M,K] w[N,K]^T (+bias) (+residual); prologue = "silu_mul": x is [M, 2K] and the
  * product takes silu(x[:, 1..K]) * x[:, K+1..2K] rounded to x's dtype, the bits of k3.silu_mul;
  * "rms_norm": the product takes k3.rms_norm(x, norm_weight, eps) (k3.h,
- * k3_linear_with_prologue). base: the stack index of x (2 under k3.explain). */
+ * k3_linear_with_prologue); epilogue = "silu_mul": w is [2N, K] (gate rows, then up rows) and
+ * the result is k3.silu_mul(y) [M, N] of the product y rounded to x's dtype (k3_linear_fused).
+ * base: the stack index of x (2 under k3.explain). */
 static int linear_impl(lua_State *L, int base, int explain) {
     static const char *const keys[] = {"bias", "residual", "prologue", "norm_weight", "eps",
-                                       "out", "kernel", NULL};
+                                       "epilogue", "out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base), *w = k3l_check_tensor(L, base + 1);
     int opts = opt_table(L, base + 2, keys);
     k3_tensor *bias = opts ? k3l_tensor_field(L, opts, "bias", 0, opts) : NULL;
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, opts) : NULL;
     k3_linear_prologue_args pro = k3l_prologue_field(L, opts, opts);
+    k3_linear_epilogue epi = k3l_epilogue_field(L, opts, opts);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_linear_with_prologue(y, x, w, bias, res, &pro, out, &c.call));
+    K3L_RUN(s, k3_linear_fused(y, x, w, bias, res, &pro, epi, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 

@@ -370,15 +370,16 @@ static int l_method_low_latency(lua_State *L) {
     return 1;
 }
 
-/* m:apply(x, w, bias, {residual =, prologue =, norm_weight =, eps =, out =}) -> y (the
- * prologue as in k3.linear); m:explain(x, w, bias, opts) -> decision
+/* m:apply(x, w, bias, {residual =, prologue =, norm_weight =, eps =, epilogue =, out =}) -> y
+ * (the prologue and epilogue as in k3.linear); m:explain(x, w, bias, opts) -> decision
  * {op =, chosen =, declined = {{kernel =, reason =}, ...}}; nothing runs. Where apply would
  * raise because the arguments are refused (a K mismatch, tensors on different devices, ...)
  * or no kernel accepts the call, explain does not raise: chosen is nil, declined holds the
  * method's declines and then dispatch's, if it got that far, and error is the message apply
  * raises. Lua argument errors (not a tensor, a freed tensor or method) still raise. */
 static int method_call(lua_State *L, int explain) {
-    static const char *const keys[] = {"residual", "prologue", "norm_weight", "eps", "out", NULL};
+    static const char *const keys[] = {"residual", "prologue", "norm_weight", "eps", "epilogue",
+                                       "out", NULL};
     k3_method *m = check_method(L, 1);
     k3_tensor *x = k3l_check_tensor(L, 2), *w = k3l_check_tensor(L, 3);
     k3_tensor *bias = lua_isnoneornil(L, 4) ? NULL : k3l_check_tensor(L, 4);
@@ -390,11 +391,12 @@ static int method_call(lua_State *L, int explain) {
     }
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, 5) : NULL;
     k3_linear_prologue_args pro = k3l_prologue_field(L, opts, 5);
+    k3_linear_epilogue epi = k3l_epilogue_field(L, opts, 5);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, 5, explain, &c, &out, &y); /* opts has no kernel: its keys say so */
     k3_status s;
-    K3L_RUN(s, k3_method_apply_with_prologue(m, y, x, w, bias, res, &pro, out, &c.call));
+    K3L_RUN(s, k3_method_apply_fused(m, y, x, w, bias, res, &pro, epi, out, &c.call));
     return k3l_op_finish(L, s, &c, explain ? K3L_EXPLAIN_METHOD : 0);
 }
 static int method_apply(lua_State *L) { return method_call(L, 0); }

@@ -214,19 +214,45 @@ k3.method = {
   low_latency = core.method_low_latency,
 }
 
---- k3.plan_for(w) -> the measured plan for weight w ([N, K], on a CUDA device) from
---- lua/k3/policy/<arch>.lua (e.g. sm90), or nil when that architecture or shape has none.
-function k3.plan_for(w)
+--- k3.plan_for(w[, {epilogue = "silu_mul"}]) -> the measured plan for weight w ([N, K], on a
+--- CUDA device) from lua/k3/policy/<arch>.lua (e.g. sm90), or nil when that architecture or
+--- shape has none. With epilogue = "silu_mul" the plan for the SwiGLU gate_up call with that
+--- epilogue (w = gate rows | up rows), measured against cuBLAS followed by a silu_mul kernel:
+--- lua/k3/policy/<arch>_silu_mul.lua's entries where that file measured the shape (nil where
+--- cuBLAS won at every M), else the plain plan.
+function k3.plan_for(w, opts)
   if not k3.is_tensor(w) then
     error(string.format("bad argument #1 to 'plan_for' (k3.Tensor expected, got %s)", type(w)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error(string.format("bad argument #2 to 'plan_for' (table or nil expected, got %s)", type(opts)), 2)
+  end
+  local epilogue = opts and opts.epilogue
+  for k in pairs(opts or {}) do
+    if k ~= "epilogue" then
+      error(string.format("bad argument #2 to 'plan_for' (unknown option '%s'; the option is epilogue)",
+                          tostring(k)), 2)
+    end
+  end
+  if epilogue ~= nil and epilogue ~= "silu_mul" then
+    error(string.format("bad argument #2 to 'plan_for' (field 'epilogue' must be \"silu_mul\" or nil; got %s)",
+                        type(epilogue) == "string" and string.format("%q", epilogue) or type(epilogue)), 2)
   end
   local dev = w:device()
   local index = dev:match("^cuda:(%d+)$")
   if not index or w:dim() ~= 2 then return nil end
   local arch = core.cuda_arch(tonumber(index))
-  local ok, tbl = pcall(require, "k3.policy." .. arch)
-  if not ok or type(tbl) ~= "table" or type(tbl.plans) ~= "table" then return nil end
-  return tbl.plans[string.format("%dx%d", w:size(1), w:size(2))]
+  local key = string.format("%dx%d", w:size(1), w:size(2))
+  local function plans(module)
+    local ok, tbl = pcall(require, module)
+    if not ok or type(tbl) ~= "table" or type(tbl.plans) ~= "table" then return nil end
+    return tbl.plans[key]
+  end
+  local plain = plans("k3.policy." .. arch)
+  if not epilogue then return plain end
+  local fused = plans("k3.policy." .. arch .. "_" .. epilogue)
+  if fused == nil then return plain end
+  return next(fused) ~= nil and fused or nil
 end
 
 -- ---- tensor parallelism (lua/k3/dist.lua) ------------------------------------------------------
@@ -274,7 +300,7 @@ local HELP = {
   {"k3.kernels() k3.has_kernel(name) k3.backends()", "what is registered and available"},
   {"k3.method.default() k3.method.low_latency(plan)", "linear methods (the low-latency one owns a default)"},
   {"m:apply(x, w, bias, {residual, out}) m:explain(x, w, bias) m:free()", "run, explain (chosen nil + declines + error where apply would raise) or free a method"},
-  {"k3.plan_for(w)", "the measured low-latency plan for a weight on this GPU"},
+  {"k3.plan_for(w[, {epilogue =}])", "the measured low-latency plan for a weight on this GPU"},
   {"k3.nn.Linear(w, {bias, method}) k3.nn.RMSNorm(w, eps) k3.nn.SwiGLU(gate_up, down)", "layers (callable; print as Linear(16 -> 8, bf16))"},
   {"k3.nn.default_method(w)", "the method a Linear gets: the low-latency plan for w where one exists"},
   {"k3.set_policy(tbl) k3.policy", "dispatch policy (candidates per op, batch_invariant lists, on_layout_mismatch); k3.policy is read-only"},

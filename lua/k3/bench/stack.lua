@@ -47,14 +47,17 @@ local function record_step(stack, x)
   local nn = require "k3.nn"
   local rec = {linear = {}, attn = {}}
   local orig_call, orig_attn = nn.Linear.__call, k3.attn_res
-  -- x is [M, K], or [M, 2K] (gate | up) with the down projection's silu_mul prologue; the
-  -- call's options (a prologue and what it needs: norm_weight, eps) are replayed as given.
+  -- x is [M, K], or [M, 2K] (gate | up) with a silu_mul prologue; the result is [M, N], or
+  -- [M, N / 2] with gate_up's silu_mul epilogue; the call's options (a prologue and what it
+  -- needs: norm_weight, eps; an epilogue) are replayed as given.
   nn.Linear.__call = function(self, xx, o)
     local opts = {}
     for k, v in pairs(o or {}) do opts[k] = v end
     rec.linear[#rec.linear + 1] = {method = self.method, weight = self.weight, bias = self.bias,
                                    M = xx:size(1), K = self.weight:size(2), XK = xx:size(2),
                                    N = self.weight:size(1), opts = opts,
+                                   YN = opts.epilogue == "silu_mul" and self.weight:size(1) // 2
+                                        or self.weight:size(1),
                                    packed = xx:stride(1) == xx:size(2) and xx:stride(2) == 1}
     return orig_call(self, xx, o)
   end
@@ -102,9 +105,9 @@ local function build_replays(env, rec)
   for i, c in ipairs(rec.linear) do
     local o = {}
     for k, v in pairs(c.opts) do o[k] = v end
-    o.out = buf(yb, {c.M, c.N}, false)
+    o.out = buf(yb, {c.M, c.YN}, false)
     lin[i] = {m = c.method, w = c.weight, b = c.bias, x = buf(xb, {c.M, c.XK}, true), o = o}
-    lin_bytes = lin_bytes + 2 * (c.N * c.K + c.M * c.XK + c.M * c.N)
+    lin_bytes = lin_bytes + 2 * (c.N * c.K + c.M * c.XK + c.M * c.YN)
   end
   local attn, attn_bytes = {}, 0
   local a1 = rec.attn[1]

@@ -26,10 +26,13 @@ end
 -- declines), else the default method. A layer's weight is loaded once and never rewritten
 -- while the model runs, so the method is told the weights are static (the skinny kernel may
 -- start streaming them before the previous kernel ends) and the weight's storage is marked
--- static (a later copy, fill or set into it raises, naming the layer).
-function nn.default_method(w, owner)
+-- static (a later copy, fill or set into it raises, naming the layer). opts.epilogue =
+-- "silu_mul": the layer is a SwiGLU gate_up called with that epilogue, so its plan is
+-- k3.plan_for(w, {epilogue = "silu_mul"}) (measured for the fused call).
+--   nn.default_method(w[, owner[, {epilogue = "silu_mul"}]]) -> method
+function nn.default_method(w, owner, opts)
   if k3.plan_for then
-    local plan = k3.plan_for(w)
+    local plan = k3.plan_for(w, opts and opts.epilogue and {epilogue = opts.epilogue} or nil)
     if plan then
       w:mark_static(owner or "k3.nn.Linear weight")
       return k3.method.low_latency(plan, {static_weights = true})
@@ -40,7 +43,9 @@ end
 
 -- Linear: y[M,N] = x[M,K] w[N,K]^T (+ bias[N]).
 --   nn.Linear(w, {bias = b, method = m});  lin(x) or lin(x, {prologue = "silu_mul"}) (x is
---   then [M, 2K], gate | up: y = silu_mul(x) w^T with silu_mul's bits, k3.linear's option)
+--   then [M, 2K], gate | up: y = silu_mul(x) w^T with silu_mul's bits, k3.linear's option), or
+--   lin(x, {epilogue = "silu_mul"}) (w is then [2N, K], gate rows | up rows: the result is
+--   silu_mul(x w^T) [M, N] with the bits of the two separate ops)
 local Linear = {}
 Linear.__index = Linear
 Linear.__name = "k3.nn.Linear"
@@ -114,8 +119,10 @@ end
 
 -- SwiGLU MLP: down(silu(gate) * up), gate and up from one fused gate_up projection
 -- (the first I output features are the gate, the next I the up projection). The gate is the
--- down projection's silu_mul prologue (k3.linear's {prologue = "silu_mul"}: one kernel fewer,
--- the same bits as k3.silu_mul then the projection); fused = false runs k3.silu_mul apart.
+-- gate_up projection's silu_mul epilogue (k3.linear's {epilogue = "silu_mul"}: gate_up writes
+-- h [M, I] itself, the same bits as the projection then k3.silu_mul; on the skinny kernel's
+-- classic path one kernel and the [M, 2I] round trip fewer), and down runs plainly on h;
+-- fused = false runs gate_up, k3.silu_mul and down as three calls.
 --   nn.SwiGLU(gate_up_w [2I, H], down_w [H, I], {gate_up_method =, down_method =, fused = true})
 local SwiGLU = {}
 SwiGLU.__index = SwiGLU
@@ -123,8 +130,17 @@ SwiGLU.__name = "k3.nn.SwiGLU"
 nn.SwiGLU = setmetatable(SwiGLU, {
   __call = function(_, gate_up, down, opts)
     opts = opts or {}
+    if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
+      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
+    end
     if getmetatable(gate_up) ~= Linear then
-      gate_up = nn.Linear(gate_up, {method = opts.gate_up_method})
+      -- fused (the default): every call carries the silu_mul epilogue, so the plan is the one
+      -- measured for that call
+      local method = opts.gate_up_method
+      if method == nil and opts.fused ~= false and k3.is_tensor(gate_up) then
+        method = nn.default_method(gate_up, nil, {epilogue = "silu_mul"})
+      end
+      gate_up = nn.Linear(gate_up, {method = method})
     end
     if getmetatable(down) ~= Linear then down = nn.Linear(down, {method = opts.down_method}) end
     local two_i, i = gate_up:out_features(), down:in_features()
@@ -136,9 +152,6 @@ nn.SwiGLU = setmetatable(SwiGLU, {
       error(string.format("SwiGLU: gate_up takes %d features but down returns %d",
                           gate_up:in_features(), down:out_features()), 2)
     end
-    if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
-      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
-    end
     return setmetatable({gate_up = gate_up, down = down, fused = opts.fused ~= false}, SwiGLU)
   end,
 })
@@ -146,12 +159,13 @@ nn.SwiGLU = setmetatable(SwiGLU, {
 -- Intermediates are freed as soon as they are consumed: a decode loop makes thousands of
 -- them and the Lua collector does not see the memory they hold.
 function SwiGLU:__call(x)
-  local gu = self.gate_up(x)
   if self.fused then
-    local y = self.down(gu, {prologue = "silu_mul"})
-    gu:free()
+    local h = self.gate_up(x, {epilogue = "silu_mul"})
+    local y = self.down(h)
+    h:free()
     return y
   end
+  local gu = self.gate_up(x)
   local g = k3.silu_mul(gu)
   gu:free()
   local y = self.down(g)
