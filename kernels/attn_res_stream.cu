@@ -462,10 +462,12 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) attn_res_stream_kernel(c
     stream_body<T, W, NB, V, false, false>(p);
 }
 
-/* The second body: up to kStream2MaxThreads threads, so kStream2Regs registers (65536 / 448 =
- * 146; given only launch bounds, ptxas stays at 128 and spills). */
+/* The second body: up to kStream2MaxThreads threads at kStream2Regs registers. Not more: the
+ * SM's registers are four partitions of 16384, one per scheduler, and 14 warps put 4 on some
+ * partition, so 4 x 32 x 128 is the most a 448-thread CTA can hold (at 144 the launch failed
+ * with cudaErrorLaunchOutOfResources on the H200). */
 const int kStream2MaxThreads = 448;
-const int kStream2Regs = 144;
+const int kStream2Regs = 128;
 template <class T, class W, int NB, int V, bool FULL>
 __global__ void __maxnreg__(kStream2Regs) attn_res_stream2_kernel(const stream_params p) {
     stream_body<T, W, NB, V, true, FULL>(p);
@@ -483,8 +485,8 @@ int stream_threads(int64_t H) {
  * weights, NB = 8, V = 2) uses 128 registers (the __launch_bounds__(512, 1) cap), 0 bytes
  * stack, no spills; 1920 B static + (2 + 8) * 2 * NT * 16 B dynamic shared memory (143 KB at
  * H = 7168, NT = 448), so one CTA of 448 threads per SM (57344 of 65536 registers). The
- * second body's instances (general and full-token) use 142-144 registers, no spills, and
- * 2 * 2 * V * NT * 16 B more for the weights (196 KB in all at NT = 448; 64512 registers). */
+ * second body's instances use 128 registers with 24-64 B of spills (the full-token ones 24-48
+ * B), and 2 * 2 * V * NT * 16 B more for the weights (196 KB in all at NT = 448). */
 size_t stream_smem(int nt, bool v2) {
     return ((size_t)(2 + kStreamNB) + (v2 ? 4 : 0)) * kStreamV * (size_t)nt * sizeof(uint4);
 }
