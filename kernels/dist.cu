@@ -6,6 +6,7 @@
  * deadline and against the launcher's failed-rank file, ncclCommAbort on timeout or error.
  */
 #include "common.cuh"
+#include "dist.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -148,19 +149,8 @@ bool peer_failed(char *buf, size_t n) {
     return true;
 }
 
-/* Tells the other ranks why this one gives up (the first note wins: O_EXCL). */
-void note_failure(const char *msg) {
-    if (!g.abort_file[0]) return;
-    int fd = open(g.abort_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) return;
-    char line[1200];
-    int len = snprintf(line, sizeof line, "rank %d: %s\n", g.rank, msg);
-    if (len > 0) {
-        ssize_t w = write(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
-        (void)w;
-    }
-    close(fd);
-}
+/* Tells the other ranks why this one gives up (k3_dist_note_failure: whole, first wins). */
+void note_failure(const char *msg) { k3_dist_note_failure(g.abort_file, g.rank, msg); }
 
 void destroy_events() {
     for (int i = 0; i < 2; i++)

@@ -542,19 +542,23 @@ K3_API uint64_t k3_dist_board_checks(const k3_dist_board *b, int rank) {
     return b && rank >= 0 && rank < b->world ? b->done[rank] : 0;
 }
 
-/* Tells the other ranks why this one gives up (the first note wins: O_EXCL), as the
- * backend does for its own waits. */
-static void note_failure(const char *failed_file, int rank, const char *msg) {
+K3_API void k3_dist_note_failure(const char *failed_file, int rank, const char *msg) {
     if (!failed_file || !failed_file[0]) return;
-    int fd = open(failed_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    char tmp[PATH_MAX + 64];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", failed_file, (int)getpid()) >= (int)sizeof tmp) return;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return;
     char line[1200];
-    int len = snprintf(line, sizeof line, "rank %d: %s\n", rank, msg);
-    if (len > 0) {
-        ssize_t w = write(fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
-        (void)w;
+    int len = snprintf(line, sizeof line, "rank %d: %s\n", rank, msg ? msg : "?");
+    bool ok = len > 0;
+    if (ok) {
+        size_t n = (size_t)len < sizeof line ? (size_t)len : sizeof line - 1;
+        ok = write(fd, line, n) == (ssize_t)n;
     }
-    close(fd);
+    ok = close(fd) == 0 && ok;
+    /* link() fails when a note is there already: the first one stays, whole. */
+    if (ok) (void)link(tmp, failed_file);
+    unlink(tmp);
 }
 
 K3_API k3_status k3_dist_board_wait(k3_dist_board *b, int rank, const char *what,
@@ -582,7 +586,7 @@ K3_API k3_status k3_dist_board_wait(k3_dist_board *b, int rank, const char *what
                                       "other ranks to make the same call (not there: rank%s %s; "
                                       "a rank may have failed, or not made the call)",
                      what, rank, timeout_s, strchr(missing, ',') ? "s" : "", missing);
-            note_failure(failed_file, rank, msg); /* the others stop now, not in turn */
+            k3_dist_note_failure(failed_file, rank, msg); /* the others stop now, not in turn */
             return k3_error(K3_ECUDA, "%s", msg);
         }
         /* Spin briefly (the ranks' hosts reach a call microseconds apart), then sleep. */

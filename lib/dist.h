@@ -46,6 +46,12 @@ K3_API k3_status k3_dist_board_post(k3_dist_board *b, int rank, int call, const 
  * has nothing posted. `missing` (may be NULL) gets the ranks not there yet, as "1, 3". */
 K3_API int k3_dist_board_ready(const k3_dist_board *b, int rank, char *missing, size_t n);
 
+/* Tells the other ranks why `rank` gives up: "rank R: msg" as the first line of failed_file
+ * (nothing when it is NULL or empty). The note is written to a temporary file and linked into
+ * place, so a reader sees it whole or not at all, and the first note wins (a later link fails
+ * on the existing file). Used by the board's waits and by the CUDA backend's. */
+K3_API void k3_dist_note_failure(const char *failed_file, int rank, const char *msg);
+
 /* Waits on the host until the board is ready for `rank`'s posted call: spins, then sleeps in
  * growing steps. Bounded: after timeout_s seconds K3_ECUDA "k3.dist.<what>: rank R timed out
  * after T s waiting for the other ranks to make the same call (not there: rank 1; ...)",
