@@ -119,6 +119,24 @@ describe("k3.nn", function()
       assert.matches("SwiGLU: fused must be a boolean (got string)", tostring(err2), 1, true)
     end)
 
+    it("SwiGLU:to keeps asking for the fused call's plan for its gate_up", function()
+      local mlp = nn.SwiGLU(k3.randn({16, 8}, {seed = 6}), k3.randn({8, 8}, {seed = 9}))
+      local plain = nn.SwiGLU(k3.randn({16, 8}, {seed = 6}), k3.randn({8, 8}, {seed = 9}), {fused = false})
+      local asked = {}
+      local saved = k3.plan_for
+      k3.plan_for = function(w, opts)
+        asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
+        return nil
+      end
+      local ok, err = pcall(function()
+        mlp:to("bf16")
+        plain:to("bf16")
+      end)
+      k3.plan_for = saved
+      assert.is_true(ok, tostring(err))
+      assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
+    end)
+
     it("an explicit method is used as given", function()
       local w = k3.randn({4, 4}, {seed = 8})
       local m = k3.method.default()
