@@ -137,6 +137,18 @@ describe("k3.nn", function()
       assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
     end)
 
+    it("nn.default_method refuses an options value or name it does not know, naming its own argument", function()
+      local w = k3.randn({16, 8}, {seed = 6})
+      H.raises(function() nn.default_method(w, nil, {epilog = "silu_mul"}) end,
+               "bad argument #3 to 'default_method' (unknown option 'epilog'; the option is epilogue)")
+      H.raises(function() nn.default_method(w, nil, "silu_mul") end,
+               "bad argument #3 to 'default_method' (table or nil expected, got string)")
+      H.raises(function() nn.default_method(w, nil, {epilogue = "gelu"}) end,
+               "bad argument #3 to 'default_method' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")")
+      assert.is_not_nil(nn.default_method(w, nil, {epilogue = "silu_mul"}))
+      assert.is_not_nil(nn.default_method(w, nil, {}))
+    end)
+
     it("an explicit method is used as given", function()
       local w = k3.randn({4, 4}, {seed = 8})
       local m = k3.method.default()
