@@ -31,6 +31,18 @@ end
 -- k3.plan_for(w, {epilogue = "silu_mul"}) (measured for the fused call).
 --   nn.default_method(w[, owner[, {epilogue = "silu_mul"}]]) -> method
 function nn.default_method(w, owner, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(string.format("bad argument #3 to 'default_method' (table or nil expected, got %s)", type(opts)), 2)
+  end
+  for k, v in pairs(opts or {}) do
+    if k ~= "epilogue" then
+      error(string.format("bad argument #3 to 'default_method' (unknown option '%s'; the option is epilogue)",
+                          tostring(k)), 2)
+    elseif v ~= "silu_mul" then
+      error(string.format("bad argument #3 to 'default_method' (field 'epilogue' must be \"silu_mul\" or nil; got %s)",
+                          type(v) == "string" and string.format("%q", v) or type(v)), 2)
+    end
+  end
   if k3.plan_for then
     local plan = k3.plan_for(w, opts and opts.epilogue and {epilogue = opts.epilogue} or nil)
     if plan then
