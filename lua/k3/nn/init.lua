@@ -86,10 +86,11 @@ end
 
 -- A copy with weights converted (t:to) to `dtype` on `device`; the method is rebuilt for
 -- the new weight (an f64 weight gets the default method: no plan covers it).
-function Linear:to(dtype, device)
+-- opts (SwiGLU:to's): the default_method options of the call the layer serves.
+function Linear:to(dtype, device, opts)
   local w = self.weight:to(device or self.weight:device()):to(dtype)
   local b = self.bias and self.bias:to(device or self.bias:device()):to(dtype)
-  return nn.Linear(w, {bias = b})
+  return nn.Linear(w, {bias = b, method = opts and nn.default_method(w, nil, opts)})
 end
 
 function Linear:free()
@@ -185,9 +186,12 @@ function SwiGLU:__call(x)
   return y
 end
 
+-- A copy with weights converted; fused, the new gate_up takes the plan of its fused call as
+-- the constructor gives it.
 function SwiGLU:to(dtype, device)
-  return setmetatable({gate_up = self.gate_up:to(dtype, device), down = self.down:to(dtype, device),
-                       fused = self.fused}, SwiGLU)
+  local gate_up = self.gate_up:to(dtype, device, self.fused and {epilogue = "silu_mul"} or nil)
+  return setmetatable({gate_up = gate_up, down = self.down:to(dtype, device), fused = self.fused},
+                      SwiGLU)
 end
 
 function SwiGLU:free()
