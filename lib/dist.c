@@ -545,19 +545,25 @@ K3_API uint64_t k3_dist_board_checks(const k3_dist_board *b, int rank) {
 K3_API void k3_dist_note_failure(const char *failed_file, int rank, const char *msg) {
     if (!failed_file || !failed_file[0]) return;
     char tmp[PATH_MAX + 64];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", failed_file, (int)getpid()) >= (int)sizeof tmp) return;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d.%d", failed_file, rank, (int)getpid()) >= (int)sizeof tmp)
+        return;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return;
     char line[1200];
     int len = snprintf(line, sizeof line, "rank %d: %s\n", rank, msg ? msg : "?");
-    bool ok = len > 0;
-    if (ok) {
-        size_t n = (size_t)len < sizeof line ? (size_t)len : sizeof line - 1;
-        ok = write(fd, line, n) == (ssize_t)n;
-    }
+    const size_t n = len <= 0 ? 0 : (size_t)len < sizeof line ? (size_t)len : sizeof line - 1;
+    bool ok = n > 0 && write(fd, line, n) == (ssize_t)n;
     ok = close(fd) == 0 && ok;
-    /* link() fails when a note is there already: the first one stays, whole. */
-    if (ok) (void)link(tmp, failed_file);
+    /* link() fails when a note is there already: the first one stays, whole. Where the file
+     * system has no hard links, the note is written in place (O_EXCL: still the first wins). */
+    if (ok && link(tmp, failed_file) != 0 && errno != EEXIST) {
+        int fd2 = open(failed_file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd2 >= 0) {
+            ssize_t w = write(fd2, line, n);
+            (void)w;
+            close(fd2);
+        }
+    }
     unlink(tmp);
 }
 

@@ -49,7 +49,8 @@ K3_API int k3_dist_board_ready(const k3_dist_board *b, int rank, char *missing, 
 /* Tells the other ranks why `rank` gives up: "rank R: msg" as the first line of failed_file
  * (nothing when it is NULL or empty). The note is written to a temporary file and linked into
  * place, so a reader sees it whole or not at all, and the first note wins (a later link fails
- * on the existing file). Used by the board's waits and by the CUDA backend's. */
+ * on the existing file); a file system without hard links gets it written in place (O_EXCL).
+ * Used by the board's waits and by the CUDA backend's. */
 K3_API void k3_dist_note_failure(const char *failed_file, int rank, const char *msg);
 
 /* Waits on the host until the board is ready for `rank`'s posted call: spins, then sleeps in
