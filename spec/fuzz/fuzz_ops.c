@@ -1,10 +1,12 @@
 /*
- * fuzz_ops.c — libFuzzer target over op argument validation: k3_linear and k3_attn_res with
+ * fuzz_ops.c — libFuzzer target over op argument validation: k3_linear (and, one call in four,
+ * k3_linear_fused with the silu_mul epilogue) and k3_attn_res with
  * arbitrary (small) shapes, strides, offsets, dtypes, NULL and freed tensors, outs that alias
  * inputs, num_blocks and write_block anywhere in int64, eps values, forced kernels, explain
  * mode and layout policies. Oracles: a failed call writes nothing (every storage is compared
  * byte for byte), an explained call writes nothing, a successful call writes only what the
- * op may write, and a successful linear matches an fp64 product within the dtype's tolerance.
+ * op may write, and a successful linear matches an fp64 product within the dtype's tolerance
+ * (with the epilogue, silu(g) * u of the fp64 halves within the bound their tolerances imply).
  */
 #include "fuzz_common.h"
 
@@ -168,6 +170,32 @@ static double at2(const k3_tensor *t, int64_t i, int64_t j) {
     return v;
 }
 
+/* y[i, n] = x[i, :] . w[n, :] (+ bias[n]) (+ res[i, n]) in fp64, and a bound on the kernel's
+ * error that covers fp32 accumulation and one rounding to the dtype. */
+static void linear_ref(const k3_tensor *x, const k3_tensor *w, const k3_tensor *bias,
+                       const k3_tensor *res, int64_t i, int64_t n, double t, double *want,
+                       double *bound) {
+    double acc = 0, mag = 0;
+    for (int64_t k = 0; k < x->size[1]; k++) {
+        double p = at2(x, i, k) * at2(w, n, k);
+        acc += p;
+        mag += fabs(p);
+    }
+    if (bias) {
+        int64_t j = n;
+        double b = 0;
+        FZ_CHECK(k3_tensor_get(bias, &j, &b) == K3_OK);
+        acc += b;
+        mag += fabs(b);
+    }
+    if (res) {
+        acc += at2(res, i, n);
+        mag += fabs(at2(res, i, n));
+    }
+    *want = acc;
+    *bound = t * (mag + fabs(acc)) + 1e-6 * (x->dtype != K3_DTYPE_F64);
+}
+
 static void fuzz_linear(fz *f) {
     k3_dtype dt = (k3_dtype)(fz_u8(f) % 4);
     int64_t dx[2] = {-1, -1}, dw[2] = {-1, -1};
@@ -177,7 +205,9 @@ static void fuzz_linear(fz *f) {
     int64_t db[1] = {dw[0]}, dr[2] = {dx[0], dw[0]};
     k3_tensor *bias = mk(f, 1, dt, db, true);
     k3_tensor *res = mk(f, 2, dt, dr, true);
-    int64_t dout[2] = {dx[0], dw[0]};
+    /* One call in four takes the silu_mul epilogue: out [M, N/2] from w's N gate | up rows. */
+    const bool epi = fz_u8(f) % 4 == 1;
+    int64_t dout[2] = {dx[0], epi && dw[0] >= 0 ? dw[0] / 2 : dw[0]};
     uint8_t ob = fz_u8(f);
     k3_tensor *out = ob < 80 ? NULL : ob < 200 ? mk(f, 2, dt, dout, false) : mk_alias(f, 2, dout);
     k3_call c;
@@ -186,42 +216,42 @@ static void fuzz_linear(fz *f) {
     setup_call(f, &c, &rec, &pol);
     snapshot();
     k3_tensor *y = NULL;
-    k3_status st = k3_linear(fz_u8(f) % 8 ? &y : NULL, x, w, bias, res, out, &c);
+    k3_status st = epi ? k3_linear_fused(fz_u8(f) % 8 ? &y : NULL, x, w, bias, res, NULL,
+                                         K3_LINEAR_EPILOGUE_SILU_MUL, out, &c)
+                       : k3_linear(fz_u8(f) % 8 ? &y : NULL, x, w, bias, res, out, &c);
     if (st != K3_OK || c.explain_only) {
         if (st != K3_OK) FZ_CHECK_ERROR(st);
         for (int i = 0; i < nheld; i++) FZ_CHECK(unchanged(&H[i]));
         FZ_CHECK(y == NULL);
     } else {
         const k3_tensor *r = out ? out : y;
-        FZ_CHECK(r && r->ndim == 2 && r->size[0] == x->size[0] && r->size[1] == w->size[0]);
+        const int64_t nout = epi ? w->size[0] / 2 : w->size[0];
+        FZ_CHECK(!epi || (w->size[0] % 2 == 0 && !res));
+        FZ_CHECK(r && r->ndim == 2 && r->size[0] == x->size[0] && r->size[1] == nout);
         for (int i = 0; i < nheld; i++)
             if (!shares(&H[i], r)) FZ_CHECK(unchanged(&H[i]));
-        /* fp64 reference with a bound that covers fp32 accumulation and one rounding. */
         for (int64_t i = 0; i < x->size[0]; i++)
-            for (int64_t n = 0; n < w->size[0]; n++) {
-                double acc = 0, mag = 0;
-                for (int64_t k = 0; k < x->size[1]; k++) {
-                    double p = at2(x, i, k) * at2(w, n, k);
-                    acc += p;
-                    mag += fabs(p);
-                }
-                if (bias) {
-                    int64_t j = n;
-                    double b = 0;
-                    FZ_CHECK(k3_tensor_get(bias, &j, &b) == K3_OK);
-                    acc += b;
-                    mag += fabs(b);
-                }
-                if (res) {
-                    acc += at2(res, i, n);
-                    mag += fabs(at2(res, i, n));
+            for (int64_t n = 0; n < nout; n++) {
+                double want, bound;
+                if (!epi) {
+                    linear_ref(x, w, bias, res, i, n, tol(r->dtype), &want, &bound);
+                } else {
+                    /* h = silu(g) * u from the fp64 g and u and their bounds: |silu'| <= 1.1,
+                     * |silu(g)| <= |g|, then the rounding of h. */
+                    double g, bg, u, bu;
+                    linear_ref(x, w, bias, NULL, i, n, tol(r->dtype), &g, &bg);
+                    linear_ref(x, w, bias, NULL, i, n + nout, tol(r->dtype), &u, &bu);
+                    const double sg = g / (1 + exp(-g));
+                    want = sg * u;
+                    bound = 1.1 * bg * (fabs(u) + bu) + (fabs(g) + bg) * bu +
+                            tol(r->dtype) * fabs(want) + 1e-6 * (r->dtype != K3_DTYPE_F64);
                 }
                 double got = at2(r, i, n);
-                double bound = tol(r->dtype) * (mag + fabs(acc)) + 1e-6 * (r->dtype != K3_DTYPE_F64);
-                if (!(fabs(got - acc) <= bound))
-                    fprintf(stderr, "linear [%lld,%lld]: got %g want %g (bound %g) kernel %s\n",
-                            (long long)i, (long long)n, got, acc, bound, c.kernel ? c.kernel : "dispatch");
-                FZ_CHECK(fabs(got - acc) <= bound);
+                if (!(fabs(got - want) <= bound))
+                    fprintf(stderr, "linear%s [%lld,%lld]: got %g want %g (bound %g) kernel %s\n",
+                            epi ? " (epilogue silu_mul)" : "", (long long)i, (long long)n, got,
+                            want, bound, c.kernel ? c.kernel : "dispatch");
+                FZ_CHECK(fabs(got - want) <= bound);
             }
     }
     k3_tensor_free(y);
