@@ -161,6 +161,14 @@ function H.scales_exactly(t, sc)
   return k3.max_abs_diff((t * sc):to("f64") * (1 / sc), t:to("f64")) == 0
 end
 
+--- H.skinny_plan(config) -> a low-latency plan naming the skinny kernel with `config` (nil: its
+--- defaults) at every M = 1..16.
+function H.skinny_plan(config)
+  local plan = {}
+  for m = 1, 16 do plan[m] = {kernel = "skinny", config = config} end
+  return plan
+end
+
 --- H.silu_mul_f64(x, I) -> rows: silu(x[:, :I]) * x[:, I+1:2I] in plain-Lua fp64 (nested lists;
 --- I defaults to half of x's row). silu(-inf) is its limit, 0.
 function H.silu_mul_f64(x, I)

@@ -183,11 +183,7 @@ end)
 
 local SKINNY, CUBLAS, BI = "cuda.linear.skinny", "cuda.linear.cublas", "cuda.linear.batch_invariant"
 
-local function all_plan(config)
-  local plan = {}
-  for m = 1, 16 do plan[m] = {kernel = "skinny", config = config} end
-  return plan
-end
+local all_plan = H.skinny_plan
 
 -- Classic configurations (the in-kernel epilogue: rows_per_warp 8 and 16) and one split-K-across-
 -- CTAs configuration (kcta = 2: through a temporary y and cuda.silu_mul.generic).

@@ -28,6 +28,19 @@ end
 
 local tol = {bf16 = 1.6e-2, f32 = 1e-5, f64 = 1e-12}
 
+-- Runs fn with k3.plan_for recording each lookup ({rows = w's N, epilogue = the option}) and
+-- answering nil; returns the lookups and fn's pcall results. k3.plan_for is restored either way.
+local function plan_lookups(fn)
+  local asked, saved = {}, k3.plan_for
+  k3.plan_for = function(w, opts)
+    asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
+    return nil
+  end
+  local ok, err = pcall(fn)
+  k3.plan_for = saved
+  return asked, ok, err
+end
+
 describe("k3.nn", function()
   describe("Linear", function()
     for _, dtype in ipairs({"bf16", "f32", "f64"}) do
@@ -100,17 +113,10 @@ describe("k3.nn", function()
     it("SwiGLU's gate_up asks for the plan of its fused call; fused = false for the plain one", function()
       local gu = k3.randn({16, 8}, {dtype = "bf16", seed = 6})
       local down = k3.randn({8, 8}, {dtype = "bf16", seed = 9})
-      local asked = {}
-      local saved = k3.plan_for
-      k3.plan_for = function(w, opts)
-        asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
-        return nil
-      end
-      local ok, err = pcall(function()
+      local asked, ok, err = plan_lookups(function()
         nn.SwiGLU(gu, down)
         nn.SwiGLU(gu, down, {fused = false})
       end)
-      k3.plan_for = saved
       assert.is_true(ok, tostring(err))
       assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
       -- a bad fused option is refused before any method is built (no weight marked static)
@@ -122,17 +128,10 @@ describe("k3.nn", function()
     it("SwiGLU:to keeps asking for the fused call's plan for its gate_up", function()
       local mlp = nn.SwiGLU(k3.randn({16, 8}, {seed = 6}), k3.randn({8, 8}, {seed = 9}))
       local plain = nn.SwiGLU(k3.randn({16, 8}, {seed = 6}), k3.randn({8, 8}, {seed = 9}), {fused = false})
-      local asked = {}
-      local saved = k3.plan_for
-      k3.plan_for = function(w, opts)
-        asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
-        return nil
-      end
-      local ok, err = pcall(function()
+      local asked, ok, err = plan_lookups(function()
         mlp:to("bf16")
         plain:to("bf16")
       end)
-      k3.plan_for = saved
       assert.is_true(ok, tostring(err))
       assert.are.same({{rows = 16, epilogue = "silu_mul"}, {rows = 8}, {rows = 16}, {rows = 8}}, asked)
     end)

@@ -52,11 +52,7 @@ local function skinny(x, w, residual)
   return k3.linear(x, w, {kernel = SKINNY, residual = residual, out = out})
 end
 
-local function all_plan(config)
-  local plan = {}
-  for m = 1, 16 do plan[m] = {kernel = "skinny", config = config} end
-  return plan
-end
+local all_plan = H.skinny_plan
 
 -- The decline a method recorded for the skinny kernel, and the whole decision.
 local function skinny_decline(e)

@@ -214,6 +214,8 @@ k3.method = {
   low_latency = core.method_low_latency,
 }
 
+local check_plan_options = require "k3.plan_options"
+
 --- k3.plan_for(w[, {epilogue = "silu_mul"}]) -> the measured plan for weight w ([N, K], on a
 --- CUDA device) from lua/k3/policy/<arch>.lua (e.g. sm90), or nil when that architecture or
 --- shape has none. With epilogue = "silu_mul" the plan for the SwiGLU gate_up call with that
@@ -224,20 +226,7 @@ function k3.plan_for(w, opts)
   if not k3.is_tensor(w) then
     error(string.format("bad argument #1 to 'plan_for' (k3.Tensor expected, got %s)", type(w)), 2)
   end
-  if opts ~= nil and type(opts) ~= "table" then
-    error(string.format("bad argument #2 to 'plan_for' (table or nil expected, got %s)", type(opts)), 2)
-  end
-  local epilogue = opts and opts.epilogue
-  for k in pairs(opts or {}) do
-    if k ~= "epilogue" then
-      error(string.format("bad argument #2 to 'plan_for' (unknown option '%s'; the option is epilogue)",
-                          tostring(k)), 2)
-    end
-  end
-  if epilogue ~= nil and epilogue ~= "silu_mul" then
-    error(string.format("bad argument #2 to 'plan_for' (field 'epilogue' must be \"silu_mul\" or nil; got %s)",
-                        type(epilogue) == "string" and string.format("%q", epilogue) or type(epilogue)), 2)
-  end
+  local epilogue = check_plan_options(opts, "plan_for", 2)
   local dev = w:device()
   local index = dev:match("^cuda:(%d+)$")
   if not index or w:dim() ~= 2 then return nil end

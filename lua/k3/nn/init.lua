@@ -21,6 +21,8 @@ local function check_vector(v, what, fn, n)
   end
 end
 
+local check_plan_options = require "k3.plan_options"
+
 -- The method a Linear gets when none is given: the low-latency method with the policy's
 -- plan for this weight shape when one exists (it owns a default method for every call it
 -- declines), else the default method. A layer's weight is loaded once and never rewritten
@@ -31,20 +33,9 @@ end
 -- k3.plan_for(w, {epilogue = "silu_mul"}) (measured for the fused call).
 --   nn.default_method(w[, owner[, {epilogue = "silu_mul"}]]) -> method
 function nn.default_method(w, owner, opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    error(string.format("bad argument #3 to 'default_method' (table or nil expected, got %s)", type(opts)), 2)
-  end
-  for k, v in pairs(opts or {}) do
-    if k ~= "epilogue" then
-      error(string.format("bad argument #3 to 'default_method' (unknown option '%s'; the option is epilogue)",
-                          tostring(k)), 2)
-    elseif v ~= "silu_mul" then
-      error(string.format("bad argument #3 to 'default_method' (field 'epilogue' must be \"silu_mul\" or nil; got %s)",
-                          type(v) == "string" and string.format("%q", v) or type(v)), 2)
-    end
-  end
+  local epilogue = check_plan_options(opts, "default_method", 3)
   if k3.plan_for then
-    local plan = k3.plan_for(w, opts and opts.epilogue and {epilogue = opts.epilogue} or nil)
+    local plan = k3.plan_for(w, epilogue and {epilogue = epilogue} or nil)
     if plan then
       w:mark_static(owner or "k3.nn.Linear weight")
       return k3.method.low_latency(plan, {static_weights = true})
