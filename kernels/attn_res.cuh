@@ -22,17 +22,13 @@ namespace k3ar {
  * CTAs per token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 (1..2^30; unset or out of range: 64), so one benchmark run can time it beside
- * cuda.attn_res.stream at prefill sizes. K3_ATTN_RES_STREAM_V: "2" runs cuda.attn_res.stream's
- * second body (weights staged once per CTA in shared memory, lane-parallel reductions and
- * softmax: attn_res_stream.cu), "3" the same with its full-token instance where a call fits
- * it; anything else (or unset) the first body, so one build times all three. */
+ * cuda.attn_res.stream at prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int stream_v;
 };
-inline knobs g_knobs = {1, 0, 64, 1};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -48,8 +44,6 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
-    const char *sv = getenv("K3_ATTN_RES_STREAM_V");
-    g_knobs.stream_v = sv && (sv[0] == '2' || sv[0] == '3') && !sv[1] ? sv[0] - '0' : 1;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

@@ -1,10 +1,48 @@
 /*
  * attn_res_stream.cu — cuda.attn_res.stream, the prefill AttnRes read (T >= 64 tokens) on
- * densely packed bf16/f16 rows with delta and output norm, num_blocks 1..8: one CTA per SM
- * streams tokens through shared memory so that the next token's rows are in flight while
- * the current one is reduced and written. The key and output norms hold at any scale: a sum
- * of squares that overflowed or underflowed is recomputed on values scaled by a power of two
- * (stream_rescale_partials, out of line so the common path keeps its registers).
+ * densely packed bf16/f16 rows with delta and output norm, num_blocks 1..8, hidden sizes up
+ * to 8192 (64..512 threads of two 16-byte vectors each: stream_threads).
+ *
+ * A persistent grid of one CTA per SM, grid-striding over tokens, one token per CTA at a time,
+ * no clusters. Thread tid owns the vectors vi = k * NT + tid (k < 2) of every row.
+ *
+ * Staging. The token's rows (prefix, delta, the nb block rows) are copied by cp.async into
+ * dynamic shared memory; each thread copies exactly the slots it later reads itself, so no
+ * barrier guards the staging (cp.async.wait_group makes a thread's own copies visible to
+ * it). After moving token t's slots into registers the thread at once issues the copies of
+ * token t + grid into the same slots, so DRAM keeps streaming while token t is reduced,
+ * mixed and written.
+ *
+ * Weights. Once per CTA each thread writes, as f32 after the stage, the product of the key
+ * norm and query weights (nw * qw) and the output norm weight of its own vectors; only that
+ * thread reads them (no barrier), so a token costs no weight load or conversion.
+ *
+ * Reductions: two per token, each one barrier. The logits: every source's dot with nw * qw
+ * and sum of squares (2 (nb + 1) partials per thread) are reduced within the warp by
+ * spread_step (about one shuffle per partial), stored per warp in red; after the barrier lane
+ * s of every warp sums source s's pair over the warps in warp order, computes its logit, and
+ * the softmax runs across the lanes. The output norm: the mix's sum of squares per warp in
+ * red2, after the barrier lane q reads warp q's and one warp sum gives the total. Every warp
+ * reads the same partials in the same order, so all threads hold the same bits and take the
+ * same branches. A thread reads red before it reaches the output barrier and red2 before the
+ * next token's logit barrier, so no write overtakes a read.
+ *
+ * Scale. The key and output norms hold at any scale: a sum of squares that overflowed or
+ * underflowed is recomputed on values scaled by a power of two (the key norms by
+ * stream_rescale_partials, out of line so the common path keeps its registers; the output
+ * norm by block_max_sum).
+ *
+ * Instances: one per dtype pair for NB = 8 block slots (nb <= 8 at run time, idle slots and
+ * idle vectors predicated off), and a full-token one where num_blocks is 8 and every thread's
+ * two vectors are in the row (H = 16 * NT, e.g. 7168 at 448 threads), whose predicates are
+ * compile-time facts.
+ *
+ * Registers: 128 per thread (__maxnreg__). An SM's 65536 registers are four partitions of
+ * 16384, one per warp scheduler, and a CTA's warps are dealt over the four; a CTA of 13..16
+ * warps (448 threads at H = 7168, up to 512) puts four warps on some partition, so
+ * 4 x 32 x 128 = 16384 is the most a thread may hold. 65536 / 448 (144, rounded to 8) would
+ * fit the SM but not a partition: such a CTA fails to launch (cudaErrorLaunchOutOfResources
+ * on the H200). Shared memory and ptxas's figures: see stream_smem.
  */
 #include "attn_res.cuh"
 
@@ -28,26 +66,9 @@ __device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
     w.get(f);
 }
 
-/*
- * A persistent grid of one CTA per SM, grid-striding over tokens, one token per CTA at a time,
- * no clusters. Thread tid owns the 16-byte vectors vi = k*NT + tid (k < 2) of every row. The
- * token's rows (prefix, delta, the nb block rows) are staged in dynamic shared memory by
- * cp.async; each thread copies exactly the slots it later reads itself, so no barrier guards
- * the staging (cp.async.wait_group makes a thread's own copies visible to it). After moving
- * token t's slots into registers the thread at once issues the copies of token t + grid
- * into the same slots, so DRAM keeps streaming while token t is reduced, mixed and written.
- * Two block reductions per token (logit sums, then the output sum of squares), each one
- * barrier, on two scratch arrays: a thread reads red[0] before it reaches reduction 2's
- * barrier and red[1] before the next token's reduction-1 barrier, so no write overtakes a
- * read. Weights are re-read per token through the read-only path (L1/L2 resident).
- * The second body (K3_ATTN_RES_STREAM_V, attn_res.cuh) keeps the two barriers and cuts the
- * instructions around them: the weights as f32 in shared memory once per CTA, the partials
- * reduced by spread_step, the cross-warp sums, logits and softmax one source per lane.
- * Registers: see the comment at stream_smem (nvcc -Xptxas -v).
- */
 const int kStreamMaxThreads = 512;
 const int kStreamV = 2;
-const int kStreamNB = 8; /* block sources of the one instance */
+const int kStreamNB = 8; /* block slots of every instance (num_blocks <= 8) */
 const int64_t kStreamMinT = 64;
 
 struct stream_params : row_args {
@@ -153,17 +174,21 @@ __device__ __noinline__ void stream_rescale_partials(const T *prow, const T *bro
     __syncthreads();
 }
 
-template <class T, class W, int NB, int V, bool V2, bool FULL>
-__device__ __forceinline__ void stream_body(const stream_params &p) {
+/* The kernel's registers per thread: see the file's header. */
+const int kStreamRegs = 128;
+static_assert((kStreamMaxThreads / 32 + 3) / 4 * 32 * kStreamRegs <= 16384,
+              "a register partition holds the warps the largest CTA puts on it");
+
+template <class T, class W, int NB, int V, bool FULL>
+__global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_params p) {
     constexpr int MAXS = NB + 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NVP = (NV + 3) & ~3;
     static_assert(NB == kStreamNB, "stream_rescale_partials numbers p's bit as kStreamNB");
-    static_assert(V2 || !FULL, "the full-token instance is one of the second body");
-    static_assert(MAXS <= 32, "the second body gives each source a lane");
+    static_assert(MAXS <= 32, "the softmax gives each source a lane");
     extern __shared__ __align__(16) uint4 stage[];
-    /* The second body's weights, f32, slot (j, h) of thread tid at wsm[(j * 2 + h) * NT + tid]:
-     * j < V the product nw * qw of vector j, j >= V the output norm weight of vector j - V. */
+    /* The weights, f32, slot (j, h) of thread tid at wsm[(j * 2 + h) * NT + tid]: j < V the
+     * product nw * qw of vector j, j >= V the output norm weight of vector j - V. */
     float4 *wsm = (float4 *)(stage + (2 + NB) * V * blockDim.x);
     __shared__ __align__(16) float red[kStreamMaxThreads / 32][NVP];
     __shared__ float red2[kStreamMaxThreads / 32];
@@ -186,23 +211,21 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
         pdl_launch_dependents();
     }
     if (t < p.T) stream_issue<NB, V>(p, stage, t, vi, ok, nb);
-    if constexpr (V2) {
-        /* This thread's weight slots, once per CTA; only this thread reads them (no barrier). */
+    /* This thread's weight slots, once per CTA; only this thread reads them (no barrier). */
 #pragma unroll
-        for (int k = 0; k < V; k++)
-            if (ok[k]) {
-                float x[8], y[8];
-                wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
-                wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
+    for (int k = 0; k < V; k++)
+        if (ok[k]) {
+            float x[8], y[8];
+            wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
+            wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
 #pragma unroll
-                for (int e = 0; e < 8; e++) x[e] *= y[e];
-                wsm[(2 * k) * NT + tid] = make_float4(x[0], x[1], x[2], x[3]);
-                wsm[(2 * k + 1) * NT + tid] = make_float4(x[4], x[5], x[6], x[7]);
-                wload<T, W>(p.onw, (int64_t)vi[k] * 8, y);
-                wsm[(2 * (V + k)) * NT + tid] = make_float4(y[0], y[1], y[2], y[3]);
-                wsm[(2 * (V + k) + 1) * NT + tid] = make_float4(y[4], y[5], y[6], y[7]);
-            }
-    }
+            for (int e = 0; e < 8; e++) x[e] *= y[e];
+            wsm[(2 * k) * NT + tid] = make_float4(x[0], x[1], x[2], x[3]);
+            wsm[(2 * k + 1) * NT + tid] = make_float4(x[4], x[5], x[6], x[7]);
+            wload<T, W>(p.onw, (int64_t)vi[k] * 8, y);
+            wsm[(2 * (V + k)) * NT + tid] = make_float4(y[0], y[1], y[2], y[3]);
+            wsm[(2 * (V + k) + 1) * NT + tid] = make_float4(y[4], y[5], y[6], y[7]);
+        }
     for (; t < p.T; t += gridDim.x) {
         cp_async_wait_all();
         uint4 pr[V], de[V], src[NB][V];
@@ -222,6 +245,7 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
         const int64_t tn = t + gridDim.x;
         if (tn < p.T) stream_issue<NB, V>(p, stage, tn, vi, ok, nb);
 
+        /* prefix += delta, written back; then every source's dot and sum of squares. */
         T *prefix = (T *)p.prefix + t * p.H;
         float part[NV];
 #pragma unroll
@@ -232,17 +256,9 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
             float a[8], b[8], w[8];
             pb[k] = make_uint4(0, 0, 0, 0);
             if (!ok[k]) continue; /* idle slots add nothing to any sum */
-            if constexpr (V2) {
-                const float4 lo = wsm[(2 * k) * NT + tid], hi = wsm[(2 * k + 1) * NT + tid];
-                w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
-                w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-            } else {
-                float x[8], y[8];
-                wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
-                wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
-#pragma unroll
-                for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
-            }
+            const float4 lo = wsm[(2 * k) * NT + tid], hi = wsm[(2 * k + 1) * NT + tid];
+            w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+            w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
             vec8<T>::unpack(pr[k], a);
             vec8<T>::unpack(de[k], b);
 #pragma unroll
@@ -266,22 +282,20 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
                 }
             }
         }
+        /* The 2 MAXS partials of each warp in ~NV shuffles (spread_step), then lane s of
+         * every warp adds source s's dot and sum of squares over the warps, computes its
+         * logit, and the softmax runs across those lanes. */
+        {
+            int id[NV];
+#pragma unroll
+            for (int i = 0; i < NV; i++) id[i] = i;
+            spread_step<NV, 16, false>(part, id, lane);
+#pragma unroll
+            for (int j = 0; j < spread_count(NV, 16); j++) red[warp][id[j]] = part[j];
+        }
+        __syncthreads();
         float prob[MAXS];
-        if constexpr (V2) {
-            /* The 2 MAXS partials of each warp in ~NV shuffles (spread_step), then lane s of
-             * every warp adds source s's dot and sum of squares over the warps, computes its
-             * logit, and the softmax runs across those lanes: every warp reads the same
-             * partials in the same order, so all hold the same bits and take the same
-             * branches. */
-            {
-                int id[NV];
-#pragma unroll
-                for (int i = 0; i < NV; i++) id[i] = i;
-                spread_step<NV, 16, false>(part, id, lane);
-#pragma unroll
-                for (int j = 0; j < spread_count(NV, 16); j++) red[warp][id[j]] = part[j];
-            }
-            __syncthreads();
+        {
             const int s = lane < MAXS ? lane : 0; /* lanes past the sources mirror source 0 */
             const bool active = lane < MAXS && (lane == NB || lane < nb);
             float dot = 0.0f, ss = 0.0f;
@@ -296,6 +310,8 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
             if (!needs) {
                 logit = active ? dot * rsqrtf(ss * p.invH + p.eps) : -INFINITY;
             } else {
+                /* Rare: the partials again on scaled values; source s's sums sit at slot s of
+                 * the helper's numbering, p's at nb. */
                 stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs,
                                               p.nw, p.qw, p.vecs, nb, needs, &red[0][0], NVP,
                                               &redm[0][0], MAXS);
@@ -314,86 +330,21 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
             const float pl = ex * (1.0f / k3c_warp_sum(ex));
 #pragma unroll
             for (int q = 0; q < MAXS; q++) prob[q] = __shfl_sync(0xffffffffu, pl, q);
-        } else {
-    #pragma unroll
-            for (int i = 0; i < NV; i++) part[i] = k3c_warp_sum(part[i]);
-            if (lane == 0)
-    #pragma unroll
-                for (int i = 0; i < NV; i++) red[warp][i] = part[i];
-            __syncthreads();
-            float tot[NVP];
-    #pragma unroll
-            for (int i = 0; i < NVP; i++) tot[i] = 0.0f;
-            for (int q = 0; q < nwarps; q++) {
-                const float4 *r4 = (const float4 *)red[q];
-    #pragma unroll
-                for (int j = 0; j < NVP / 4; j++) {
-                    float4 x = r4[j];
-                    tot[4 * j] += x.x;
-                    tot[4 * j + 1] += x.y;
-                    tot[4 * j + 2] += x.z;
-                    tot[4 * j + 3] += x.w;
-                }
-            }
-            /* Bit s: source s's sum of squares overflowed or underflowed (the same in every
-             * thread: all read the same totals). */
-            uint32_t needs = 0;
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++)
-                if ((s == NB || s < nb) && ss_needs_rescale(tot[2 * s + 1])) needs |= 1u << s;
-            float logit[MAXS], mx = -INFINITY;
-            if (!needs) {
-    #pragma unroll
-                for (int s = 0; s < MAXS; s++) {
-                    bool active = s == NB || s < nb;
-                    logit[s] = active ? tot[2 * s] * (1.0f / sqrtf(tot[2 * s + 1] * p.invH + p.eps)) : -INFINITY;
-                }
-            } else {
-                /* Rare: the partials again on scaled values; source q's sums sit at slot q of
-                 * the helper's numbering (p at nb). */
-                stream_rescale_partials<T, W>(prefix, (const T *)p.blocks + t * p.sbt, p.sbs, p.nw,
-                                              p.qw, p.vecs, nb, needs, &red[0][0], NVP, &redm[0][0],
-                                              MAXS);
-    #pragma unroll
-                for (int s = 0; s < MAXS; s++) {
-                    const bool active = s == NB || s < nb;
-                    const int q = s == NB ? nb : s;
-                    float dot = 0.0f, ss = 0.0f, am = 0.0f;
-                    for (int w = 0; w < nwarps; w++) {
-                        dot += red[w][2 * q];
-                        ss += red[w][2 * q + 1];
-                        am = fmaxf(am, redm[w][q]);
-                    }
-                    const int e = (needs >> s) & 1u ? scale_exp(am) : 0;
-                    logit[s] = active ? dot * rms_factor_scaled(ss, p.invH, p.eps, e) : -INFINITY;
-                }
-            }
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++) mx = fmaxf(mx, logit[s]);
-            float sum = 0.0f;
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                bool active = s == NB || s < nb;
-                logit[s] = active ? expf(logit[s] - mx) : 0.0f;
-                sum += logit[s];
-            }
-            const float inv_sum = 1.0f / sum;
-#pragma unroll
-            for (int s = 0; s < MAXS; s++) prob[s] = logit[s] * inv_sum;
         }
+        /* The mix, from fresh unpacks of the staged words (opaque). */
         float m[V][8];
         float sq = 0.0f;
 #pragma unroll
         for (int k = 0; k < V; k++) {
             float a[8];
-            vec8<T>::unpack(V2 ? opaque(pb[k]) : pb[k], a);
+            vec8<T>::unpack(opaque(pb[k]), a);
             const float pr_p = prob[NB];
 #pragma unroll
             for (int e = 0; e < 8; e++) m[k][e] = pr_p * a[e];
 #pragma unroll
             for (int s = 0; s < NB; s++) {
                 float v[8];
-                vec8<T>::unpack(V2 ? opaque(src[s][k]) : src[s][k], v);
+                vec8<T>::unpack(opaque(src[s][k]), v);
                 const float pr_s = prob[s];
 #pragma unroll
                 for (int e = 0; e < 8; e++) m[k][e] = fmaf(pr_s, v[e], m[k][e]);
@@ -404,17 +355,12 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
         sq = k3c_warp_sum(sq);
         if (lane == 0) red2[warp] = sq;
         __syncthreads();
-        float total = 0.0f;
-        if constexpr (V2) {
-            /* Lane q reads warp q's sum: one load and five shuffles, the same bits in every
-             * lane of every warp (warp.cuh). */
-            total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
-        } else {
-            for (int q = 0; q < nwarps; q++) total += red2[q];
-        }
+        /* Lane q reads warp q's sum: one load and five shuffles, the same bits in every lane
+         * of every warp (warp.cuh). */
+        const float total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
         float r;
         if (!ss_needs_rescale(total)) {
-            r = V2 ? rsqrtf(total * p.invH + p.oeps) : 1.0f / sqrtf(total * p.invH + p.oeps);
+            r = rsqrtf(total * p.invH + p.oeps);
         } else {
             /* Rare: the same on the mix scaled by 2^-e; out = m' * r' * w. */
             float mm = 0.0f;
@@ -440,37 +386,15 @@ __device__ __forceinline__ void stream_body(const stream_params &p) {
 #pragma unroll
         for (int k = 0; k < V; k++) {
             if (!ok[k]) continue;
-            float on[8], o[8];
-            if constexpr (V2) {
-                const float4 lo = wsm[(2 * (V + k)) * NT + tid], hi = wsm[(2 * (V + k) + 1) * NT + tid];
-                on[0] = lo.x, on[1] = lo.y, on[2] = lo.z, on[3] = lo.w;
-                on[4] = hi.x, on[5] = hi.y, on[6] = hi.z, on[7] = hi.w;
-            } else {
-                wload<T, W>(p.onw, (int64_t)vi[k] * 8, on);
-            }
+            const float4 lo = wsm[(2 * (V + k)) * NT + tid], hi = wsm[(2 * (V + k) + 1) * NT + tid];
+            const float on[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            float o[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = m[k][e] * r * on[e];
             *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(o);
         }
     }
     cp_async_wait_all(); /* nothing outstanding at exit */
-}
-
-/* The first body: 128 registers (the cap of 512 threads), up to 512 threads. */
-template <class T, class W, int NB, int V>
-__global__ void __launch_bounds__(kStreamMaxThreads, 1) attn_res_stream_kernel(const stream_params p) {
-    stream_body<T, W, NB, V, false, false>(p);
-}
-
-/* The second body: up to kStream2MaxThreads threads at kStream2Regs registers. Not more: the
- * SM's registers are four partitions of 16384, one per scheduler, and 14 warps put 4 on some
- * partition, so 4 x 32 x 128 is the most a 448-thread CTA can hold (at 144 the launch failed
- * with cudaErrorLaunchOutOfResources on the H200). */
-const int kStream2MaxThreads = 448;
-const int kStream2Regs = 128;
-template <class T, class W, int NB, int V, bool FULL>
-__global__ void __maxnreg__(kStream2Regs) attn_res_stream2_kernel(const stream_params p) {
-    stream_body<T, W, NB, V, true, FULL>(p);
 }
 
 /* Threads per CTA (two vectors each), or 0 when H / 8 vectors do not fit 64..512 of them. */
@@ -481,20 +405,18 @@ int stream_threads(int64_t H) {
     return (int)nt;
 }
 
-/* nvcc 13, sm_90a, -Xptxas -v: every instance of the first body (bf16/f16 x bf16/f16/f32
- * weights, NB = 8, V = 2) uses 128 registers (the __launch_bounds__(512, 1) cap), 0 bytes
- * stack, no spills; 1920 B static + (2 + 8) * 2 * NT * 16 B dynamic shared memory (143 KB at
- * H = 7168, NT = 448), so one CTA of 448 threads per SM (57344 of 65536 registers). The
- * second body's instances use 128 registers with 24-64 B of spills (the full-token ones 24-48
- * B), and 2 * 2 * V * NT * 16 B more for the weights (196 KB in all at NT = 448). */
-size_t stream_smem(int nt, bool v2) {
-    return ((size_t)(2 + kStreamNB) + (v2 ? 4 : 0)) * kStreamV * (size_t)nt * sizeof(uint4);
+/* Dynamic shared memory: the stage, 2 + NB rows of V vectors per thread, and the weights, 4 V
+ * float4 per thread: (2 + 8 + 4) * 2 * NT * 16 B, 196 KB at H = 7168 (NT = 448), 224 KB at
+ * H = 8192 (NT = 512), plus 1920 B static, under the 227 KB a CTA may hold: one CTA per SM.
+ * nvcc 13.0, sm_90a, -Xptxas -v: every instance 128 registers, 1920 B static shared memory,
+ * 24-64 B of spills (the full-token ones 24-48 B). */
+size_t stream_smem(int nt) {
+    return ((size_t)(2 + kStreamNB) + 4) * kStreamV * (size_t)nt * sizeof(uint4);
 }
 
-template <bool V2>
 k3_status stream_go(void (*kern)(stream_params), const stream_params &p, int nt, int dev,
                     size_t (&raised)[64], cudaStream_t stream) {
-    const size_t smem = stream_smem(nt, V2);
+    const size_t smem = stream_smem(nt);
     K3_TRY(raise_smem(kern, dev, smem, raised));
     int sms = k3c_sm_count(dev);
     if (sms <= 0) sms = 132;
@@ -504,21 +426,16 @@ k3_status stream_go(void (*kern)(stream_params), const stream_params &p, int nt,
     return K3_OK;
 }
 
-/* The first body, or with K3_ATTN_RES_STREAM_V=2 the second where nt <= kStream2MaxThreads
- * (H <= 7168); with 3 the second's full-token instance when num_blocks is NB and every
- * thread's V vectors are in the row. Each instance's dynamic limit is raised once per device. */
+/* The full-token instance when num_blocks is NB and every thread's V vectors are in the row,
+ * else the general one. Each instance's dynamic limit is raised once per device. */
 template <class T, class W>
 k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t stream) {
-    static size_t raised[3][64];
-    const int v = get_knobs().stream_v;
-    if (v == 1 || nt > kStream2MaxThreads)
-        return stream_go<false>(attn_res_stream_kernel<T, W, kStreamNB, kStreamV>, p, nt, dev,
-                                raised[0], stream);
-    if (v == 3 && p.nb == kStreamNB && p.vecs == kStreamV * nt)
-        return stream_go<true>(attn_res_stream2_kernel<T, W, kStreamNB, kStreamV, true>, p, nt,
-                               dev, raised[1], stream);
-    return stream_go<true>(attn_res_stream2_kernel<T, W, kStreamNB, kStreamV, false>, p, nt, dev,
-                           raised[2], stream);
+    static size_t raised[2][64];
+    if (p.nb == kStreamNB && p.vecs == kStreamV * nt)
+        return stream_go(attn_res_stream_kernel<T, W, kStreamNB, kStreamV, true>, p, nt, dev,
+                         raised[0], stream);
+    return stream_go(attn_res_stream_kernel<T, W, kStreamNB, kStreamV, false>, p, nt, dev,
+                     raised[1], stream);
 }
 
 k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
