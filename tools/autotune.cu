@@ -40,15 +40,20 @@ static const Shape KIMI[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304, 
                              {7168, 4224}, {7168, 8448},  {8448, 7168},  {16896, 7168},
                              {7168, 14336}, {20480, 7168}, {7168, 7168}};
 
-/* The classic candidates: 8 rows per warp, and (classic16) 16 rows per warp. */
-static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen) {
+/* The classic candidates: 8 rows per warp, (classic16) 16 rows per warp, and (staged) the
+ * instances with a shared-memory stage ring. */
+static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen, bool staged) {
     std::vector<k3t_cand> v;
-#define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC});
-#define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC});
+#define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC, 0});
+#define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC, 0});
+#define K3_AT_ADDST(T, R, U, RPW, S)                                                       \
+    v.push_back(k3t_cand{(RPW) == 16 ? K3T_CLASSIC16 : K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC, S});
     if (eight) K3_SKINNY_CONFIGS(K3_AT_ADD)
     if (sixteen) K3_SKINNY_RPW16_CONFIGS(K3_AT_ADD16)
+    if (staged) K3_SKINNY_STAGED_CONFIGS(K3_AT_ADDST)
 #undef K3_AT_ADD
 #undef K3_AT_ADD16
+#undef K3_AT_ADDST
     return v;
 }
 
@@ -69,7 +74,7 @@ static std::vector<k3t_cand> split_cands(const Shape &s, int sms) {
                 for (int k = last + 1; k <= K3_SKINNY_MAX_KCTA; k++) {                     \
                     if (2L * nchunk < (long)k * kw * (U)) break;                           \
                     if (tiles * k >= (long)target * sms) {                                 \
-                        v.push_back(k3t_cand{K3T_SPLIT, T, R, U, k, K3T_PDL_STATIC});      \
+                        v.push_back(k3t_cand{K3T_SPLIT, T, R, U, k, K3T_PDL_STATIC, 0});   \
                         last = k;                                                          \
                         break;                                                             \
                     }                                                                      \
@@ -175,6 +180,8 @@ int main(int argc, char **argv) {
     const std::string kl = "," + kinds + ",";
     const bool use_classic = kl.find(",classic,") != std::string::npos;
     const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
+    /* the stage ring carries no epilogue */
+    const bool use_staged = kl.find(",staged,") != std::string::npos && epilogue.empty();
     const bool epi = epilogue == "silu_mul";
     if (!epilogue.empty() && !epi) {
         fprintf(stderr, "autotune: --epilogue must be silu_mul (got '%s')\n", epilogue.c_str());
@@ -214,7 +221,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "autotune: %s\n", machine);
     k3t_scratch scr;
     k3t_scratch_init(scr);
-    const std::vector<k3t_cand> classic = classic_cands(use_classic, use_classic16);
+    const std::vector<k3t_cand> classic = classic_cands(use_classic, use_classic16, use_staged);
 
     std::vector<Result> results;
     FILE *csv = fopen(csv_path.c_str(), "w");

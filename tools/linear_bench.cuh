@@ -35,7 +35,8 @@
 
 /* A skinny candidate: classic (one CTA per row tile), classic with 16 rows per warp
  * (rows_per_warp = 16) or split (split-K across kcta CTAs), in a launch mode: plain, PDL, or
- * PDL with static weights (the first step of w before the wait). */
+ * PDL with static weights (the first step of w before the wait); a classic one may take a
+ * shared-memory stage ring (stages >= 1: the K3_SKINNY_STAGED_CONFIGS). */
 enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_CLASSIC16 };
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
@@ -44,6 +45,7 @@ struct k3t_cand {
     int kind, threads, rows, unroll;
     int kcta; /* split: CTAs along K */
     int mode; /* k3t_mode */
+    int stages; /* classic kinds: 0, or the stage ring's steps */
 };
 
 static inline std::string k3t_cand_name(const k3t_cand &c) {
@@ -51,6 +53,9 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
     if (c.kind == K3T_SPLIT)
         snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
                  K3T_MODE_NAME[c.mode]);
+    else if (c.stages)
+        snprintf(b, sizeof b, "%s t%dr%du%ds%d %s", c.kind == K3T_CLASSIC16 ? "staged16" : "staged",
+                 c.threads, c.rows, c.unroll, c.stages, K3T_MODE_NAME[c.mode]);
     else if (c.kind == K3T_CLASSIC16)
         snprintf(b, sizeof b, "classic16 t%dr%du%d %s", c.threads, c.rows, c.unroll,
                  K3T_MODE_NAME[c.mode]);
@@ -62,15 +67,17 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
 
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
-    char b[192];
+    char b[192], st[32] = "";
+    if (c.stages) snprintf(st, sizeof st, ", stages = %d", c.stages);
     if (c.kind == K3T_CLASSIC16)
         snprintf(b, sizeof b,
-                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16}",
-                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16));
+                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16%s}",
+                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16),
+                 st);
     else
-        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
+        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s}",
                  c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
-                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
+                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1), st);
     return b;
 }
 
@@ -93,6 +100,11 @@ static inline void k3t_scratch_init(k3t_scratch &s) {
 
 /* Whether the candidate can run this problem at all (scratch sizes, tiles). */
 static inline bool k3t_cand_fits(const k3t_cand &c, const k3t_scratch &s, int M, int N) {
+    /* the stage ring within the 227 KB an H100/H200 CTA may opt in to */
+    if (c.stages && k3_skinny_staged_smem_bytes(c.threads, c.unroll,
+                                                c.kind == K3T_CLASSIC16 ? 16 : 8, c.stages,
+                                                M) > 227u * 1024u)
+        return false;
     if (c.kind == K3T_SPLIT)
         return k3_skinny_split_ws_bytes(c.rows, c.kcta, M, N) <= s.split_ws_bytes &&
                k3_skinny_split_tiles(c.rows, N) <= s.n_counters;
@@ -116,6 +128,7 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     q.epilogue = epi ? 1 : 0;
     q.pdl = c.mode != K3T_PLAIN;
     q.static_w = c.mode == K3T_PDL_STATIC;
+    q.stages = c.kind == K3T_SPLIT ? 0 : c.stages;
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);
