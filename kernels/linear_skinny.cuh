@@ -68,19 +68,12 @@
  * in-kernel prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
  * spec/skinny_spec.lua uses some of them by value.
  *
- * Stages (k3_skinny_problem.stages = S >= 1, classic tiles only; K3_SKINNY_STAGED_CONFIGS): a
- * warp's steps after the first come through a ring of S steps in dynamic shared memory, filled
- * by cp.async (16 bytes each, L2 only, zero-filled where the register load would be predicated
- * off). Each thread owns its slots (slot j of unroll u of ring entry e at
- * ((e * unroll + u) * (rw + mt) + j) * threads + tid: a warp's 16-byte accesses are consecutive,
- * conflict-free) and reads back only what it copied, so no barrier is needed, only the thread's
- * own cp.async.wait_group. Steps 1..S of w are issued at once with the first step's register
- * loads (before the PDL wait under static_w), x of the same steps right after the wait: where the
- * warp has at most S + 1 steps (the usual decode case: K split over the CTA's warps), all of its
- * weight is in flight before the wait, instead of one step, and the post-wait chain is one L2
- * round trip for x rather than one for x plus one weight round trip per further step. Longer
- * rows refill the entry a step leaves with the step S further on. Dynamic shared memory:
- * k3_skinny_staged_smem_bytes (S * unroll * (rw + mt) * 16 * threads, mt = 1 for M <= 8, 2 above).
+ * Balanced grid (k3_skinny_problem.grid = G > 0; classic tiles without prologue or epilogue):
+ * instead of ceil(N / rows) tiles of `rows` rows, G = sms * ceil(N / (sms * rows)) CTAs
+ * (k3_skinny_balanced_grid) and CTA b takes rows [N * b / G, N * (b + 1) / G), at most `rows`,
+ * its last row group partly predicated off. Every SM then streams the same bytes: with tiles,
+ * 1536 rows of 16 fill 96 of 132 SMs, and 7168 rows of 32 put two CTAs on 92 SMs and one on 40,
+ * and a decode linear whose weight is in flight at once ends when its busiest SM does.
  */
 #ifndef K3_LINEAR_SKINNY_CUH
 #define K3_LINEAR_SKINNY_CUH
@@ -109,14 +102,6 @@
 #define K3_SKINNY_RPW16_CONFIGS(X)                                                        \
     X(128, 16, 4) X(256, 16, 4) X(256, 16, 8) X(512, 16, 4) X(512, 16, 8)                 \
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4) X(256, 64, 4) X(512, 64, 4)
-
-/* X(threads, rows, unroll, rows_per_warp, stages) instantiated with a shared-memory stage ring
- * (stages >= 1: classic tiles, no prologue or epilogue; see "Stages" above). */
-#define K3_SKINNY_STAGED_CONFIGS(X)                                                       \
-    X(128, 8, 4, 8, 1) X(128, 8, 4, 8, 2) X(256, 8, 4, 8, 1) X(256, 8, 4, 8, 2)           \
-    X(512, 16, 4, 8, 1) X(512, 32, 4, 8, 1) X(512, 32, 4, 8, 2)                           \
-    X(128, 16, 4, 16, 1) X(128, 16, 4, 16, 2) X(256, 16, 4, 16, 1) X(256, 16, 4, 16, 2)   \
-    X(256, 16, 8, 16, 1) X(512, 16, 4, 16, 1) X(512, 16, 8, 16, 1)
 
 /* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
 #define K3_SKINNY_SPLIT_CONFIGS(X)                                                        \
@@ -153,9 +138,10 @@ typedef struct k3_skinny_problem {
      * up rows, N is h's columns, and y is h [M, N] = silu(g) * u of the product's gate and up
      * halves, each rounded to bf16 first (the epilogue above k3_skinny_epi_kernel). */
     int epilogue;
-    /* stages: 0, or the shared-memory stage ring's steps (classic tiles, no prologue or
-     * epilogue; only the K3_SKINNY_STAGED_CONFIGS): "Stages" above. */
-    int stages;
+    /* grid: 0, the classic tiling; or G >= ceil(N / rows) CTAs, CTA b taking rows
+     * [N * b / G, N * (b + 1) / G) ("Balanced grid" above; classic tiles, no prologue or
+     * epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
+    int grid;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
@@ -189,23 +175,13 @@ static inline bool k3_skinny_split_instantiated(int threads, int rows, int unrol
     return false;
 }
 
-static inline bool k3_skinny_staged_instantiated(int threads, int rows, int unroll,
-                                                 int rows_per_warp, int stages) {
-#define K3_SK_MATCH(T, R, U, RPW, S)                                                       \
-    if (threads == (T) && rows == (R) && unroll == (U) && rows_per_warp == (RPW) &&        \
-        stages == (S))                                                                     \
-        return true;
-    K3_SKINNY_STAGED_CONFIGS(K3_SK_MATCH)
-#undef K3_SK_MATCH
-    return false;
-}
-
-/* Dynamic shared memory of a staged launch (bytes): stages ring entries of unroll x (w row
- * groups + token tiles) 16-byte slots per thread. */
-static inline size_t k3_skinny_staged_smem_bytes(int threads, int unroll, int rows_per_warp,
-                                                 int stages, int M) {
-    const int slots = (rows_per_warp == 16 ? 2 : 1) + (M > 8 ? 2 : 1);
-    return (size_t)stages * (size_t)unroll * (size_t)slots * 16u * (size_t)threads;
+/* The balanced grid of N rows in CTAs of at most `rows` rows on `sms` multiprocessors: the
+ * smallest multiple of sms with ceil(N / G) <= rows (0 when N <= 0 or an argument is bad). */
+static inline int k3_skinny_balanced_grid(int64_t N, int rows, int sms) {
+    if (N <= 0 || rows <= 0 || sms <= 0) return 0;
+    const int64_t per_wave = (int64_t)sms * rows;
+    const int64_t g = (int64_t)sms * ((N + per_wave - 1) / per_wave);
+    return g > INT_MAX ? 0 : (int)g;
 }
 
 /* Dynamic shared memory of a SwiGLU-prologue launch: h [M][row] in 16-byte vectors, a row
@@ -282,22 +258,6 @@ static __device__ __forceinline__ uint4 k3sk_load_x_v(const uint4 *p, bool pred)
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p), "r"((int)pred));
     return r;
-}
-
-/* 16 bytes global -> shared by cp.async, cached in L2 only; zero-filled without reading
- * global memory when !pred. Completion: k3sk_cp_commit, then k3sk_cp_wait<n> (this thread's
- * copies become visible to this thread). */
-static __device__ __forceinline__ void k3sk_cp16(uint4 *dst, const uint4 *src, bool pred) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;"
-                 ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-static __device__ __forceinline__ void k3sk_cp_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-static __device__ __forceinline__ void k3sk_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 /* d += A(16x16, tokens x k) * B(16x8, k x rows), bf16 operands, fp32 accumulators. */
@@ -467,8 +427,8 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
     const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
         int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
         int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
-        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
-#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal
 /* The silu_mul epilogue's rows (EPI): local row lr of CTA b (0..ROWS-1) streams gate row
  * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
  * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
@@ -483,8 +443,7 @@ static __device__ __forceinline__ int k3sk_epi_row(int lr, int N) {
 
 /* The kernel's body; k3_skinny_kernel (no prologue), k3_skinny_pro_kernel and
  * k3_skinny_epi_kernel (EPI: the silu_mul epilogue, classic tiles, no prologue) wrap it. */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO, int RW, bool EPI = false,
-          int ST = 0>
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO, int RW, bool EPI = false>
 static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
@@ -496,7 +455,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
     static_assert(MT == 1 || MT == 2, "one or two token tiles");
     static_assert(!EPI || (!SPLIT && PRO == 0), "the silu_mul epilogue: classic tiles, no prologue");
-    static_assert(ST == 0 || (!SPLIT && PRO == 0 && !EPI), "stages: classic tiles only");
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
     __shared__ float partial[WARPS][4 * RW][32];
@@ -508,15 +466,19 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nvec = K / 8;            /* 16-byte vectors per row (K % 8 == 0) */
     const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
 
+    /* This CTA's rows [n0, n1): a tile of ROWS, or its share of a balanced grid (bal). */
+    const bool balanced = !EPI && !SPLIT && PRO == 0 && bal;
+    const int64_t n0 = balanced ? (int64_t)N * blockIdx.x / gridDim.x : (int64_t)blockIdx.x * ROWS;
+    const int64_t n1 = balanced ? (int64_t)N * (blockIdx.x + 1) / gridDim.x
+                                : (n0 + ROWS < N ? n0 + ROWS : (int64_t)N);
     /* EPI: the local row's gate or up row of w (k3sk_epi_row), N is h's columns. */
     const int lrow = group * RW * 8 + g;
-    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N)
-                            : (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
-    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < N;
+    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N) : n0 + lrow;
+    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < n1;
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     /* RW == 2: the warp's second row group, 8 rows further */
     const int64_t row2 = EPI ? k3sk_epi_row<ROWS>(lrow + 8, N) : row + 8;
-    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < N);
+    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < n1);
     const uint4 *wr2 = w + (row2_ok ? row2 : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
@@ -536,40 +498,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
      * loaded before the wait for the previous kernel, everything else after it. */
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
-    constexpr int STEP = KW * UNROLL; /* chunks between a warp's steps */
-    /* ST: this thread's slot j of unroll u of ring entry e ("Stages" in the file comment) */
-    constexpr int SLOTS = RW + MT;
-    const auto ring = [&](int e, int u, int j) -> uint4 * {
-        return k3sk_h + ((e * UNROLL + u) * SLOTS + j) * THREADS + threadIdx.x;
-    };
-    /* ST: w of step s (>= 1) of this warp into ring entry (s - 1) % ST, then (x) its x */
-    const auto stage_w = [&](int s) {
-        const int c0 = cfirst + s * STEP, e = (s - 1) % ST;
-        if (c0 < cend)
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int v = (c0 + u) * 4 + t;
-                const bool kin = v < nvec;
-                k3sk_cp16(ring(e, u, 0), wr + (kin ? v : 0), row_ok && kin);
-                if constexpr (RW == 2) k3sk_cp16(ring(e, u, 1), wr2 + (kin ? v : 0), row2_ok && kin);
-            }
-    };
-    const auto stage_x = [&](int s) {
-        const int c0 = cfirst + s * STEP, e = (s - 1) % ST;
-        if (c0 < cend)
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int v = (c0 + u) * 4 + t;
-                const bool kin = v < nvec;
-                k3sk_cp16(ring(e, u, RW), x0 + (kin ? v : 0), x0_ok && kin);
-                if constexpr (MT == 2) k3sk_cp16(ring(e, u, RW + 1), x1 + (kin ? v : 0), x1_ok && kin);
-            }
-    };
     uint4 wv[UNROLL], wv2[RW == 2 ? UNROLL : 1];
-    if constexpr (ST > 0)
-        if (static_w)
-#pragma unroll
-            for (int s = 1; s <= ST; ++s) stage_w(s);
     if (static_w && cfirst < cend) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -580,15 +509,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         }
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if constexpr (ST > 0) {
-        /* one commit group: steps 1..ST's w (unless issued before the wait) and x */
-        if (!static_w)
-#pragma unroll
-            for (int s = 1; s <= ST; ++s) stage_w(s);
-#pragma unroll
-        for (int s = 1; s <= ST; ++s) stage_x(s);
-        k3sk_cp_commit();
-    }
 
     /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
      * are issued four items at a time so their latencies overlap. */
@@ -629,29 +549,11 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     }
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int c0 = cfirst, s = 0; c0 < cend; c0 += STEP, ++s) {
+    for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
         const bool have_w = static_w && c0 == cfirst;
-        /* ST: step s >= 1 is in ring entry (s - 1) % ST. The first group holds steps 1..ST,
-         * then each staged step commits the one ST further on: step 1 waits for all, a later
-         * step for all but the newest ST - 1 groups (steps s + 1 .. s + ST - 1). */
-        const bool staged = ST > 0 && s >= 1;
-        if constexpr (ST > 0)
-            if (staged) {
-                if (s == 1) k3sk_cp_wait<0>();
-                else k3sk_cp_wait<ST - 1>();
-                const int e = (s - 1) % ST;
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    wv[u] = *ring(e, u, 0);
-                    if constexpr (RW == 2) wv2[u] = *ring(e, u, 1);
-                    xa[u] = *ring(e, u, RW);
-                    if constexpr (MT == 2) xb[u] = *ring(e, u, RW + 1);
-                    else xb[u] = make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-#pragma unroll
-        for (int u = 0; u < UNROLL && !staged; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int v = (c0 + u) * 4 + t;
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
@@ -693,13 +595,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                 k3sk_mma(acc2, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv2[u].z, wv2[u].w);
             }
         }
-        if constexpr (ST > 0)
-            if (staged) {
-                /* the entry this step read (the MMAs above consumed it) takes step s + ST */
-                stage_w(s + ST);
-                stage_x(s + ST);
-                k3sk_cp_commit();
-            }
     }
 
 #pragma unroll
@@ -737,8 +632,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     /* (no iteration under EPI, whose outputs the loop above wrote) */
     for (int i = threadIdx.x; !EPI && i < GROUPS * 128; i += THREADS) {
         const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
-        const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
-        if (m >= M || n >= N) continue;
+        const int64_t n = n0 + grp * 8 + r;
+        if (m >= M || n >= n1) continue;
         const int src = (m & 7) * 4 + (r >> 1);
         const int reg = ((m >> 3) << 1) | (r & 1);
         float s = 0.f;
@@ -785,11 +680,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
 __global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 0, RW>(K3SK_ARGS);
-}
-/* The staged kernel: the plain kernel's launch bounds, steps 1.. through the ring. */
-template <int THREADS, int ROWS, int UNROLL, int MT, int RW, int ST>
-__global__ void __launch_bounds__(THREADS) k3_skinny_staged_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, false, 0, RW, false, ST>(K3SK_ARGS);
 }
 /* With a prologue the kernel holds more live values (the fill's loads, the row scales): its
  * registers are capped at 64 (1024 threads' worth per SM), so as many CTAs stay resident as
@@ -843,7 +733,12 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaLaunchConfig_t lc = {};
     /* The epilogue's CTA writes ROWS/2 columns of h from ROWS rows of w. */
     const int cols = p.epilogue ? ROWS / 2 : ROWS;
-    lc.gridDim = dim3((unsigned)((p.N + cols - 1) / cols), SPLIT ? (unsigned)kcta : 1u);
+    const bool bal = p.grid > 0;
+    /* a balanced grid: classic tiles without prologue or epilogue, at most ROWS rows a CTA */
+    if (bal && (SPLIT || p.prologue || p.epilogue || (int64_t)p.grid * ROWS < p.N))
+        return cudaErrorInvalidValue;
+    lc.gridDim = dim3(bal ? (unsigned)p.grid : (unsigned)((p.N + cols - 1) / cols),
+                      SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
     lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
@@ -862,8 +757,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
-                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
-    if (p.stages) return cudaErrorInvalidValue; /* k3_skinny_launch_staged_t */
+                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
     if (p.epilogue) {
@@ -888,38 +782,8 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* One staged instance (k3_skinny_problem.stages == ST): classic tiles, no prologue or
- * epilogue, k3_skinny_staged_smem_bytes of dynamic shared memory (opted in). */
-template <int THREADS, int ROWS, int UNROLL, int RPW, int ST>
-static cudaError_t k3_skinny_launch_staged_t(const k3_skinny_problem &p, cudaStream_t stream) {
-    constexpr int RW = RPW / 8;
-    if (p.prologue || p.epilogue || p.stages != ST) return cudaErrorInvalidValue;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3((unsigned)((p.N + ROWS - 1) / ROWS));
-    lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = k3_skinny_staged_smem_bytes(THREADS, UNROLL, RPW, ST, p.M);
-    lc.stream = stream;
-    lc.attrs = p.pdl ? attr : nullptr;
-    lc.numAttrs = p.pdl ? 1 : 0;
-    const auto kernel = p.M <= 8 ? k3_skinny_staged_kernel<THREADS, ROWS, UNROLL, 1, RW, ST>
-                                 : k3_skinny_staged_kernel<THREADS, ROWS, UNROLL, 2, RW, ST>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)lc.dynamicSmemBytes);
-    if (e == cudaSuccess)
-        e = cudaLaunchKernelEx(&lc, kernel, (const uint4 *)p.x, (const uint4 *)p.w,
-                               (const uint16_t *)p.res, p.res_s0, p.res_s1, (uint16_t *)p.y,
-                               p.y_s0, p.y_s1, p.M, p.N, p.K, (float *)nullptr,
-                               (unsigned *)nullptr, p.pdl ? 1 : 0, p.static_w ? 1 : 0,
-                               (int64_t)0, (const uint4 *)nullptr, 0.0);
-    return e != cudaSuccess ? e : cudaGetLastError();
-}
-
 /* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 for the
- * K3_SKINNY_RPW16_CONFIGS, which take no prologue; with p.stages > 0 one of the
- * K3_SKINNY_STAGED_CONFIGS, which take neither prologue nor epilogue). cudaErrorInvalidValue when the
+ * K3_SKINNY_RPW16_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
  * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
  * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
 static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
@@ -929,15 +793,6 @@ static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
         ((uintptr_t)p.x & 15) || ((uintptr_t)p.w & 15) || !p.y)
         return cudaErrorInvalidValue;
     if (p.N == 0) return cudaSuccess;
-    if (p.stages) {
-#define K3_SK_LAUNCHST(T, R, U, RPW, S)                                                    \
-    if (threads == (T) && rows == (R) && unroll == (U) && rows_per_warp == (RPW) &&        \
-        p.stages == (S))                                                                   \
-        return k3_skinny_launch_staged_t<T, R, U, RPW, S>(p, stream);
-        K3_SKINNY_STAGED_CONFIGS(K3_SK_LAUNCHST)
-#undef K3_SK_LAUNCHST
-        return cudaErrorInvalidValue;
-    }
     if (rows_per_warp == 16) {
 #define K3_SK_LAUNCH16(T, R, U)                                                            \
     if (threads == (T) && rows == (R) && unroll == (U))                                    \
