@@ -98,7 +98,7 @@ local function config_string(entry)
   local c = entry.config or {}
   local parts = {}
   for _, f in ipairs({{"threads", "t"}, {"rows", "r"}, {"unroll", "u"}, {"vec", "v"},
-                      {"split_k", "s"}, {"rows_per_warp", "w"}, {"stages", "st"}}) do
+                      {"split_k", "s"}, {"rows_per_warp", "w"}}) do
     if c[f[1]] then parts[#parts + 1] = f[2] .. tostring(c[f[1]]) end
   end
   return tostring(entry.kernel) .. (#parts > 0 and (" " .. table.concat(parts, "/")) or "")
