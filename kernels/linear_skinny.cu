@@ -77,32 +77,20 @@ static int k3sk_prologue_max_m(void) {
     return v;
 }
 
-/* The shared memory a block of device dev may opt in to (bytes; read once per device), 0
- * where it cannot be read. */
-static size_t k3sk_smem_optin(int dev) {
+/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
+ * partial sums (at most 16 warps x 512 bytes, and the split flag). */
+static bool k3sk_silu_fits(int dev, size_t bytes) {
     static int optin[K3SK_MAX_DEVICES];
-    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return 0;
+    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
     if (!optin[dev]) {
         int v = 0;
         if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
             (void)cudaGetLastError();
-            return 0;
+            return false;
         }
         optin[dev] = v;
     }
-    return (size_t)optin[dev];
-}
-
-/* The kernel's static shared memory beside its dynamic part: the partial sums of warps x
- * rows_per_warp / 8 x 512 bytes, and 64 bytes for the flags and row scales. */
-static size_t k3sk_static_smem(int threads, int rows_per_warp) {
-    return (size_t)(threads / 32) * (size_t)(rows_per_warp / 8) * 512u + 64u;
-}
-
-/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
- * partial sums (a prologue launch: 8 rows per warp, at most 16 warps). */
-static bool k3sk_silu_fits(int dev, size_t bytes) {
-    return bytes + k3sk_static_smem(512, 8) <= k3sk_smem_optin(dev);
+    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -180,7 +168,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                K3_ESHAPE;
 
     k3_skinny_config r = l->config ? *l->config : k3_skinny_config{};
-    if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0 || r.stages < 0)
+    if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0)
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
     if (!r.threads) r.threads = 256;
     if (!r.rows) r.rows = 8;
@@ -196,15 +184,6 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
      * (CTAs along K); kcta = 1 is the classic kernel, kcta >= 2 the split-K-across-CTAs one. */
     const int kcta = sk && r.split_k % sk == 0 ? r.split_k / sk : 0;
-    /* The stage ring runs in the classic kernel: one CTA along K. */
-    if (r.stages > 0 && sk && kcta != 1)
-        return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s, "
-                        "stages = %d} splits K across CTAs; the stage ring needs split_k = %d "
-                        "(one CTA along K)",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
-                        rpw16 ? ", rows_per_warp = 16" : "", r.stages, sk),
-               K3_EINVAL;
     if (kcta > K3_SKINNY_MAX_KCTA && !rpw16)
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
@@ -213,21 +192,15 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         K3_SKINNY_MAX_KCTA),
                K3_EINVAL;
     if (r.vec != K3_SKINNY_VEC || !sk || !kcta || (rpw16 && kcta > 1) ||
-        (kcta == 1 && !r.stages &&
-         !k3_skinny_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp)) ||
-        (kcta == 1 && r.stages &&
-         !k3_skinny_staged_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp, r.stages)) ||
-        (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll))) {
-        char st[32] = "";
-        if (r.stages) snprintf(st, sizeof st, ", stages = %d", r.stages);
+        (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp)) ||
+        (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll)))
         return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s%s} "
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s} "
                         "is not instantiated%s",
                         r.threads, r.rows, r.unroll, r.vec, r.split_k,
-                        rpw16 ? ", rows_per_warp = 16" : "", st,
+                        rpw16 ? ", rows_per_warp = 16" : "",
                         kcta > 1 ? " for split-K across CTAs" : ""),
                K3_EINVAL;
-    }
     if (K % r.vec)
         return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
                         (long long)K, r.vec),
@@ -240,22 +213,6 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             "kernel loads 16 bytes at a time",
                             tname[i], (long long)packed[i]->offset),
                    for_run ? K3_ELAYOUT : K3_ENOKERNEL;
-    /* The stage ring's dynamic shared memory grows with M (one token tile to M = 8, two
-     * above): the device's opt-in limit per block bounds it. */
-    if (r.stages > 0) {
-        const size_t ring = k3_skinny_staged_smem_bytes(r.threads, r.unroll, r.rows_per_warp,
-                                                        r.stages, (int)M);
-        const size_t need = ring + k3sk_static_smem(r.threads, r.rows_per_warp);
-        const size_t optin = k3sk_smem_optin(dx.index);
-        if (need > optin)
-            return snprintf(why, n,
-                            "config {threads = %d, rows = %d, unroll = %d%s, stages = %d} at M = "
-                            "%lld needs %zu bytes of shared memory per block (%zu for the stage "
-                            "ring); cuda:%d allows %zu",
-                            r.threads, r.rows, r.unroll, rpw16 ? ", rows_per_warp = 16" : "",
-                            r.stages, (long long)M, need, ring, dx.index, optin),
-                   K3_EINVAL;
-    }
     if (kcta > 1) {
         const int64_t tiles = k3_skinny_split_tiles(r.rows, (int)N);
         if (tiles > K3SK_COUNTERS)
@@ -306,11 +263,9 @@ static k3_status k3sk_run(const k3_op_args *a) {
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
     /* The silu_mul epilogue runs in the classic kernel (k3_skinny_epi_kernel); split-K across
-     * CTAs and the stage ring write y [M, 2N] into a temporary and cuda.silu_mul.generic
-     * writes out from it. */
+     * CTAs writes y [M, 2N] into a temporary and cuda.silu_mul.generic writes out from it. */
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
-    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && (kcta > 1 || cfg.stages))
-        return k3c_epilogue_temp(a, k3sk_run);
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && kcta > 1) return k3c_epilogue_temp(a, k3sk_run);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
      * into it are refused from now on. A write queued before this mark may still be in
      * flight, so this first call loads w after the wait like any input; every later call
@@ -346,7 +301,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.x_row = l->x->stride[0] / 8;
     p.norm_weight = l->norm_weight ? k3_tensor_data(l->norm_weight) : NULL;
     p.eps = l->norm_eps;
-    p.stages = cfg.stages;
     if (p.N == 0) return K3_OK;
     /* Dispatch's prologue has rejected freed tensors; non-empty views have storage. */
     if (!p.x || !p.w || !p.y || (l->residual && !p.res))
@@ -370,8 +324,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    /* The 16-rows-per-warp, the epilogue and the staged instances have no in-kernel prologue. */
-    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.stages)) temp = true;
+    /* The 16-rows-per-warp and the epilogue instances have no in-kernel prologue. */
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);

@@ -653,11 +653,6 @@ typedef struct k3_plan_entry {
     /* Rows of w each warp streams: 8 (0 = 8), or 16 (two 8-row groups sharing each x load;
      * kernels/linear_skinny.cuh lists the configurations compiled that way). */
     int rows_per_warp;
-    /* Steps of each warp's w and x streamed through a ring in shared memory by cp.async
-     * (0 = none, the register-only loop; >= 1: the configurations listed as staged in
-     * kernels/linear_skinny.cuh, without split-K across CTAs; a prologue or epilogue runs
-     * through a temporary). < 0 is K3_EINVAL. */
-    int stages;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

@@ -176,7 +176,6 @@ typedef struct k3_skinny_config {
     int split_k;     /* 1 = no split */
     int static_w;    /* k3_plan_entry.static_weights: w may be loaded before the PDL wait */
     int rows_per_warp; /* k3_plan_entry.rows_per_warp: 8 or 16; 0 = 8 */
-    int stages;        /* k3_plan_entry.stages: the shared-memory stage ring's steps; 0 = none */
 } k3_skinny_config;
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the

@@ -791,12 +791,6 @@ plan_case("plan negative config", {[1] = {kernel = "skinny", config = {threads =
   "method.low_latency: plan entry for M = 1 has a negative config value")
 plan_case("plan rows_per_warp neither 8 nor 16", {[1] = {kernel = "skinny", config = {rows_per_warp = 4}}},
   "method.low_latency: plan entry for M = 1 has rows_per_warp 4; expected 8 or 16")
-plan_case("plan negative stages", {[4] = {kernel = "skinny", config = {rows = 16, stages = -1}}},
-  "method.low_latency: plan entry for M = 4 has stages -1; expected an integer >= 0")
-plan_case("plan non-integer stages", {[1] = {kernel = "skinny", config = {stages = 1.5}}},
-  "bad argument #1 to 'low_latency' (field 'stages' must be an integer; got a non-integer number)")
-plan_case("plan stages a string", {[1] = {kernel = "skinny", config = {stages = "two"}}},
-  "bad argument #1 to 'low_latency' (field 'stages' must be an integer; got string)")
 plan_case("plan non-integer config", {[1] = {kernel = "skinny", config = {split_k = 1.5}}},
   "bad argument #1 to 'low_latency' (field 'split_k' must be an integer; got a non-integer number)")
 plan_case("plan string key", {x = {kernel = "skinny"}},
@@ -1033,6 +1027,6 @@ describe("options tables", function()
     H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
       "unknown option 'bais'")
     H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
-      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k, rows_per_warp or stages)")
+      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k or rows_per_warp)")
   end)
 end)
