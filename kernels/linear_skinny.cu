@@ -77,33 +77,20 @@ static int k3sk_prologue_max_m(void) {
     return v;
 }
 
-/* Device attribute `attr` of device dev, read once per device into cache[dev] (0 where it
- * cannot be read: the callers treat that as "does not fit" or decline). */
-static int k3sk_device_attr(int (&cache)[K3SK_MAX_DEVICES], cudaDeviceAttr attr, int dev) {
-    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return 0;
-    if (!cache[dev]) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 0;
-        }
-        cache[dev] = v;
-    }
-    return cache[dev];
-}
-
 /* Whether this launch's h fits the device's shared memory per block beside the kernel's own
  * partial sums (at most 16 warps x 512 bytes, and the split flag). */
 static bool k3sk_silu_fits(int dev, size_t bytes) {
     static int optin[K3SK_MAX_DEVICES];
-    return bytes + 16u * 512u + 64u <=
-           (size_t)k3sk_device_attr(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-}
-
-/* The multiprocessors of device dev (the balanced grid's unit; 0 when unknown). */
-static int k3sk_sms(int dev) {
-    static int sms[K3SK_MAX_DEVICES];
-    return k3sk_device_attr(sms, cudaDevAttrMultiProcessorCount, dev);
+    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
+    if (!optin[dev]) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        optin[dev] = v;
+    }
+    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -236,13 +223,10 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             "kernel loads 16 bytes at a time",
                             tname[i], (long long)packed[i]->offset),
                    for_run ? K3_ELAYOUT : K3_ENOKERNEL;
+    /* The balanced grid: a multiple of the device's SM count (backend.cu's device properties,
+     * read once) of CTAs. */
     if (r.balanced) {
-        const int sms = k3sk_sms(dx.index);
-        if (sms <= 0)
-            return snprintf(why, n,
-                            "balanced grid: the multiprocessor count of cuda:%d cannot be read",
-                            dx.index),
-                   K3_EDEVICE;
+        const int sms = k3c_sm_count(dx.index);
         if (N > 0 && k3_skinny_balanced_grid(N, r.rows, sms) <= 0)
             return snprintf(why, n,
                             "balanced grid: N = %lld rows in CTAs of %d on %d SMs needs more "
@@ -371,8 +355,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
         p.x = k3_tensor_data(&ht.t);
         p.prologue = 0;
     }
-    /* The balanced grid: G CTAs of at most cfg.rows rows each (k3sk_check read the SM count). */
-    if (cfg.balanced) p.grid = k3_skinny_balanced_grid(p.N, cfg.rows, k3sk_sms(ctx->dev));
+    /* The balanced grid: G CTAs of at most cfg.rows rows each. */
+    if (cfg.balanced) p.grid = k3_skinny_balanced_grid(p.N, cfg.rows, k3c_sm_count(ctx->dev));
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream,
                                   cfg.rows_per_warp));
