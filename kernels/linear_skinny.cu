@@ -189,10 +189,11 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     /* The balanced grid spreads rows over CTAs of the classic kernel: one CTA along K. */
     if (r.balanced && kcta > 1)
         return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, "
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s, "
                         "balanced = true} splits K across %d CTAs; the balanced grid needs "
                         "split_k = %d (one CTA along K)",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k, kcta, sk),
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
+                        rpw16 ? ", rows_per_warp = 16" : "", kcta, sk),
                K3_EINVAL;
     if (kcta > K3_SKINNY_MAX_KCTA && !rpw16)
         return snprintf(why, n,
