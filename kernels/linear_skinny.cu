@@ -170,6 +170,8 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     k3_skinny_config r = l->config ? *l->config : k3_skinny_config{};
     if (r.threads < 0 || r.rows < 0 || r.unroll < 0 || r.vec < 0 || r.split_k < 0)
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
+    if (r.balanced != 0 && r.balanced != 1)
+        return snprintf(why, n, "config balanced = %d; expected 0 or 1", r.balanced), K3_EINVAL;
     if (!r.threads) r.threads = 256;
     if (!r.rows) r.rows = 8;
     if (!r.unroll) r.unroll = 4;
@@ -184,6 +186,15 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
      * (CTAs along K); kcta = 1 is the classic kernel, kcta >= 2 the split-K-across-CTAs one. */
     const int kcta = sk && r.split_k % sk == 0 ? r.split_k / sk : 0;
+    /* The balanced grid spreads rows over CTAs of the classic kernel: one CTA along K. */
+    if (r.balanced && kcta > 1)
+        return snprintf(why, n,
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s, "
+                        "balanced = true} splits K across %d CTAs; the balanced grid needs "
+                        "split_k = %d (one CTA along K)",
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
+                        rpw16 ? ", rows_per_warp = 16" : "", kcta, sk),
+               K3_EINVAL;
     if (kcta > K3_SKINNY_MAX_KCTA && !rpw16)
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
@@ -195,10 +206,10 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
         (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp)) ||
         (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll)))
         return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s} "
+                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s%s} "
                         "is not instantiated%s",
                         r.threads, r.rows, r.unroll, r.vec, r.split_k,
-                        rpw16 ? ", rows_per_warp = 16" : "",
+                        rpw16 ? ", rows_per_warp = 16" : "", r.balanced ? ", balanced = true" : "",
                         kcta > 1 ? " for split-K across CTAs" : ""),
                K3_EINVAL;
     if (K % r.vec)
@@ -213,6 +224,17 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             "kernel loads 16 bytes at a time",
                             tname[i], (long long)packed[i]->offset),
                    for_run ? K3_ELAYOUT : K3_ENOKERNEL;
+    /* The balanced grid: a multiple of the device's SM count (backend.cu's device properties,
+     * read once) of CTAs. */
+    if (r.balanced) {
+        const int sms = k3c_sm_count(dx.index);
+        if (N > 0 && k3_skinny_balanced_grid(N, r.rows, sms) <= 0)
+            return snprintf(why, n,
+                            "balanced grid: N = %lld rows in CTAs of %d on %d SMs needs more "
+                            "than %d CTAs",
+                            (long long)N, r.rows, sms, INT_MAX),
+                   K3_ESHAPE;
+    }
     if (kcta > 1) {
         const int64_t tiles = k3_skinny_split_tiles(r.rows, (int)N);
         if (tiles > K3SK_COUNTERS)
@@ -263,9 +285,11 @@ static k3_status k3sk_run(const k3_op_args *a) {
     k3_status s = k3sk_check(l, true, &cfg, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
     /* The silu_mul epilogue runs in the classic kernel (k3_skinny_epi_kernel); split-K across
-     * CTAs writes y [M, 2N] into a temporary and cuda.silu_mul.generic writes out from it. */
+     * CTAs and the balanced grid write y [M, 2N] into a temporary and cuda.silu_mul.generic
+     * writes out from it. */
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
-    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && kcta > 1) return k3c_epilogue_temp(a, k3sk_run);
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && (kcta > 1 || cfg.balanced))
+        return k3c_epilogue_temp(a, k3sk_run);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
      * into it are refused from now on. A write queued before this mark may still be in
      * flight, so this first call loads w after the wait like any input; every later call
@@ -324,13 +348,16 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    /* The 16-rows-per-warp and the epilogue instances have no in-kernel prologue. */
-    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue)) temp = true;
+    /* The 16-rows-per-warp and the epilogue instances, and the balanced grid, have no
+     * in-kernel prologue. */
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
         p.prologue = 0;
     }
+    /* The balanced grid: G CTAs of at most cfg.rows rows each. */
+    if (cfg.balanced) p.grid = k3_skinny_balanced_grid(p.N, cfg.rows, k3c_sm_count(ctx->dev));
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream,
                                   cfg.rows_per_warp));

@@ -67,6 +67,13 @@
  * loads in flight per lane); then kw = threads / 32 / (rows / 16). Classic kernel only, no
  * in-kernel prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
  * spec/skinny_spec.lua uses some of them by value.
+ *
+ * Balanced grid (k3_skinny_problem.grid = G > 0; classic tiles without prologue or epilogue):
+ * instead of ceil(N / rows) tiles of `rows` rows, G = sms * ceil(N / (sms * rows)) CTAs
+ * (k3_skinny_balanced_grid) and CTA b takes rows [N * b / G, N * (b + 1) / G), at most `rows`,
+ * its last row group partly predicated off. Every SM then streams the same bytes: with tiles,
+ * 1536 rows of 16 fill 96 of 132 SMs, and 7168 rows of 32 put two CTAs on 92 SMs and one on 40,
+ * and a decode linear whose weight is in flight at once ends when its busiest SM does.
  */
 #ifndef K3_LINEAR_SKINNY_CUH
 #define K3_LINEAR_SKINNY_CUH
@@ -131,6 +138,10 @@ typedef struct k3_skinny_problem {
      * up rows, N is h's columns, and y is h [M, N] = silu(g) * u of the product's gate and up
      * halves, each rounded to bf16 first (the epilogue above k3_skinny_epi_kernel). */
     int epilogue;
+    /* grid: 0, the classic tiling; or G >= ceil(N / rows) CTAs, CTA b taking rows
+     * [N * b / G, N * (b + 1) / G) ("Balanced grid" above; classic tiles, no prologue or
+     * epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
+    int grid;
 } k3_skinny_problem;
 
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
@@ -162,6 +173,15 @@ static inline bool k3_skinny_split_instantiated(int threads, int rows, int unrol
     K3_SKINNY_SPLIT_CONFIGS(K3_SK_MATCH)
 #undef K3_SK_MATCH
     return false;
+}
+
+/* The balanced grid of N rows in CTAs of at most `rows` rows on `sms` multiprocessors: the
+ * smallest multiple of sms with ceil(N / G) <= rows (0 when N <= 0 or an argument is bad). */
+static inline int k3_skinny_balanced_grid(int64_t N, int rows, int sms) {
+    if (N <= 0 || rows <= 0 || sms <= 0) return 0;
+    const int64_t per_wave = (int64_t)sms * rows;
+    const int64_t g = (int64_t)sms * ((N + per_wave - 1) / per_wave);
+    return g > INT_MAX ? 0 : (int)g;
 }
 
 /* Dynamic shared memory of a SwiGLU-prologue launch: h [M][row] in 16-byte vectors, a row
@@ -407,8 +427,8 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
     const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
         int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
         int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
-        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps
-#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal
 /* The silu_mul epilogue's rows (EPI): local row lr of CTA b (0..ROWS-1) streams gate row
  * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
  * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
@@ -446,15 +466,19 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nvec = K / 8;            /* 16-byte vectors per row (K % 8 == 0) */
     const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
 
+    /* This CTA's rows [n0, n1): a tile of ROWS, or its share of a balanced grid (bal). */
+    const bool balanced = !EPI && !SPLIT && PRO == 0 && bal;
+    const int64_t n0 = balanced ? (int64_t)N * blockIdx.x / gridDim.x : (int64_t)blockIdx.x * ROWS;
+    const int64_t n1 = balanced ? (int64_t)N * (blockIdx.x + 1) / gridDim.x
+                                : (n0 + ROWS < N ? n0 + ROWS : (int64_t)N);
     /* EPI: the local row's gate or up row of w (k3sk_epi_row), N is h's columns. */
     const int lrow = group * RW * 8 + g;
-    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N)
-                            : (int64_t)blockIdx.x * ROWS + group * RW * 8 + g;
-    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < N;
+    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N) : n0 + lrow;
+    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < n1;
     const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
     /* RW == 2: the warp's second row group, 8 rows further */
     const int64_t row2 = EPI ? k3sk_epi_row<ROWS>(lrow + 8, N) : row + 8;
-    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < N);
+    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < n1);
     const uint4 *wr2 = w + (row2_ok ? row2 : 0) * (int64_t)nvec;
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
@@ -608,8 +632,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     /* (no iteration under EPI, whose outputs the loop above wrote) */
     for (int i = threadIdx.x; !EPI && i < GROUPS * 128; i += THREADS) {
         const int grp = i >> 7, m = (i >> 3) & 15, r = i & 7;
-        const int64_t n = (int64_t)blockIdx.x * ROWS + grp * 8 + r;
-        if (m >= M || n >= N) continue;
+        const int64_t n = n0 + grp * 8 + r;
+        if (m >= M || n >= n1) continue;
         const int src = (m & 7) * 4 + (r >> 1);
         const int reg = ((m >> 3) << 1) | (r & 1);
         float s = 0.f;
@@ -709,7 +733,12 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     cudaLaunchConfig_t lc = {};
     /* The epilogue's CTA writes ROWS/2 columns of h from ROWS rows of w. */
     const int cols = p.epilogue ? ROWS / 2 : ROWS;
-    lc.gridDim = dim3((unsigned)((p.N + cols - 1) / cols), SPLIT ? (unsigned)kcta : 1u);
+    const bool bal = p.grid > 0;
+    /* a balanced grid: classic tiles without prologue or epilogue, at most ROWS rows a CTA */
+    if (bal && (SPLIT || p.prologue || p.epilogue || (int64_t)p.grid * ROWS < p.N))
+        return cudaErrorInvalidValue;
+    lc.gridDim = dim3(bal ? (unsigned)p.grid : (unsigned)((p.N + cols - 1) / cols),
+                      SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
     lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
@@ -728,7 +757,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
-                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps))
+                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
     if (p.epilogue) {

@@ -653,6 +653,11 @@ typedef struct k3_plan_entry {
     /* Rows of w each warp streams: 8 (0 = 8), or 16 (two 8-row groups sharing each x load;
      * kernels/linear_skinny.cuh lists the configurations compiled that way). */
     int rows_per_warp;
+    /* 1: the balanced grid (a multiple of the device's multiprocessor count of CTAs, each
+     * taking an equal share of at most `rows` rows of w, so every SM streams the same bytes;
+     * one CTA along K, a prologue or epilogue through a temporary); 0: tiles of `rows` rows.
+     * Any other value is K3_EINVAL. */
+    int balanced;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

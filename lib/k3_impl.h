@@ -176,6 +176,7 @@ typedef struct k3_skinny_config {
     int split_k;     /* 1 = no split */
     int static_w;    /* k3_plan_entry.static_weights: w may be loaded before the PDL wait */
     int rows_per_warp; /* k3_plan_entry.rows_per_warp: 8 or 16; 0 = 8 */
+    int balanced;      /* k3_plan_entry.balanced: 1 = the balanced grid, 0 = tiles of rows */
 } k3_skinny_config;
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the

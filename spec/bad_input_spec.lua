@@ -791,6 +791,10 @@ plan_case("plan negative config", {[1] = {kernel = "skinny", config = {threads =
   "method.low_latency: plan entry for M = 1 has a negative config value")
 plan_case("plan rows_per_warp neither 8 nor 16", {[1] = {kernel = "skinny", config = {rows_per_warp = 4}}},
   "method.low_latency: plan entry for M = 1 has rows_per_warp 4; expected 8 or 16")
+plan_case("plan balanced a number", {[4] = {kernel = "skinny", config = {rows = 16, balanced = 1}}},
+  "bad argument #1 to 'low_latency' (field 'balanced' must be a boolean; got number)")
+plan_case("plan balanced a string", {[1] = {kernel = "skinny", config = {balanced = "yes"}}},
+  "bad argument #1 to 'low_latency' (field 'balanced' must be a boolean; got string)")
 plan_case("plan non-integer config", {[1] = {kernel = "skinny", config = {split_k = 1.5}}},
   "bad argument #1 to 'low_latency' (field 'split_k' must be an integer; got a non-integer number)")
 plan_case("plan string key", {x = {kernel = "skinny"}},
@@ -1027,6 +1031,6 @@ describe("options tables", function()
     H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
       "unknown option 'bais'")
     H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
-      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k or rows_per_warp)")
+      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k, rows_per_warp or balanced)")
   end)
 end)

@@ -4,8 +4,8 @@
 -- outputs, across shapes (N = 1, odd N, N not a multiple of a CTA's half tile, K with a partial
 -- last chunk), dtypes, strided views, with a bias and with a prologue; it matches the fp64
 -- reference; every refused argument names itself. The GPU cases (#gpu) run the skinny kernel's
--- in-kernel epilogue through plans (rows_per_warp 8 and 16), its split-K-across-CTAs path
--- (through a temporary), cuBLAS and the batch-invariant kernel.
+-- in-kernel epilogue through plans (rows_per_warp 8 and 16), its split-K-across-CTAs and
+-- balanced-grid paths (through a temporary), cuBLAS and the batch-invariant kernel.
 local k3 = require "k3"
 local H = require "spec.helpers"
 
@@ -185,8 +185,9 @@ local SKINNY, CUBLAS, BI = "cuda.linear.skinny", "cuda.linear.cublas", "cuda.lin
 
 local all_plan = H.skinny_plan
 
--- Classic configurations (the in-kernel epilogue: rows_per_warp 8 and 16) and one split-K-across-
--- CTAs configuration (kcta = 2: through a temporary y and cuda.silu_mul.generic).
+-- Classic configurations (the in-kernel epilogue: rows_per_warp 8 and 16), one split-K-across-
+-- CTAs configuration (kcta = 2) and two on the balanced grid (both through a temporary y and
+-- cuda.silu_mul.generic; with 2 rows of w, most CTAs of the balanced grid have none).
 local GPU_CONFIGS = {
   {threads = 256, rows = 8, unroll = 4, vec = 8},
   {threads = 128, rows = 8, unroll = 2, vec = 8},
@@ -195,6 +196,8 @@ local GPU_CONFIGS = {
   {threads = 512, rows = 16, unroll = 8, vec = 8, split_k = 16, rows_per_warp = 16},
   {threads = 256, rows = 32, unroll = 4, vec = 8, rows_per_warp = 16},
   {threads = 256, rows = 8, unroll = 4, vec = 8, split_k = 16}, -- kcta = 2
+  {threads = 256, rows = 16, unroll = 4, vec = 8, balanced = true},
+  {threads = 512, rows = 16, unroll = 8, vec = 8, rows_per_warp = 16, balanced = true},
 }
 
 describe("linear epilogue silu_mul on the GPU kernels #gpu", function()
@@ -211,7 +214,7 @@ describe("linear epilogue silu_mul on the GPU kernels #gpu", function()
       string.format("%s: max |h - ref| = %g", what, k3.max_abs_diff(f(h), ref)))
   end
 
-  it("skinny through plans with static weights: classic (rows_per_warp 8, 16) and split configurations, M = 1, 2, 8, 9, 16", function()
+  it("skinny through plans with static weights: classic (rows_per_warp 8, 16), split and balanced configurations, M = 1, 2, 8, 9, 16", function()
     if not H.need_gpu(pending) or not k3.has_kernel(SKINNY) then return end
     -- h columns N: 1, odd, not a multiple of any half tile (4, 8, 16, 32); K = 4104 has a
     -- partial last chunk of 32 k.
@@ -222,9 +225,9 @@ describe("linear epilogue silu_mul on the GPU kernels #gpu", function()
         local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
         for _, M in ipairs({1, 2, 8, 9, 16}) do
           local x = dev({M, K}, 2100 + M)
-          local what = string.format("N=%d K=%d threads=%d rows=%d unroll=%d split_k=%s rpw=%s M=%d",
+          local what = string.format("N=%d K=%d threads=%d rows=%d unroll=%d split_k=%s rpw=%s balanced=%s M=%d",
             N, K, config.threads, config.rows, config.unroll, tostring(config.split_k),
-            tostring(config.rows_per_warp), M)
+            tostring(config.rows_per_warp), tostring(config.balanced), M)
           assert.equal(SKINNY, ll:explain(x, w, nil, {epilogue = "silu_mul"}).chosen, what)
           local h = ll:apply(x, w, nil, {epilogue = "silu_mul", out = poisoned(M, N)})
           local y = ll:apply(x, w, nil, {out = poisoned(M, 2 * N)})
@@ -239,11 +242,12 @@ describe("linear epilogue silu_mul on the GPU kernels #gpu", function()
     if not H.need_gpu(pending) or not k3.has_kernel(SKINNY) then return end
     local N, K = 4224, 7168
     local w = dev({2 * N, K}, 2200)
-    for _, config in ipairs({GPU_CONFIGS[1], GPU_CONFIGS[5], GPU_CONFIGS[7]}) do
+    for _, config in ipairs({GPU_CONFIGS[1], GPU_CONFIGS[5], GPU_CONFIGS[7], GPU_CONFIGS[9]}) do
       local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
       for _, M in ipairs({1, 8, 16}) do
         local x = dev({M, K}, 2210 + M)
-        local what = string.format("8448x7168 threads=%d rows=%d M=%d", config.threads, config.rows, M)
+        local what = string.format("8448x7168 threads=%d rows=%d balanced=%s M=%d", config.threads, config.rows,
+          tostring(config.balanced), M)
         local h = ll:apply(x, w, nil, {epilogue = "silu_mul", out = poisoned(M, N)})
         same_bits(h:to("cpu"), k3.silu_mul(ll:apply(x, w)):to("cpu"), what)
       end
@@ -253,6 +257,11 @@ describe("linear epilogue silu_mul on the GPU kernels #gpu", function()
     local xg = dev({M, 2 * K}, 2230)
     local h = k3.linear(xg, w, {prologue = "silu_mul", epilogue = "silu_mul", kernel = SKINNY, out = poisoned(M, N)})
     same_bits(h:to("cpu"), k3.silu_mul(k3.linear(k3.silu_mul(xg), w, {kernel = SKINNY})):to("cpu"), "prologue and epilogue")
+    -- a balanced-grid plan: h into a temporary, the balanced launch into a temporary y, then silu_mul
+    local bal = k3.method.low_latency(all_plan(GPU_CONFIGS[9]), {static_weights = true})
+    assert.equal(SKINNY, bal:explain(xg, w, nil, {prologue = "silu_mul", epilogue = "silu_mul"}).chosen)
+    local hb = bal:apply(xg, w, nil, {prologue = "silu_mul", epilogue = "silu_mul", out = poisoned(M, N)})
+    same_bits(hb:to("cpu"), k3.silu_mul(bal:apply(k3.silu_mul(xg), w)):to("cpu"), "balanced, prologue and epilogue")
   end)
 
   it("cuBLAS (k3.linear without a method), with a bias, bf16 and f32, M = 1, 2, 8, 9, 16", function()

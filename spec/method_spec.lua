@@ -147,6 +147,17 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     for _, rpw in ipairs({8, 16}) do
       k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw}}}):free()
     end
+    H.raises(function() k3.method.low_latency({[5] = {kernel = "skinny", config = {balanced = 0}}}) end,
+      "bad argument #1 to 'low_latency' (field 'balanced' must be a boolean; got number)")
+    H.raises(function() k3.method.low_latency({[5] = {kernel = "skinny", config = {balanced = {}}}}) end,
+      "field 'balanced' must be a boolean; got table")
+    -- true and false are accepted, with either rows_per_warp (the kernel's supports() says
+    -- which configurations it runs on that grid)
+    for _, bal in ipairs({true, false}) do
+      for _, rpw in ipairs({8, 16}) do
+        k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw, balanced = bal}}}):free()
+      end
+    end
   end)
 
   it("a freed method and freed inputs raise", function()

@@ -1,6 +1,7 @@
 -- cuda.linear.skinny and cuda.linear.batch_invariant on a GPU: correctness against the fp64
 -- reference (K not a multiple of 4096, N not a multiple of the rows per block, M = 1..17),
--- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), the PDL
+-- ones·ones = K, the residual variant, split-K across CTAs (re-launch, residual), the balanced
+-- grid (every classic configuration; prologues and epilogues through a temporary), the PDL
 -- launch with static weights (every entry of the plan file, views ending at their storage's
 -- last element, a chain where kernels rewrite x), static storage refusing writes, every
 -- decline reason driven with a real input whose result must equal cuBLAS's, and the
@@ -31,19 +32,46 @@ local CONFIGS16 = {
   {512, 32, 2}, {512, 32, 4}, {256, 64, 4}, {512, 64, 4},
 }
 
+-- A plan config for a classic triple {threads, rows, unroll} (rows_per_warp 8 or 16) on the
+-- balanced grid.
+local function balanced_config(c, rows_per_warp)
+  return {threads = c[1], rows = c[2], unroll = c[3], vec = 8, rows_per_warp = rows_per_warp, balanced = true}
+end
+
 local function bf16(shape, seed)
   return k3.randn(shape, {dtype = "bf16", seed = seed, device = "cuda"})
 end
 
--- y (any device, dtype) against the fp64 reference of x w^T (+ bias) (+ residual) on the CPU.
-local function check_ref(y, x, w, residual, what, bias)
-  local f = function(t) return t and t:to("cpu"):to("f64") or nil end
-  local ref = k3.linear(f(x), f(w), {bias = f(bias), residual = f(residual), kernel = "cpu.linear.reference"})
-  local K = x:size(2)
-  local y64 = f(y)
+-- y (any device, dtype) against ref (an fp64 CPU tensor) within bf16 tolerance for K terms;
+-- no NaN (the poisoned outputs were all written).
+local function check_against(y, ref, K, what)
+  local y64 = y:to("cpu"):to("f64")
   assert.is_false(H.has_nan(y64), what .. ": unwritten (NaN) outputs")
   assert.is_true(k3.allclose(y64, ref, {atol = 1e-2 * math.sqrt(K), rtol = 1e-2}),
     string.format("%s: max |y - ref| = %g", what, k3.max_abs_diff(y64, ref)))
+end
+
+-- The fp64 reference of x w^T (+ bias) (+ residual) on the CPU.
+local function reference(x, w, residual, bias)
+  local f = function(t) return t and t:to("cpu"):to("f64") or nil end
+  return k3.linear(f(x), f(w), {bias = f(bias), residual = f(residual), kernel = "cpu.linear.reference"})
+end
+
+-- y (any device, dtype) against the fp64 reference of x w^T (+ bias) (+ residual) on the CPU.
+local function check_ref(y, x, w, residual, what, bias)
+  check_against(y, reference(x, w, residual, bias), x:size(2), what)
+end
+
+-- y against the fp64 reference on three blocks of 16 rows of w (first, middle, last): the
+-- check for weights whose full CPU reference would take too long.
+local function check_rows(y, x, w, residual, what)
+  local N = w:size(1)
+  for _, a in ipairs({1, math.max(1, N // 2 - 7), math.max(1, N - 15)}) do
+    local len = math.min(16, N - a + 1)
+    local r = residual and residual:narrow(2, a, len):contiguous() or nil
+    check_ref(y:narrow(2, a, len):contiguous(), x, w:narrow(1, a, len):contiguous(), r,
+      string.format("%s rows %d..%d", what, a, a + len - 1))
+  end
 end
 
 -- The skinny kernel called directly into a NaN-poisoned out.
@@ -154,6 +182,99 @@ describe("cuda.linear.skinny #gpu", function()
     local y = ll16:apply(xg, w, nil, {prologue = "silu_mul"})
     local h = k3.silu_mul(xg)
     check_ref(y, h, w, nil, "silu_mul prologue, rows_per_warp = 16")
+  end)
+
+  it("every classic configuration on the balanced grid matches the reference (through plans, with a residual)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- The grid is a multiple of the SM count (132 on an H200) with at most `rows` rows a CTA:
+    -- N = 200 is below sms x rows for every tile (each CTA takes 1 or 2 rows, most of its row
+    -- groups predicated off); N = 9004 is above it for rows 8..64 (up to 8448 on an H200), so
+    -- CTAs take ceil or floor of N / G rows, not a multiple of 8; K = 4104 and 520 end in a
+    -- partial chunk of 32 k.
+    local configs = {}
+    for _, c in ipairs(CONFIGS) do configs[#configs + 1] = balanced_config(c) end
+    for _, c in ipairs(CONFIGS16) do configs[#configs + 1] = balanced_config(c, 16) end
+    for si, shape in ipairs({{200, 4104}, {9004, 520}}) do
+      local N, K = shape[1], shape[2]
+      local w = bf16({N, K}, 530 + si)
+      local xs, rs, refs = {}, {}, {}
+      for _, M in ipairs({1, 4, 8, 9, 16}) do
+        xs[M], rs[M] = bf16({M, K}, 540 + M), bf16({M, N}, 560 + M)
+        refs[M] = {reference(xs[M], w), reference(xs[M], w, rs[M])}
+      end
+      for _, config in ipairs(configs) do
+        local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
+        for _, M in ipairs({1, 4, 8, 9, 16}) do
+          local what = string.format("%dx%d threads=%d rows=%d unroll=%d rows_per_warp=%s balanced M=%d",
+            N, K, config.threads, config.rows, config.unroll, tostring(config.rows_per_warp or 8), M)
+          assert.equal(SKINNY, ll:explain(xs[M], w).chosen, what)
+          check_against(ll:apply(xs[M], w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}),
+            refs[M][1], K, what)
+          check_against(ll:apply(xs[M], w, nil, {residual = rs[M],
+            out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}), refs[M][2], K, what .. " residual")
+        end
+      end
+      w:free()
+    end
+  end)
+
+  it("balanced grid on the Kimi-K3 shapes 1536x7168 and 7168x4224: the tiled launch's results, M = 1, 9, 16", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- 1536 rows of 16 are 96 tiles on 132 SMs; 7168 rows of 32 are 224 tiles: the balanced grid
+    -- gives each SM the same rows instead. Per row the sums run in the same order either way.
+    for si, shape in ipairs({{1536, 7168}, {7168, 4224}}) do
+      local N, K = shape[1], shape[2]
+      local w = bf16({N, K}, 580 + si)
+      for _, c in ipairs({{{512, 16, 8}, 16}, {{256, 32, 4}, 8}}) do
+        local tiled = k3.method.low_latency(all_plan({threads = c[1][1], rows = c[1][2], unroll = c[1][3],
+                                                      vec = 8, rows_per_warp = c[2]}), {static_weights = true})
+        local bal = k3.method.low_latency(all_plan(balanced_config(c[1], c[2])), {static_weights = true})
+        for _, M in ipairs({1, 9, 16}) do
+          local x = bf16({M, K}, 590 + M)
+          local what = string.format("%dx%d threads=%d rows=%d balanced M=%d", N, K, c[1][1], c[1][2], M)
+          local y = bal:apply(x, w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})})
+          assert.equal(0, k3.max_abs_diff(y, tiled:apply(x, w)), what .. ": differs from the tiled launch")
+          check_rows(y, x, w, nil, what)
+        end
+      end
+      w:free()
+    end
+  end)
+
+  it("balanced grid: prologue and epilogue calls run (through a temporary, then the balanced launch)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 200, 1536
+    local w = bf16({N, K}, 600)
+    local nw = (k3.randn({K}, {seed = 601, device = "cuda"}) * 0.1 + 1):to("bf16")
+    local o = {dtype = "bf16", device = "cuda"}
+    for _, c in ipairs({{{256, 8, 4}}, {{512, 16, 8}, 16}}) do
+      local ll = k3.method.low_latency(all_plan(balanced_config(c[1], c[2])), {static_weights = true})
+      for _, M in ipairs({1, 9, 16}) do
+        local what = string.format("threads=%d rows=%d balanced M=%d", c[1][1], c[1][2], M)
+        -- SwiGLU prologue: x [M, 2K]
+        local xg = bf16({M, 2 * K}, 602 + M)
+        assert.equal(SKINNY, ll:explain(xg, w, nil, {prologue = "silu_mul"}).chosen, what)
+        local y = ll:apply(xg, w, nil, {prologue = "silu_mul", out = H.poisoned({M, N}, o)})
+        local h = k3.silu_mul(xg)
+        assert.equal(0, k3.max_abs_diff(y, ll:apply(h, w)), what .. ": silu_mul prologue differs from silu_mul then linear")
+        check_ref(y, h, w, nil, what .. " silu_mul prologue")
+        -- RMSNorm prologue
+        local x = bf16({M, K}, 620 + M)
+        local opts = {prologue = "rms_norm", norm_weight = nw, eps = 1e-5}
+        assert.equal(SKINNY, ll:explain(x, w, nil, opts).chosen, what)
+        opts.out = H.poisoned({M, N}, o)
+        local yr = ll:apply(x, w, nil, opts)
+        local hr = k3.rms_norm(x, nw, 1e-5)
+        assert.equal(0, k3.max_abs_diff(yr, ll:apply(hr, w)), what .. ": rms_norm prologue differs from rms_norm then linear")
+        check_ref(yr, hr, w, nil, what .. " rms_norm prologue")
+        -- silu_mul epilogue: w [2N', K] gate | up rows, h [M, N'] = silu(gate) * up
+        assert.equal(SKINNY, ll:explain(x, w, nil, {epilogue = "silu_mul"}).chosen, what)
+        local he = ll:apply(x, w, nil, {epilogue = "silu_mul", out = H.poisoned({M, N // 2}, o)})
+        local ye = ll:apply(x, w)
+        assert.is_false(H.has_nan(he:to("cpu")), what .. " epilogue: unwritten (NaN) outputs")
+        assert.equal(0, k3.max_abs_diff(he, k3.silu_mul(ye)), what .. ": silu_mul epilogue differs from linear then silu_mul")
+      end
+    end
   end)
 
   it("ones · ones = K exactly (rounded once to bf16)", function()
@@ -304,9 +425,10 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   local N, K = 96, 128
   after_each(function() k3.set_batch_invariant(false) end)
 
-  -- Runs m on (x, w, bias), checks the decline text and that the result equals cuBLAS's.
-  local function declines(x, w, bias, text, chosen)
-    local ll = k3.method.low_latency(all_plan(), {static_weights = true})
+  -- Runs a method (plan config: the kernel's default when nil) on (x, w, bias), checks the
+  -- decline text and that the result equals cuBLAS's.
+  local function declines(x, w, bias, text, chosen, config)
+    local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
     local e = ll:explain(x, w, bias)
     local reason = skinny_decline(e)
     assert.truthy(reason, "no decline recorded for " .. SKINNY)
@@ -400,6 +522,27 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
     assert.equal(0, k3.max_abs_diff(ll:apply(x, w), k3.linear(x, w, {kernel = CUBLAS})))
   end)
 
+  it("the balanced grid with split-K across CTAs", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local x, w = bf16({2, K}, 1), bf16({N, K}, 2)
+    declines(x, w, nil, "config {threads = 256, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true} splits K " ..
+      "across 2 CTAs; the balanced grid needs split_k = 8 (one CTA along K)", nil,
+      {threads = 256, rows = 8, unroll = 4, split_k = 16, balanced = true})
+    declines(x, w, nil, "config {threads = 512, rows = 16, unroll = 8, vec = 8, split_k = 48, rows_per_warp = 16, " ..
+      "balanced = true} splits K " ..
+      "across 3 CTAs; the balanced grid needs split_k = 16 (one CTA along K)", nil,
+      {threads = 512, rows = 16, unroll = 8, split_k = 48, rows_per_warp = 16, balanced = true})
+  end)
+
+  it("the balanced grid on a configuration that is not instantiated", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local x, w = bf16({4, K}, 1), bf16({N, K}, 2)
+    declines(x, w, nil, "config {threads = 96, rows = 8, unroll = 4, vec = 8, split_k = 3, balanced = true} is not instantiated",
+      nil, {threads = 96, balanced = true})
+    declines(x, w, nil, "config {threads = 256, rows = 16, unroll = 2, vec = 8, split_k = 8, rows_per_warp = 16, " ..
+      "balanced = true} is not instantiated", nil, {threads = 256, rows = 16, unroll = 2, rows_per_warp = 16, balanced = true})
+  end)
+
   it("kernel disabled (K3_DISABLE_KERNELS): the fallback result equals cuBLAS's", function()
     if not H.need_gpu(pending) then return end
     local p = io.popen([[K3_DISABLE_KERNELS=cuda.linear.skinny scripts/k3 -e '
@@ -418,26 +561,15 @@ describe("cuda.linear.skinny declines, and the fallback serves #gpu", function()
   end)
 end)
 
--- y against the fp64 reference on three blocks of 16 rows of w (first, middle, last): the
--- check for weights whose full CPU reference would take too long.
-local function check_rows(y, x, w, residual, what)
-  local N = w:size(1)
-  for _, a in ipairs({1, math.max(1, N // 2 - 7), math.max(1, N - 15)}) do
-    local len = math.min(16, N - a + 1)
-    local r = residual and residual:narrow(2, a, len):contiguous() or nil
-    check_ref(y:narrow(2, a, len):contiguous(), x, w:narrow(1, a, len):contiguous(), r,
-      string.format("%s rows %d..%d", what, a, a + len - 1))
-  end
-end
-
 local function poisoned_out(M, N) return H.poisoned({M, N}, {dtype = "bf16", device = "cuda"}) end
 
 -- The kernel launches with programmatic dependent launch; with static weights its first step of
 -- w is loaded before it waits for the previous kernel (x, the residual and every write after).
--- Classic and split-K configurations, static and not.
+-- Classic, split-K and balanced-grid configurations, static and not.
 local PDL_CONFIGS = {
   {threads = 512, rows = 8, unroll = 2, vec = 8}, {threads = 256, rows = 8, unroll = 4, vec = 8},
   split_config({512, 8, 2, 3}), split_config({256, 8, 4, 2}),
+  balanced_config({256, 16, 4}), balanced_config({512, 16, 8}, 16),
 }
 
 describe("cuda.linear.skinny with PDL and static weights #gpu", function()
@@ -862,7 +994,7 @@ describe("linear with prologue rms_norm on the GPU kernels #gpu", function()
     end
   end)
 
-  it("skinny, every classic and split configuration, K = 1536 and 4104", function()
+  it("skinny, every classic and split configuration and two on the balanced grid, K = 1536 and 4104", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     for _, K in ipairs({1536, 4104}) do
       local N = 200
@@ -871,12 +1003,15 @@ describe("linear with prologue rms_norm on the GPU kernels #gpu", function()
       local configs = {}
       for _, c in ipairs(CONFIGS) do configs[#configs + 1] = {threads = c[1], rows = c[2], unroll = c[3], vec = 8} end
       for _, c in ipairs(SPLIT_CONFIGS) do configs[#configs + 1] = split_config(c) end
+      -- the balanced grid: h through a temporary
+      configs[#configs + 1] = balanced_config({256, 8, 4})
+      configs[#configs + 1] = balanced_config({512, 16, 8}, 16)
       for _, config in ipairs(configs) do
         local ll = k3.method.low_latency(all_plan(config), {static_weights = true})
         for _, M in ipairs({1, 9, 16}) do
           local x = rows(M, K, 8, 2310 + M)
-          local what = string.format("K=%d threads=%d rows=%d unroll=%d split_k=%s M=%d", K, config.threads,
-            config.rows, config.unroll, tostring(config.split_k), M)
+          local what = string.format("K=%d threads=%d rows=%d unroll=%d split_k=%s balanced=%s M=%d", K,
+            config.threads, config.rows, config.unroll, tostring(config.split_k), tostring(config.balanced), M)
           local fused = ll:apply(x, w, nil, {prologue = "rms_norm", norm_weight = nw, eps = 1e-5, out = poisoned(M, N)})
           check(fused, ll:apply(k3.rms_norm(x, nw, 1e-5), w), x, nw, 1e-5, w, what)
         end

@@ -13,7 +13,9 @@
  * fastest is then timed again in two passes, each a fresh graph of cuBLAS followed by a fresh
  * graph of the candidate, and is kept only when both passes give cuBLAS / candidate >= the
  * margin. Every candidate is timed as k3's layers launch it: PDL, weights static (the first
- * step of w loaded before griddepcontrol.wait).
+ * step of w loaded before griddepcontrol.wait). Kinds (--kinds): classic (8 rows per warp),
+ * classic16 (16), split (split-K across CTAs) and balanced (each classic candidate again on the
+ * balanced grid of kernels/linear_skinny.cuh, where that grid is not its row tiling).
  *
  * --epilogue silu_mul measures the SwiGLU gate_up call instead (w [N, K] = gate rows | up
  * rows, the call writes h = silu(gate) * up [M, N/2]): the skinny classic candidates with the
@@ -43,8 +45,8 @@ static const Shape KIMI[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304, 
 /* The classic candidates: 8 rows per warp, and (classic16) 16 rows per warp. */
 static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen) {
     std::vector<k3t_cand> v;
-#define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC});
-#define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC});
+#define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC, 0});
+#define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC, 0});
     if (eight) K3_SKINNY_CONFIGS(K3_AT_ADD)
     if (sixteen) K3_SKINNY_RPW16_CONFIGS(K3_AT_ADD16)
 #undef K3_AT_ADD
@@ -69,7 +71,7 @@ static std::vector<k3t_cand> split_cands(const Shape &s, int sms) {
                 for (int k = last + 1; k <= K3_SKINNY_MAX_KCTA; k++) {                     \
                     if (2L * nchunk < (long)k * kw * (U)) break;                           \
                     if (tiles * k >= (long)target * sms) {                                 \
-                        v.push_back(k3t_cand{K3T_SPLIT, T, R, U, k, K3T_PDL_STATIC});      \
+                        v.push_back(k3t_cand{K3T_SPLIT, T, R, U, k, K3T_PDL_STATIC, 0});   \
                         last = k;                                                          \
                         break;                                                             \
                     }                                                                      \
@@ -131,7 +133,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
-            "                [--kinds classic,classic16,split] [--epilogue silu_mul] [--all-m]\n"
+            "                [--kinds classic,classic16,split,balanced] [--epilogue silu_mul] [--all-m]\n"
             "                [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
@@ -141,7 +143,7 @@ int main(int argc, char **argv) {
     std::vector<Shape> shapes(KIMI, KIMI + sizeof KIMI / sizeof KIMI[0]);
     std::vector<int> ms = parse_ms("1-16");
     std::string out_path, table_path = "build/autotune.txt", csv_path = "build/autotune.csv";
-    std::string kinds = "classic,classic16,split";
+    std::string kinds = "classic,classic16,split,balanced";
     std::string epilogue; /* "" or "silu_mul" */
     int device = 0, reps = 15;
     double min_speedup = 1.05;
@@ -175,6 +177,8 @@ int main(int argc, char **argv) {
     const std::string kl = "," + kinds + ",";
     const bool use_classic = kl.find(",classic,") != std::string::npos;
     const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
+    /* the balanced grid carries no epilogue */
+    const bool use_balanced = kl.find(",balanced,") != std::string::npos && epilogue.empty();
     const bool epi = epilogue == "silu_mul";
     if (!epilogue.empty() && !epi) {
         fprintf(stderr, "autotune: --epilogue must be silu_mul (got '%s')\n", epilogue.c_str());
@@ -228,6 +232,14 @@ int main(int argc, char **argv) {
         k3t_shape b;
         k3t_shape_alloc(b, s.N, s.K, l2, t.s, epi);
         std::vector<k3t_cand> cands = classic;
+        /* each classic candidate on the balanced grid, where that grid is not its tiling */
+        if (use_balanced)
+            for (const k3t_cand &c : classic)
+                if (k3_skinny_balanced_grid(s.N, c.rows, sms) != (s.N + c.rows - 1) / c.rows) {
+                    k3t_cand b = c;
+                    b.balanced = 1;
+                    cands.push_back(b);
+                }
         if (use_split)
             for (const k3t_cand &c : split_cands(s, sms)) cands.push_back(c);
         std::vector<uint16_t> href;
@@ -336,7 +348,9 @@ int main(int argc, char **argv) {
                 "-- kernel, the faster of cuBLAS), launched with PDL and static weights as k3.nn runs\n"
                 "-- it. config.split_k = K-slices per row group = kw * kcta (kw = threads / 32 /\n"
                 "-- (rows / rows_per_warp) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K\n"
-                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups.\n%s",
+                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups;\n"
+                "-- balanced = true: the grid is a multiple of the SM count, each CTA taking an\n"
+                "-- equal share of at most `rows` rows (kernels/linear_skinny.cuh).\n%s",
                 epi ? (std::string(arch) + "_silu_mul").c_str() : arch, arch,
                 (min_speedup - 1) * 100,
                 epi ? "-- These plans are for the SwiGLU gate_up call with {epilogue = \"silu_mul\"}\n"

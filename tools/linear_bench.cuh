@@ -35,7 +35,8 @@
 
 /* A skinny candidate: classic (one CTA per row tile), classic with 16 rows per warp
  * (rows_per_warp = 16) or split (split-K across kcta CTAs), in a launch mode: plain, PDL, or
- * PDL with static weights (the first step of w before the wait). */
+ * PDL with static weights (the first step of w before the wait); a classic one may run on the
+ * balanced grid (balanced: k3_skinny_problem.grid = k3_skinny_balanced_grid). */
 enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_CLASSIC16 };
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
@@ -44,6 +45,7 @@ struct k3t_cand {
     int kind, threads, rows, unroll;
     int kcta; /* split: CTAs along K */
     int mode; /* k3t_mode */
+    int balanced; /* classic kinds: the balanced grid instead of row tiles */
 };
 
 static inline std::string k3t_cand_name(const k3t_cand &c) {
@@ -51,26 +53,25 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
     if (c.kind == K3T_SPLIT)
         snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
                  K3T_MODE_NAME[c.mode]);
-    else if (c.kind == K3T_CLASSIC16)
-        snprintf(b, sizeof b, "classic16 t%dr%du%d %s", c.threads, c.rows, c.unroll,
-                 K3T_MODE_NAME[c.mode]);
     else
-        snprintf(b, sizeof b, "classic t%dr%du%d %s", c.threads, c.rows, c.unroll,
-                 K3T_MODE_NAME[c.mode]);
+        snprintf(b, sizeof b, "%s%s t%dr%du%d %s", c.kind == K3T_CLASSIC16 ? "classic16" : "classic",
+                 c.balanced ? "b" : "", c.threads, c.rows, c.unroll, K3T_MODE_NAME[c.mode]);
     return b;
 }
 
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
-    char b[192];
+    char b[224];
+    const char *bal = c.balanced ? ", balanced = true" : "";
     if (c.kind == K3T_CLASSIC16)
         snprintf(b, sizeof b,
-                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16}",
-                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16));
+                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16%s}",
+                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16),
+                 bal);
     else
-        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d}",
+        snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s}",
                  c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
-                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1));
+                 k3_skinny_split_k(c.threads, c.rows) * (c.kind == K3T_SPLIT ? c.kcta : 1), bal);
     return b;
 }
 
@@ -81,11 +82,15 @@ struct k3t_scratch {
     unsigned *split_counters;
     size_t split_ws_bytes;
     int n_counters;
+    int sms; /* the device's multiprocessors (the balanced grid) */
 };
 
 static inline void k3t_scratch_init(k3t_scratch &s) {
     s.n_counters = 65536;
     s.split_ws_bytes = 32u << 20;
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaMalloc(&s.split_ws, s.split_ws_bytes));
     CK(cudaMalloc(&s.split_counters, s.n_counters * sizeof(unsigned)));
     CK(cudaMemset(s.split_counters, 0, s.n_counters * sizeof(unsigned)));
@@ -116,6 +121,7 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     q.epilogue = epi ? 1 : 0;
     q.pdl = c.mode != K3T_PLAIN;
     q.static_w = c.mode == K3T_PDL_STATIC;
+    q.grid = c.balanced && c.kind != K3T_SPLIT ? k3_skinny_balanced_grid(q.N, c.rows, s.sms) : 0;
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);

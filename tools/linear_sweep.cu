@@ -35,6 +35,7 @@ static const Shape SHAPES[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304
 struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
     int rows_per_warp; /* 8 or 16 */
+    int balanced;      /* the balanced grid */
 };
 /* The skinny entries of a plan file written by scripts/autotune, by "NxK" and M. */
 static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *path) {
@@ -57,6 +58,7 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
                           "unroll = %d, vec = %d, split_k = %d}",
                           &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
             e.rows_per_warp = strstr(line, "rows_per_warp = 16") ? 16 : 8;
+            e.balanced = strstr(line, "balanced = true") != nullptr;
             plan[shape][m] = e;
         }
     }
@@ -108,8 +110,8 @@ struct Row {
 /* A classic candidate's configuration without its launch mode: "k512r8u2". */
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
-    snprintf(b, sizeof b, "k%dr%du%d%s", c.threads, c.rows, c.unroll,
-             c.kind == K3T_CLASSIC16 ? "w16" : "");
+    snprintf(b, sizeof b, "k%dr%du%d%s%s", c.threads, c.rows, c.unroll,
+             c.kind == K3T_CLASSIC16 ? "w16" : "", c.balanced ? "b" : "");
     return b;
 }
 
@@ -187,9 +189,11 @@ int main(int argc, char **argv) {
     /* every classic configuration in the three launch modes */
     std::vector<k3t_cand> cands;
 #define K3_SW_ADD(T_, R_, U_)                                                              \
-    for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC, T_, R_, U_, 1, m});
+    for (int b = 0; b < 2; b++)                                                            \
+        for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC, T_, R_, U_, 1, m, b});
 #define K3_SW_ADD16(T_, R_, U_)                                                            \
-    for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC16, T_, R_, U_, 1, m});
+    for (int b = 0; b < 2; b++)                                                            \
+        for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC16, T_, R_, U_, 1, m, b});
     K3_SKINNY_CONFIGS(K3_SW_ADD)
     K3_SKINNY_RPW16_CONFIGS(K3_SW_ADD16)
 #undef K3_SW_ADD
@@ -298,7 +302,7 @@ int main(int argc, char **argv) {
                     const k3t_cand c = {e.rows_per_warp == 16 ? K3T_CLASSIC16
                                         : kcta > 1            ? K3T_SPLIT
                                                               : K3T_CLASSIC,
-                                        e.threads, e.rows, e.unroll, kcta, mode};
+                                        e.threads, e.rows, e.unroll, kcta, mode, e.balanced};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {

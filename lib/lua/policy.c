@@ -303,13 +303,13 @@ static int l_method_default(lua_State *L) {
 
 #define MAX_PLAN 64
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
- * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16}}, ...}; opts.static_weights =
- * true promises that no kernel in flight writes the weights (k3_plan_entry.static_weights).
- * Declined calls run the owned default method. */
+ * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false}}, ...};
+ * opts.static_weights = true promises that no kernel in flight writes the weights
+ * (k3_plan_entry.static_weights). Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
     static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
-    static const char *const cfg_keys[] = {"threads", "rows",          "unroll", "vec",
-                                           "split_k", "rows_per_warp", NULL};
+    static const char *const cfg_keys[] = {"threads",       "rows",     "unroll", "vec", "split_k",
+                                           "rows_per_warp", "balanced", NULL};
     static const char *const opt_keys[] = {"static_weights", NULL};
     k3_plan_entry e[MAX_PLAN];
     int n = 0, static_weights = 0;
@@ -357,6 +357,7 @@ static int l_method_low_latency(lua_State *L) {
                 e[n].vec = (int)k3l_int_field(L, cfg, "vec", 0, 0, 1);
                 e[n].split_k = (int)k3l_int_field(L, cfg, "split_k", 0, 0, 1);
                 e[n].rows_per_warp = (int)k3l_int_field(L, cfg, "rows_per_warp", 0, 0, 1);
+                e[n].balanced = k3l_bool_field(L, cfg, "balanced", 0, 1);
             } else if (!lua_isnil(L, -1)) {
                 return k3l_arg_error(L, 1, "plan[%I].config must be a table; got %s", m,
                                      luaL_typename(L, -1));

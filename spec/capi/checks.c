@@ -454,6 +454,8 @@ int main(void) {
         const k3_plan_entry twice[2] = {{.m = 3, .kernel = "skinny"}, {.m = 3, .kernel = NULL}};
         CASE("method_low_latency M twice", k3_method_low_latency(&m, twice, 2, NULL));
         printf("method_low_latency M twice out\tK3_OK\t%s\n", m ? "set" : "NULL");
+        const k3_plan_entry balanced[1] = {{.m = 2, .kernel = "skinny", .rows = 16, .balanced = 2}};
+        CASE("method_low_latency balanced 2", k3_method_low_latency(&m, balanced, 1, NULL));
         const char *one[1] = {"cpu.linear.blas"};
         CASE("policy_set_candidates unknown op", k3_policy_set_candidates(pol, "matmul", one, 1));
         const char *many[17];

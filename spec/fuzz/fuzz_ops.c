@@ -1,6 +1,7 @@
 /*
  * fuzz_ops.c — libFuzzer target over op argument validation: k3_linear (and, one call in four,
- * k3_linear_fused with the silu_mul epilogue) and k3_attn_res with
+ * k3_linear_fused with the silu_mul epilogue; one in four through a low-latency method whose
+ * plan entry has a fuzzed skinny configuration, balanced or not) and k3_attn_res with
  * arbitrary (small) shapes, strides, offsets, dtypes, NULL and freed tensors, outs that alias
  * inputs, num_blocks and write_block anywhere in int64, eps values, forced kernels, explain
  * mode and layout policies. Oracles: a failed call writes nothing (every storage is compared
@@ -196,6 +197,44 @@ static void linear_ref(const k3_tensor *x, const k3_tensor *w, const k3_tensor *
     *bound = t * (mag + fabs(acc)) + 1e-6 * (x->dtype != K3_DTYPE_F64);
 }
 
+/* A low-latency method whose one plan entry (usually for x's M) names the skinny kernel with a
+ * fuzzed configuration: one in four on the balanced grid where its split_k keeps one CTA along
+ * K, now and then an invalid value (M out of 1..16, rows_per_warp 12, balanced 2), which
+ * k3_method_low_latency must refuse with K3_EINVAL and a message. NULL when refused. Every call
+ * the kernel declines (here: CPU tensors) goes to the method's default, so the linear oracle
+ * holds for what it returns. */
+static k3_method *fuzz_method(fz *f, int64_t M) {
+    static const int threads[] = {0, 128, 256, 512, 96};
+    static const int rows[] = {0, 8, 16, 32, 64};
+    static const int unroll[] = {0, 2, 4, 8};
+    static const int rpw[] = {0, 8, 16, 16, 12};
+    k3_plan_entry e;
+    memset(&e, 0, sizeof e);
+    const uint8_t mb = fz_u8(f);
+    e.m = mb < 240 ? (M >= 1 && M <= K3_PLAN_MAX_M ? (int)M : 1) : (int)(mb % 20) - 1;
+    e.kernel = fz_u8(f) & 1 ? "skinny" : NULL;
+    e.threads = threads[fz_u8(f) % 5];
+    e.rows = rows[fz_u8(f) % 5];
+    e.unroll = unroll[fz_u8(f) % 4];
+    e.vec = fz_u8(f) & 1 ? 8 : 0;
+    const uint8_t sk = fz_u8(f);
+    e.split_k = sk % 4 == 0 ? 8 * (1 + sk / 4 % 4) : 0;
+    e.rows_per_warp = rpw[fz_u8(f) % 5];
+    e.static_weights = fz_u8(f) & 1;
+    const uint8_t bal = fz_u8(f);
+    e.balanced = bal == 255 ? 2 : bal % 4 == 0 && e.split_k == 0 ? 1 : 0;
+    const bool invalid = e.m < 1 || e.m > K3_PLAN_MAX_M || e.rows_per_warp == 12 || e.balanced > 1;
+    k3_method *m = NULL;
+    k3_status st = k3_method_low_latency(&m, &e, 1, NULL);
+    if (invalid) {
+        FZ_CHECK(st == K3_EINVAL && m == NULL);
+        FZ_CHECK_ERROR(st);
+        return NULL;
+    }
+    FZ_CHECK(st == K3_OK && m != NULL);
+    return m;
+}
+
 static void fuzz_linear(fz *f) {
     k3_dtype dt = (k3_dtype)(fz_u8(f) % 4);
     int64_t dx[2] = {-1, -1}, dw[2] = {-1, -1};
@@ -214,11 +253,18 @@ static void fuzz_linear(fz *f) {
     k3_dispatch rec;
     k3_policy *pol;
     setup_call(f, &c, &rec, &pol);
+    k3_method *meth = fz_u8(f) % 4 == 0 ? fuzz_method(f, dx[0]) : NULL;
     snapshot();
     k3_tensor *y = NULL;
-    k3_status st = epi ? k3_linear_fused(fz_u8(f) % 8 ? &y : NULL, x, w, bias, res, NULL,
-                                         K3_LINEAR_EPILOGUE_SILU_MUL, out, &c)
-                       : k3_linear(fz_u8(f) % 8 ? &y : NULL, x, w, bias, res, out, &c);
+    k3_tensor **yp = fz_u8(f) % 8 ? &y : NULL;
+    k3_status st = meth ? k3_method_apply_fused(meth, yp, x, w, bias, res, NULL,
+                                                epi ? K3_LINEAR_EPILOGUE_SILU_MUL
+                                                    : K3_LINEAR_EPILOGUE_NONE,
+                                                out, &c)
+                   : epi ? k3_linear_fused(yp, x, w, bias, res, NULL, K3_LINEAR_EPILOGUE_SILU_MUL,
+                                           out, &c)
+                         : k3_linear(yp, x, w, bias, res, out, &c);
+    k3_method_free(meth);
     if (st != K3_OK || c.explain_only) {
         if (st != K3_OK) FZ_CHECK_ERROR(st);
         for (int i = 0; i < nheld; i++) FZ_CHECK(unchanged(&H[i]));

@@ -101,6 +101,7 @@ local function config_string(entry)
                       {"split_k", "s"}, {"rows_per_warp", "w"}}) do
     if c[f[1]] then parts[#parts + 1] = f[2] .. tostring(c[f[1]]) end
   end
+  if c.balanced then parts[#parts + 1] = "bal" end -- the balanced grid
   return tostring(entry.kernel) .. (#parts > 0 and (" " .. table.concat(parts, "/")) or "")
 end
 
