@@ -426,6 +426,58 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
   end)
 end)
 
+describe("the Kimi-K3 TP stack's fused MLP", function()
+  it("gives the unfused TP step's bits and makes the single-GPU step's calls per layer", function()
+    local tp = require "k3.model.kimi_k3_tp"
+    local compare = require("k3.model.decode_demo_tp").compare
+    local kimi = require "k3.model.kimi_k3"
+    local cfg = tp.config("tiny")
+    local w = kimi.generate_weights(cfg, {seed = 7})
+    local x = kimi.embedding(cfg, 4, {seed = 7, step = 1})
+    local whole = kimi.build(cfg, w)
+    local function count(fn)
+      local ops = {}
+      for _, r in ipairs(k3.trace(fn)) do ops[r.op] = (ops[r.op] or 0) + 1 end
+      return ops
+    end
+    local y1
+    local one = count(function() y1 = whole:forward(x) end)
+    local L = cfg.num_layers
+    assert.are.same({linear = 5 * L, attn_res = 2 * L, rms_norm = 1}, one)
+    for _, W in ipairs{1, 2, 4} do
+      -- (building a stack dispatches no traced op: the counts below are the steps' own)
+      local ops, out = {}, {}
+      for i, fused in ipairs{true, false} do
+        ops[i] = count(function()
+          out[i] = k3.dist.simulate(W, function(_, d)
+            local st = tp.build(cfg, w, {dist = d, fused = fused})
+            local y = st:forward(x)
+            for _, layer in ipairs(st.layers) do assert(layer.mlp.fused == fused, "mlp.fused") end
+            local keep = y:clone()
+            st:free()
+            return keep
+          end)
+        end)
+      end
+      for r = 1, W do
+        assert.are.equal(0, k3.max_abs_diff(out[1][r], out[2][r]), "fused and unfused TP steps differ")
+        assert.are.equal(0, k3.max_abs_diff(out[1][r], out[1][1]), "ranks differ")
+      end
+      local rel, cos = compare(out[1][1], y1)
+      if W == 1 then assert.are.equal(0, rel) else
+        assert.is_true(rel < 3e-2 and cos > 0.9995, string.format("W=%d rel %g cos %g", W, rel, cos))
+      end
+      -- every rank: the single-GPU step's calls, plus two all-reduces per layer above W = 1
+      local want = {linear = 5 * L * W, attn_res = 2 * L * W, rms_norm = W,
+                    all_reduce = W > 1 and 2 * L * W or nil}
+      assert.are.same(want, ops[1])
+      want.silu_mul = L * W
+      assert.are.same(want, ops[2])
+    end
+    H.raises(function() tp.build(cfg, w, {fused = "yes"}) end, "kimi_k3_tp: fused must be a boolean (got string)")
+  end)
+end)
+
 describe("k3.trace and k3.dist.simulate", function()
   it("a trace around simulate records every rank; a trace that would yield says so", function()
     local r = k3.trace(function()
