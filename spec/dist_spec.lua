@@ -807,6 +807,41 @@ describe("k3.dist on two GPUs #multigpu", function()
     assert.truthy(out:find("rank 0 parallel ok", 1, true) and out:find("rank 1 parallel ok", 1, true), out)
   end)
 
+  it("the TP MLP's fused gate_up gives the unfused bits at Kimi-K3 TP2 shapes, without silu_mul", function()
+    if not two_gpus() then return end
+    local out, code = ranks([[
+      local nn = require "k3.nn"
+      local P = require "k3.nn.parallel"
+      local H, I = 7168, 33792 -- Kimi-K3's MLP whole; each rank keeps gate_up [16896 + 16896, H]
+      local gu = (k3.randn({2 * I, H}, {seed = 1, device = "cuda"}) * (1 / math.sqrt(H))):to("bf16")
+      local dn = (k3.randn({H, I}, {seed = 2, device = "cuda"}) * (1 / math.sqrt(I))):to("bf16")
+      local mlp = setmetatable({gate_up = P.ColumnParallelLinear(gu, {parts = {I, I}, epilogue = "silu_mul"}),
+                                down = P.RowParallelLinear(dn, {}), fused = true}, nn.SwiGLU)
+      local whole = nn.SwiGLU(gu, dn)
+      for _, M in ipairs{1, 16} do
+        local x = k3.randn({M, H}, {seed = 3 + M, dtype = "bf16", device = "cuda"})
+        local fused
+        local tr = k3.trace(function() fused = mlp(x) end)
+        local ops, kernels = {}, {}
+        for _, r in ipairs(tr) do ops[#ops + 1] = r.op; kernels[#kernels + 1] = tostring(r.kernel) end
+        assert(table.concat(ops, ",") == "linear,linear,all_reduce", "fused ops " .. table.concat(ops, ","))
+        mlp.fused = false
+        local unfused = mlp(x)
+        mlp.fused = true
+        local d = k3.max_abs_diff(fused, unfused)
+        assert(d == 0, string.format("M=%d fused and unfused differ by %g", M, d))
+        local ref = whole(x)
+        local scale = k3.max_abs_diff(ref, k3.zeros(ref:size(), {dtype = "bf16", device = "cuda"}))
+        local dr = k3.max_abs_diff(fused, ref)
+        assert(dr <= 6 * 2 ^ -8 * scale, string.format("M=%d TP2 vs one GPU: %g (scale %g)", M, dr, scale))
+        print(string.format("rank %d M=%d kernels %s; vs one GPU %g (scale %g)", rank, M,
+                            table.concat(kernels, " "), dr, scale))
+      end
+      print("rank " .. rank .. " fused mlp ok")]], 120)
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 fused mlp ok", 1, true) and out:find("rank 1 fused mlp ok", 1, true), out)
+  end)
+
   it("the agreement check waits for no stream: stream waits are the all-reduces' own", function()
     if not two_gpus() then return end
     for _, wait in ipairs{"each", "next"} do
