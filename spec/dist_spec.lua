@@ -262,6 +262,222 @@ describe("k3.nn.parallel", function()
   end)
 end)
 
+
+describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
+  -- gate_up [2I, H] and down [H, I] of a small SwiGLU, bf16, and x [M, H].
+  local I, Hd, M = 32, 24, 3
+  local gu = k3.randn({2 * I, Hd}, {seed = 31, dtype = "bf16"}) * 0.3
+  local down = k3.randn({Hd, I}, {seed = 32, dtype = "bf16"}) * 0.3
+  local x = k3.randn({M, Hd}, {seed = 33, dtype = "bf16"})
+  local function row_tol(ref) return 4 * 2 ^ -8 * k3.max_abs_diff(ref, k3.zeros(ref:size(), {dtype = ref:dtype()})) end
+
+  it("a gate_up column shard with the silu_mul epilogue: h [M, I/W] of its own gate and up rows, the unfused bits", function()
+    local ref = k3.linear(x, gu, {epilogue = "silu_mul"}) -- h [M, I] on one device
+    local b = k3.randn({2 * I}, {seed = 34, dtype = "bf16"})
+    local refb = k3.linear(x, gu, {bias = b, epilogue = "silu_mul"})
+    for _, W in ipairs{1, 2, 4} do
+      local res = k3.dist.simulate(W, function(r, d)
+        local col = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}, epilogue = "silu_mul"})
+        local colb = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}, bias = b})
+        local h = col(x, {epilogue = "silu_mul"})
+        local plain = col(x)            -- [M, 2I/W]: this rank's gate shard | up shard
+        local unfused = k3.silu_mul(plain)
+        local gathered = col(x, {epilogue = "silu_mul", gather = true})
+        local hb = colb(x, {epilogue = "silu_mul", gather = true})
+        return {h:size(), k3.max_abs_diff(h, unfused), k3.max_abs_diff(h, ref:narrow(2, r * I // W + 1, I // W)),
+                gathered, hb}
+      end)
+      for r = 1, W do
+        assert.are.same({M, I // W}, res[r][1])
+        assert.are.equal(0, res[r][2], "fused and unfused shard differ")
+        assert.are.equal(0, res[r][3], "the shard is not its slice of the single-device h")
+        -- column shards compute whole rows of the same dot products: the single-device bits
+        assert.are.equal(0, k3.max_abs_diff(res[r][4], ref))
+        assert.are.equal(0, k3.max_abs_diff(res[r][5], refb))
+      end
+    end
+  end)
+
+  it("the column layer forwards the prologues, residual and out on its shard", function()
+    local xg = k3.randn({M, 2 * Hd}, {seed = 35, dtype = "bf16"})
+    local nw = k3.randn({Hd}, {seed = 36, dtype = "bf16"})
+    local refs = k3.linear(xg, gu, {prologue = "silu_mul"})
+    local refn = k3.linear(x, gu, {prologue = "rms_norm", norm_weight = nw, eps = 1e-6})
+    local res_full = k3.randn({M, 2 * I}, {seed = 37, dtype = "bf16"})
+    local res = k3.dist.simulate(2, function(r, d)
+      local col = P.ColumnParallelLinear(gu, {dist = d, gather = true})
+      local ys = col(xg, {prologue = "silu_mul"})
+      local yn = col(x, {prologue = "rms_norm", norm_weight = nw, eps = 1e-6})
+      local mine = res_full:narrow(2, r * I + 1, I):contiguous()
+      local out = k3.full({M, I}, 0 / 0, {dtype = "bf16"}) -- poisoned
+      local yr = col(x, {gather = false, residual = mine, out = out})
+      local want = k3.linear(x, gu:narrow(1, r * I + 1, I), {residual = mine})
+      return {ys, yn, yr == out, k3.max_abs_diff(out, want)}
+    end)
+    for r = 1, 2 do
+      assert.are.equal(0, k3.max_abs_diff(res[r][1], refs))
+      assert.are.equal(0, k3.max_abs_diff(res[r][2], refn))
+      assert.is_true(res[r][3], "out is the result")
+      assert.are.equal(0, res[r][4])
+    end
+  end)
+
+  it("a row shard takes the silu_mul prologue from the column shard's gate | up, and residual once", function()
+    local gup = k3.linear(x, gu)                    -- [M, 2I]
+    local ref = k3.linear(gup, down, {prologue = "silu_mul"})
+    local resid = k3.randn({M, Hd}, {seed = 38, dtype = "bf16"})
+    local wr = k3.randn({Hd, Hd}, {seed = 39, dtype = "bf16"}) * 0.3
+    local refr = k3.linear(x, wr, {residual = resid})
+    for _, W in ipairs{1, 2, 4} do
+      local res = k3.dist.simulate(W, function(r, d)
+        local col = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
+        local row = P.RowParallelLinear(down, {dist = d})
+        local whole_in = P.RowParallelLinear(down, {dist = d, input_is_parallel = false})
+        local xl = col(x)
+        local y = row(xl, {prologue = "silu_mul"})
+        local h = k3.silu_mul(xl)
+        local y2 = row(h)                               -- the unfused shard
+        local y3 = whole_in(gup, {prologue = "silu_mul"})
+        local rr = P.RowParallelLinear(wr, {dist = d, input_is_parallel = false})
+        local out = k3.full({M, Hd}, 0 / 0, {dtype = "bf16"})
+        local yr = rr(x, {residual = resid, out = out})
+        return {y, y2, y3, yr == out, out}
+      end)
+      for r = 1, W do
+        assert.are.equal(0, k3.max_abs_diff(res[r][1], res[r][2]), "fused and unfused row shards differ")
+        assert.are.equal(0, k3.max_abs_diff(res[r][1], res[r][3]))
+        assert.is_true(k3.max_abs_diff(res[r][1], ref) <= row_tol(ref))
+        assert.is_true(res[r][4], "out is the result")
+        if W == 1 then assert.are.equal(0, k3.max_abs_diff(res[r][5], refr))
+        else assert.is_true(k3.max_abs_diff(res[r][5], refr) <= row_tol(refr)) end
+        assert.are.equal(0, k3.max_abs_diff(res[r][5], res[1][5]))
+      end
+    end
+  end)
+
+  it("names every refused option", function()
+    local res = k3.dist.simulate(2, function(r, d)
+      local msgs = {}
+      local function try(fn, ...)
+        local ok, err = pcall(fn, ...)
+        msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      end
+      local gate_up = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
+      local plain = P.ColumnParallelLinear(gu, {dist = d})
+      local row = P.RowParallelLinear(down, {dist = d})
+      local whole_in = P.RowParallelLinear(down, {dist = d, input_is_parallel = false})
+      try(gate_up, x, {epilogue = "gelu"})
+      try(gate_up, x, {epilogue = 1})
+      try(gate_up, x, {prologue = "gelu"})
+      try(gate_up, x, {bias = gu})
+      try(gate_up, x, {reduce = true})
+      try(gate_up, x, 5)
+      try(plain, x, {epilogue = "silu_mul"})
+      try(gate_up, x, {gather = true, residual = k3.zeros({M, 2 * I // 2}, {dtype = "bf16"})})
+      try(gate_up, x, {gather = true, out = k3.zeros({M, I // 2}, {dtype = "bf16"})})
+      try(gate_up, x, {residual = k3.zeros({M, I // 2}, {dtype = "bf16"}), epilogue = "silu_mul"})
+      try(P.ColumnParallelLinear, gu, {dist = d, epilogue = "silu_mul"})
+      try(P.ColumnParallelLinear, gu, {dist = d, parts = {40, 24}, epilogue = "silu_mul"})
+      try(P.ColumnParallelLinear, gu, {dist = d, parts = {I, I}, epilogue = "gelu"})
+      try(row, k3.zeros({M, I // 2}, {dtype = "bf16"}), {epilogue = "silu_mul"})
+      try(row, k3.zeros({M, I // 2}, {dtype = "bf16"}), {prologue = "rms_norm", norm_weight = k3.ones({I // 2}, {dtype = "bf16"})})
+      try(row, k3.zeros({M, I // 2}, {dtype = "bf16"}), {gather = true})
+      try(whole_in, k3.zeros({M, I}, {dtype = "bf16"}), {prologue = "silu_mul"})
+      try(row, k3.zeros({M, I // 2}, {dtype = "bf16"}), {prologue = "silu_mul"})
+      return msgs
+    end)
+    assert.are.same(res[1], res[2])
+    assert.are.same({
+      "bad argument #2 to 'ColumnParallelLinear' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")",
+      "bad argument #2 to 'ColumnParallelLinear' (field 'epilogue' must be \"silu_mul\" or nil; got number)",
+      "bad argument #2 to 'ColumnParallelLinear' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"gelu\")",
+      "bad argument #2 to 'ColumnParallelLinear' (unknown option 'bias' (expected gather, residual, prologue, norm_weight, eps, epilogue or out))",
+      "bad argument #2 to 'ColumnParallelLinear' (unknown option 'reduce' (expected gather, residual, prologue, norm_weight, eps, epilogue or out))",
+      "bad argument #2 to 'ColumnParallelLinear' (table or nil expected, got number)",
+      "ColumnParallelLinear: epilogue \"silu_mul\" needs a gate_up layer built with parts = {I, I} (this layer's parts are {64})",
+      "ColumnParallelLinear: residual is this rank's [M, n] output and cannot be combined with gather (world size 2); call without gather",
+      "ColumnParallelLinear: out is this rank's [M, n] output and cannot be combined with gather (world size 2); call without gather",
+      "linear: residual cannot be combined with epilogue silu_mul (it would be added before the gate); add it to the result instead",
+      "ColumnParallelLinear: epilogue \"silu_mul\" needs a gate_up weight sharded with parts = {I, I} (got parts {64})",
+      "ColumnParallelLinear: epilogue \"silu_mul\" needs a gate_up weight sharded with parts = {I, I} (got parts {40, 24})",
+      "bad argument #2 to 'ColumnParallelLinear' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")",
+      "RowParallelLinear: epilogue \"silu_mul\" would gate this rank's partial sum (world size 2), and the gate of a partial sum is not the gate of the sum",
+      "RowParallelLinear: prologue \"rms_norm\" needs the whole row of x and this rank holds 16 of its 32 columns; normalize x before the layer",
+      "bad argument #2 to 'RowParallelLinear' (unknown option 'gather' (expected reduce, residual, prologue, norm_weight, eps, epilogue or out))",
+      "RowParallelLinear: x must be [M, 2K] = [M, 64] (gate | up) for prologue silu_mul with input_is_parallel = false; got [3, 32]",
+      "linear: x dim 2 (16) must be 2 * w dim 2 (16) = 32 for prologue silu_mul",
+    }, res[1])
+  end)
+
+  it("the gate_up layer built for the epilogue asks for the fused call's plan of its local shape", function()
+    local asked, saved = {}, k3.plan_for
+    k3.plan_for = function(w, opts)
+      asked[#asked + 1] = {rows = w:size(1), epilogue = opts and opts.epilogue}
+      return nil
+    end
+    local ok, err = pcall(function()
+      P.ColumnParallelLinear(gu, {parts = {I, I}, epilogue = "silu_mul", rank = 1, world_size = 2})
+      P.ColumnParallelLinear(gu, {parts = {I, I}, rank = 1, world_size = 2})
+      P.RowParallelLinear(down, {rank = 0, world_size = 2})
+    end)
+    k3.plan_for = saved
+    assert.is_true(ok, tostring(err))
+    assert.are.same({{rows = I, epilogue = "silu_mul"}, {rows = I}, {rows = Hd}}, asked)
+  end)
+end)
+
+describe("the Kimi-K3 TP stack's fused MLP", function()
+  it("gives the unfused TP step's bits and makes the single-GPU step's calls per layer", function()
+    local tp = require "k3.model.kimi_k3_tp"
+    local compare = require("k3.model.decode_demo_tp").compare
+    local kimi = require "k3.model.kimi_k3"
+    local cfg = tp.config("tiny")
+    local w = kimi.generate_weights(cfg, {seed = 7})
+    local x = kimi.embedding(cfg, 4, {seed = 7, step = 1})
+    local whole = kimi.build(cfg, w)
+    local function count(fn)
+      local ops = {}
+      for _, r in ipairs(k3.trace(fn)) do ops[r.op] = (ops[r.op] or 0) + 1 end
+      return ops
+    end
+    local y1
+    local one = count(function() y1 = whole:forward(x) end)
+    local L = cfg.num_layers
+    assert.are.same({linear = 5 * L, attn_res = 2 * L, rms_norm = 1}, one)
+    for _, W in ipairs{1, 2, 4} do
+      -- (building a stack dispatches no traced op: the counts below are the steps' own)
+      local ops, out = {}, {}
+      for i, fused in ipairs{true, false} do
+        ops[i] = count(function()
+          out[i] = k3.dist.simulate(W, function(_, d)
+            local st = tp.build(cfg, w, {dist = d, fused = fused})
+            local y = st:forward(x)
+            for _, layer in ipairs(st.layers) do assert(layer.mlp.fused == fused, "mlp.fused") end
+            local keep = y:clone()
+            st:free()
+            return keep
+          end)
+        end)
+      end
+      for r = 1, W do
+        assert.are.equal(0, k3.max_abs_diff(out[1][r], out[2][r]), "fused and unfused TP steps differ")
+        assert.are.equal(0, k3.max_abs_diff(out[1][r], out[1][1]), "ranks differ")
+      end
+      local rel, cos = compare(out[1][1], y1)
+      if W == 1 then assert.are.equal(0, rel) else
+        assert.is_true(rel < 3e-2 and cos > 0.9995, string.format("W=%d rel %g cos %g", W, rel, cos))
+      end
+      -- every rank: the single-GPU step's calls, plus two all-reduces per layer above W = 1
+      local want = {linear = 5 * L * W, attn_res = 2 * L * W, rms_norm = W,
+                    all_reduce = W > 1 and 2 * L * W or nil}
+      assert.are.same(want, ops[1])
+      want.silu_mul = L * W
+      assert.are.same(want, ops[2])
+    end
+    H.raises(function() tp.build(cfg, w, {fused = "yes"}) end, "kimi_k3_tp: fused must be a boolean (got string)")
+  end)
+end)
+
 describe("k3.trace and k3.dist.simulate", function()
   it("a trace around simulate records every rank; a trace that would yield says so", function()
     local r = k3.trace(function()
@@ -589,6 +805,42 @@ describe("k3.dist on two GPUs #multigpu", function()
       print("rank " .. rank .. " parallel ok")]], 120)
     assert.are.equal(0, code, out)
     assert.truthy(out:find("rank 0 parallel ok", 1, true) and out:find("rank 1 parallel ok", 1, true), out)
+  end)
+
+  it("the TP MLP's fused gate_up gives the unfused bits at Kimi-K3 TP2 shapes, without silu_mul", function()
+    if not two_gpus() then return end
+    local out, code = ranks([[
+      local nn = require "k3.nn"
+      local P = require "k3.nn.parallel"
+      local H, I = 7168, 33792 -- Kimi-K3's MLP whole; each rank keeps gate_up [16896 + 16896, H]
+      local gu = (k3.randn({2 * I, H}, {seed = 1, device = "cuda"}) * (1 / math.sqrt(H))):to("bf16")
+      local dn = (k3.randn({H, I}, {seed = 2, device = "cuda"}) * (1 / math.sqrt(I))):to("bf16")
+      local mlp = setmetatable({gate_up = P.ColumnParallelLinear(gu, {parts = {I, I}, epilogue = "silu_mul"}),
+                                down = P.RowParallelLinear(dn, {}), fused = true}, nn.SwiGLU)
+      local whole = nn.SwiGLU(gu, dn)
+      for _, M in ipairs{1, 16} do
+        local x = k3.randn({M, H}, {seed = 3 + M, dtype = "bf16", device = "cuda"})
+        local fused
+        local tr = k3.trace(function() fused = mlp(x) end)
+        local ops, kernels = {}, {}
+        for _, r in ipairs(tr) do ops[#ops + 1] = r.op; kernels[#kernels + 1] = tostring(r.kernel) end
+        local want = k3.dist.world_size() > 1 and "linear,linear,all_reduce" or "linear,linear"
+        assert(table.concat(ops, ",") == want, "fused ops " .. table.concat(ops, ","))
+        mlp.fused = false
+        local unfused = mlp(x)
+        mlp.fused = true
+        local d = k3.max_abs_diff(fused, unfused)
+        assert(d == 0, string.format("M=%d fused and unfused differ by %g", M, d))
+        local ref = whole(x)
+        local scale = k3.max_abs_diff(ref, k3.zeros(ref:size(), {dtype = "bf16", device = "cuda"}))
+        local dr = k3.max_abs_diff(fused, ref)
+        assert(dr <= 6 * 2 ^ -8 * scale, string.format("M=%d TP2 vs one GPU: %g (scale %g)", M, dr, scale))
+        print(string.format("rank %d M=%d kernels %s; vs one GPU %g (scale %g)", rank, M,
+                            table.concat(kernels, " "), dr, scale))
+      end
+      print("rank " .. rank .. " fused mlp ok")]], 120)
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 fused mlp ok", 1, true) and out:find("rank 1 fused mlp ok", 1, true), out)
   end)
 
   it("the agreement check waits for no stream: stream waits are the all-reduces' own", function()

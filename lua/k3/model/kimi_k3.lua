@@ -24,8 +24,8 @@ end
 --   a = qkv_a(h)            fused q_a + kv_a down-projection  [T, q_lora + kv_lora + rope]
 --   q = q_b(rms_norm(a[:, :q_lora], q_a_layernorm))
 --                           per-head up-projection            [T, heads * (nope + rope)]
---                           (the norm is q_b's rms_norm prologue where q_b is an nn.Linear:
---                           one kernel fewer, the same bits)
+--                           (the norm is q_b's rms_norm prologue, on one GPU and on the
+--                           tensor-parallel column layer: one kernel fewer, the same bits)
 --   v = q[:, head, :v_head_dim] for each head                 [T, heads * v_head_dim]
 --   o = o_proj(v)                                             [T, hidden]
 M.configs = {
@@ -177,17 +177,10 @@ function Attention:__call(h)
   local cfg = self.cfg
   local T = h:size(1)
   local a = self.qkv_a(h)
-  local qb
-  if getmetatable(self.q_b) == nn.Linear then
-    qb = self.q_b(a:narrow(2, 1, cfg.q_lora_rank),
-                  {prologue = "rms_norm", norm_weight = self.q_a_norm, eps = cfg.eps})
-    a:free()
-  else -- a layer without the linear's options (the tensor-parallel column layer)
-    local q = k3.rms_norm(a:narrow(2, 1, cfg.q_lora_rank), self.q_a_norm, cfg.eps)
-    a:free()
-    qb = self.q_b(q)
-    q:free()
-  end
+  -- q_b (an nn.Linear, or the tensor-parallel column layer) takes the norm as its prologue
+  local qb = self.q_b(a:narrow(2, 1, cfg.q_lora_rank),
+                      {prologue = "rms_norm", norm_weight = self.q_a_norm, eps = cfg.eps})
+  a:free()
   local hd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
   local v = k3.empty({T, cfg.num_heads * cfg.v_head_dim}, {dtype = qb:dtype(), device = qb:device()})
   v:view({T, cfg.num_heads, cfg.v_head_dim})

@@ -73,10 +73,14 @@ end
 -- ---- the stack -------------------------------------------------------------------------------
 
 -- The attention stand-in is the single-GPU one (kimi_k3.Attention) built with this rank's
--- local config: q_b is column-parallel (this rank's heads) and o_proj row-parallel without
--- its reduce, so its output is this rank's partial sum. The MLP is nn.SwiGLU's forward over
--- a column-parallel gate_up (gate and up parts sharded alike) and a row-parallel down, again
--- a partial sum; the stream all-reduces both before the next read.
+-- local config: q_b is column-parallel (this rank's heads, q_a_layernorm its rms_norm
+-- prologue) and o_proj row-parallel without its reduce, so its output is this rank's partial
+-- sum. The MLP is nn.SwiGLU's forward over a column-parallel gate_up (gate and up parts
+-- sharded alike) and a row-parallel down, again a partial sum; fused (the default) gate_up
+-- runs with the silu_mul epilogue and its fused call's plan and writes this rank's h
+-- [T, I/W], as on one GPU. The stream all-reduces both partial sums before the next read.
+-- A TP layer so makes the single-GPU layer's calls (5 linear, 2 attn_res) and the two
+-- all-reduces.
 local Attention = kimi.Attention
 local MLP = nn.SwiGLU
 
@@ -91,11 +95,17 @@ M.Stack = Stack
 
 --- build(cfg, weights, opts) -> this rank's stack. cfg: a logical config (name or table);
 --- weights: the whole model's {name = tensor} (kimi_k3.generate_weights of cfg, or a
---- safetensors file's table); opts: device, dtype, dist (default k3.dist), rank, world_size.
---- Only this rank's shards are moved to the device; shared weight sets stay shared.
+--- safetensors file's table); opts: device, dtype, dist (default k3.dist), rank, world_size,
+--- fused (default true: each MLP's gate_up carries the silu_mul epilogue, as nn.SwiGLU's;
+--- false: gate_up, k3.silu_mul and down apart, with the plain call's plan). Only this rank's
+--- shards are moved to the device; shared weight sets stay shared.
 function M.build(cfg, weights, opts)
   if type(cfg) == "string" then cfg = M.config(cfg) end
   opts = opts or {}
+  if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
+    error(string.format("kimi_k3_tp: fused must be a boolean (got %s)", type(opts.fused)), 2)
+  end
+  local fused = opts.fused ~= false
   local d = opts.dist or k3.dist
   local rank, W = opts.rank or d.rank(), opts.world_size or d.world_size()
   local lcfg = M.local_config(cfg, W)
@@ -161,9 +171,13 @@ function M.build(cfg, weights, opts)
       }, Attention),
       mlp = setmetatable({
         gate_up = shared("gate_up", p .. "mlp.gate_up_proj.weight",
-                         function(t) return P.ColumnParallelLinear(t, with{parts = {I, I}}) end),
+                         function(t)
+                           return P.ColumnParallelLinear(t, with{parts = {I, I},
+                                                                 epilogue = fused and "silu_mul" or nil})
+                         end),
         down = shared("down", p .. "mlp.down_proj.weight",
                       function(t) return P.RowParallelLinear(t, with{reduce = false}) end),
+        fused = fused,
       }, MLP),
     }, Layer)
   end

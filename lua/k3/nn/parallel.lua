@@ -6,6 +6,7 @@
 -- low-latency method with the plan for its *local* shape when the device has one.
 local k3 = require "k3"
 local nn = require "k3.nn"
+local check_plan_options = require "k3.plan_options"
 
 local P = {}
 
@@ -69,9 +70,53 @@ end
 
 -- The method for a local weight: the low-latency one when this device has a plan for the
 -- local shape (it owns a default method for everything it declines; the weights static, as
--- nn.default_method says), else the default.
-function P.method_for(w)
-  return nn.default_method(w, "a tensor-parallel k3.nn layer's weight")
+-- nn.default_method says), else the default. opts = {epilogue = "silu_mul"}: the plan of
+-- the fused gate_up call (nn.default_method's option).
+--   P.method_for(w[, {epilogue = "silu_mul"}]) -> method
+function P.method_for(w, opts)
+  return nn.default_method(w, "a tensor-parallel k3.nn layer's weight", opts)
+end
+
+-- The options of a linear call (m:apply's, as nn.Linear forwards them) and the layer's own.
+local LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
+
+-- Checks a tensor-parallel layer's call options: opts nil or a table of LINEAR_KEYS and the
+-- layer's own key `own`; the epilogue by k3.plan_options (the wording of k3.plan_for and
+-- nn.default_method), the prologue's name as k3.linear checks it; tensors, eps and shapes
+-- are the linear's own checks. Returns a fresh table of the linear options present (nil
+-- when none) and opts[own].
+local function call_options(opts, what, own)
+  if opts == nil then return nil, nil end
+  if type(opts) ~= "table" then
+    error(string.format("bad argument #2 to '%s' (table or nil expected, got %s)", what, type(opts)), 3)
+  end
+  local fwd
+  for k, v in pairs(opts) do
+    if k ~= own then
+      local known = false
+      for _, name in ipairs(LINEAR_KEYS) do known = known or k == name end
+      if not known then
+        error(string.format("bad argument #2 to '%s' (unknown option '%s' (expected %s, %s or out))",
+                            what, tostring(k), own, table.concat(LINEAR_KEYS, ", ", 1, #LINEAR_KEYS - 1)), 3)
+      end
+      fwd = fwd or {}
+      fwd[k] = v
+    end
+  end
+  if fwd then
+    check_plan_options({epilogue = fwd.epilogue}, what, 2)
+    local pro = fwd.prologue
+    if pro ~= nil and pro ~= "silu_mul" and pro ~= "rms_norm" then
+      error(string.format("bad argument #2 to '%s' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s)",
+                          what, type(pro) == "string" and string.format("%q", pro) or type(pro)), 3)
+    end
+  end
+  return fwd, opts[own]
+end
+
+-- Whether parts make each rank's rows [its gate rows | its up rows] (two equal parts).
+local function is_gate_up(parts)
+  return #parts == 2 and parts[1] == parts[2]
 end
 
 -- ---- ColumnParallelLinear ---------------------------------------------------------------------
@@ -83,12 +128,15 @@ Column.__name = "k3.nn.ColumnParallelLinear"
 --- ColumnParallelLinear(weight, opts): weight [N, K] (tensor, table with opts.name, or a
 --- safetensors path). opts: gather (output all-gathered to [M, N]; default false: [M, N/W]),
 --- parts ({n1, n2, ...}: N is a fused stack of parts, each sharded on its own, e.g. {I, I} for
---- gate_up, so a rank holds [gate shard; up shard]), bias ([N]), dtype, device, method,
---- dist, rank, world_size.
+--- gate_up, so a rank holds [gate shard; up shard]), epilogue ("silu_mul": the layer serves
+--- gate_up calls with that epilogue, so its default method takes the plan measured for them,
+--- k3.plan_for(w_local, {epilogue = "silu_mul"}); needs parts = {I, I}; the calls still pass
+--- it), bias ([N]), dtype, device, method, dist, rank, world_size.
 P.ColumnParallelLinear = setmetatable(Column, {
   __call = function(_, src, opts)
     opts = opts or {}
     local what = "ColumnParallelLinear"
+    local epilogue = check_plan_options({epilogue = opts.epilogue}, what, 2)
     local full = source_weight(src, opts, what)
     local d, rank, world = group(opts)
     local N, K = full:size(1), full:size(2)
@@ -98,6 +146,10 @@ P.ColumnParallelLinear = setmetatable(Column, {
     if total ~= N then
       error(string.format("%s: parts {%s} add up to %d, but the weight has N = %d", what,
                           table.concat(parts, ", "), total, N), 2)
+    end
+    if epilogue and not is_gate_up(parts) then
+      error(string.format("%s: epilogue \"silu_mul\" needs a gate_up weight sharded with parts = {I, I} (got parts {%s})",
+                          what, table.concat(parts, ", ")), 2)
     end
     local pieces, bias_pieces, off, local_n = {}, {}, 0, 0
     for _, n in ipairs(parts) do
@@ -127,20 +179,42 @@ P.ColumnParallelLinear = setmetatable(Column, {
     end
     return setmetatable({weight = w, bias = b, dist = d, rank = rank, world_size = world,
                          gather = opts.gather or false, full_shape = {N, K}, parts = parts,
-                         method = opts.method or P.method_for(w)}, Column)
+                         method = opts.method or P.method_for(w, epilogue and {epilogue = epilogue})},
+                        Column)
   end,
 })
 
---- layer(x) -> y: x [M, K] (replicated on every rank) -> [M, N/W], or [M, N] with gather.
---- opts.gather overrides the layer's setting for one call.
+--- layer(x[, opts]) -> y: x [M, K] (replicated on every rank) -> [M, N/W], or [M, N] with
+--- gather. opts: gather (the layer's setting for this call) and nn.Linear's call options,
+--- passed to the method on this rank's shard: prologue = "silu_mul" (x [M, 2K], gate | up) or
+--- "rms_norm" (with norm_weight [K], eps), as k3.linear takes them (x is whole on every
+--- rank); epilogue = "silu_mul" on a gate_up layer (parts = {I, I}: each rank's rows are its
+--- gate rows, then its up rows, so the epilogue pairs matching halves) -> h [M, I/W], or
+--- h [M, I] gathered, the bits of the unfused call then k3.silu_mul; residual and out are
+--- this rank's output ([M, N/W], or [M, I/W] with the epilogue) and are refused with gather
+--- above world size 1 (the gathered result is a new tensor). Errors name the layer: an
+--- unknown option, a bad epilogue or prologue name, the epilogue on a layer that is no
+--- gate_up, residual or out with gather; the rest are k3.linear's.
 function Column:__call(x, opts)
-  local y = self.method:apply(x, self.weight, self.bias)
-  local gather = self.gather
-  if opts and opts.gather ~= nil then gather = opts.gather end
-  if not gather or self.world_size == 1 then return y end
+  local what = "ColumnParallelLinear"
+  local fwd, gather = call_options(opts, what, "gather")
+  if gather == nil then gather = self.gather end
+  gather = gather and self.world_size > 1
+  local epilogue = fwd and fwd.epilogue
+  if epilogue and not is_gate_up(self.parts) then
+    error(string.format("%s: epilogue \"silu_mul\" needs a gate_up layer built with parts = {I, I} (this layer's parts are {%s})",
+                        what, table.concat(self.parts, ", ")), 2)
+  end
+  if gather and fwd and (fwd.residual ~= nil or fwd.out ~= nil) then
+    error(string.format("%s: %s is this rank's [M, n] output and cannot be combined with gather (world size %d); call without gather",
+                        what, fwd.residual ~= nil and "residual" or "out", self.world_size), 2)
+  end
+  local y = self.method:apply(x, self.weight, self.bias, fwd)
+  if not gather then return y end
   local g = self.dist.all_gather(y, 2)
   y:free()
-  if #self.parts > 1 then
+  -- with the epilogue every rank's h is its own slice of h in rank order: the gather is whole
+  if #self.parts > 1 and not epilogue then
     -- The gather lays out [rank 0: parts..., rank 1: parts...]; put each part back whole.
     local out = k3.empty({g:size(1), self.full_shape[1]}, {dtype = g:dtype(), device = g:device()})
     local W = self.world_size
@@ -203,25 +277,67 @@ P.RowParallelLinear = setmetatable(Row, {
   end,
 })
 
---- layer(x) -> y [M, N]: the all-reduced sum of every rank's x_local w_local^T (+ bias), or
---- this rank's partial sum with reduce = false (layer's setting, or opts.reduce per call).
+--- layer(x[, opts]) -> y [M, N]: the all-reduced sum of every rank's x_local w_local^T
+--- (+ bias), or this rank's partial sum with reduce = false. opts: reduce (the layer's
+--- setting for this call) and nn.Linear's call options where a shard of K can serve them:
+--- prologue = "silu_mul" (x is gate | up: [M, 2K/W], this rank's gate columns then its up
+--- columns as a column-parallel gate_up returns them, or [M, 2K] whole with
+--- input_is_parallel = false, of which the layer takes its gate and up columns; the product
+--- takes silu_mul's bits of them); residual ([M, N]: rank 0 adds it in its partial sum, so
+--- the reduced sum, or the partial sums summed elsewhere, hold it once; the rounding is that
+--- of rank 0's partial sum, not of a sum after the reduction); out ([M, N], contiguous: the
+--- result is written there). Refused above world size 1, naming the layer: epilogue (the
+--- gate of a partial sum is not the gate of the sum) and prologue = "rms_norm" (the norm
+--- needs x's whole row: normalize before the layer); the rest are k3.linear's errors.
 function Row:__call(x, opts)
+  local what = "RowParallelLinear"
+  local fwd, reduce = call_options(opts, what, "reduce")
+  if reduce == nil then reduce = self.reduce end
+  local W = self.world_size
+  local prologue = fwd and fwd.prologue
+  if fwd and W > 1 then
+    if fwd.epilogue then
+      error(string.format("%s: epilogue \"silu_mul\" would gate this rank's partial sum (world size %d), and the gate of a partial sum is not the gate of the sum",
+                          what, W), 2)
+    end
+    if prologue == "rms_norm" then
+      error(string.format("%s: prologue \"rms_norm\" needs the whole row of x and this rank holds %d of its %d columns; normalize x before the layer",
+                          what, self.weight:size(2), self.full_shape[2]), 2)
+    end
+    if self.rank ~= 0 then fwd.residual = nil end
+  end
   local xl, own = x, false
   if not self.input_is_parallel then
-    -- t:free() releases the whole storage: free only a copy contiguous() made, never a view.
-    local v = x:narrow(2, self.k_start, self.weight:size(2))
-    xl = v:contiguous()
-    own = xl ~= v
+    local len, K = self.weight:size(2), self.full_shape[2]
+    if prologue == "silu_mul" then
+      -- x is [M, 2K] gate | up: this rank's gate columns, then its up columns
+      if x:dim() ~= 2 or x:size(2) ~= 2 * K then
+        error(string.format("%s: x must be [M, 2K] = [M, %d] (gate | up) for prologue silu_mul with input_is_parallel = false; got [%s]",
+                            what, 2 * K, table.concat(x:size(), ", ")), 2)
+      end
+      xl = k3.empty({x:size(1), 2 * len}, {dtype = x:dtype(), device = x:device()})
+      xl:narrow(2, 1, len):copy(x:narrow(2, self.k_start, len))
+      xl:narrow(2, len + 1, len):copy(x:narrow(2, K + self.k_start, len))
+      own = true
+    else
+      -- t:free() releases the whole storage: free only a copy contiguous() made, never a view.
+      local v = x:narrow(2, self.k_start, len)
+      xl = v:contiguous()
+      own = xl ~= v
+    end
   end
-  local y = self.method:apply(xl, self.weight)
+  local y = self.method:apply(xl, self.weight, nil, fwd)
   if own then xl:free() end
-  local reduce = self.reduce
-  if opts and opts.reduce ~= nil then reduce = opts.reduce end
-  if reduce and self.world_size > 1 then self.dist.all_reduce(y) end
+  if reduce and W > 1 then self.dist.all_reduce(y) end
   if self.bias and reduce then
     local yb = y + self.bias:view({1, -1}):expand(y:size())
-    y:free()
-    y = yb
+    if fwd and fwd.out ~= nil then
+      y:copy(yb) -- y is out
+      yb:free()
+    else
+      y:free()
+      y = yb
+    end
   end
   return y
 end
