@@ -81,14 +81,18 @@ end
 local LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
 
 -- Checks a tensor-parallel layer's call options: opts nil or a table of LINEAR_KEYS and the
--- layer's own key `own`; the epilogue by k3.plan_options (the wording of k3.plan_for and
--- nn.default_method), the prologue's name as k3.linear checks it; tensors, eps and shapes
--- are the linear's own checks. Returns a fresh table of the linear options present (nil
--- when none) and opts[own].
+-- layer's own key `own` (a boolean or nil); the epilogue by k3.plan_options (the wording of
+-- k3.plan_for and nn.default_method), the prologue's name as k3.linear checks it; tensors,
+-- eps and shapes are the linear's own checks. Errors point at the layer's caller. Returns a
+-- fresh table of the linear options present (nil when none) and opts[own].
 local function call_options(opts, what, own)
   if opts == nil then return nil, nil end
   if type(opts) ~= "table" then
     error(string.format("bad argument #2 to '%s' (table or nil expected, got %s)", what, type(opts)), 3)
+  end
+  local v = opts[own]
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, own, type(v)), 3)
   end
   local fwd
   for k, v in pairs(opts) do
@@ -104,7 +108,7 @@ local function call_options(opts, what, own)
     end
   end
   if fwd then
-    check_plan_options({epilogue = fwd.epilogue}, what, 2)
+    check_plan_options({epilogue = fwd.epilogue}, what, 2, 4)
     local pro = fwd.prologue
     if pro ~= nil and pro ~= "silu_mul" and pro ~= "rms_norm" then
       error(string.format("bad argument #2 to '%s' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s)",
@@ -193,8 +197,9 @@ P.ColumnParallelLinear = setmetatable(Column, {
 --- h [M, I] gathered, the bits of the unfused call then k3.silu_mul; residual and out are
 --- this rank's output ([M, N/W], or [M, I/W] with the epilogue) and are refused with gather
 --- above world size 1 (the gathered result is a new tensor). Errors name the layer: an
---- unknown option, a bad epilogue or prologue name, the epilogue on a layer that is no
---- gate_up, residual or out with gather; the rest are k3.linear's.
+--- unknown option, a gather that is not a boolean, a bad epilogue or prologue name, the
+--- epilogue on a layer that is no gate_up, residual or out with gather; the rest are
+--- k3.linear's.
 function Column:__call(x, opts)
   local what = "ColumnParallelLinear"
   local fwd, gather = call_options(opts, what, "gather")
@@ -285,10 +290,12 @@ P.RowParallelLinear = setmetatable(Row, {
 --- input_is_parallel = false, of which the layer takes its gate and up columns; the product
 --- takes silu_mul's bits of them); residual ([M, N]: rank 0 adds it in its partial sum, so
 --- the reduced sum, or the partial sums summed elsewhere, hold it once; the rounding is that
---- of rank 0's partial sum, not of a sum after the reduction); out ([M, N], contiguous: the
---- result is written there). Refused above world size 1, naming the layer: epilogue (the
---- gate of a partial sum is not the gate of the sum) and prologue = "rms_norm" (the norm
---- needs x's whole row: normalize before the layer); the rest are k3.linear's errors.
+--- of rank 0's partial sum, not of a sum after the reduction; every rank checks it, so one the
+--- linear refuses fails every rank); out ([M, N], contiguous, else refused before anything is
+--- written: the result is written there). Refused above world size 1, naming the layer:
+--- epilogue (the gate of a partial sum is not the gate of the sum) and prologue = "rms_norm"
+--- (the norm needs x's whole row: normalize before the layer); a reduce that is not a
+--- boolean; the rest are k3.linear's errors.
 function Row:__call(x, opts)
   local what = "RowParallelLinear"
   local fwd, reduce = call_options(opts, what, "reduce")
@@ -304,7 +311,13 @@ function Row:__call(x, opts)
       error(string.format("%s: prologue \"rms_norm\" needs the whole row of x and this rank holds %d of its %d columns; normalize x before the layer",
                           what, self.weight:size(2), self.full_shape[2]), 2)
     end
-    if self.rank ~= 0 then fwd.residual = nil end
+  end
+  -- out receives the product, then the all-reduce sums it in place (packed memory): a strided
+  -- out is refused before anything is written, at every world size alike.
+  local out = fwd and fwd.out
+  if k3.is_tensor(out) and not out:is_contiguous() then
+    error(string.format("%s: out must be contiguous (the all-reduce sums it in place); got shape [%s] strides [%s]",
+                        what, table.concat(out:size(), ", "), table.concat(out:stride(), ", ")), 2)
   end
   local xl, own = x, false
   if not self.input_is_parallel then
@@ -325,6 +338,16 @@ function Row:__call(x, opts)
       xl = v:contiguous()
       own = xl ~= v
     end
+  end
+  -- Only rank 0 adds the residual; the others check the call with it (m:explain runs nothing),
+  -- so a residual the linear refuses fails every rank alike instead of leaving rank 0 alone.
+  if fwd and W > 1 and self.rank ~= 0 and fwd.residual ~= nil then
+    local rec = self.method:explain(xl, self.weight, nil, fwd)
+    if rec.error then
+      if own then xl:free() end
+      error(rec.error, 2)
+    end
+    fwd.residual = nil
   end
   local y = self.method:apply(xl, self.weight, nil, fwd)
   if own then xl:free() end
