@@ -480,6 +480,30 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
     end
   end)
 
+  it("a row layer with input_is_parallel = false checks x's width on every rank before taking its columns", function()
+    local res = k3.dist.simulate(2, function(_, d)
+      local whole_in = P.RowParallelLinear(down, {dist = d, input_is_parallel = false})
+      local msgs = {}
+      -- K = 32: [M, 40] would give both ranks columns, the wrong ones; [M, 24] only rank 0
+      for _, xin in ipairs({k3.zeros({M, I + 8}, {dtype = "bf16"}), k3.zeros({M, I - 8}, {dtype = "bf16"}),
+                            k3.zeros({I}, {dtype = "bf16"}), 5}) do
+        local ok, err = pcall(whole_in, xin)
+        msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      end
+      local ok, err = pcall(whole_in, 5, {prologue = "silu_mul"})
+      msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      return msgs
+    end)
+    assert.are.same(res[1], res[2])
+    assert.are.same({
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [3, 40]",
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [3, 24]",
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [32]",
+      "bad argument #1 to 'RowParallelLinear' (k3.Tensor expected, got number)",
+      "bad argument #1 to 'RowParallelLinear' (k3.Tensor expected, got number)",
+    }, res[1])
+  end)
+
   it("the gate_up layer built for the epilogue asks for the fused call's plan of its local shape", function()
     local asked, saved = {}, k3.plan_for
     k3.plan_for = function(w, opts)

@@ -283,7 +283,8 @@ P.RowParallelLinear = setmetatable(Row, {
 })
 
 --- layer(x[, opts]) -> y [M, N]: the all-reduced sum of every rank's x_local w_local^T
---- (+ bias), or this rank's partial sum with reduce = false. opts: reduce (the layer's
+--- (+ bias), or this rank's partial sum with reduce = false; with input_is_parallel = false x
+--- must be [M, K] whole (checked on every rank). opts: reduce (the layer's
 --- setting for this call) and nn.Linear's call options where a shard of K can serve them:
 --- prologue = "silu_mul" (x is gate | up: [M, 2K/W], this rank's gate columns then its up
 --- columns as a column-parallel gate_up returns them, or [M, 2K] whole with
@@ -322,6 +323,14 @@ function Row:__call(x, opts)
   local xl, own = x, false
   if not self.input_is_parallel then
     local len, K = self.weight:size(2), self.full_shape[2]
+    -- every rank checks x's whole width before it takes its own columns
+    if not k3.is_tensor(x) then
+      error(string.format("bad argument #1 to '%s' (k3.Tensor expected, got %s)", what, type(x)), 2)
+    end
+    if prologue ~= "silu_mul" and (x:dim() ~= 2 or x:size(2) ~= K) then
+      error(string.format("%s: x must be [M, K] = [M, %d] with input_is_parallel = false; got [%s]",
+                          what, K, table.concat(x:size(), ", ")), 2)
+    end
     if prologue == "silu_mul" then
       -- x is [M, 2K] gate | up: this rank's gate columns, then its up columns
       if x:dim() ~= 2 or x:size(2) ~= 2 * K then
