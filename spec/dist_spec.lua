@@ -504,6 +504,20 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
     }, res[1])
   end)
 
+  it("a row layer with a bias at world size 1 takes the silu_mul epilogue as k3.linear does (the bias before the gate)", function()
+    local b = k3.randn({2 * I}, {seed = 42, dtype = "bf16"})
+    local w2 = k3.randn({2 * I, Hd}, {seed = 43, dtype = "bf16"}) * 0.3
+    local ref = k3.linear(x, w2, {bias = b, epilogue = "silu_mul"})
+    local res = k3.dist.simulate(1, function(_, d)
+      local row = P.RowParallelLinear(w2, {dist = d, bias = b})
+      local out = k3.full({M, I}, 0 / 0, {dtype = "bf16"})
+      local y = row(x, {epilogue = "silu_mul", out = out})
+      return {rawequal(y, out), k3.max_abs_diff(out, ref)}
+    end)
+    assert.is_true(res[1][1], "out is the result")
+    assert.are.equal(0, res[1][2])
+  end)
+
   it("the gate_up layer built for the epilogue asks for the fused call's plan of its local shape", function()
     local asked, saved = {}, k3.plan_for
     k3.plan_for = function(w, opts)

@@ -260,7 +260,9 @@ Row.__name = "k3.nn.RowParallelLinear"
 --- input_is_parallel (default true: x is already [M, K/W], e.g. a column-parallel output;
 --- false: x is [M, K] and the layer takes its columns), reduce (default true: all-reduce the
 --- partial outputs; false: return the partial sum, e.g. for a fused reduce elsewhere),
---- bias ([N], added once after the reduction), dtype, device, method, dist, rank, world_size.
+--- bias ([N], added once after the reduction; at world size 1 a call with the silu_mul
+--- epilogue takes it inside the linear, before the gate, as k3.linear does), dtype, device,
+--- method, dist, rank, world_size.
 P.RowParallelLinear = setmetatable(Row, {
   __call = function(_, src, opts)
     opts = opts or {}
@@ -358,10 +360,13 @@ function Row:__call(x, opts)
     end
     fwd.residual = nil
   end
-  local y = self.method:apply(xl, self.weight, nil, fwd)
+  -- The epilogue (world size 1 only, refused above it) gates the biased product: the bias goes
+  -- into the linear, as k3.linear takes it, not onto h afterwards.
+  local epi_bias = fwd and fwd.epilogue ~= nil and self.bias or nil
+  local y = self.method:apply(xl, self.weight, epi_bias, fwd)
   if own then xl:free() end
   if reduce and W > 1 then self.dist.all_reduce(y) end
-  if self.bias and reduce then
+  if self.bias and reduce and not epi_bias then
     local yb = y + self.bias:view({1, -1}):expand(y:size())
     if fwd and fwd.out ~= nil then
       y:copy(yb) -- y is out
