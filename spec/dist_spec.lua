@@ -427,6 +427,15 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
       "bad argument #2 to 'ColumnParallelLinear' (field 'gather' must be a boolean or nil; got string)",
       "bad argument #2 to 'RowParallelLinear' (field 'reduce' must be a boolean or nil; got number)",
     }, res[1])
+    -- the constructors' settings alike
+    for _, c in ipairs({{P.ColumnParallelLinear, gu, {gather = 1}, "ColumnParallelLinear", "gather"},
+                        {P.RowParallelLinear, down, {reduce = "no"}, "RowParallelLinear", "reduce"},
+                        {P.RowParallelLinear, down, {input_is_parallel = 0}, "RowParallelLinear", "input_is_parallel"}}) do
+      c[3].rank, c[3].world_size = 0, 2
+      local ok, err = pcall(c[1], c[2], c[3])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got ", c[4], c[5]), 1, true), tostring(err))
+    end
   end)
 
   it("a call option's error points at the caller's line, not into the layer", function()

@@ -118,6 +118,15 @@ local function call_options(opts, what, own)
   return fwd, opts[own]
 end
 
+-- A constructor's boolean setting opts[field]: nil or a boolean, else a bad argument error at
+-- the constructor's caller.
+local function check_flag(opts, field, what)
+  local v = opts[field]
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, field, type(v)), 3)
+  end
+end
+
 -- Whether parts make each rank's rows [its gate rows | its up rows] (two equal parts).
 local function is_gate_up(parts)
   return #parts == 2 and parts[1] == parts[2]
@@ -135,11 +144,13 @@ Column.__name = "k3.nn.ColumnParallelLinear"
 --- gate_up, so a rank holds [gate shard; up shard]), epilogue ("silu_mul": the layer serves
 --- gate_up calls with that epilogue, so its default method takes the plan measured for them,
 --- k3.plan_for(w_local, {epilogue = "silu_mul"}); needs parts = {I, I}; the calls still pass
---- it), bias ([N]), dtype, device, method, dist, rank, world_size.
+--- it), bias ([N]), dtype, device, method, dist, rank, world_size. gather, when given, is a
+--- boolean (else a bad argument error).
 P.ColumnParallelLinear = setmetatable(Column, {
   __call = function(_, src, opts)
     opts = opts or {}
     local what = "ColumnParallelLinear"
+    check_flag(opts, "gather", what)
     local epilogue = check_plan_options({epilogue = opts.epilogue}, what, 2)
     local full = source_weight(src, opts, what)
     local d, rank, world = group(opts)
@@ -260,6 +271,7 @@ Row.__name = "k3.nn.RowParallelLinear"
 --- input_is_parallel (default true: x is already [M, K/W], e.g. a column-parallel output;
 --- false: x is [M, K] and the layer takes its columns), reduce (default true: all-reduce the
 --- partial outputs; false: return the partial sum, e.g. for a fused reduce elsewhere),
+--- input_is_parallel and reduce, when given, are booleans (else a bad argument error);
 --- bias ([N], added once after the reduction; at world size 1 a call with the silu_mul
 --- epilogue takes it inside the linear, before the gate, as k3.linear does), dtype, device,
 --- method, dist, rank, world_size.
@@ -267,6 +279,8 @@ P.RowParallelLinear = setmetatable(Row, {
   __call = function(_, src, opts)
     opts = opts or {}
     local what = "RowParallelLinear"
+    check_flag(opts, "input_is_parallel", what)
+    check_flag(opts, "reduce", what)
     local full = source_weight(src, opts, what)
     local d, rank, world = group(opts)
     local N, K = full:size(1), full:size(2)
