@@ -388,8 +388,11 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
 }
 
 /* Token counts: any T at num_blocks <= kAnyTBlocks, where one token per cluster with every load
- * in flight beats the stream kernel's pipeline at every T measured (256..16384, notes/PERF.md);
- * above it T <= decode_max_t (64 unless K3_ATTN_RES_DECODE_MAX_T says otherwise). */
+ * in flight beat the stream kernel's first body at every T measured (256..16384); above it
+ * T <= decode_max_t (64 unless K3_ATTN_RES_DECODE_MAX_T says otherwise). The stream kernel's
+ * one body is 3-9% faster at num_blocks 2..4 for T >= 256 and slower at num_blocks 1
+ * (notes/PERF.md, 2026-12-01 20:12 UTC): the bound stays until a GPU run of the AttnRes specs
+ * checks a lower one. */
 const int kAnyTBlocks = 4;
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;

@@ -409,6 +409,124 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
     }, res[1])
   end)
 
+  it("refuses a gather or reduce that is not a boolean, naming the layer and the field", function()
+    local res = k3.dist.simulate(2, function(r, d)
+      local msgs = {}
+      local col = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
+      local row = P.RowParallelLinear(down, {dist = d})
+      local xl = k3.zeros({M, I // 2}, {dtype = "bf16"})
+      for _, call in ipairs({{col, x, {gather = 1}}, {col, x, {gather = "yes"}}, {row, xl, {reduce = 0}}}) do
+        local ok, err = pcall(call[1], call[2], call[3])
+        msgs[#msgs + 1] = ok and "no error" or tostring(err)
+      end
+      return msgs
+    end)
+    assert.are.same(res[1], res[2])
+    assert.are.same({
+      "bad argument #2 to 'ColumnParallelLinear' (field 'gather' must be a boolean or nil; got number)",
+      "bad argument #2 to 'ColumnParallelLinear' (field 'gather' must be a boolean or nil; got string)",
+      "bad argument #2 to 'RowParallelLinear' (field 'reduce' must be a boolean or nil; got number)",
+    }, res[1])
+    -- the constructors' settings alike
+    for _, c in ipairs({{P.ColumnParallelLinear, gu, {gather = 1}, "ColumnParallelLinear", "gather"},
+                        {P.RowParallelLinear, down, {reduce = "no"}, "RowParallelLinear", "reduce"},
+                        {P.RowParallelLinear, down, {input_is_parallel = 0}, "RowParallelLinear", "input_is_parallel"}}) do
+      c[3].rank, c[3].world_size = 0, 2
+      local ok, err = pcall(c[1], c[2], c[3])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got ", c[4], c[5]), 1, true), tostring(err))
+    end
+  end)
+
+  it("a call option's error points at the caller's line, not into the layer", function()
+    k3.dist.simulate(2, function(_, d)
+      local col = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
+      local row = P.RowParallelLinear(down, {dist = d})
+      local line = debug.getinfo(1, "l").currentline
+      local ok1, e1 = pcall(function() local y = col(x, {epilogue = "gelu"}); return y end)
+      local ok2, e2 = pcall(function() local y = row(k3.zeros({M, I // 2}, {dtype = "bf16"}), {prologue = 1}); return y end)
+      assert.is_false(ok1)
+      assert.is_false(ok2)
+      assert.truthy(tostring(e1):find("dist_spec.lua:" .. (line + 1) .. ": bad argument #2 to 'ColumnParallelLinear'", 1, true), tostring(e1))
+      assert.truthy(tostring(e2):find("dist_spec.lua:" .. (line + 2) .. ": bad argument #2 to 'RowParallelLinear'", 1, true), tostring(e2))
+    end)
+  end)
+
+  it("a row layer checks residual on every rank: a bad one fails all ranks alike, none waits", function()
+    local xl = k3.randn({M, I // 2}, {seed = 40, dtype = "bf16"})
+    for _, bad in ipairs({k3.zeros({M, Hd + 1}, {dtype = "bf16"}), k3.zeros({M, Hd}, {dtype = "f32"})}) do
+      local res, errs = k3.dist.simulate(2, function(_, d)
+        local row = P.RowParallelLinear(down, {dist = d})
+        return row(xl, {residual = bad})
+      end, {errors = "return"})
+      assert.is_nil(res[1])
+      assert.is_nil(res[2])
+      local why = {}
+      for r = 1, 2 do
+        assert.truthy(errs[r], "rank " .. (r - 1) .. " did not fail")
+        why[r] = errs[r]:gsub("^rank %d: ", ""):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+        assert.truthy(why[r]:find("^linear: residual"), errs[r])
+      end
+      assert.are.equal(why[1], why[2])
+    end
+  end)
+
+  it("a row layer refuses a non-contiguous out before writing it (the all-reduce sums in place)", function()
+    local xl = k3.randn({M, I // 2}, {seed = 41, dtype = "bf16"})
+    for _, W in ipairs({1, 2}) do
+      local res = k3.dist.simulate(W, function(_, d)
+        local row = P.RowParallelLinear(down, {dist = d})
+        local xin = W == 1 and k3.randn({M, I}, {seed = 41, dtype = "bf16"}) or xl
+        local store = k3.full({Hd, M}, 7, {dtype = "bf16"})
+        local ok, err = pcall(row, xin, {out = store:transpose(1, 2)})
+        return {ok, tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1), k3.equal(store, k3.full({Hd, M}, 7, {dtype = "bf16"}))}
+      end)
+      for r = 1, W do
+        assert.is_false(res[r][1])
+        assert.are.equal(string.format("RowParallelLinear: out must be contiguous (the all-reduce sums it in place); got shape [%d, %d] strides [1, %d]", M, Hd, M), res[r][2])
+        assert.is_true(res[r][3], "out was written before the error")
+      end
+    end
+  end)
+
+  it("a row layer with input_is_parallel = false checks x's width on every rank before taking its columns", function()
+    local res = k3.dist.simulate(2, function(_, d)
+      local whole_in = P.RowParallelLinear(down, {dist = d, input_is_parallel = false})
+      local msgs = {}
+      -- K = 32: [M, 40] would give both ranks columns, the wrong ones; [M, 24] only rank 0
+      for _, xin in ipairs({k3.zeros({M, I + 8}, {dtype = "bf16"}), k3.zeros({M, I - 8}, {dtype = "bf16"}),
+                            k3.zeros({I}, {dtype = "bf16"}), 5}) do
+        local ok, err = pcall(whole_in, xin)
+        msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      end
+      local ok, err = pcall(whole_in, 5, {prologue = "silu_mul"})
+      msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      return msgs
+    end)
+    assert.are.same(res[1], res[2])
+    assert.are.same({
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [3, 40]",
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [3, 24]",
+      "RowParallelLinear: x must be [M, K] = [M, 32] with input_is_parallel = false; got [32]",
+      "bad argument #1 to 'RowParallelLinear' (k3.Tensor expected, got number)",
+      "bad argument #1 to 'RowParallelLinear' (k3.Tensor expected, got number)",
+    }, res[1])
+  end)
+
+  it("a row layer with a bias at world size 1 takes the silu_mul epilogue as k3.linear does (the bias before the gate)", function()
+    local b = k3.randn({2 * I}, {seed = 42, dtype = "bf16"})
+    local w2 = k3.randn({2 * I, Hd}, {seed = 43, dtype = "bf16"}) * 0.3
+    local ref = k3.linear(x, w2, {bias = b, epilogue = "silu_mul"})
+    local res = k3.dist.simulate(1, function(_, d)
+      local row = P.RowParallelLinear(w2, {dist = d, bias = b})
+      local out = k3.full({M, I}, 0 / 0, {dtype = "bf16"})
+      local y = row(x, {epilogue = "silu_mul", out = out})
+      return {rawequal(y, out), k3.max_abs_diff(out, ref)}
+    end)
+    assert.is_true(res[1][1], "out is the result")
+    assert.are.equal(0, res[1][2])
+  end)
+
   it("the gate_up layer built for the epilogue asks for the fused call's plan of its local shape", function()
     local asked, saved = {}, k3.plan_for
     k3.plan_for = function(w, opts)

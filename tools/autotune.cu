@@ -15,7 +15,8 @@
  * margin. Every candidate is timed as k3's layers launch it: PDL, weights static (the first
  * step of w loaded before griddepcontrol.wait). Kinds (--kinds): classic (8 rows per warp),
  * classic16 (16), split (split-K across CTAs) and balanced (each classic candidate again on the
- * balanced grid of kernels/linear_skinny.cuh, where that grid is not its row tiling).
+ * balanced grid of kernels/linear_skinny.cuh, where that grid is not its row tiling; named with
+ * classic or classic16). Another name is an error.
  *
  * --epilogue silu_mul measures the SwiGLU gate_up call instead (w [N, K] = gate rows | up
  * rows, the call writes h = silu(gate) * up [M, N/2]): the skinny classic candidates with the
@@ -175,8 +176,27 @@ int main(int argc, char **argv) {
         }
     }
     const std::string kl = "," + kinds + ",";
+    /* every kind named is one of the four; balanced re-runs the classic kinds' candidates, so
+     * it needs one of them (alone it would measure nothing and write a plan without skinny
+     * entries over the policy file) */
+    for (size_t a = 0; a < kinds.size();) {
+        size_t e = kinds.find(',', a);
+        if (e == std::string::npos) e = kinds.size();
+        const std::string k = kinds.substr(a, e - a);
+        if (k != "classic" && k != "classic16" && k != "split" && k != "balanced") {
+            fprintf(stderr, "autotune: --kinds: unknown kind '%s' (expected classic, classic16, "
+                            "split or balanced)\n", k.c_str());
+            return 2;
+        }
+        a = e + 1;
+    }
     const bool use_classic = kl.find(",classic,") != std::string::npos;
     const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
+    if (kl.find(",balanced,") != std::string::npos && !use_classic && !use_classic16) {
+        fprintf(stderr, "autotune: --kinds balanced runs the classic candidates on the balanced "
+                        "grid: name classic or classic16 with it (got '%s')\n", kinds.c_str());
+        return 2;
+    }
     /* the balanced grid carries no epilogue */
     const bool use_balanced = kl.find(",balanced,") != std::string::npos && epilogue.empty();
     const bool epi = epilogue == "silu_mul";
@@ -185,7 +205,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     /* The epilogue runs in the kernel on classic tiles only (split-K goes through a temporary). */
-    const bool use_split = !epi && kinds.find("split") != std::string::npos;
+    const bool use_split = !epi && kl.find(",split,") != std::string::npos;
     for (const Shape &s : shapes)
         if (epi && s.N % 2) {
             fprintf(stderr, "autotune: --epilogue silu_mul needs an even N (gate | up rows); got %dx%d\n",

@@ -81,14 +81,18 @@ end
 local LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
 
 -- Checks a tensor-parallel layer's call options: opts nil or a table of LINEAR_KEYS and the
--- layer's own key `own`; the epilogue by k3.plan_options (the wording of k3.plan_for and
--- nn.default_method), the prologue's name as k3.linear checks it; tensors, eps and shapes
--- are the linear's own checks. Returns a fresh table of the linear options present (nil
--- when none) and opts[own].
+-- layer's own key `own` (a boolean or nil); the epilogue by k3.plan_options (the wording of
+-- k3.plan_for and nn.default_method), the prologue's name as k3.linear checks it; tensors,
+-- eps and shapes are the linear's own checks. Errors point at the layer's caller. Returns a
+-- fresh table of the linear options present (nil when none) and opts[own].
 local function call_options(opts, what, own)
   if opts == nil then return nil, nil end
   if type(opts) ~= "table" then
     error(string.format("bad argument #2 to '%s' (table or nil expected, got %s)", what, type(opts)), 3)
+  end
+  local v = opts[own]
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, own, type(v)), 3)
   end
   local fwd
   for k, v in pairs(opts) do
@@ -104,7 +108,7 @@ local function call_options(opts, what, own)
     end
   end
   if fwd then
-    check_plan_options({epilogue = fwd.epilogue}, what, 2)
+    check_plan_options({epilogue = fwd.epilogue}, what, 2, 4)
     local pro = fwd.prologue
     if pro ~= nil and pro ~= "silu_mul" and pro ~= "rms_norm" then
       error(string.format("bad argument #2 to '%s' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s)",
@@ -112,6 +116,15 @@ local function call_options(opts, what, own)
     end
   end
   return fwd, opts[own]
+end
+
+-- A constructor's boolean setting opts[field]: nil or a boolean, else a bad argument error at
+-- the constructor's caller.
+local function check_flag(opts, field, what)
+  local v = opts[field]
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, field, type(v)), 3)
+  end
 end
 
 -- Whether parts make each rank's rows [its gate rows | its up rows] (two equal parts).
@@ -131,11 +144,13 @@ Column.__name = "k3.nn.ColumnParallelLinear"
 --- gate_up, so a rank holds [gate shard; up shard]), epilogue ("silu_mul": the layer serves
 --- gate_up calls with that epilogue, so its default method takes the plan measured for them,
 --- k3.plan_for(w_local, {epilogue = "silu_mul"}); needs parts = {I, I}; the calls still pass
---- it), bias ([N]), dtype, device, method, dist, rank, world_size.
+--- it), bias ([N]), dtype, device, method, dist, rank, world_size. gather, when given, is a
+--- boolean (else a bad argument error).
 P.ColumnParallelLinear = setmetatable(Column, {
   __call = function(_, src, opts)
     opts = opts or {}
     local what = "ColumnParallelLinear"
+    check_flag(opts, "gather", what)
     local epilogue = check_plan_options({epilogue = opts.epilogue}, what, 2)
     local full = source_weight(src, opts, what)
     local d, rank, world = group(opts)
@@ -193,8 +208,9 @@ P.ColumnParallelLinear = setmetatable(Column, {
 --- h [M, I] gathered, the bits of the unfused call then k3.silu_mul; residual and out are
 --- this rank's output ([M, N/W], or [M, I/W] with the epilogue) and are refused with gather
 --- above world size 1 (the gathered result is a new tensor). Errors name the layer: an
---- unknown option, a bad epilogue or prologue name, the epilogue on a layer that is no
---- gate_up, residual or out with gather; the rest are k3.linear's.
+--- unknown option, a gather that is not a boolean, a bad epilogue or prologue name, the
+--- epilogue on a layer that is no gate_up, residual or out with gather; the rest are
+--- k3.linear's.
 function Column:__call(x, opts)
   local what = "ColumnParallelLinear"
   local fwd, gather = call_options(opts, what, "gather")
@@ -255,11 +271,16 @@ Row.__name = "k3.nn.RowParallelLinear"
 --- input_is_parallel (default true: x is already [M, K/W], e.g. a column-parallel output;
 --- false: x is [M, K] and the layer takes its columns), reduce (default true: all-reduce the
 --- partial outputs; false: return the partial sum, e.g. for a fused reduce elsewhere),
---- bias ([N], added once after the reduction), dtype, device, method, dist, rank, world_size.
+--- input_is_parallel and reduce, when given, are booleans (else a bad argument error);
+--- bias ([N], added once after the reduction; at world size 1 a call with the silu_mul
+--- epilogue takes it inside the linear, before the gate, as k3.linear does), dtype, device,
+--- method, dist, rank, world_size.
 P.RowParallelLinear = setmetatable(Row, {
   __call = function(_, src, opts)
     opts = opts or {}
     local what = "RowParallelLinear"
+    check_flag(opts, "input_is_parallel", what)
+    check_flag(opts, "reduce", what)
     local full = source_weight(src, opts, what)
     local d, rank, world = group(opts)
     local N, K = full:size(1), full:size(2)
@@ -278,17 +299,20 @@ P.RowParallelLinear = setmetatable(Row, {
 })
 
 --- layer(x[, opts]) -> y [M, N]: the all-reduced sum of every rank's x_local w_local^T
---- (+ bias), or this rank's partial sum with reduce = false. opts: reduce (the layer's
+--- (+ bias), or this rank's partial sum with reduce = false; with input_is_parallel = false x
+--- must be [M, K] whole (checked on every rank). opts: reduce (the layer's
 --- setting for this call) and nn.Linear's call options where a shard of K can serve them:
 --- prologue = "silu_mul" (x is gate | up: [M, 2K/W], this rank's gate columns then its up
 --- columns as a column-parallel gate_up returns them, or [M, 2K] whole with
 --- input_is_parallel = false, of which the layer takes its gate and up columns; the product
 --- takes silu_mul's bits of them); residual ([M, N]: rank 0 adds it in its partial sum, so
 --- the reduced sum, or the partial sums summed elsewhere, hold it once; the rounding is that
---- of rank 0's partial sum, not of a sum after the reduction); out ([M, N], contiguous: the
---- result is written there). Refused above world size 1, naming the layer: epilogue (the
---- gate of a partial sum is not the gate of the sum) and prologue = "rms_norm" (the norm
---- needs x's whole row: normalize before the layer); the rest are k3.linear's errors.
+--- of rank 0's partial sum, not of a sum after the reduction; every rank checks it, so one the
+--- linear refuses fails every rank); out ([M, N], contiguous, else refused before anything is
+--- written: the result is written there). Refused above world size 1, naming the layer:
+--- epilogue (the gate of a partial sum is not the gate of the sum) and prologue = "rms_norm"
+--- (the norm needs x's whole row: normalize before the layer); a reduce that is not a
+--- boolean; the rest are k3.linear's errors.
 function Row:__call(x, opts)
   local what = "RowParallelLinear"
   local fwd, reduce = call_options(opts, what, "reduce")
@@ -304,11 +328,25 @@ function Row:__call(x, opts)
       error(string.format("%s: prologue \"rms_norm\" needs the whole row of x and this rank holds %d of its %d columns; normalize x before the layer",
                           what, self.weight:size(2), self.full_shape[2]), 2)
     end
-    if self.rank ~= 0 then fwd.residual = nil end
+  end
+  -- out receives the product, then the all-reduce sums it in place (packed memory): a strided
+  -- out is refused before anything is written, at every world size alike.
+  local out = fwd and fwd.out
+  if k3.is_tensor(out) and not out:is_contiguous() then
+    error(string.format("%s: out must be contiguous (the all-reduce sums it in place); got shape [%s] strides [%s]",
+                        what, table.concat(out:size(), ", "), table.concat(out:stride(), ", ")), 2)
   end
   local xl, own = x, false
   if not self.input_is_parallel then
     local len, K = self.weight:size(2), self.full_shape[2]
+    -- every rank checks x's whole width before it takes its own columns
+    if not k3.is_tensor(x) then
+      error(string.format("bad argument #1 to '%s' (k3.Tensor expected, got %s)", what, type(x)), 2)
+    end
+    if prologue ~= "silu_mul" and (x:dim() ~= 2 or x:size(2) ~= K) then
+      error(string.format("%s: x must be [M, K] = [M, %d] with input_is_parallel = false; got [%s]",
+                          what, K, table.concat(x:size(), ", ")), 2)
+    end
     if prologue == "silu_mul" then
       -- x is [M, 2K] gate | up: this rank's gate columns, then its up columns
       if x:dim() ~= 2 or x:size(2) ~= 2 * K then
@@ -326,10 +364,23 @@ function Row:__call(x, opts)
       own = xl ~= v
     end
   end
-  local y = self.method:apply(xl, self.weight, nil, fwd)
+  -- Only rank 0 adds the residual; the others check the call with it (m:explain runs nothing),
+  -- so a residual the linear refuses fails every rank alike instead of leaving rank 0 alone.
+  if fwd and W > 1 and self.rank ~= 0 and fwd.residual ~= nil then
+    local rec = self.method:explain(xl, self.weight, nil, fwd)
+    if rec.error then
+      if own then xl:free() end
+      error(rec.error, 2)
+    end
+    fwd.residual = nil
+  end
+  -- The epilogue (world size 1 only, refused above it) gates the biased product: the bias goes
+  -- into the linear, as k3.linear takes it, not onto h afterwards.
+  local epi_bias = fwd and fwd.epilogue ~= nil and self.bias or nil
+  local y = self.method:apply(xl, self.weight, epi_bias, fwd)
   if own then xl:free() end
   if reduce and W > 1 then self.dist.all_reduce(y) end
-  if self.bias and reduce then
+  if self.bias and reduce and not epi_bias then
     local yb = y + self.bias:view({1, -1}):expand(y:size())
     if fwd and fwd.out ~= nil then
       y:copy(yb) -- y is out
