@@ -358,10 +358,7 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
   it("names every refused option", function()
     local res = k3.dist.simulate(2, function(r, d)
       local msgs = {}
-      local function try(fn, ...)
-        local ok, err = pcall(fn, ...)
-        msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
-      end
+      local function try(fn, ...) msgs[#msgs + 1] = H.error_of(fn, ...) end
       local gate_up = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
       local plain = P.ColumnParallelLinear(gu, {dist = d})
       local row = P.RowParallelLinear(down, {dist = d})
@@ -416,8 +413,7 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
       local row = P.RowParallelLinear(down, {dist = d})
       local xl = k3.zeros({M, I // 2}, {dtype = "bf16"})
       for _, call in ipairs({{col, x, {gather = 1}}, {col, x, {gather = "yes"}}, {row, xl, {reduce = 0}}}) do
-        local ok, err = pcall(call[1], call[2], call[3])
-        msgs[#msgs + 1] = ok and "no error" or tostring(err)
+        msgs[#msgs + 1] = H.error_of(call[1], call[2], call[3])
       end
       return msgs
     end)
@@ -464,7 +460,7 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
       local why = {}
       for r = 1, 2 do
         assert.truthy(errs[r], "rank " .. (r - 1) .. " did not fail")
-        why[r] = errs[r]:gsub("^rank %d: ", ""):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+        why[r] = H.unplaced(errs[r]:gsub("^rank %d: ", ""))
         assert.truthy(why[r]:find("^linear: residual"), errs[r])
       end
       assert.are.equal(why[1], why[2])
@@ -479,7 +475,7 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
         local xin = W == 1 and k3.randn({M, I}, {seed = 41, dtype = "bf16"}) or xl
         local store = k3.full({Hd, M}, 7, {dtype = "bf16"})
         local ok, err = pcall(row, xin, {out = store:transpose(1, 2)})
-        return {ok, tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1), k3.equal(store, k3.full({Hd, M}, 7, {dtype = "bf16"}))}
+        return {ok, H.unplaced(err), k3.equal(store, k3.full({Hd, M}, 7, {dtype = "bf16"}))}
       end)
       for r = 1, W do
         assert.is_false(res[r][1])
@@ -496,11 +492,9 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
       -- K = 32: [M, 40] would give both ranks columns, the wrong ones; [M, 24] only rank 0
       for _, xin in ipairs({k3.zeros({M, I + 8}, {dtype = "bf16"}), k3.zeros({M, I - 8}, {dtype = "bf16"}),
                             k3.zeros({I}, {dtype = "bf16"}), 5}) do
-        local ok, err = pcall(whole_in, xin)
-        msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+        msgs[#msgs + 1] = H.error_of(whole_in, xin)
       end
-      local ok, err = pcall(whole_in, 5, {prologue = "silu_mul"})
-      msgs[#msgs + 1] = ok and "no error" or tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1)
+      msgs[#msgs + 1] = H.error_of(whole_in, 5, {prologue = "silu_mul"})
       return msgs
     end)
     assert.are.same(res[1], res[2])

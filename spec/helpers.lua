@@ -89,11 +89,24 @@ function H.raises(fn, text)
   return err
 end
 
+--- H.unplaced(err) -> the error message without the "file.lua:line: " position Lua may put in
+--- front of it.
+function H.unplaced(err)
+  return (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "", 1))
+end
+
+--- H.error_of(fn, ...) -> fn(...)'s error message without its position (H.unplaced), or
+--- "no error" when it returns.
+function H.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  return ok and "no error" or H.unplaced(err)
+end
+
 --- H.raises_exact(fn, text): fn must raise exactly `text`, after the "file.lua:line: " position
 --- Lua may put in front of it.
 function H.raises_exact(fn, text)
   local err = H.raises(fn, text)
-  assert(err:gsub("^[^\n]-%.lua:%d+: ", "", 1) == text,
+  assert(H.unplaced(err) == text,
     string.format("error %q is not exactly %q", err, text))
   return err
 end

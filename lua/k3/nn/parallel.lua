@@ -80,6 +80,16 @@ end
 -- The options of a linear call (m:apply's, as nn.Linear forwards them) and the layer's own.
 local LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
 
+-- A boolean setting opts[field] of a constructor or a call: nil or a boolean, else a bad
+-- argument error at level (default 3: the caller of the function that checks).
+local function check_flag(opts, field, what, level)
+  local v = opts[field]
+  if v ~= nil and type(v) ~= "boolean" then
+    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, field, type(v)),
+          level or 3)
+  end
+end
+
 -- Checks a tensor-parallel layer's call options: opts nil or a table of LINEAR_KEYS and the
 -- layer's own key `own` (a boolean or nil); the epilogue by k3.plan_options (the wording of
 -- k3.plan_for and nn.default_method), the prologue's name as k3.linear checks it; tensors,
@@ -90,10 +100,7 @@ local function call_options(opts, what, own)
   if type(opts) ~= "table" then
     error(string.format("bad argument #2 to '%s' (table or nil expected, got %s)", what, type(opts)), 3)
   end
-  local v = opts[own]
-  if v ~= nil and type(v) ~= "boolean" then
-    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, own, type(v)), 3)
-  end
+  check_flag(opts, own, what, 4)
   local fwd
   for k, v in pairs(opts) do
     if k ~= own then
@@ -116,15 +123,6 @@ local function call_options(opts, what, own)
     end
   end
   return fwd, opts[own]
-end
-
--- A constructor's boolean setting opts[field]: nil or a boolean, else a bad argument error at
--- the constructor's caller.
-local function check_flag(opts, field, what)
-  local v = opts[field]
-  if v ~= nil and type(v) ~= "boolean" then
-    error(string.format("bad argument #2 to '%s' (field '%s' must be a boolean or nil; got %s)", what, field, type(v)), 3)
-  end
 end
 
 -- Whether parts make each rank's rows [its gate rows | its up rows] (two equal parts).
