@@ -438,6 +438,19 @@ k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, size_t (&set)[64]) 
     return K3_OK;
 }
 
+/* cuda.attn_res.stream's CTA: kStreamV 16-byte vectors of a row per thread, at most
+ * kStreamMaxThreads threads. stream_threads: its threads for hidden size H (a multiple of 32),
+ * or 0 when H / 8 vectors do not fit 64..512 of them; the decode kernel's dispatch rule asks it
+ * too (attn_res_decode.cu). */
+const int kStreamMaxThreads = 512;
+const int kStreamV = 2;
+inline int stream_threads(int64_t H) {
+    int64_t vecs = H / 8;
+    int64_t nt = ((vecs + kStreamV - 1) / kStreamV + 31) / 32 * 32;
+    if (nt < 64 || nt > kStreamMaxThreads) return 0;
+    return (int)nt;
+}
+
 /* The usable() check of a kernel that launches clusters: dev can launch clusters and kern (one
  * instance of the kernel) has a loadable image for dev. */
 template <class P> bool cluster_loadable(int dev, void (*kern)(P)) {

@@ -66,8 +66,6 @@ __device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
     w.get(f);
 }
 
-const int kStreamMaxThreads = 512;
-const int kStreamV = 2;
 const int kStreamNB = 8; /* block slots of every instance (num_blocks <= 8) */
 const int64_t kStreamMinT = 64;
 
@@ -395,14 +393,6 @@ __global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_par
         }
     }
     cp_async_wait_all(); /* nothing outstanding at exit */
-}
-
-/* Threads per CTA (two vectors each), or 0 when H / 8 vectors do not fit 64..512 of them. */
-int stream_threads(int64_t H) {
-    int64_t vecs = H / 8;
-    int64_t nt = ((vecs + kStreamV - 1) / kStreamV + 31) / 32 * 32;
-    if (nt < 64 || nt > kStreamMaxThreads) return 0;
-    return (int)nt;
 }
 
 /* Dynamic shared memory: the stage, 2 + NB rows of V vectors per thread, and the weights, 4 V

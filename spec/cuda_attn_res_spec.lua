@@ -312,16 +312,28 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("T > 64 at num_blocks > 4 is declined by name; at num_blocks <= 4 any T is served", function()
+  it("T > 64 is declined by name where the stream kernel takes the call above num_blocks 1; any T at num_blocks <= 1, and at 2..4 where it does not", function()
     if not have_decode() then return end
     local a = inputs(65, 8, 7168, {num_blocks = 5})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at num_blocks <= 1); got T = 65 at num_blocks 5")
+    a = inputs(300, 8, 7168, {num_blocks = 4})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at num_blocks <= 1); got T = 300 at num_blocks 4")
+    -- beside the stream kernel (no delta, no output norm, a block write, a hidden size it does
+    -- not take) the decode kernel keeps every T up to num_blocks 4
+    a = inputs(65, 8, 64, {num_blocks = 5, delta = false})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
       "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (any T at num_blocks <= 4); got T = 65 at num_blocks 5")
-    for _, nb in ipairs({1, 4}) do
-      a = inputs(300, 8, 7168, {num_blocks = nb, seed = 910 + nb})
+    for _, c in ipairs({{nb = 1, o = {}}, {nb = 4, o = {delta = false}}, {nb = 4, o = {onorm = false}},
+                        {nb = 3, o = {write_block = 4}}, {nb = 4, o = {}, H = 16384}}) do
+      c.o.num_blocks, c.o.seed = c.nb, 910 + c.nb
+      a = inputs(300, 8, c.H or 7168, c.o)
       a.kernel = K
-      check(a, K, string.format("T = 300, num_blocks %d by name", nb))
+      check(a, K, string.format("T = 300, num_blocks %d by name (H %d)", c.nb, c.H or 7168))
     end
     a = inputs(2, 17, 7168, {num_blocks = 17})
     a.kernel = K
@@ -382,13 +394,18 @@ describe("cuda.attn_res.decode #gpu", function()
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
     if k3.has_kernel(K) then
-      assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (any T at " ..
-        "num_blocks <= 4); got T = 300 at num_blocks 8", tr[1].declined[1].reason)
+      assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at " ..
+        "num_blocks <= 1); got T = 300 at num_blocks 8", tr[1].declined[1].reason)
     end
-    -- prefill at num_blocks <= 4 stays on the decode kernel (faster than stream there)
+    -- prefill at num_blocks 2..4 runs stream (faster than decode there at T >= 256), at
+    -- num_blocks 1 decode (faster than stream), and decode where stream declines (no delta)
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4})) end)
+    assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4")
+    tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 1})) end)
     assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
-      kernels_of(tr), "T=300 num_blocks 4")
+      kernels_of(tr), "T=300 num_blocks 1")
+    tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4, delta = false})) end)
+    assert.same({k3.has_kernel(K) and K or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4 no delta")
     for _, case in ipairs({
       {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
       {T = 300, o = {num_blocks = 16, S = 16}, why = "requires num_blocks in 1..8"},
