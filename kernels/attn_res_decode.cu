@@ -1,6 +1,7 @@
 /*
  * attn_res_decode.cu — cuda.attn_res.decode, the decode AttnRes read (T <= 64, or any T at
- * num_blocks <= 1, and at 2..4 where the stream kernel does not take the call: decode_supports)
+ * num_blocks <= 4, except T >= 256 at num_blocks 2..4 where the stream kernel takes the call:
+ * decode_supports)
  * for every case
  * of the op the Kimi-K3 stream makes (delta or none, a fused block write or none, num_blocks
  * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
@@ -388,25 +389,39 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
     return false;
 }
 
-/* Token counts: any T at num_blocks <= kAnyTBlocks, where one token per cluster with every load
- * in flight beats the stream kernel's pipeline at every T measured (256..16384); at num_blocks
- * 2..4 any T unless the stream kernel takes the call (a delta, the output norm, no block write,
- * a hidden size stream_threads covers), since it is 3-9% faster there at T >= 256 (notes/PERF.md,
- * 2026-12-01); otherwise T <= decode_max_t (64 unless K3_ATTN_RES_DECODE_MAX_T says otherwise). */
+/* Token counts. num_blocks <= kAnyTBlocks: any T (one token per cluster with every load in
+ * flight beats the stream kernel's pipeline at every T measured, 256..16384). num_blocks
+ * 2..kStreamBlocksFrom - 1: any T, except that T >= kStreamFromT goes to the stream kernel where
+ * it takes the call (a delta, the output norm, no block write, a hidden size stream_threads
+ * covers): at H = 7168 it is 3-9% faster there at T = 256, 4096 and 16384 and slower at
+ * T = 96 and 192, where its persistent grid runs a second round of tokens on part of the SMs
+ * (notes/PERF.md, 2026-12-01). Above that, T <= decode_max_t (64 unless
+ * K3_ATTN_RES_DECODE_MAX_T says otherwise). */
 const int kAnyTBlocks = 1;
-const int kAnyTBlocksBesideStream = 4;
+const int kStreamBlocksFrom = 5;
+const int64_t kStreamFromT = 256;
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
-    const int64_t T_ = a->prefix->size[0], maxt = get_knobs().decode_max_t;
+    const int64_t T_ = a->prefix->size[0], maxt = get_knobs().decode_max_t, nb = a->num_blocks;
     const bool stream_takes = a->delta && a->output_norm_weight && a->write_block < 0 &&
                               stream_threads(a->prefix->size[1]);
-    const int any_t = stream_takes ? kAnyTBlocks : kAnyTBlocksBesideStream;
-    if (a->num_blocks > any_t && a->num_blocks <= kMaxBlocks && T_ > maxt) {
+    if (nb > kAnyTBlocks && nb < kStreamBlocksFrom && stream_takes && T_ >= kStreamFromT &&
+        T_ > maxt) {
         snprintf(reason, n,
-                 "%s serves T <= %lld tokens at num_blocks %d..%d (any T at num_blocks <= %d); got "
-                 "T = %lld at num_blocks %lld",
-                 k3_cuda_attn_res_decode_name, (long long)maxt, any_t + 1, kMaxBlocks, any_t,
-                 (long long)T_, (long long)a->num_blocks);
+                 "%s leaves T >= %lld tokens at num_blocks %d..%d to %s (faster there); got T = "
+                 "%lld at num_blocks %lld",
+                 k3_cuda_attn_res_decode_name, (long long)kStreamFromT, kAnyTBlocks + 1,
+                 kStreamBlocksFrom - 1, k3_cuda_attn_res_stream_name, (long long)T_,
+                 (long long)nb);
+        return K3_ESHAPE;
+    }
+    if (nb >= kStreamBlocksFrom && nb <= kMaxBlocks && T_ > maxt) {
+        snprintf(reason, n,
+                 "%s serves T <= %lld tokens at num_blocks %d..%d (at num_blocks <= %d any T, "
+                 "below %lld where %s takes the call); got T = %lld at num_blocks %lld",
+                 k3_cuda_attn_res_decode_name, (long long)maxt, kStreamBlocksFrom, kMaxBlocks,
+                 kStreamBlocksFrom - 1, (long long)kStreamFromT, k3_cuda_attn_res_stream_name,
+                 (long long)T_, (long long)nb);
         return K3_ESHAPE;
     }
     K3_TRY(check_rules(k3_cuda_attn_res_decode_name, oa, call_rules{0, 0, false, 0, kMaxBlocks},

@@ -312,28 +312,29 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("T > 64 is declined by name where the stream kernel takes the call above num_blocks 1; any T at num_blocks <= 1, and at 2..4 where it does not", function()
+  it("T > 64 at num_blocks 5..16 and T >= 256 at 2..4 where the stream kernel takes the call are declined by name; other T are served", function()
     if not have_decode() then return end
     local a = inputs(65, 8, 7168, {num_blocks = 5})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at num_blocks <= 1); got T = 65 at num_blocks 5")
-    a = inputs(300, 8, 7168, {num_blocks = 4})
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 65 at num_blocks 5")
+    a = inputs(256, 8, 7168, {num_blocks = 4})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at num_blocks <= 1); got T = 300 at num_blocks 4")
+      "attn_res: cuda.attn_res.decode leaves T >= 256 tokens at num_blocks 2..4 to cuda.attn_res.stream (faster there); got T = 256 at num_blocks 4")
     -- beside the stream kernel (no delta, no output norm, a block write, a hidden size it does
     -- not take) the decode kernel keeps every T up to num_blocks 4
     a = inputs(65, 8, 64, {num_blocks = 5, delta = false})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (any T at num_blocks <= 4); got T = 65 at num_blocks 5")
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 65 at num_blocks 5")
     for _, c in ipairs({{nb = 1, o = {}}, {nb = 4, o = {delta = false}}, {nb = 4, o = {onorm = false}},
-                        {nb = 3, o = {write_block = 4}}, {nb = 4, o = {}, H = 16384}}) do
+                        {nb = 3, o = {write_block = 4}}, {nb = 4, o = {}, H = 16384},
+                        {nb = 2, o = {}, T = 255}, {nb = 4, o = {}, T = 192}}) do
       c.o.num_blocks, c.o.seed = c.nb, 910 + c.nb
-      a = inputs(300, 8, c.H or 7168, c.o)
+      a = inputs(c.T or 300, 8, c.H or 7168, c.o)
       a.kernel = K
-      check(a, K, string.format("T = 300, num_blocks %d by name (H %d)", c.nb, c.H or 7168))
+      check(a, K, string.format("T = %d, num_blocks %d by name (H %d)", c.T or 300, c.nb, c.H or 7168))
     end
     a = inputs(2, 17, 7168, {num_blocks = 17})
     a.kernel = K
@@ -394,13 +395,18 @@ describe("cuda.attn_res.decode #gpu", function()
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
     if k3.has_kernel(K) then
-      assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 2..16 (any T at " ..
-        "num_blocks <= 1); got T = 300 at num_blocks 8", tr[1].declined[1].reason)
+      assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks " ..
+        "<= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 300 at " ..
+        "num_blocks 8", tr[1].declined[1].reason)
     end
-    -- prefill at num_blocks 2..4 runs stream (faster than decode there at T >= 256), at
-    -- num_blocks 1 decode (faster than stream), and decode where stream declines (no delta)
+    -- prefill at num_blocks 2..4 runs stream at T >= 256 (faster than decode there) and decode
+    -- below (T = 192: faster than stream's second round of tokens), at num_blocks 1 decode
+    -- (faster than stream), and decode where stream declines (no delta)
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4})) end)
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4")
+    tr = k3.trace(function() k3.attn_res(inputs(192, 8, 7168, {num_blocks = 4})) end)
+    assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
+      kernels_of(tr), "T=192 num_blocks 4")
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 1})) end)
     assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
       kernels_of(tr), "T=300 num_blocks 1")
