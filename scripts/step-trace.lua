@@ -5,9 +5,9 @@
 --     random bf16 weights as `scripts/bench stack` makes them), captures one decode step of M
 --     tokens (default 1) with k3.cuda_graph, replays it 3 times to warm up and N times (default
 --     20) timed with CUDA events (k3.cuda_time, one replay per sample), and writes to FILE the
---     median step time and the step's linear calls in order (N x K, method). Under
---     build/libk3-kernel-trace.so (tools/kernel_trace.cpp) every kernel of every replay is
---     recorded.
+--     median step time and a layer's linear calls in order (N x K, the kernel its method
+--     picks). Under build/libk3-kernel-trace.so (tools/kernel_trace.cpp, loaded by the CUDA
+--     driver through CUDA_INJECTION64_PATH) every kernel of every replay is recorded.
 --
 --   step-trace.lua report TRACE.csv RUN.json [UNTRACED.json]
 --     reads the tracer's CSV, takes the graph launched most often (the step), drops its first
@@ -55,9 +55,11 @@ local function run(o)
   -- the linear calls in order, as the capture makes them
   local calls, orig = {}, nn.Linear.__call
   nn.Linear.__call = function(self, xx, co)
+    -- the kernel the call's method picks (its explain writes nothing and launches nothing)
+    local ok_e, r = pcall(function() return self.method:explain(xx, self.weight, self.bias, co) end)
     calls[#calls + 1] = string.format("%dx%d %s%s", self.weight:size(1), self.weight:size(2),
-      self.method or "default", co and co.epilogue and (" +" .. co.epilogue) or
-                                co and co.prologue and (" " .. co.prologue .. "+") or "")
+      ok_e and r and r.kernel or "?", co and co.epilogue and (" +" .. co.epilogue) or
+                                      co and co.prologue and (" " .. co.prologue .. "+") or "")
     return orig(self, xx, co)
   end
   local ok, g = pcall(k3.cuda_graph, function()

@@ -1,9 +1,13 @@
 /*
- * kernel_trace.cpp — a CUPTI activity tracer to preload into a program (scripts/step-trace):
- * every kernel the program runs, graph nodes included, with its start and end on the GPU's
- * clock, one CSV row per kernel.
+ * kernel_trace.cpp — a CUPTI activity tracer that the CUDA driver loads into a program
+ * (scripts/step-trace): every kernel the program runs, graph nodes included, with its start
+ * and end on the GPU's clock, one CSV row per kernel.
  *
- *   LD_PRELOAD=build/libk3-kernel-trace.so K3_KERNEL_TRACE=out.csv program ...
+ *   CUDA_INJECTION64_PATH=build/libk3-kernel-trace.so K3_KERNEL_TRACE=out.csv program ...
+ *
+ * The driver calls InitializeInjection() during cuInit (the entry point CUPTI-based tools
+ * use), so only processes that start CUDA load it, and CUPTI starts outside any library
+ * constructor.
  *
  * Columns: graph_id, graph_node_id, correlation_id (one per launch: every node of one graph
  * replay shares its cudaGraphLaunch's), start_ns, end_ns, grid (x*y*z CTAs), block (threads),
@@ -106,7 +110,7 @@ bool ok(CUptiResult r, const char *what) {
     return false;
 }
 
-__attribute__((constructor)) void start() {
+void start() {
     const char *path = std::getenv("K3_KERNEL_TRACE");
     if (!path || !*path) return;
     if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
@@ -140,3 +144,9 @@ __attribute__((destructor)) void finish() {
 }
 
 } // namespace
+
+/* Called by the CUDA driver in cuInit when CUDA_INJECTION64_PATH names this library. */
+extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) {
+    start();
+    return 1;
+}
