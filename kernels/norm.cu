@@ -31,12 +31,22 @@ __device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); 
  * smallest normal while max |x| = m is finite and > 0 is summed again scaled by 2^-k
  * (m = f * 2^k, exact), r = 1 / sqrt(sum / H + eps 2^-2k) and y = (x 2^-k) * r * w, so
  * RMSNorm stays scale-invariant for |x| above ~1e19 and for tiny x with eps = 0; when
- * eps 2^-2k overflows, r = 1 / sqrt(eps). The test is the same for every thread of the CTA. */
-template <class T>
+ * eps 2^-2k overflows, r = 1 / sqrt(eps). The test is the same for every thread of the CTA.
+ *
+ * Thread t sums elements t, t + 256, t + 512, ... in that order, then the warp butterfly, then
+ * the warps in order (the order the linear's in-kernel prologue reproduces, linear_skinny.cuh).
+ * C > 0 (H <= 256 C): each thread's C elements of x and of w are loaded into registers at once
+ * after the PDL wait and the row is read from there, so the kernel's chain after the wait is one
+ * load latency, the reduction and the store, where the loop form (C = 0, any H) waits on each
+ * element's load in turn and reads x twice: in a decode step's graph that chain cost ~5 µs a
+ * call at H = 1536 (scripts/step-trace, notes/PERF.md). Same sums in the same order either way:
+ * the same bits. */
+template <class T, int C>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T *__restrict__ x, int64_t xs, const void *__restrict__ w, int wdt,
                     T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps) {
     typedef typename k3c_acc<T>::type A;
+    constexpr int CR = C > 0 ? C : 1;
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
     k3c_pdl_launch_dependents();
@@ -44,10 +54,27 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T *xr = x + i * xs;
         A ss = 0, mx = 0;
-        for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
-            A v = k3c_load_acc<T>(xr[d]);
-            ss += v * v;
-            mx = fmax(mx, fabs(v));
+        A v[CR], wv[CR];
+        if constexpr (C > 0) {
+#pragma unroll
+            for (int j = 0; j < C; j++) {
+                const int64_t d = threadIdx.x + (int64_t)j * blockDim.x;
+                v[j] = d < H ? k3c_load_acc<T>(xr[d]) : (A)0;
+                wv[j] = d < H ? load_w<A>(w, wdt, d) : (A)0;
+            }
+#pragma unroll
+            for (int j = 0; j < C; j++) {
+                if (threadIdx.x + (int64_t)j * blockDim.x < H) {
+                    ss += v[j] * v[j];
+                    mx = fmax(mx, fabs(v[j]));
+                }
+            }
+        } else {
+            for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+                A u = k3c_load_acc<T>(xr[d]);
+                ss += u * u;
+                mx = fmax(mx, fabs(u));
+            }
         }
         ss = k3c_warp_sum(ss);
         mx = k3c_warp_max(mx);
@@ -70,9 +97,19 @@ __global__ void __launch_bounds__(kThreads)
             frexp(m, &k);
             __syncthreads(); /* every thread has read part */
             A sz = 0;
-            for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
-                A z = ldexp(k3c_load_acc<T>(xr[d]), -k);
-                sz += z * z;
+            if constexpr (C > 0) {
+#pragma unroll
+                for (int j = 0; j < C; j++) {
+                    if (threadIdx.x + (int64_t)j * blockDim.x < H) {
+                        A z = ldexp(v[j], -k);
+                        sz += z * z;
+                    }
+                }
+            } else {
+                for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+                    A z = ldexp(k3c_load_acc<T>(xr[d]), -k);
+                    sz += z * z;
+                }
             }
             sz = k3c_warp_sum(sz);
             if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = sz;
@@ -88,10 +125,22 @@ __global__ void __launch_bounds__(kThreads)
             }
         }
         T *yr = y + i * ys;
-        for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
-            A v = k3c_load_acc<T>(xr[d]);
-            if (e) v = ldexp(v, e);
-            yr[d] = k3c_store_acc<T>(v * r * load_w<A>(w, wdt, d));
+        if constexpr (C > 0) {
+#pragma unroll
+            for (int j = 0; j < C; j++) {
+                const int64_t d = threadIdx.x + (int64_t)j * blockDim.x;
+                if (d < H) {
+                    A u = v[j];
+                    if (e) u = ldexp(u, e);
+                    yr[d] = k3c_store_acc<T>(u * r * wv[j]);
+                }
+            }
+        } else {
+            for (int64_t d = threadIdx.x; d < H; d += blockDim.x) {
+                A u = k3c_load_acc<T>(xr[d]);
+                if (e) u = ldexp(u, e);
+                yr[d] = k3c_store_acc<T>(u * r * load_w<A>(w, wdt, d));
+            }
         }
         __syncthreads(); /* part is reused by the next row */
     }
@@ -122,10 +171,16 @@ k3_status run_rms_norm(const k3_op_args *oa) {
     int64_t M = a->x->size[0], H = a->x->size[1];
     if (M == 0 || H == 0) return K3_OK;
     unsigned grid = (unsigned)(M < (1 << 20) ? M : (1 << 20));
+    /* the row in registers (C values a thread) up to H = 8192, the loop form above */
+    const int C = H <= 8 * kThreads ? 8 : H <= 32 * kThreads ? 32 : 0;
     K3C_DISPATCH_DTYPE(a->x->dtype, T, {
-        K3_TRY(k3c_launch_pdl("launch of rms_norm_kernel", rms_norm_kernel<T>, dim3(grid),
-                              dim3(kThreads), 0, ctx->stream, (const T *)k3_tensor_ptr(a->x),
-                              a->x->stride[0], (const void *)k3_tensor_ptr(a->w), (int)a->w->dtype,
+        void (*kern)(const T *, int64_t, const void *, int, T *, int64_t, int64_t, int64_t,
+                     double) = C == 8    ? rms_norm_kernel<T, 8>
+                               : C == 32 ? rms_norm_kernel<T, 32>
+                                         : rms_norm_kernel<T, 0>;
+        K3_TRY(k3c_launch_pdl("launch of rms_norm_kernel", kern, dim3(grid), dim3(kThreads), 0,
+                              ctx->stream, (const T *)k3_tensor_ptr(a->x), a->x->stride[0],
+                              (const void *)k3_tensor_ptr(a->w), (int)a->w->dtype,
                               (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps));
     });
     return K3_OK;

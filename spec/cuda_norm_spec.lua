@@ -23,7 +23,8 @@ describe("cuda.rms_norm.generic #gpu", function()
 
   for _, dt in ipairs({"bf16", "f16", "f32", "f64"}) do
     it(dt .. ": padded rows, hidden sizes around 7168", function()
-      for _, hd in ipairs({4096, 7000, 7168, 7176, 33, 1}) do
+      -- every row form of the kernel: 8 values a thread (H <= 2048), 32 (H <= 8192), the loop
+      for _, hd in ipairs({4096, 7000, 7168, 7176, 33, 1, 1536, 2048, 2049, 8192, 8193, 9000}) do
         for _, M in ipairs({1, 5, 17}) do
           local x = H.padded(M, hd, 7, {device = "cuda", dtype = dt, seed = hd + M})
           local w = (k3.randn({hd}, {dtype = dt, seed = 3}) * 0.1 + 1):to("cuda")

@@ -134,9 +134,9 @@ end
 -- (H.EDGE_SCALES), with eps 0 and 1e-5: every output finite and equal to the fp64 formula
 -- (H.rms_norm_f64 cannot overflow itself); with eps = 0 the result is the unscaled row's
 -- (RMSNorm is scale-invariant).
-local function edge_rms_norm(device, kernel, tol)
+local function edge_rms_norm(device, kernel, tol, sizes)
   for _, dt in ipairs({"f32", "bf16", "f16", "f64"}) do
-    for _, Hd in ipairs({33, 260}) do
+    for _, Hd in ipairs(sizes or {33, 260}) do
       local base = k3.randn({3, Hd}, {dtype = dt, seed = Hd})
       local w = (k3.randn({Hd}, {dtype = dt, seed = 5}) * 0.2 + 1)
       local plain = k3.rms_norm(base, w, 0, {kernel = "cpu.rms_norm.reference"}):to("f64")
@@ -180,7 +180,9 @@ end)
 describe("edge values on the CUDA kernels #gpu", function()
   if not H.require_gpu() then return end
   it("rms_norm is scale-invariant past the sum of squares' overflow and underflow on cuda.rms_norm.generic", function()
-    edge_rms_norm("cuda", "cuda.rms_norm.generic", {f32 = 1e-5, bf16 = 3e-2, f16 = 5e-3, f64 = 1e-12})
+    -- the kernel's three row forms: 8 values a thread (H <= 2048), 32 (H <= 8192), the loop
+    edge_rms_norm("cuda", "cuda.rms_norm.generic", {f32 = 1e-5, bf16 = 3e-2, f16 = 5e-3, f64 = 1e-12},
+                  {33, 260, 2100, 8200})
   end)
   it("silu_mul(-inf) is 0, the limit, on cuda.silu_mul.generic", function()
     edge_silu_mul("cuda", "cuda.silu_mul.generic")
