@@ -14,9 +14,9 @@
 --     3 launches (the warm-up), and prints, per launch kind (kernel name and grid), its calls
 --     per step and the medians over replays of: its duration (end - start), its start relative
 --     to the end of the kernel before it (negative: it started earlier, under programmatic
---     dependent launch), and the time by which it moves the step's end (end minus the latest
---     end before it: what the step would lose without it, the sum over a step is the step's
---     span). Then the first layer's kernels in order. With UNTRACED.json, the untraced step
+--     dependent launch; the step's first kernel has none), and the time by which it moves the
+--     step's end (end minus the latest end before it, the first kernel's whole duration: the
+--     sum over a step is the step's span). Then the first layer's kernels in order. With UNTRACED.json, the untraced step
 --     time beside the traced one: the trace's own cost.
 local k3 = require "k3"
 
@@ -165,7 +165,10 @@ local function report(trace, runjson, untraced)
     local ks = reps[ri]
     table.sort(ks, function(a, b) return a.s < b.s or (a.s == b.s and a.node < b.node) end)
     per = per or #ks
-    if #ks ~= per then die(string.format("replay %d has %d kernels, the first %d", ri, #ks, per)) end
+    if #ks ~= per then
+      die(string.format("launch %d of the step's graph has %d kernels, launch %d has %d", ri, #ks,
+                        skip + 1, per))
+    end
     spans[#spans + 1] = (ks[#ks].e - ks[1].s) / 1e3
     local frontier = ks[1].s
     local step = {}
@@ -178,9 +181,9 @@ local function report(trace, runjson, untraced)
         kinds[l] = k
         order[#order + 1] = l
       end
-      local prev_end = i > 1 and ks[i - 1].e or r.s
       table.insert(k.dur, (r.e - r.s) / 1e3)
-      table.insert(k.start, (r.s - prev_end) / 1e3)
+      -- the step's first kernel has no previous one
+      if i > 1 then table.insert(k.start, (r.s - ks[i - 1].e) / 1e3) end
       local adv = math.max(0, r.e - frontier) / 1e3
       table.insert(k.adv, adv)
       frontier = math.max(frontier, r.e)

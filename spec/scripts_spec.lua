@@ -309,3 +309,94 @@ describe("scripts/tune-linear", function()
     assert.is_nil(made, "the step's output directory was made")
   end)
 end)
+
+-- scripts/step-trace.lua's report on a trace written here: one graph launched five times (the
+-- first three dropped as warm-up), each launch a chain of four kernels whose times are chosen so
+-- every figure of the report is known; and the errors of both halves, which stop before any GPU
+-- work.
+describe("scripts/step-trace.lua", function()
+  local dir = mktemp_dir()
+  local function report(...)
+    local args = table.concat({...}, " ")
+    return sh("cd '" .. root .. "' && scripts/k3 scripts/step-trace.lua report " .. args)
+  end
+  -- kernel i of launch c: starts 1 µs before the previous one ends (PDL), lasts dur[i] µs
+  local names = {"k3_skinny_kernel<512; 16; 4; 1; false; 2>", "(anonymous namespace)::rms_norm_kernel<k3c_bf16; 8>",
+                 "k3_skinny_kernel<512; 16; 4; 1; false; 2>", "(anonymous namespace)::copy_kernel<k3c_bf16; k3c_bf16>"}
+  local dur = {10, 3, 10, 2}
+  local function trace(path, launches, drop_last)
+    local lines = {"graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name",
+                   "0,0,1,100,900,4,256,0,32,0,(anonymous namespace)::fill_kernel<float>"}
+    local t = 10000
+    for c = 1, launches do
+      for i = 1, #names do
+        if not (drop_last and c == launches and i == #names) then
+          local s = t - 1000
+          local e = s + dur[i] * 1000
+          lines[#lines + 1] = string.format("7,%d,%d,%d,%d,%d,256,1,64,1024,%s", i, 40 + c, s, e,
+                                            i == 2 and 1 or 132, names[i])
+          t = e
+        end
+      end
+      t = t + 5000
+    end
+    write(path, table.concat(lines, "\n") .. "\n")
+  end
+  local run_json = dir .. "/run.json"
+  write(run_json, '{"config":"kimi-k3-tp8","M":1,"kernels":4,"step_us":23.5,"replays":2,"warmup":3,' ..
+                  '"layers":2,"layer_linear_calls":["2112x7168 cuda.linear.skinny"]}\n')
+  write(dir .. "/untraced.json", '{"step_us":23.0}\n')
+
+  it("report: per launch kind its calls, duration, start against the previous end and how far it moves the end", function()
+    trace(dir .. "/k.csv", 5)
+    local out, code = report(dir .. "/k.csv", run_json, dir .. "/untraced.json")
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("4 kernels a step, 2 replays traced (first 3 dropped)", 1, true), out)
+    -- span: 10 + 3 + 10 + 2 µs less three 1 µs overlaps
+    assert.truthy(out:find("median: 22.0 µs", 1, true), out)
+    assert.truthy(out:find("23.0 µs (the trace adds 2.2%)", 1, true), out)
+    -- the two skinny launches share a kind: 2 calls, 10 µs; the second starts 1 µs early (the
+    -- first, the step's first kernel, has no previous one); they move the end 10 and 9 µs
+    assert.truthy(out:find("2     10.00           -1.00       9.50      19.0  86.4%", 1, true), out)
+    assert.truthy(out:find("1      3.00           -1.00       2.00       2.0   9.1%", 1, true), out)
+    assert.truthy(out:find("rms_norm_kernel<k3c_bf16; 8> [1 x 256]", 1, true), out)
+    assert.falsy(out:find("fill_kernel", 1, true), "a kernel outside the graph is not reported")
+    assert.truthy(out:find("a layer's linear calls in order: 2112x7168 cuda.linear.skinny", 1, true), out)
+    assert.truthy(out:find("kernels 1..4 of the last replay", 1, true), out)
+  end)
+
+  it("report: a replay with another kernel count, a missing or foreign file are errors that say so", function()
+    trace(dir .. "/short.csv", 5, true)
+    local out, code = report(dir .. "/short.csv", run_json)
+    assert.are.equal(2, code, out)
+    assert.truthy(out:find("step-trace: launch 5 of the step's graph has 3 kernels, launch 4 has 4", 1, true), out)
+    out, code = report(dir .. "/none.csv", run_json)
+    assert.are.equal(2, code, out)
+    assert.truthy(out:find("step-trace: no trace " .. dir .. "/none.csv", 1, true), out)
+    write(dir .. "/foreign.csv", "a,b\n1,2\n")
+    out, code = report(dir .. "/foreign.csv", run_json)
+    assert.are.equal(2, code, out)
+    assert.truthy(out:find("foreign.csv: not a kernel-trace CSV", 1, true), out)
+    write(dir .. "/nograph.csv", "graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name\n" ..
+                                 "0,0,1,100,900,4,256,0,32,0,k\n")
+    out, code = report(dir .. "/nograph.csv", run_json)
+    assert.are.equal(2, code, out)
+    assert.truthy(out:find("nograph.csv: no graph kernels recorded", 1, true), out)
+  end)
+
+  it("run: options are checked before any GPU work; an unknown mode names the usage", function()
+    local cases = {
+      {"run --m 0", "step-trace: --m must be 1..64; got 0"},
+      {"run --m x", "step-trace: --m takes a token count"},
+      {"run --replays 0", "step-trace: --replays must be >= 1; got 0"},
+      {"run --tokens 4", "step-trace: unknown option --tokens"},
+      {"trace", "step-trace: usage: step-trace.lua run|report ... (scripts/step-trace runs both)"},
+      {"report only-one.csv", "step-trace: usage: step-trace.lua report TRACE.csv RUN.json [UNTRACED.json]"},
+    }
+    for _, c in ipairs(cases) do
+      local out, code = sh("cd '" .. root .. "' && scripts/k3 scripts/step-trace.lua " .. c[1])
+      assert.are.equal(2, code, c[1] .. ": " .. out)
+      assert.are.equal(c[2] .. "\n", out, c[1])
+    end
+  end)
+end)
