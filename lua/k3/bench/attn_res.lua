@@ -171,8 +171,12 @@ function A.run(env, peers, opts)
       for _, kk in ipairs(A.KERNELS) do
         if not row.fast_name and env:kernel(kk[2]) == row.fast then row.fast_name = kk[1] end
       end
-      -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick.
-      if env.dry then row.fast_name = (T <= 64 or nb <= 4) and "decode" or "stream" end
+      -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick (these
+      -- rows carry a delta and the output norm, so the stream kernel takes what the decode kernel
+      -- leaves: kernels/attn_res_decode.cu decode_supports).
+      if env.dry then
+        row.fast_name = (T <= 64 or nb <= 1 or (nb <= 4 and T < 256)) and "decode" or "stream"
+      end
       if row.fast_name then
         row.fast_graph_us = row[row.fast_name .. "_graph_us"]
         row.fast_us = row[row.fast_name .. "_us"]
