@@ -122,10 +122,11 @@ local function read_csv(path)
   return rows
 end
 
--- "k3_skinny_kernel<512; 16; 8; 1; false; 2>" -> itself; cuBLAS / CUTLASS names cut short.
-local function label(r)
+-- "k3_skinny_kernel<512; 16; 8; 1; false; 2>" [grid x block] -> itself; with `short`, cuBLAS /
+-- CUTLASS names cut to 60 characters (the launch kinds are told apart by the whole label).
+local function label(r, short)
   local n = r.name:gsub("^%(anonymous namespace%)::", ""):gsub("k3ar::", "")
-  if #n > 60 then n = n:sub(1, 57) .. "..." end
+  if short and #n > 60 then n = n:sub(1, 57) .. "..." end
   return string.format("%s [%d x %d]", n, r.grid, r.block)
 end
 
@@ -169,14 +170,18 @@ local function report(trace, runjson, untraced)
       die(string.format("launch %d of the step's graph has %d kernels, launch %d has %d", ri, #ks,
                         skip + 1, per))
     end
-    spans[#spans + 1] = (ks[#ks].e - ks[1].s) / 1e3
+    -- the span ends at the latest end, not the last start's (branches of a graph that is not a
+    -- chain, or a kernel that ends before one started earlier)
+    local last = ks[1].e
+    for _, r in ipairs(ks) do last = math.max(last, r.e) end
+    spans[#spans + 1] = (last - ks[1].s) / 1e3
     local frontier = ks[1].s
     local step = {}
     for i, r in ipairs(ks) do
       local l = label(r)
       local k = kinds[l]
       if not k then
-        k = {label = l, dur = {}, start = {}, adv = {}, per_step = {}, regs = r.regs, smem = r.smem,
+        k = {label = l, short = label(r, true), dur = {}, start = {}, adv = {}, per_step = {}, regs = r.regs, smem = r.smem,
              cluster = r.cluster}
         kinds[l] = k
         order[#order + 1] = l
@@ -205,12 +210,18 @@ local function report(trace, runjson, untraced)
   print("per launch kind (name [CTAs x threads]); medians over the replays, µs:")
   print("  calls  duration  start-prev_end  moves end  per step  share  regs  smem  cl  kind")
   table.sort(order, function(a, b) return median(kinds[a].per_step) > median(kinds[b].per_step) end)
+  -- a shortened name two kinds share is printed whole
+  local shorts = {}
+  for _, l in ipairs(order) do shorts[kinds[l].short] = (shorts[kinds[l].short] or 0) + 1 end
   for _, l in ipairs(order) do
     local k = kinds[l]
     local calls = #k.dur // #spans
     local ps = median(k.per_step)
-    print(string.format("  %5d  %8.2f  %14.2f  %9.2f  %8.1f  %4.1f%%  %4d  %5d  %2d  %s", calls,
-      median(k.dur), median(k.start), median(k.adv), ps, 100 * ps / span, k.regs, k.smem, k.cluster, l))
+    -- a kind only the step's first kernel has has no start against a previous end
+    local st = #k.start > 0 and string.format("%.2f", median(k.start)) or "-"
+    print(string.format("  %5d  %8.2f  %14s  %9.2f  %8.1f  %4.1f%%  %4d  %5d  %2d  %s", calls,
+      median(k.dur), st, median(k.adv), ps, 100 * ps / span, k.regs, k.smem, k.cluster,
+      shorts[k.short] > 1 and l or k.short))
   end
   -- the first two layers' kernels in order (the step's first kernels included), last replay
   local ks = reps[#reps]
@@ -222,7 +233,7 @@ local function report(trace, runjson, untraced)
   for i = 1, n do
     local r = ks[i]
     print(string.format("  %9.2f %9.2f  %8.2f  %14s  %s", (r.s - ks[1].s) / 1e3, (r.e - ks[1].s) / 1e3,
-      (r.e - r.s) / 1e3, i > 1 and string.format("%.2f", (r.s - ks[i - 1].e) / 1e3) or "-", label(r)))
+      (r.e - r.s) / 1e3, i > 1 and string.format("%.2f", (r.s - ks[i - 1].e) / 1e3) or "-", label(r, true)))
   end
 end
 

@@ -365,6 +365,33 @@ describe("scripts/step-trace.lua", function()
     assert.truthy(out:find("kernels 1..4 of the last replay", 1, true), out)
   end)
 
+  -- A graph that is not a chain: per launch a head kernel (its kind only the step's first kernel,
+  -- so no start against a previous end), then two kernels on parallel branches whose names agree
+  -- in their first 60 characters; the one that starts last ends first, so the step's span is
+  -- the latest end less the first start (14 µs), which the kernels' moves of the end add up to.
+  it("report: parallel branches, names alike in their first characters, a kind only the first kernel has", function()
+    local long = "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8_"
+    local rows = {"graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name"}
+    for c = 1, 5 do
+      local t = c * 100000
+      for _, k in ipairs({{1, 0, 4, "head_kernel"}, {2, 4, 14, long .. "splitk"}, {3, 5, 9, long .. "streamk"}}) do
+        rows[#rows + 1] = string.format("9,%d,%d,%d,%d,132,256,1,64,0,%s", k[1], 60 + c, t + k[2] * 1000,
+                                        t + k[3] * 1000, k[4])
+      end
+    end
+    write(dir .. "/par.csv", table.concat(rows, "\n") .. "\n")
+    local out, code = report(dir .. "/par.csv", run_json)
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("3 kernels a step, 2 replays traced (first 3 dropped)", 1, true), out)
+    assert.truthy(out:find("median: 14.0 µs", 1, true), out)
+    assert.is_nil(out:find("nan", 1, true), out)
+    assert.truthy(out:find("1      4.00               -       4.00       4.0  28.6%", 1, true), out)
+    assert.truthy(out:find("1     10.00            0.00      10.00      10.0  71.4%", 1, true), out)
+    assert.truthy(out:find("1      4.00           -9.00       0.00       0.0   0.0%", 1, true), out)
+    assert.truthy(out:find(long .. "splitk [132 x 256]", 1, true), out)
+    assert.truthy(out:find(long .. "streamk [132 x 256]", 1, true), out)
+  end)
+
   it("report: a replay with another kernel count, a missing or foreign file are errors that say so", function()
     trace(dir .. "/short.csv", 5, true)
     local out, code = report(dir .. "/short.csv", run_json)
