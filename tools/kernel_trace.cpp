@@ -137,6 +137,7 @@ __attribute__((destructor)) void finish() {
     if (!g_out) return;
     std::fclose(g_out);
     g_out = nullptr;
+    g_failed = true; /* a buffer CUPTI completes after this must not create the file again */
     std::fprintf(stderr, "kernel-trace: %llu kernels written to %s%s\n", g_rows,
                  g_path,
                  g_dropped ? " (some records dropped: CUPTI's buffers were full)" : "");
