@@ -21,8 +21,9 @@ namespace k3ar {
  * dependent launch; anything else (or unset) launches them with it. K3_ATTN_RES_DECODE_CTAS:
  * CTAs per token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
- * above 4 (1..2^30; unset or out of range: 64), so one benchmark run can time it beside
- * cuda.attn_res.stream at prefill sizes. */
+ * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
+ * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
+ * prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;

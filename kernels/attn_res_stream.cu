@@ -433,7 +433,8 @@ k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
     const char *K = k3_cuda_attn_res_stream_name;
     K3_TRY(check_rules(K, oa, call_rules{kStreamMinT, 0, true, 1, kStreamNB}, reason, n));
     if (!stream_threads(a->prefix->size[1])) {
-        snprintf(reason, n, "%s supports hidden sizes %d..%d; got %lld", K, 8 * 2 * 64,
+        /* the least H: H / 8 vectors over more than 32 threads, rounded up to 64 of them */
+        snprintf(reason, n, "%s supports hidden sizes %d..%d; got %lld", K, 8 * (kStreamV * 32 + 1),
                  8 * kStreamV * kStreamMaxThreads, (long long)a->prefix->size[1]);
         return K3_ESHAPE;
     }

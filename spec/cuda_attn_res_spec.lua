@@ -530,4 +530,21 @@ describe("cuda.attn_res.stream #gpu", function()
     H.raises(function() k3.attn_res(a) end,
       "attn_res: cuda.attn_res.stream requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
   end)
+
+  -- stream_threads: H / 8 vectors, two a thread, over 64..512 threads: H = 520 (65 vectors,
+  -- 64 threads) is the least it takes, 8192 the most; the decode kernel leaves it T >= 256 at
+  -- num_blocks 2..4 for every such H
+  it("hidden sizes 520..8192: the ends served, 512 and 8200 declined by name", function()
+    for _, hd in ipairs({520, 8192}) do
+      check(inputs(300, 4, hd, {num_blocks = 3, seed = 700 + hd}), K, "T=300 nb=3 H=" .. hd)
+    end
+    for _, hd in ipairs({512, 8200}) do
+      local a = inputs(300, 4, hd, {num_blocks = 3})
+      a.kernel = K
+      H.raises(function() k3.attn_res(a) end,
+        "attn_res: cuda.attn_res.stream supports hidden sizes 520..8192; got " .. hd)
+    end
+    local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
+    assert.same({K}, kernels_of(tr), "T=300 nb=3 H=520 goes to the stream kernel")
+  end)
 end)
