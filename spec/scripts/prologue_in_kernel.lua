@@ -77,6 +77,23 @@ for ci, config in ipairs(configs) do
       check(fused, ll:apply(k3.rms_norm(x, nw, eps), w, nil, {out = poisoned(M, N)}), what)
     end
   end
+  -- rms_norm past H = 2048 (cuda.rms_norm.generic holds 32 values a thread) and past 8192 (its
+  -- loop form), rescaled passes included: the same bits as the kernel's own prologue
+  for _, s in ipairs({{200, 4104, {1, 16}}, {64, 8200, {1, 4}}}) do
+    local N2, K2 = s[1], s[2]
+    local w2 = bf16({N2, K2}, 700 + ci, 1 / math.sqrt(K2))
+    local nw2 = bf16({K2}, 800 + ci, 0.1)
+    nw2:copy(nw2 + 1)
+    for _, M in ipairs(s[3]) do
+      for _, scale in ipairs({1, 1e30, 1e-30}) do
+        local eps = scale == 1e-30 and 0 or 1e-5
+        local x = bf16({M, K2 + 8}, 3000 * ci + M, scale):narrow(2, 1, K2)
+        local what = string.format("rms_norm %dx%d config %d M=%d scale %g", N2, K2, ci, M, scale)
+        local fused = ll:apply(x, w2, nil, {prologue = "rms_norm", norm_weight = nw2, eps = eps, out = poisoned(M, N2)})
+        check(fused, ll:apply(k3.rms_norm(x, nw2, eps), w2, nil, {out = poisoned(M, N2)}), what)
+      end
+    end
+  end
 end
 print(string.format("in-kernel prologues: %d cases, %d differ", cases, bad))
 os.exit(bad == 0 and 0 or 1)
