@@ -405,12 +405,13 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const int64_t T_ = a->prefix->size[0], maxt = get_knobs().decode_max_t, nb = a->num_blocks;
     const bool stream_takes = a->delta && a->output_norm_weight && a->write_block < 0 &&
                               stream_threads(a->prefix->size[1]);
-    if (nb > kAnyTBlocks && nb < kStreamBlocksFrom && stream_takes && T_ >= kStreamFromT &&
-        T_ > maxt) {
+    /* the least T left to the stream kernel at 2..4: kStreamFromT, or past a larger decode_max_t */
+    const int64_t from = maxt >= kStreamFromT ? maxt + 1 : kStreamFromT;
+    if (nb > kAnyTBlocks && nb < kStreamBlocksFrom && stream_takes && T_ >= from) {
         snprintf(reason, n,
                  "%s leaves T >= %lld tokens at num_blocks %d..%d to %s (faster there); got T = "
                  "%lld at num_blocks %lld",
-                 k3_cuda_attn_res_decode_name, (long long)kStreamFromT, kAnyTBlocks + 1,
+                 k3_cuda_attn_res_decode_name, (long long)from, kAnyTBlocks + 1,
                  kStreamBlocksFrom - 1, k3_cuda_attn_res_stream_name, (long long)T_,
                  (long long)nb);
         return K3_ESHAPE;
@@ -420,7 +421,7 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
                  "%s serves T <= %lld tokens at num_blocks %d..%d (at num_blocks <= %d any T, "
                  "below %lld where %s takes the call); got T = %lld at num_blocks %lld",
                  k3_cuda_attn_res_decode_name, (long long)maxt, kStreamBlocksFrom, kMaxBlocks,
-                 kStreamBlocksFrom - 1, (long long)kStreamFromT, k3_cuda_attn_res_stream_name,
+                 kStreamBlocksFrom - 1, (long long)from, k3_cuda_attn_res_stream_name,
                  (long long)T_, (long long)nb);
         return K3_ESHAPE;
     }
