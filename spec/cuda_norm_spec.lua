@@ -38,6 +38,25 @@ describe("cuda.rms_norm.generic #gpu", function()
     end)
   end
 
+  it("rows past the grid's 2^20 CTAs (each CTA strides on to later rows)", function()
+    -- the first and last rows of M = 2^20 + 3 against the fp64 reference of those rows (H = 1
+    -- and 33: the 8-values-a-thread form; larger rows would take minutes to generate here)
+    local M = (1 << 20) + 3
+    for _, hd in ipairs({1, 33}) do
+      local x = k3.randn({M, hd}, {device = "cuda", dtype = "bf16", seed = 40 + hd})
+      local w = (k3.randn({hd}, {dtype = "bf16", seed = 41}) * 0.1 + 1):to("cuda")
+      local out = k3.empty({M, hd}, {device = "cuda", dtype = "bf16"})
+      out:fill(0 / 0)
+      local y = k3.rms_norm(x, w, 1e-5, {out = out, kernel = K})
+      for _, first in ipairs({1, M - 7}) do
+        local want = k3.rms_norm(f64(x:narrow(1, first, 8)), f64(w), 1e-5, {kernel = "cpu.rms_norm.reference"})
+        close(y:narrow(1, first, 8), want, "bf16", string.format("H=%d rows %d..%d of %d", hd, first, first + 7, M))
+      end
+      x:free()
+      out:free()
+    end
+  end)
+
   it("f32 weights with bf16 activations, a large eps, many rows", function()
     local x = k3.randn({3000, 256}, {device = "cuda", dtype = "bf16", seed = 5})
     local w = k3.randn({256}, {device = "cuda", seed = 6})
