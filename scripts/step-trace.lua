@@ -170,11 +170,8 @@ local function report(trace, runjson, untraced)
       die(string.format("launch %d of the step's graph has %d kernels, launch %d has %d", ri, #ks,
                         skip + 1, per))
     end
-    -- the span ends at the latest end, not the last start's (branches of a graph that is not a
-    -- chain, or a kernel that ends before one started earlier)
-    local last = ks[1].e
-    for _, r in ipairs(ks) do last = math.max(last, r.e) end
-    spans[#spans + 1] = (last - ks[1].s) / 1e3
+    -- frontier: the latest end so far; the span ends at the latest end of all, not the last
+    -- start's (branches of a graph that is not a chain, a kernel ending before an earlier one)
     local frontier = ks[1].s
     local step = {}
     for i, r in ipairs(ks) do
@@ -195,6 +192,7 @@ local function report(trace, runjson, untraced)
       step[l] = (step[l] or 0) + adv
     end
     for l, v in pairs(step) do table.insert(kinds[l].per_step, v) end
+    spans[#spans + 1] = (frontier - ks[1].s) / 1e3
   end
   local span = median(spans)
   print(string.format("step-trace: %s, M = %d: %d kernels a step, %d replays traced (first %d dropped)",

@@ -316,6 +316,8 @@ end)
 -- work.
 describe("scripts/step-trace.lua", function()
   local dir = mktemp_dir()
+  -- the tracer's CSV header (tools/kernel_trace.cpp)
+  local HEADER = "graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name"
   local function report(...)
     local args = table.concat({...}, " ")
     return sh("cd '" .. root .. "' && scripts/k3 scripts/step-trace.lua report " .. args)
@@ -325,7 +327,7 @@ describe("scripts/step-trace.lua", function()
                  "k3_skinny_kernel<512; 16; 4; 1; false; 2>", "(anonymous namespace)::copy_kernel<k3c_bf16; k3c_bf16>"}
   local dur = {10, 3, 10, 2}
   local function trace(path, launches, drop_last)
-    local lines = {"graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name",
+    local lines = {HEADER,
                    "0,0,1,100,900,4,256,0,32,0,(anonymous namespace)::fill_kernel<float>"}
     local t = 10000
     for c = 1, launches do
@@ -371,7 +373,7 @@ describe("scripts/step-trace.lua", function()
   -- the latest end less the first start (14 µs), which the kernels' moves of the end add up to.
   it("report: parallel branches, names alike in their first characters, a kind only the first kernel has", function()
     local long = "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8_"
-    local rows = {"graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name"}
+    local rows = {HEADER}
     for c = 1, 5 do
       local t = c * 100000
       for _, k in ipairs({{1, 0, 4, "head_kernel"}, {2, 4, 14, long .. "splitk"}, {3, 5, 9, long .. "streamk"}}) do
@@ -404,7 +406,7 @@ describe("scripts/step-trace.lua", function()
     out, code = report(dir .. "/foreign.csv", run_json)
     assert.are.equal(2, code, out)
     assert.truthy(out:find("foreign.csv: not a kernel-trace CSV", 1, true), out)
-    write(dir .. "/nograph.csv", "graph_id,graph_node_id,correlation_id,start_ns,end_ns,grid,block,cluster,registers,shared_bytes,name\n" ..
+    write(dir .. "/nograph.csv", HEADER .. "\n" ..
                                  "0,0,1,100,900,4,256,0,32,0,k\n")
     out, code = report(dir .. "/nograph.csv", run_json)
     assert.are.equal(2, code, out)

@@ -67,9 +67,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buf, size_t, size_t
     std::lock_guard<std::mutex> lock(g_mu);
     CUpti_Activity *rec = nullptr;
     while (cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
-        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
-            rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
-            continue;
+        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(rec);
         if (!g_out && !g_failed) {
             g_out = std::fopen(g_path, "w");
