@@ -307,7 +307,8 @@ static int l_method_default(lua_State *L) {
  * opts.static_weights = true promises that no kernel in flight writes the weights
  * (k3_plan_entry.static_weights). Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
-    static const char *const entry_keys[] = {"kernel", "config", "us", "cublas_us", NULL};
+    static const char *const entry_keys[] = {"kernel",  "config",       "us",
+                                             "cublas_us", "step_us", "base_step_us", NULL};
     static const char *const cfg_keys[] = {"threads",       "rows",     "unroll", "vec", "split_k",
                                            "rows_per_warp", "balanced", NULL};
     static const char *const opt_keys[] = {"static_weights", NULL};

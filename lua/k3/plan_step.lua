@@ -1,0 +1,168 @@
+-- k3.plan_step: plan entries measured inside the decode step, laid over the standalone plan.
+--
+-- scripts/autotune times each (shape, M) alone, chained to itself. Inside a decode step the
+-- same kernel follows other kernels, and which configuration is fastest there can differ (a
+-- configuration that streams as fast alone can start later behind the kernel before it, or
+-- delay the one after). scripts/tune-step measures the candidates in the captured step itself
+-- and writes the winners to lua/k3/policy/<arch>_step.lua:
+--
+--   return {arch =, machine =, date =, method =, commit =,
+--           plans    = {["NxK"] = {[M] = entry, ...}, ...},   -- plain calls
+--           silu_mul = {["NxK"] = {[M] = entry, ...}, ...}}   -- calls with that epilogue
+--
+-- entry = {kernel = "skinny", config = {...}, step_us =, base_step_us =}: the config as in the
+-- plan files, and the step's median time with it and with the entry it replaces, in the same
+-- run. k3.plan_for lays these over the plain (or epilogue) plan: M.overlay.
+local M = {}
+
+--- plan_step.overlay(base, step) -> plan: a new table with base's entries ({[M] = entry} or
+--- nil) and, for every M of step (nil: none), step's entry in its place; nil when both are nil.
+--- Neither argument is changed.
+function M.overlay(base, step)
+  if step == nil then return base end
+  if type(step) ~= "table" then
+    error(string.format("plan_step.overlay: step entries must be a table; got %s", type(step)), 2)
+  end
+  local out = {}
+  for m, e in pairs(base or {}) do out[m] = e end
+  for m, e in pairs(step) do
+    if math.type(m) ~= "integer" or type(e) ~= "table" or e.kernel ~= "skinny" or type(e.config) ~= "table" then
+      error(string.format("plan_step.overlay: entry [%s] must be {kernel = \"skinny\", config = {...}}",
+                          tostring(m)), 2)
+    end
+    out[m] = e
+  end
+  return out
+end
+
+--- plan_step.entries(module, section, key) -> {[M] = entry} or nil: section ("plans" or an
+--- epilogue's name) of the step file `module` (for example "k3.policy.sm90_step") for shape key
+--- "NxK"; nil when the file does not exist or has no such entries. A file that exists but does
+--- not load raises with its error (a broken plan must not be skipped silently).
+function M.entries(module, section, key)
+  local found = package.searchpath(module, package.path)
+  if not found then return nil end
+  local tbl = require(module)
+  if type(tbl) ~= "table" then
+    error(string.format("%s (%s): must return a table; got %s", module, found, type(tbl)), 2)
+  end
+  local sec = tbl[section]
+  if sec == nil then return nil end
+  if type(sec) ~= "table" then
+    error(string.format("%s (%s): field '%s' must be a table; got %s", module, found, section, type(sec)), 2)
+  end
+  return sec[key]
+end
+
+-- A config as one canonical string: its fields sorted by name ("balanced=true,rows=8,...").
+function M.config_key(cfg)
+  local names = {}
+  for k in pairs(cfg) do names[#names + 1] = k end
+  table.sort(names)
+  local parts = {}
+  for i, k in ipairs(names) do parts[i] = k .. "=" .. tostring(cfg[k]) end
+  return table.concat(parts, ",")
+end
+
+--- plan_step.candidates(plans, key, m, current) -> {config, ...}: the distinct skinny configs a
+--- step tuner tries for shape `key` at M = m: every config `plans[key]` uses at any M, then
+--- every config another shape uses at M = m, in a fixed order (the shape's own by M, then the
+--- other shapes by name), without `current` (the config the step runs now; may be nil).
+function M.candidates(plans, key, m, current)
+  local seen, out = {}, {}
+  if current then seen[M.config_key(current)] = true end
+  local function add(e)
+    if type(e) == "table" and e.kernel == "skinny" and type(e.config) == "table" then
+      local k = M.config_key(e.config)
+      if not seen[k] then
+        seen[k] = true
+        out[#out + 1] = e.config
+      end
+    end
+  end
+  local own = plans[key] or {}
+  local ms = {}
+  for mm in pairs(own) do ms[#ms + 1] = mm end
+  table.sort(ms)
+  for _, mm in ipairs(ms) do add(own[mm]) end
+  local keys = {}
+  for k in pairs(plans) do if k ~= key then keys[#keys + 1] = k end end
+  table.sort(keys)
+  for _, k in ipairs(keys) do add(plans[k][m]) end
+  return out
+end
+
+--- plan_step.decide(pairs, min_gain) -> keep, gain: pairs = {{base = µs, cand = µs}, ...}, one
+--- per timing pass (each pass times the step with the current entry, then with the candidate);
+--- keep is true when the candidate is faster by at least min_gain (a fraction, e.g. 0.002) in
+--- every pass; gain is the smallest fractional gain over the passes (negative: slower).
+function M.decide(pairs, min_gain)
+  if #pairs == 0 then error("plan_step.decide: no timing passes", 2) end
+  local worst = math.huge
+  for _, p in ipairs(pairs) do
+    local g = (p.base - p.cand) / p.base
+    if g < worst then worst = g end
+  end
+  return worst >= min_gain, worst
+end
+
+local function lua_value(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  if math.type(v) == "float" then return string.format("%.2f", v) end
+  return tostring(v)
+end
+
+-- {threads = 256, rows = 8, ...} in the plan files' field order, then any others by name.
+local ORDER = {"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "balanced"}
+local function config_text(cfg)
+  local parts, done = {}, {}
+  for _, k in ipairs(ORDER) do
+    if cfg[k] ~= nil then
+      parts[#parts + 1] = k .. " = " .. lua_value(cfg[k])
+      done[k] = true
+    end
+  end
+  local rest = {}
+  for k in pairs(cfg) do if not done[k] then rest[#rest + 1] = k end end
+  table.sort(rest)
+  for _, k in ipairs(rest) do parts[#parts + 1] = k .. " = " .. lua_value(cfg[k]) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+--- plan_step.render(t) -> string: the Lua source of a step file (the layout above) for
+--- t = {arch =, machine =, date =, method =, commit =, plans =, silu_mul =}; loading the text
+--- gives back t's values (times rounded to 0.01 µs).
+function M.render(t)
+  local out = {"-- " .. t.arch .. "_step.lua: cuda.linear.skinny plan entries measured inside the decode step,",
+               "-- written by scripts/tune-step; k3.plan_for lays them over " .. t.arch .. ".lua (k3.plan_step).",
+               "-- step_us / base_step_us: the step's median time with the entry and with the one it",
+               "-- replaces, in the same run. Regenerate on the machine rather than editing by hand.",
+               "return {"}
+  for _, f in ipairs({"arch", "machine", "date", "commit", "method"}) do
+    if t[f] ~= nil then out[#out + 1] = string.format("  %s = %s,", f, lua_value(t[f])) end
+  end
+  for _, section in ipairs({"plans", "silu_mul"}) do
+    local sec = t[section] or {}
+    out[#out + 1] = "  " .. section .. " = {"
+    local keys = {}
+    for k in pairs(sec) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      out[#out + 1] = string.format("    [%q] = {", k)
+      local ms = {}
+      for m in pairs(sec[k]) do ms[#ms + 1] = m end
+      table.sort(ms)
+      for _, m in ipairs(ms) do
+        local e = sec[k][m]
+        out[#out + 1] = string.format("      [%d] = {kernel = %q, config = %s, step_us = %.2f, base_step_us = %.2f},",
+                                      m, e.kernel, config_text(e.config), e.step_us, e.base_step_us)
+      end
+      out[#out + 1] = "    },"
+    end
+    out[#out + 1] = "  },"
+  end
+  out[#out + 1] = "}"
+  return table.concat(out, "\n") .. "\n"
+end
+
+return M

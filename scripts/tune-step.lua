@@ -1,0 +1,297 @@
+-- scripts/tune-step.lua — the plan's entries chosen inside the decode step (run through
+-- scripts/tune-step):
+--
+--   tune-step.lua [--m 1,16] [--config NAME] [--replays N] [--passes N] [--min-gain PCT]
+--                 [--max-candidates N] [--shapes NxK,...] [--out FILE | --write] [--dry-run]
+--
+-- builds the stack of config NAME (default kimi-k3-tp8, seeded random bf16 weights as
+-- `scripts/bench stack` makes them), finds its linear layers by shape (and by the SwiGLU
+-- epilogue where a layer is called with it), and for each M and each shape in the step's order
+-- tries the candidate configurations of k3.plan_step.candidates (the configs the plan files
+-- use for that shape at any M, then those other shapes use at that M; at most N, default 10):
+-- every layer of the shape gets k3.method.low_latency with the candidate at M (static
+-- weights, as k3.nn builds them; a candidate the kernel declines for the shape is skipped, by
+-- the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
+-- then N timed by CUDA events, default 15: the median), alternating with the step as it
+-- stands, for --passes passes (default 2). A candidate is kept when it is faster by at least
+-- PCT percent of the step (default 0.2) in every pass (k3.plan_step.decide); of those kept,
+-- the one with the largest smallest gain becomes the shape's entry at M and the search goes
+-- on from there (shape by shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
+-- text (k3.plan_step.render): written to FILE (default build/tune-step/<arch>_step.lua), or
+-- to lua/k3/policy/<arch>_step.lua with --write, where k3.plan_for lays it over the plan.
+-- Entries of an existing step file for an (shape, M) not tuned in this run are carried over.
+-- --dry-run lists the shapes and candidates without timing anything. Progress on stderr.
+local k3 = require "k3"
+local plan_step = require "k3.plan_step"
+
+local function die(msg)
+  io.stderr:write("tune-step: ", msg, "\n")
+  os.exit(2)
+end
+
+local function list_of(v, what, conv)
+  if not v or v == "" then die(what .. " takes a comma-separated list") end
+  local out = {}
+  for item in v:gmatch("[^,]+") do
+    local x = conv(item) or die(what .. ": bad item '" .. item .. "'")
+    out[#out + 1] = x
+  end
+  return out
+end
+
+local function opts_of(argv)
+  local o = {ms = {1, 16}, config = "kimi-k3-tp8", replays = 15, passes = 2, min_gain = 0.2,
+             max_candidates = 10}
+  local i = 1
+  while i <= #argv do
+    local a, v = argv[i], argv[i + 1]
+    local step = 2
+    if a == "--m" then o.ms = list_of(v, "--m", function(s) return math.tointeger(tonumber(s)) end)
+    elseif a == "--config" then o.config = v or die("--config takes a name")
+    elseif a == "--replays" then o.replays = math.tointeger(tonumber(v)) or die("--replays takes a count")
+    elseif a == "--passes" then o.passes = math.tointeger(tonumber(v)) or die("--passes takes a count")
+    elseif a == "--min-gain" then o.min_gain = tonumber(v) or die("--min-gain takes a percentage")
+    elseif a == "--max-candidates" then
+      o.max_candidates = math.tointeger(tonumber(v)) or die("--max-candidates takes a count")
+    elseif a == "--shapes" then
+      o.shapes = {}
+      for _, s in ipairs(list_of(v, "--shapes", function(s) return s:match("^%d+x%d+$") end)) do
+        o.shapes[s] = true
+      end
+    elseif a == "--out" then o.out = v or die("--out takes a file")
+    elseif a == "--write" then o.write, step = true, 1
+    elseif a == "--dry-run" then o.dry_run, step = true, 1
+    else die("unknown option " .. tostring(a)) end
+    i = i + step
+  end
+  for _, m in ipairs(o.ms) do
+    if m < 1 or m > 16 then die("--m: a plan covers M = 1..16; got " .. m) end
+  end
+  if o.replays < 1 then die("--replays must be >= 1; got " .. o.replays) end
+  if o.passes < 1 then die("--passes must be >= 1; got " .. o.passes) end
+  if o.max_candidates < 1 then die("--max-candidates must be >= 1; got " .. o.max_candidates) end
+  if o.min_gain < 0 then die("--min-gain must be >= 0; got " .. o.min_gain) end
+  if o.write and o.out then die("--write and --out name two destinations; give one") end
+  return o
+end
+
+-- "t512 r8 u4 v8 s16 w16 bal": a config in the benchmarks' short form.
+local function short(cfg)
+  local s = string.format("t%d r%d u%d v%d s%d", cfg.threads, cfg.rows, cfg.unroll, cfg.vec or 8,
+                          cfg.split_k or 0)
+  if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
+  if cfg.balanced then s = s .. " bal" end
+  return s
+end
+
+-- The GPU's name as nvidia-smi reports it ("NVIDIA H200"), or nil.
+local function device_name()
+  local f = io.popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null")
+  local name = f and f:read("l")
+  if f then f:close() end
+  return name and name ~= "" and name or nil
+end
+
+local function copy_plan(p)
+  local out = {}
+  for m, e in pairs(p or {}) do out[m] = e end
+  return out
+end
+
+local function main(argv)
+  local o = opts_of(argv)
+  local kimi = require "k3.model.kimi_k3"
+  local nn = require "k3.nn"
+  if not k3.plan_for then die("k3.plan_for is missing from this build") end
+  local dev_ok, arch = pcall(k3.cuda_arch, 0)
+  if not dev_ok then die("needs a CUDA device: " .. tostring(arch)) end
+  local function plans_of(module)
+    local ok, t = pcall(require, module)
+    return ok and type(t) == "table" and type(t.plans) == "table" and t.plans or {}
+  end
+  local plain_plans = plans_of("k3.policy." .. arch)
+  local section_plans = {plans = plain_plans, silu_mul = plans_of("k3.policy." .. arch .. "_silu_mul")}
+  local step_module = "k3.policy." .. arch .. "_step"
+  local ok_prev, prev = pcall(require, step_module)
+  if not ok_prev and package.searchpath(step_module, package.path) then
+    die(step_module .. " does not load: " .. tostring(prev))
+  end
+  prev = ok_prev and type(prev) == "table" and prev or {}
+
+  local cfg = kimi.config(o.config)
+  io.stderr:write(string.format("tune-step: %s on %s: generating weights\n", o.config, arch))
+  local weights = kimi.generate_weights(cfg, {seed = 1234, dtype = "bf16", device = "cuda"})
+  local stack = kimi.build(cfg, weights, {dtype = "bf16", device = "cuda"})
+
+  -- the linear layers by (shape, epilogue), in the order a step first calls them
+  local roles, by_id = {}, {}
+  do
+    local x = kimi.embedding(cfg, 1, {seed = 1234, step = 1, dtype = "bf16", device = "cuda"})
+    local orig = nn.Linear.__call
+    nn.Linear.__call = function(self, xx, co)
+      local epi = co and co.epilogue or nil
+      local key = string.format("%dx%d", self.weight:size(1), self.weight:size(2))
+      local id = key .. (epi and (" +" .. epi) or "")
+      local r = by_id[id]
+      if not r then
+        r = {id = id, key = key, epilogue = epi, section = epi or "plans", layers = {}, seen = {},
+             weight = self.weight, K = self.weight:size(2), prologue = co and co.prologue}
+        by_id[id] = r
+        roles[#roles + 1] = r
+      end
+      if not r.seen[self] then
+        r.seen[self] = true
+        r.layers[#r.layers + 1] = self
+      end
+      return orig(self, xx, co)
+    end
+    local ok, err = pcall(function() stack:forward(x):free() end)
+    nn.Linear.__call = orig
+    x:free()
+    if not ok then die("the step failed: " .. tostring(err)) end
+  end
+
+  local results = {plans = {}, silu_mul = {}}
+  for _, section in ipairs({"plans", "silu_mul"}) do
+    for key, ms in pairs(prev[section] or {}) do
+      results[section][key] = {}
+      for m, e in pairs(ms) do results[section][key][m] = e end
+    end
+  end
+
+  local y = k3.empty({16, cfg.hidden_size}, {dtype = "bf16", device = "cuda"})
+  local function measure(x)
+    local M = x:size(1)
+    local g = k3.cuda_graph(function()
+      local out = stack:forward(x)
+      y:narrow(1, 1, M):copy(out)
+      out:free()
+    end)
+    g:replay(3)
+    local us = k3.cuda_time(function() g:replay() end, {iters = o.replays, warmup = 0, device = 0})
+    g:free()
+    return us
+  end
+
+  local function set_method(role, m)
+    for _, lin in ipairs(role.layers) do lin.method = m end
+  end
+
+  local report = {}
+  for _, M in ipairs(o.ms) do
+    local x = kimi.embedding(cfg, M, {seed = 1234, step = 1, dtype = "bf16", device = "cuda"})
+    stack:forward(x):free() -- eager once at this M: every method's first call is behind it
+    local start_us = (not o.dry_run) and measure(x) or nil
+    if start_us then
+      io.stderr:write(string.format("tune-step: M = %d: the step as planned %.1f µs\n", M, start_us))
+    end
+    for _, role in ipairs(roles) do
+      if not o.shapes or o.shapes[role.key] then
+        local current = copy_plan(k3.plan_for(role.weight, role.epilogue and {epilogue = role.epilogue} or nil))
+        local cur_method = role.layers[1].method
+        local cur_entry = current[M]
+        local all = plan_step.candidates(section_plans[role.section], role.key, M, cur_entry and cur_entry.config)
+        if role.section ~= "plans" then
+          -- the epilogue role also tries the plain plan's configs (the kernel declines those it cannot run)
+          local seen = {}
+          if cur_entry then seen[plan_step.config_key(cur_entry.config)] = true end
+          for _, c in ipairs(all) do seen[plan_step.config_key(c)] = true end
+          for _, c in ipairs(plan_step.candidates(plain_plans, role.key, M, nil)) do
+            if not seen[plan_step.config_key(c)] then all[#all + 1] = c end
+          end
+        end
+        -- a candidate the kernel takes for this shape and M
+        local xm = k3.empty({M, role.K}, {dtype = "bf16", device = "cuda"})
+        local co = role.epilogue and {epilogue = role.epilogue} or nil
+        local cands = {}
+        for _, c in ipairs(all) do
+          if #cands >= o.max_candidates then break end
+          local plan = copy_plan(current)
+          plan[M] = {kernel = "skinny", config = c}
+          local okm, m = pcall(k3.method.low_latency, plan, {static_weights = true})
+          if okm then
+            local r = m:explain(xm, role.weight, nil, co)
+            local ours = r.chosen == "cuda.linear.skinny"
+            for _, d in ipairs(r.declined or {}) do
+              if d.kernel == "cuda.linear.skinny" then ours = false end
+            end
+            if ours then cands[#cands + 1] = {config = c, method = m, plan = plan} else m:free() end
+          end
+        end
+        xm:free()
+        io.stderr:write(string.format("tune-step: M = %d, %s (%d layers): now %s; %d candidates\n", M,
+          role.id, #role.layers, cur_entry and short(cur_entry.config) or "the default method", #cands))
+        local best
+        for ci, c in ipairs(cands) do
+          if not o.dry_run then
+            local pairs_ = {}
+            -- one eager step first: what the candidate's method sets up at its first call
+            -- (a split-K workspace) is then in place before any capture
+            set_method(role, c.method)
+            local okp, perr = pcall(function()
+              stack:forward(x):free()
+              for _ = 1, o.passes do
+                set_method(role, cur_method)
+                local b = measure(x)
+                set_method(role, c.method)
+                local t = measure(x)
+                pairs_[#pairs_ + 1] = {base = b, cand = t}
+              end
+            end)
+            set_method(role, cur_method)
+            if not okp then
+              die(string.format("M = %d, %s, candidate %s: %s", M, role.id, short(c.config), tostring(perr)))
+            end
+            local keep, gain = plan_step.decide(pairs_, o.min_gain / 100)
+            local bs, cs = 0, 0
+            for _, p in ipairs(pairs_) do bs, cs = bs + p.base, cs + p.cand end
+            c.base_us, c.us, c.gain = bs / #pairs_, cs / #pairs_, gain
+            io.stderr:write(string.format("tune-step:   (%d/%d) %-26s %8.1f µs against %8.1f: %+.2f%% at worst%s\n",
+              ci, #cands, short(c.config), c.us, c.base_us, 100 * gain, keep and ", kept" or ""))
+            if keep and (not best or gain > best.gain) then best = c end
+          else
+            io.stderr:write(string.format("tune-step:   (%d/%d) %s\n", ci, #cands, short(c.config)))
+          end
+        end
+        for _, c in ipairs(cands) do
+          if c ~= best then c.method:free() end
+        end
+        if best then
+          set_method(role, best.method)
+          local sec = results[role.section]
+          sec[role.key] = sec[role.key] or {}
+          sec[role.key][M] = {kernel = "skinny", config = best.config, step_us = best.us, base_step_us = best.base_us}
+          report[#report + 1] = string.format("M = %2d  %-22s %-26s -> %-26s %8.1f -> %8.1f µs",
+            M, role.id, cur_entry and short(cur_entry.config) or "default", short(best.config),
+            best.base_us, best.us)
+        end
+      end
+    end
+    if start_us then
+      local end_us = measure(x)
+      report[#report + 1] = string.format("M = %2d  the step: %.1f µs as planned, %.1f µs with the entries kept (same run)",
+                                          M, start_us, end_us)
+    end
+    x:free()
+  end
+  y:free()
+
+  print(string.format("tune-step: %s on %s, M = %s", o.config, arch, table.concat(o.ms, ",")))
+  for _, l in ipairs(report) do print(l) end
+  if o.dry_run then return end
+  local path = o.write and ("lua/k3/policy/" .. arch .. "_step.lua") or o.out or ("build/tune-step/" .. arch .. "_step.lua")
+  local dir = path:match("^(.*)/[^/]*$")
+  if dir then os.execute("mkdir -p '" .. dir .. "'") end
+  local text = plan_step.render({
+    arch = arch, machine = device_name(),
+    date = os.date("!%Y-%m-%d %H:%M UTC"), commit = os.getenv("K3_COMMIT"),
+    method = string.format("scripts/tune-step --m %s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
+                           table.concat(o.ms, ","), o.config, o.replays, o.passes, o.min_gain),
+    plans = results.plans, silu_mul = results.silu_mul})
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  print("tune-step: wrote " .. path)
+end
+
+main(arg)

@@ -1,0 +1,194 @@
+-- k3.plan_step (plan entries measured inside the decode step) and k3.plan_for's use of a step
+-- file; scripts/tune-step's options.
+local k3 = require "k3"
+local H = require "spec.helpers"
+local plan_step = require "k3.plan_step"
+
+local A = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true}
+local B = {threads = 256, rows = 16, unroll = 4, vec = 8, split_k = 8, rows_per_warp = 16}
+local C = {threads = 128, rows = 8, unroll = 4, vec = 8, split_k = 4}
+
+-- A scratch directory on package.path holding k3/policy/<name>.lua with `text`; returns the
+-- directory and a function that takes it off package.path and out of package.loaded.
+local function scratch_module(name, text)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p '" .. dir .. "/k3/policy'"))
+  local f = assert(io.open(dir .. "/k3/policy/" .. name .. ".lua", "w"))
+  f:write(text)
+  f:close()
+  local saved = package.path
+  package.path = dir .. "/?.lua;" .. package.path
+  return dir, function()
+    package.path = saved
+    package.loaded["k3.policy." .. name] = nil
+    os.execute("rm -rf '" .. dir .. "'")
+  end
+end
+
+describe("k3.plan_step", function()
+  it("overlay: the step's entries replace the plan's at their M, the rest stay, inputs untouched", function()
+    local base = {[1] = {kernel = "skinny", config = A, us = 7.1}, [16] = {kernel = "skinny", config = C}}
+    local step = {[1] = {kernel = "skinny", config = B, step_us = 7100.5, base_step_us = 7200.25}}
+    local out = plan_step.overlay(base, step)
+    assert.equal(B, out[1].config)
+    assert.equal(7100.5, out[1].step_us)
+    assert.equal(C, out[16].config)
+    assert.equal(A, base[1].config) -- base unchanged
+    assert.is_nil(base[2])
+    assert.same({[1] = step[1]}, plan_step.overlay(nil, step))
+    assert.equal(base, plan_step.overlay(base, nil))
+    assert.is_nil(plan_step.overlay(nil, nil))
+  end)
+
+  it("overlay refuses an entry that is not a skinny config, naming its M", function()
+    H.raises(function() plan_step.overlay({}, {[4] = {kernel = "cublas"}}) end,
+             "plan_step.overlay: entry [4] must be {kernel = \"skinny\", config = {...}}")
+    H.raises(function() plan_step.overlay({}, {["4"] = {kernel = "skinny", config = A}}) end,
+             "plan_step.overlay: entry [4] must be")
+    H.raises(function() plan_step.overlay({}, "x") end, "plan_step.overlay: step entries must be a table; got string")
+  end)
+
+  it("candidates: the shape's configs by M, then other shapes' at that M, each once, without the current", function()
+    local plans = {
+      ["2112x7168"] = {[1] = {kernel = "skinny", config = A}, [2] = {kernel = "skinny", config = B},
+                       [3] = {kernel = "skinny", config = A}},
+      ["1536x7168"] = {[1] = {kernel = "skinny", config = C}},
+      ["7168x768"] = {[1] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true}}},
+      ["9x9"] = {[2] = {kernel = "skinny", config = {threads = 64, rows = 8, unroll = 2}}},
+    }
+    local c = plan_step.candidates(plans, "2112x7168", 1, A)
+    assert.same({B, C}, c) -- A is current (and 7168x768's copy of it is the same config)
+    assert.same({A, B, C}, plan_step.candidates(plans, "2112x7168", 1, nil))
+    assert.same({C, A}, plan_step.candidates(plans, "4096x4096", 1, nil)) -- no entries of its own
+    assert.equal(plan_step.config_key(A), plan_step.config_key({balanced = true, split_k = 16, vec = 8, unroll = 4, rows = 8, threads = 512}))
+  end)
+
+  it("decide: kept only when faster by min_gain in every pass; gain is the worst pass's", function()
+    local keep, gain = plan_step.decide({{base = 1000, cand = 990}, {base = 1000, cand = 995}}, 0.002)
+    assert.is_true(keep)
+    assert.near(0.005, gain, 1e-12)
+    keep, gain = plan_step.decide({{base = 1000, cand = 990}, {base = 1000, cand = 999}}, 0.002)
+    assert.is_false(keep)
+    assert.near(0.001, gain, 1e-12)
+    keep, gain = plan_step.decide({{base = 1000, cand = 1010}}, 0)
+    assert.is_false(keep)
+    assert.near(-0.01, gain, 1e-12)
+    H.raises(function() plan_step.decide({}, 0.002) end, "plan_step.decide: no timing passes")
+  end)
+
+  it("render: the text loads back to the same entries, and low_latency takes them", function()
+    local t = {arch = "sm90", machine = "NVIDIA H200", date = "2026-12-02 01:00 UTC", commit = "abc1234",
+               method = "scripts/tune-step --m 1",
+               plans = {["2112x7168"] = {[1] = {kernel = "skinny", config = A, step_us = 7129.04, base_step_us = 7247.1}}},
+               silu_mul = {["8448x7168"] = {[16] = {kernel = "skinny", config = C, step_us = 8000, base_step_us = 8100}}}}
+    local text = plan_step.render(t)
+    assert.truthy(text:find("written by scripts/tune-step", 1, true), text)
+    local back = assert(load(text))()
+    assert.equal("sm90", back.arch)
+    assert.equal("abc1234", back.commit)
+    assert.same(A, back.plans["2112x7168"][1].config)
+    assert.equal(7129.04, back.plans["2112x7168"][1].step_us)
+    assert.equal(7247.10, back.plans["2112x7168"][1].base_step_us)
+    assert.same(C, back.silu_mul["8448x7168"][16].config)
+    -- a step entry as k3.plan_for hands it on: its extra keys are accepted
+    local m = k3.method.low_latency(back.plans["2112x7168"], {static_weights = true})
+    m:free()
+  end)
+
+  it("entries: nil without the file; the section's entries of a file; a broken file raises", function()
+    assert.is_nil(plan_step.entries("k3.policy.no_such_step_file", "plans", "1x1"))
+    local _, done = scratch_module("t1_step", plan_step.render({arch = "t1",
+      plans = {["64x64"] = {[2] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}}}}))
+    local ok, err = pcall(function()
+      local e = plan_step.entries("k3.policy.t1_step", "plans", "64x64")
+      assert.same(C, e[2].config)
+      assert.is_nil(plan_step.entries("k3.policy.t1_step", "plans", "65x64"))
+      assert.is_nil(plan_step.entries("k3.policy.t1_step", "silu_mul", "64x64"))
+    end)
+    done()
+    assert(ok, err)
+    local _, done2 = scratch_module("t2_step", "return 42\n")
+    ok, err = pcall(plan_step.entries, "k3.policy.t2_step", "plans", "64x64")
+    done2()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("k3.policy.t2_step (", 1, true), err)
+    assert.truthy(tostring(err):find("must return a table; got number", 1, true), err)
+    local _, done3 = scratch_module("t3_step", "return {plans = \n")
+    ok, err = pcall(plan_step.entries, "k3.policy.t3_step", "plans", "64x64")
+    done3()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("t3_step", 1, true), err)
+  end)
+end)
+
+describe("scripts/tune-step", function()
+  local root = H.root()
+  local function run(args)
+    return H.sh("cd '" .. root .. "' && scripts/tune-step " .. args)
+  end
+
+  it("--help prints its usage", function()
+    local out, code = run("--help")
+    assert.equal(0, code)
+    assert.truthy(out:find("scripts/tune-step [--m 1,16]", 1, true), out)
+  end)
+
+  it("refuses bad options, naming them", function()
+    for _, c in ipairs({
+      {"--m 17", "tune-step: --m: a plan covers M = 1..16; got 17"},
+      {"--m x", "tune-step: --m: bad item 'x'"},
+      {"--replays 0", "tune-step: --replays must be >= 1; got 0"},
+      {"--passes 0", "tune-step: --passes must be >= 1; got 0"},
+      {"--shapes 12", "tune-step: --shapes: bad item '12'"},
+      {"--write --out f.lua", "tune-step: --write and --out name two destinations; give one"},
+      {"--tokens 4", "tune-step: unknown option --tokens"},
+    }) do
+      local out, code = run(c[1])
+      assert.equal(2, code, c[1] .. ": " .. out)
+      assert.truthy(out:find(c[2], 1, true), c[1] .. ": " .. out)
+    end
+  end)
+
+  it("without a CUDA device: says so and writes nothing", function()
+    if H.cuda() then
+      pending("a CUDA device is present")
+      return
+    end
+    local out, code = run("--m 1 --out /tmp/k3-tune-step-none.lua")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("tune-step: needs a CUDA device", 1, true), out)
+    assert.is_nil(io.open("/tmp/k3-tune-step-none.lua"))
+  end)
+end)
+
+describe("k3.plan_for with a step file #gpu", function()
+  it("lays the step file's entries over the plan at their M, plain and epilogue", function()
+    if not H.need_gpu(pending) then return end
+    local arch = k3.cuda_arch(0)
+    local w = k3.empty({2112, 7168}, {dtype = "bf16", device = "cuda"})
+    local g = k3.empty({8448, 7168}, {dtype = "bf16", device = "cuda"})
+    local before = k3.plan_for(w) or {}
+    local before_g = k3.plan_for(g, {epilogue = "silu_mul"}) or {}
+    local saved = package.loaded["k3.policy." .. arch .. "_step"]
+    package.loaded["k3.policy." .. arch .. "_step"] = nil
+    local _, done = scratch_module(arch .. "_step", plan_step.render({arch = arch,
+      plans = {["2112x7168"] = {[3] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}}},
+      silu_mul = {["8448x7168"] = {[16] = {kernel = "skinny", config = B, step_us = 1, base_step_us = 2}}}}))
+    local ok, err = pcall(function()
+      local p = k3.plan_for(w)
+      assert.same(C, p[3].config)
+      for m = 1, 16 do
+        if m ~= 3 then assert.same(before[m], p[m]) end
+      end
+      local pg = k3.plan_for(g, {epilogue = "silu_mul"})
+      assert.same(B, pg[16].config)
+      for m = 1, 15 do assert.same(before_g[m], pg[m]) end
+    end)
+    done()
+    package.loaded["k3.policy." .. arch .. "_step"] = saved
+    w:free()
+    g:free()
+    assert(ok, err)
+  end)
+end)
