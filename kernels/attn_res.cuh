@@ -23,16 +23,13 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. K3_ATTN_RES_DECODE_EARLY: "1" has cuda.attn_res.decode take the static block
- * slots' dots and sums of squares before the PDL wait (with static weights; the same bits),
- * anything else after it. */
+ * prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int decode_early;
 };
-inline knobs g_knobs = {1, 0, 64, 0};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -45,8 +42,6 @@ inline void read_knobs() {
     const char *e = getenv("K3_ATTN_RES_PDL");
     g_knobs.pdl = !(e && e[0] == '0' && !e[1]);
     g_knobs.decode_ctas = read_ctas("K3_ATTN_RES_DECODE_CTAS");
-    const char *early = getenv("K3_ATTN_RES_DECODE_EARLY");
-    g_knobs.decode_early = early && early[0] == '1' && !early[1];
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;

@@ -29,7 +29,6 @@ struct decode_params : row_args {
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
-    int early;   /* with wstatic: the static block slots' dots and sums of squares before the wait */
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -127,17 +126,6 @@ __device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)
     }
 }
 
-/* w = norm weight * query weight, elementwise, for the thread's 8 values. */
-template <class T, class W>
-__device__ __forceinline__ void weight_product(const wvec<T, W> &wn, const wvec<T, W> &wq,
-                                               float (&w)[8]) {
-    float x[8], y[8];
-    wn.get(x);
-    wq.get(y);
-#pragma unroll
-    for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
-}
-
 /* The same on the values scaled by ps (the rare path). */
 __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)[8],
                                            const pow2_scale &ps, float &dot, float &ss) {
@@ -160,9 +148,8 @@ constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
  * array is indexed by compile-time constants; MAXS is num_blocks + 1 rounded up to 2, 5, 9
  * or 17, and slots >= num_blocks are skipped by uniform branches.
  *  1. before the PDL wait: the weights when static_weights, block slots < static_blocks (the
- *     call's contract, k3.h), and with p.early (K3_ATTN_RES_DECODE_EARLY) the static slots'
- *     per-source sums; dependents may start only after the wait; after it: prefix, delta and
- *     the other slots, every load issued before any is used;
+ *     call's contract, k3.h); dependents may start only after the wait; after it: prefix,
+ *     delta and the other slots, every load issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
  *     reads p); per source dot and sum of squares, one token reduction for all logits;
  *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
@@ -207,24 +194,6 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         for (int s = 0; s < NB; s++)
             if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
     }
-    /* The per-source sums of the static slots need nothing the previous kernel writes: with
-     * early (and static weights) they are taken before the wait, the same FMAs in the same
-     * order as below (each source's sums are its own accumulators), so the same bits. */
-    const bool early = p.early && wstatic;
-    float w[8];
-    float part[NV];
-#pragma unroll
-    for (int i = 0; i < NV; i++) part[i] = 0.0f;
-    if (early) {
-        weight_product(wn, wq, w);
-#pragma unroll
-        for (int s = 0; s < NB; s++)
-            if (s < p.nstatic && s < p.nb && s != p.wb) {
-                float v[8];
-                vec8<T>::unpack(src[s], v);
-                acc_source(v, w, part[2 * s], part[2 * s + 1]);
-            }
-    }
     if (p.pdl) {
         pdl_wait();
         pdl_launch_dependents();
@@ -256,14 +225,24 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
     for (int s = 0; s < NB; s++)
         if (s == p.wb) src[s] = pb;
-    if (!early) weight_product(wn, wq, w);
+    float w[8];
+    {
+        float x[8], y[8];
+        wn.get(x);
+        wq.get(y);
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
+    }
+    float part[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) part[i] = 0.0f;
     {
         float v[8];
         vec8<T>::unpack(pb, v);
         acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
 #pragma unroll
         for (int s = 0; s < NB; s++)
-            if (s < p.nb && !(early && s < p.nstatic && s != p.wb)) {
+            if (s < p.nb) {
                 vec8<T>::unpack(src[s], v);
                 acc_source(v, w, part[2 * s], part[2 * s + 1]);
             }
@@ -497,7 +476,6 @@ k3_status decode_run(const k3_op_args *oa) {
     p.nstatic = (int)a->static_blocks;
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
-    p.early = get_knobs().decode_early;
     return by_types(a, [&](auto t, auto w) {
         return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
                                                                                       ctx->stream);

@@ -435,7 +435,8 @@ describe("install and the C API", function()
                               "LUA_CPATH='%s/lib/lua/5.4/?.so' ", prefix, prefix, prefix)
     local chunk = "local names = {} " ..
       "for _, m in ipairs{\"k3.dist\", \"k3.nn\", \"k3.nn.parallel\", \"k3.model.kimi_k3\", " ..
-      "\"k3.model.kimi_k3_tp\", \"k3.model.attn_res_stream\", \"k3.policy.default\", \"k3.policy.sm90\"} do " ..
+      "\"k3.model.kimi_k3_tp\", \"k3.model.attn_res_stream\", \"k3.policy.default\", \"k3.policy.sm90\", " ..
+      "\"k3.policy.sm90_step\", \"k3.plan_step\"} do " ..
       "require(m) end " ..
       "for _, m in ipairs{\"k3.bench.util\", \"k3.bench.linear\", \"k3.model.decode_demo\", " ..
       "\"k3.model.decode_demo_tp\", \"k3.cli\"} do " ..

@@ -122,6 +122,39 @@ describe("k3.plan_step", function()
   end)
 end)
 
+describe("the committed step files", function()
+  it("load, and every entry is one low_latency takes, on a shape the plan file has", function()
+    local root = H.root()
+    local p = io.popen("ls '" .. root .. "/lua/k3/policy/'")
+    local names = {}
+    for f in p:lines() do
+      local arch = f:match("^(sm%d+)_step%.lua$")
+      if arch then names[#names + 1] = arch end
+    end
+    p:close()
+    assert.is_true(#names > 0, "no lua/k3/policy/<arch>_step.lua")
+    for _, arch in ipairs(names) do
+      local t = require("k3.policy." .. arch .. "_step")
+      local plans = require("k3.policy." .. arch).plans
+      assert.equal(arch, t.arch)
+      for _, section in ipairs({"plans", "silu_mul"}) do
+        for key, entries in pairs(t[section] or {}) do
+          assert.truthy(plans[key], arch .. "_step: " .. key .. " is not a shape of " .. arch .. ".lua")
+          for m, e in pairs(entries) do
+            assert.truthy(e.step_us < e.base_step_us, key .. " M = " .. m .. ": not faster than what it replaced")
+            k3.method.low_latency(plan_step.overlay(nil, {[m] = e}), {static_weights = true}):free()
+          end
+        end
+      end
+      -- the file is what render writes for its own values
+      local f = assert(io.open(root .. "/lua/k3/policy/" .. arch .. "_step.lua"))
+      local text = f:read("a")
+      f:close()
+      assert.equal(plan_step.render(t), text)
+    end
+  end)
+end)
+
 describe("scripts/tune-step", function()
   local root = H.root()
   local function run(args)
