@@ -49,6 +49,31 @@ describe("k3.plan_step", function()
     H.raises(function() plan_step.overlay({}, "x") end, "plan_step.overlay: step entries must be a table; got string")
   end)
 
+  it("compose: each step section serves its own call; the epilogue falls back to the plain file", function()
+    local plain = {[1] = {kernel = "skinny", config = A}, [16] = {kernel = "skinny", config = C}}
+    local step_plain = {[1] = {kernel = "skinny", config = B, step_us = 1, base_step_us = 2}}
+    local step_fused = {[16] = {kernel = "skinny", config = B, step_us = 1, base_step_us = 2}}
+    -- a plain call: the step's plain entries over the plain file
+    local p = plan_step.compose(plain, nil, step_plain, nil)
+    assert.equal(B, p[1].config)
+    assert.equal(C, p[16].config)
+    -- an epilogue call on a shape the epilogue file did not measure: the plain file's entries,
+    -- not the step entries measured for the plain call
+    assert.equal(plain, plan_step.compose(plain, nil, nil, "silu_mul"))
+    local e = plan_step.compose(plain, nil, step_fused, "silu_mul")
+    assert.equal(A, e[1].config)
+    assert.equal(B, e[16].config)
+    -- the epilogue file measured the shape: its entries, the step's epilogue entries over them
+    local fused = {[2] = {kernel = "skinny", config = C}}
+    assert.equal(fused, plan_step.compose(plain, fused, nil, "silu_mul"))
+    assert.same({[2] = fused[2], [16] = step_fused[16]}, plan_step.compose(plain, fused, step_fused, "silu_mul"))
+    -- cuBLAS won at every M there: nil, unless the step kept an entry
+    assert.is_nil(plan_step.compose(plain, {}, nil, "silu_mul"))
+    assert.same(step_fused, plan_step.compose(plain, {}, step_fused, "silu_mul"))
+    assert.is_nil(plan_step.compose(nil, nil, nil, "silu_mul"))
+    assert.is_nil(plan_step.compose(nil, nil, nil, nil))
+  end)
+
   it("candidates: the shape's configs by M, then other shapes' at that M, each once, without the current", function()
     local plans = {
       ["2112x7168"] = {[1] = {kernel = "skinny", config = A}, [2] = {kernel = "skinny", config = B},
@@ -206,7 +231,9 @@ describe("k3.plan_for with a step file #gpu", function()
     local saved = package.loaded["k3.policy." .. arch .. "_step"]
     package.loaded["k3.policy." .. arch .. "_step"] = nil
     local _, done = scratch_module(arch .. "_step", plan_step.render({arch = arch,
-      plans = {["2112x7168"] = {[3] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}}},
+      plans = {["2112x7168"] = {[3] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}},
+               -- a plain call's entry on the gate_up shape: not the epilogue call's
+               ["8448x7168"] = {[3] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}}},
       silu_mul = {["8448x7168"] = {[16] = {kernel = "skinny", config = B, step_us = 1, base_step_us = 2}}}}))
     local ok, err = pcall(function()
       local p = k3.plan_for(w)

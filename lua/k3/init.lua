@@ -223,8 +223,9 @@ local plan_step = require "k3.plan_step"
 --- epilogue (w = gate rows | up rows), measured against cuBLAS followed by a silu_mul kernel:
 --- lua/k3/policy/<arch>_silu_mul.lua's entries where that file measured the shape (nil where
 --- cuBLAS won at every M), else the plain plan. Entries of lua/k3/policy/<arch>_step.lua
---- (measured inside the decode step by scripts/tune-step; k3.plan_step) replace the plain or
---- the epilogue plan's entries at the M they cover.
+--- (measured inside the decode step by scripts/tune-step) replace the plain or the epilogue
+--- plan's entries at the M they cover, each section only for its own call
+--- (k3.plan_step.compose).
 function k3.plan_for(w, opts)
   if not k3.is_tensor(w) then
     error(string.format("bad argument #1 to 'plan_for' (k3.Tensor expected, got %s)", type(w)), 2)
@@ -240,13 +241,10 @@ function k3.plan_for(w, opts)
     if not ok or type(tbl) ~= "table" or type(tbl.plans) ~= "table" then return nil end
     return tbl.plans[key]
   end
-  local step_file = "k3.policy." .. arch .. "_step"
-  local plain = plan_step.overlay(plans("k3.policy." .. arch), plan_step.entries(step_file, "plans", key))
-  if not epilogue then return plain end
-  local fused = plans("k3.policy." .. arch .. "_" .. epilogue)
-  if fused == nil then fused = plain end -- no epilogue entries for the shape: the plain plan
-  fused = plan_step.overlay(fused, plan_step.entries(step_file, epilogue, key))
-  return fused ~= nil and next(fused) ~= nil and fused or nil
+  local plain = plans("k3.policy." .. arch)
+  local fused = epilogue and plans("k3.policy." .. arch .. "_" .. epilogue)
+  local step = plan_step.entries("k3.policy." .. arch .. "_step", epilogue or "plans", key)
+  return plan_step.compose(plain, fused, step, epilogue)
 end
 
 -- ---- tensor parallelism (lua/k3/dist.lua) ------------------------------------------------------

@@ -35,6 +35,21 @@ function M.overlay(base, step)
   return out
 end
 
+--- plan_step.compose(plain, fused, step, epilogue) -> plan or nil: k3.plan_for's answer for one
+--- shape from its entries in the plain plan file (`plain`), in the epilogue's plan file
+--- (`fused`: nil where that file did not measure the shape, {} where cuBLAS won at every M) and
+--- in the step file's section for the call (`step`: its plans for a plain call, its section
+--- named after the epilogue for an epilogue call). A plain call: step's entries over plain. An
+--- epilogue call: step's entries over fused, or over plain where fused is nil (the plain file's
+--- own entries: a step entry of a plain call was measured with no epilogue and does not serve
+--- one); nil when that leaves no entry and fused is {}.
+function M.compose(plain, fused, step, epilogue)
+  if not epilogue then return M.overlay(plain, step) end
+  if fused == nil and step == nil then return plain end
+  local out = M.overlay(fused or plain, step)
+  return out ~= nil and next(out) ~= nil and out or nil
+end
+
 --- plan_step.entries(module, section, key) -> {[M] = entry} or nil: section ("plans" or an
 --- epilogue's name) of the step file `module` (for example "k3.policy.sm90_step") for shape key
 --- "NxK"; nil when the file does not exist or has no such entries. A file that exists but does
