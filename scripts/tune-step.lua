@@ -17,8 +17,9 @@
 -- PCT percent of the step (default 0.2) in every pass (k3.plan_step.decide); of those kept,
 -- the one with the largest smallest gain becomes the shape's entry at M and the search goes
 -- on from there (shape by shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
--- text (k3.plan_step.render): written to FILE (default build/tune-step/<arch>_step.lua), or
--- to lua/k3/policy/<arch>_step.lua with --write, where k3.plan_for lays it over the plan.
+-- text (k3.plan_step.render): written to FILE, or to lua/k3/policy/<arch>_step.lua with
+-- --write, where k3.plan_for lays it over the plan, else $OUT/<arch>_step.lua when OUT is set,
+-- else build/tune-step/<arch>_step.lua (the folder is made and checked before any timing).
 -- Entries of an existing step file for an (shape, M) not tuned in this run are carried over.
 -- --dry-run lists the shapes and candidates without timing anything. Progress on stderr.
 local k3 = require "k3"
@@ -29,14 +30,29 @@ local function die(msg)
   os.exit(2)
 end
 
+-- The value after option `what`, or a death naming it: missing, or the next option (a flag
+-- given without its value must not swallow the flag after it).
+local function value_of(v, what, takes)
+  if v == nil or v:match("^%-%-") then
+    die(string.format("%s takes %s; got %s", what, takes, v and ("'" .. v .. "'") or "nothing"))
+  end
+  return v
+end
+
 local function list_of(v, what, conv)
-  if not v or v == "" then die(what .. " takes a comma-separated list") end
+  v = value_of(v, what, "a comma-separated list")
   local out = {}
   for item in v:gmatch("[^,]+") do
     local x = conv(item) or die(what .. ": bad item '" .. item .. "'")
     out[#out + 1] = x
   end
+  if #out == 0 then die(what .. " takes a comma-separated list; got '" .. v .. "'") end
   return out
+end
+
+local function count_of(v, what)
+  local n = math.tointeger(tonumber(value_of(v, what, "a count")))
+  return n or die(string.format("%s takes a count; got '%s'", what, v))
 end
 
 local function opts_of(argv)
@@ -47,25 +63,28 @@ local function opts_of(argv)
     local a, v = argv[i], argv[i + 1]
     local step = 2
     if a == "--m" then o.ms = list_of(v, "--m", function(s) return math.tointeger(tonumber(s)) end)
-    elseif a == "--config" then o.config = v or die("--config takes a name")
-    elseif a == "--replays" then o.replays = math.tointeger(tonumber(v)) or die("--replays takes a count")
-    elseif a == "--passes" then o.passes = math.tointeger(tonumber(v)) or die("--passes takes a count")
-    elseif a == "--min-gain" then o.min_gain = tonumber(v) or die("--min-gain takes a percentage")
-    elseif a == "--max-candidates" then
-      o.max_candidates = math.tointeger(tonumber(v)) or die("--max-candidates takes a count")
+    elseif a == "--config" then o.config = value_of(v, a, "a name")
+    elseif a == "--replays" then o.replays = count_of(v, a)
+    elseif a == "--passes" then o.passes = count_of(v, a)
+    elseif a == "--min-gain" then
+      o.min_gain = tonumber(value_of(v, a, "a percentage")) or die("--min-gain takes a percentage; got '" .. v .. "'")
+    elseif a == "--max-candidates" then o.max_candidates = count_of(v, a)
     elseif a == "--shapes" then
       o.shapes = {}
       for _, s in ipairs(list_of(v, "--shapes", function(s) return s:match("^%d+x%d+$") end)) do
         o.shapes[s] = true
       end
-    elseif a == "--out" then o.out = v or die("--out takes a file")
+    elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
     elseif a == "--dry-run" then o.dry_run, step = true, 1
     else die("unknown option " .. tostring(a)) end
     i = i + step
   end
+  local seen_m = {}
   for _, m in ipairs(o.ms) do
     if m < 1 or m > 16 then die("--m: a plan covers M = 1..16; got " .. m) end
+    if seen_m[m] then die("--m: M = " .. m .. " given twice") end
+    seen_m[m] = true
   end
   if o.replays < 1 then die("--replays must be >= 1; got " .. o.replays) end
   if o.passes < 1 then die("--passes must be >= 1; got " .. o.passes) end
@@ -98,10 +117,31 @@ local function copy_plan(p)
   return out
 end
 
+-- The folder the step file goes to: lua/k3/policy with --write, FILE's with --out, else $OUT
+-- when set, else build/tune-step. Made and checked writable before anything is timed.
+local function out_dir(o)
+  if o.write then return "lua/k3/policy" end
+  if o.out then return o.out:match("^(.*)/[^/]*$") or "." end
+  local env = os.getenv("OUT")
+  return env and env ~= "" and env or "build/tune-step"
+end
+
+local function check_dir(dir)
+  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  local probe = dir .. "/.tune-step-probe"
+  local f, err = io.open(probe, "w")
+  if not f then die("cannot write the step file under " .. dir .. ": " .. tostring(err)) end
+  f:close()
+  os.remove(probe)
+end
+
 local function main(argv)
   local o = opts_of(argv)
   local kimi = require "k3.model.kimi_k3"
   local nn = require "k3.nn"
+  local cfg_ok, cfg = pcall(kimi.config, o.config)
+  if not cfg_ok then die("--config: " .. tostring(cfg)) end
+  if not o.dry_run then check_dir(out_dir(o)) end
   if not k3.plan_for then die("k3.plan_for is missing from this build") end
   local dev_ok, arch = pcall(k3.cuda_arch, 0)
   if not dev_ok then die("needs a CUDA device: " .. tostring(arch)) end
@@ -118,7 +158,6 @@ local function main(argv)
   end
   prev = ok_prev and type(prev) == "table" and prev or {}
 
-  local cfg = kimi.config(o.config)
   io.stderr:write(string.format("tune-step: %s on %s: generating weights\n", o.config, arch))
   local weights = kimi.generate_weights(cfg, {seed = 1234, dtype = "bf16", device = "cuda"})
   local stack = kimi.build(cfg, weights, {dtype = "bf16", device = "cuda"})
@@ -279,18 +318,18 @@ local function main(argv)
   print(string.format("tune-step: %s on %s, M = %s", o.config, arch, table.concat(o.ms, ",")))
   for _, l in ipairs(report) do print(l) end
   if o.dry_run then return end
-  local path = o.write and ("lua/k3/policy/" .. arch .. "_step.lua") or o.out or ("build/tune-step/" .. arch .. "_step.lua")
-  local dir = path:match("^(.*)/[^/]*$")
-  if dir then os.execute("mkdir -p '" .. dir .. "'") end
+  local path = o.out or (out_dir(o) .. "/" .. arch .. "_step.lua")
   local text = plan_step.render({
     arch = arch, machine = device_name(),
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = os.getenv("K3_COMMIT"),
     method = string.format("scripts/tune-step --m %s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
                            table.concat(o.ms, ","), o.config, o.replays, o.passes, o.min_gain),
     plans = results.plans, silu_mul = results.silu_mul})
-  local f = assert(io.open(path, "w"))
-  f:write(text)
+  local f, err = io.open(path, "w")
+  if not f then die("cannot write " .. path .. ": " .. tostring(err)) end
+  local wok, werr = f:write(text)
   f:close()
+  if not wok then die("cannot write " .. path .. ": " .. tostring(werr)) end
   print("tune-step: wrote " .. path)
 end
 

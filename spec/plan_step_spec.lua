@@ -201,11 +201,36 @@ describe("scripts/tune-step", function()
       {"--shapes 12", "tune-step: --shapes: bad item '12'"},
       {"--write --out f.lua", "tune-step: --write and --out name two destinations; give one"},
       {"--tokens 4", "tune-step: unknown option --tokens"},
+      {"--m ,", "tune-step: --m takes a comma-separated list; got ','"},
+      {"--shapes ,", "tune-step: --shapes takes a comma-separated list; got ','"},
+      {"--m 1,1", "tune-step: --m: M = 1 given twice"},
+      {"--replays", "tune-step: --replays takes a count; got nothing"},
+      {"--passes 1.5", "tune-step: --passes takes a count; got '1.5'"},
+      -- a flag without its value does not swallow the next flag
+      {"--out --dry-run", "tune-step: --out takes a file; got '--dry-run'"},
+      {"--config --dry-run", "tune-step: --config takes a name; got '--dry-run'"},
+      {"--min-gain --m 1", "tune-step: --min-gain takes a percentage; got '--m'"},
+      {"--config nope", "tune-step: --config: kimi_k3: unknown config 'nope'"},
     }) do
       local out, code = run(c[1])
       assert.equal(2, code, c[1] .. ": " .. out)
       assert.truthy(out:find(c[2], 1, true), c[1] .. ": " .. out)
     end
+  end)
+
+  it("--help anywhere prints its usage and runs nothing", function()
+    local out, code = run("--m 1 --out /tmp/k3-tune-step-help.lua --help")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("scripts/tune-step [--m 1,16]", 1, true), out)
+    assert.is_nil(io.open("/tmp/k3-tune-step-help.lua"))
+  end)
+
+  it("refuses a destination it cannot write before it times anything, naming it", function()
+    local file = os.tmpname() -- a plain file: no folder can be made under it
+    local out, code = run("--m 1 --out '" .. file .. "/x/sm90_step.lua'")
+    os.remove(file)
+    assert.equal(2, code, out)
+    assert.truthy(out:find("tune-step: cannot write the step file under " .. file .. "/x", 1, true), out)
   end)
 
   it("without a CUDA device: says so and writes nothing", function()
