@@ -13,7 +13,8 @@
 -- weights, as k3.nn builds them; a candidate the kernel declines for the shape is skipped, by
 -- the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
 -- then N timed by CUDA events, default 15: the median), alternating with the step as it
--- stands, for --passes passes (default 2). A candidate is kept when it is faster by at least
+-- stands (each layer on its own method, as built; the step as it stands first in odd passes,
+-- the candidate first in even ones), for --passes passes (default 2). A candidate is kept when it is faster by at least
 -- PCT percent of the step (default 0.2) in every pass (k3.plan_step.decide); of those kept,
 -- the one with the largest smallest gain becomes the shape's entry at M and the search goes
 -- on from there (shape by shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
@@ -212,8 +213,25 @@ local function main(argv)
     return us
   end
 
+  if o.shapes then
+    local have = {}
+    for _, r in ipairs(roles) do have[r.key] = true end
+    for s in pairs(o.shapes) do
+      if not have[s] then
+        local keys = {}
+        for _, r in ipairs(roles) do keys[#keys + 1] = r.id end
+        die(string.format("--shapes: %s is not a linear shape of the %s step (%s)", s, o.config,
+                          table.concat(keys, ", ")))
+      end
+    end
+  end
+
+  -- every layer of a role on method m; restore(role) puts back each layer's own method
   local function set_method(role, m)
     for _, lin in ipairs(role.layers) do lin.method = m end
+  end
+  local function restore(role)
+    for i, lin in ipairs(role.layers) do lin.method = role.own[i] end
   end
 
   local report = {}
@@ -227,7 +245,8 @@ local function main(argv)
     for _, role in ipairs(roles) do
       if not o.shapes or o.shapes[role.key] then
         local current = copy_plan(k3.plan_for(role.weight, role.epilogue and {epilogue = role.epilogue} or nil))
-        local cur_method = role.layers[1].method
+        role.own = {}
+        for i, lin in ipairs(role.layers) do role.own[i] = lin.method end
         local cur_entry = current[M]
         local all = plan_step.candidates(section_plans[role.section], role.key, M, cur_entry and cur_entry.config)
         if role.section ~= "plans" then
@@ -269,15 +288,24 @@ local function main(argv)
             set_method(role, c.method)
             local okp, perr = pcall(function()
               stack:forward(x):free()
-              for _ = 1, o.passes do
-                set_method(role, cur_method)
-                local b = measure(x)
+              -- the order alternates (base first in odd passes, the candidate first in even
+              -- ones), so a drift of the clocks over a pass does not favour either
+              for pass = 1, o.passes do
+                local b, t
+                if pass % 2 == 1 then
+                  restore(role)
+                  b = measure(x)
+                end
                 set_method(role, c.method)
-                local t = measure(x)
+                t = measure(x)
+                if pass % 2 == 0 then
+                  restore(role)
+                  b = measure(x)
+                end
                 pairs_[#pairs_ + 1] = {base = b, cand = t}
               end
             end)
-            set_method(role, cur_method)
+            restore(role)
             if not okp then
               die(string.format("M = %d, %s, candidate %s: %s", M, role.id, short(c.config), tostring(perr)))
             end
@@ -297,6 +325,7 @@ local function main(argv)
         end
         if best then
           set_method(role, best.method)
+          for i = 1, #role.layers do role.own[i] = best.method end
           local sec = results[role.section]
           sec[role.key] = sec[role.key] or {}
           sec[role.key][M] = {kernel = "skinny", config = best.config, step_us = best.us, base_step_us = best.base_us}
