@@ -144,11 +144,23 @@ describe("k3.plan_step", function()
     done3()
     assert.is_false(ok)
     assert.truthy(tostring(err):find("t3_step", 1, true), err)
+    -- a bad entry names the file, the section, the shape and the M
+    local _, done4 = scratch_module("t4_step", "return {silu_mul = {['64x64'] = {[17] = {kernel = 'skinny', config = {}}}}}\n")
+    ok, err = pcall(plan_step.entries, "k3.policy.t4_step", "silu_mul", "64x64")
+    done4()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("k3.policy.t4_step (", 1, true), err)
+    assert.truthy(tostring(err):find('silu_mul["64x64"][17] must be an M in 1..16', 1, true), err)
+    local _, done5 = scratch_module("t5_step", "return {plans = {['64x64'] = 'fast'}}\n")
+    ok, err = pcall(plan_step.entries, "k3.policy.t5_step", "plans", "64x64")
+    done5()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('plans["64x64"] must be a table; got string', 1, true), err)
   end)
 end)
 
 describe("the committed step files", function()
-  it("load, and every entry is one low_latency takes, on a shape the plan file has", function()
+  it("load, and every entry is one low_latency takes, under an NxK key", function()
     local root = H.root()
     local p = io.popen("ls '" .. root .. "/lua/k3/policy/'")
     local names = {}
@@ -160,11 +172,13 @@ describe("the committed step files", function()
     assert.is_true(#names > 0, "no lua/k3/policy/<arch>_step.lua")
     for _, arch in ipairs(names) do
       local t = require("k3.policy." .. arch .. "_step")
-      local plans = require("k3.policy." .. arch).plans
+      -- a shape the plan files do not cover is tuned too (from other shapes' configs): the
+      -- key is checked for its form, the entry by plan_step.entries and low_latency
       assert.equal(arch, t.arch)
       for _, section in ipairs({"plans", "silu_mul"}) do
         for key, entries in pairs(t[section] or {}) do
-          assert.truthy(plans[key], arch .. "_step: " .. key .. " is not a shape of " .. arch .. ".lua")
+          assert.truthy(key:match("^%d+x%d+$"), arch .. "_step: " .. section .. " key " .. key .. " is not NxK")
+          assert.equal(entries, plan_step.entries("k3.policy." .. arch .. "_step", section, key))
           for m, e in pairs(entries) do
             assert.truthy(e.step_us < e.base_step_us, key .. " M = " .. m .. ": not faster than what it replaced")
             k3.method.low_latency(plan_step.overlay(nil, {[m] = e}), {static_weights = true}):free()

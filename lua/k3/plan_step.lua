@@ -53,7 +53,9 @@ end
 --- plan_step.entries(module, section, key) -> {[M] = entry} or nil: section ("plans" or an
 --- epilogue's name) of the step file `module` (for example "k3.policy.sm90_step") for shape key
 --- "NxK"; nil when the file does not exist or has no such entries. A file that exists but does
---- not load raises with its error (a broken plan must not be skipped silently).
+--- not load, or whose entries for the shape are not {[M] = {kernel = "skinny", config = {...}}}
+--- with M in 1..16, raises naming the file, the section, the shape and the M (a broken plan
+--- must not be skipped silently).
 function M.entries(module, section, key)
   local found = package.searchpath(module, package.path)
   if not found then return nil end
@@ -66,7 +68,19 @@ function M.entries(module, section, key)
   if type(sec) ~= "table" then
     error(string.format("%s (%s): field '%s' must be a table; got %s", module, found, section, type(sec)), 2)
   end
-  return sec[key]
+  local e = sec[key]
+  if e == nil then return nil end
+  if type(e) ~= "table" then
+    error(string.format("%s (%s): %s[%q] must be a table; got %s", module, found, section, key, type(e)), 2)
+  end
+  for m, v in pairs(e) do
+    if math.type(m) ~= "integer" or m < 1 or m > 16 or type(v) ~= "table" or v.kernel ~= "skinny"
+        or type(v.config) ~= "table" then
+      error(string.format("%s (%s): %s[%q][%s] must be an M in 1..16 and {kernel = \"skinny\", config = {...}}",
+                          module, found, section, key, tostring(m)), 2)
+    end
+  end
+  return e
 end
 
 -- A config as one canonical string: its fields sorted by name ("balanced=true,rows=8,...").
