@@ -99,6 +99,8 @@ describe("k3.plan_step", function()
     keep, gain = plan_step.decide({{base = 1000, cand = 1010}}, 0)
     assert.is_false(keep)
     assert.near(-0.01, gain, 1e-12)
+    keep = plan_step.decide({{base = 1000, cand = 1000}, {base = 1000, cand = 990}}, 0)
+    assert.is_false(keep) -- a tie in one pass is not faster, even at min_gain 0
     H.raises(function() plan_step.decide({}, 0.002) end, "plan_step.decide: no timing passes")
   end)
 
@@ -116,6 +118,10 @@ describe("k3.plan_step", function()
     assert.equal(7129.04, back.plans["2112x7168"][1].step_us)
     assert.equal(7247.10, back.plans["2112x7168"][1].base_step_us)
     assert.same(C, back.silu_mul["8448x7168"][16].config)
+    -- an entry without times (carried over from a file written by hand) renders without them
+    local bare = assert(load(plan_step.render({arch = "sm90",
+      plans = {["64x64"] = {[2] = {kernel = "skinny", config = C}}}})))()
+    assert.same({kernel = "skinny", config = C}, bare.plans["64x64"][2])
     -- a step entry as k3.plan_for hands it on: its extra keys are accepted
     local m = k3.method.low_latency(back.plans["2112x7168"], {static_weights = true})
     m:free()

@@ -83,7 +83,8 @@ function M.entries(module, section, key)
   return e
 end
 
--- A config as one canonical string: its fields sorted by name ("balanced=true,rows=8,...").
+--- plan_step.config_key(cfg) -> string: a config table as one canonical string, its fields
+--- sorted by name ("balanced=true,rows=8,..."), so that equal configs give equal keys.
 function M.config_key(cfg)
   local names = {}
   for k in pairs(cfg) do names[#names + 1] = k end
@@ -124,7 +125,8 @@ end
 --- plan_step.decide(pairs, min_gain) -> keep, gain: pairs = {{base = µs, cand = µs}, ...}, one
 --- per timing pass (each pass times the step with the current entry, then with the candidate);
 --- keep is true when the candidate is faster by at least min_gain (a fraction, e.g. 0.002) in
---- every pass; gain is the smallest fractional gain over the passes (negative: slower).
+--- every pass, and faster at all (with min_gain 0 a tie is not kept); gain is the smallest
+--- fractional gain over the passes (negative: slower).
 function M.decide(pairs, min_gain)
   if #pairs == 0 then error("plan_step.decide: no timing passes", 2) end
   local worst = math.huge
@@ -132,7 +134,7 @@ function M.decide(pairs, min_gain)
     local g = (p.base - p.cand) / p.base
     if g < worst then worst = g end
   end
-  return worst >= min_gain, worst
+  return worst >= min_gain and worst > 0, worst
 end
 
 local function lua_value(v)
@@ -160,7 +162,8 @@ end
 
 --- plan_step.render(t) -> string: the Lua source of a step file (the layout above) for
 --- t = {arch =, machine =, date =, method =, commit =, plans =, silu_mul =}; loading the text
---- gives back t's values (times rounded to 0.01 µs).
+--- gives back t's values (times rounded to 0.01 µs; an entry without them, as a file written
+--- by hand may carry over, is written without them).
 function M.render(t)
   local out = {"-- " .. t.arch .. "_step.lua: cuda.linear.skinny plan entries measured inside the decode step,",
                "-- written by scripts/tune-step; k3.plan_for lays them over " .. t.arch .. ".lua (k3.plan_step).",
@@ -183,8 +186,12 @@ function M.render(t)
       table.sort(ms)
       for _, m in ipairs(ms) do
         local e = sec[k][m]
-        out[#out + 1] = string.format("      [%d] = {kernel = %q, config = %s, step_us = %.2f, base_step_us = %.2f},",
-                                      m, e.kernel, config_text(e.config), e.step_us, e.base_step_us)
+        local times = {}
+        for _, f in ipairs({"step_us", "base_step_us"}) do
+          if type(e[f]) == "number" then times[#times + 1] = string.format(", %s = %.2f", f, e[f]) end
+        end
+        out[#out + 1] = string.format("      [%d] = {kernel = %q, config = %s%s},", m, e.kernel,
+                                      config_text(e.config), table.concat(times))
       end
       out[#out + 1] = "    },"
     end
