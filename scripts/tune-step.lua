@@ -14,8 +14,9 @@
 -- the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
 -- then N timed by CUDA events, default 15: the median), alternating with the step as it
 -- stands (each layer on its own method, as built; the step as it stands first in odd passes,
--- the candidate first in even ones), for --passes passes (default 2). A candidate is kept when it is faster by at least
--- PCT percent of the step (default 0.2) in every pass (k3.plan_step.decide); of those kept,
+-- the candidate first in even ones), for --passes passes (default 2). A candidate is kept
+-- when it is faster by at least PCT percent of the step (default 0.2) in every pass
+-- (k3.plan_step.decide); of those kept,
 -- the one with the largest smallest gain becomes the shape's entry at M and the search goes
 -- on from there (shape by shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
 -- text (k3.plan_step.render): written to FILE, or to lua/k3/policy/<arch>_step.lua with
@@ -68,7 +69,8 @@ local function opts_of(argv)
     elseif a == "--replays" then o.replays = count_of(v, a)
     elseif a == "--passes" then o.passes = count_of(v, a)
     elseif a == "--min-gain" then
-      o.min_gain = tonumber(value_of(v, a, "a percentage")) or die("--min-gain takes a percentage; got '" .. v .. "'")
+      o.min_gain = tonumber(value_of(v, a, "a percentage"))
+        or die("--min-gain takes a percentage; got '" .. v .. "'")
     elseif a == "--max-candidates" then o.max_candidates = count_of(v, a)
     elseif a == "--shapes" then
       o.shapes = {}

@@ -76,8 +76,9 @@ function M.entries(module, section, key)
   for m, v in pairs(e) do
     if math.type(m) ~= "integer" or m < 1 or m > 16 or type(v) ~= "table" or v.kernel ~= "skinny"
         or type(v.config) ~= "table" then
-      error(string.format("%s (%s): %s[%q][%s] must be an M in 1..16 and {kernel = \"skinny\", config = {...}}",
-                          module, found, section, key, tostring(m)), 2)
+      error(string.format("%s (%s): %s[%q][%s] must be an M in 1..16 and "
+                          .. "{kernel = \"skinny\", config = {...}}", module, found, section, key,
+                          tostring(m)), 2)
     end
   end
   return e
