@@ -130,7 +130,7 @@ local function out_dir(o)
 end
 
 local function check_dir(dir)
-  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  os.execute("mkdir -p " .. require("k3.bench.util").shell_quote(dir) .. " 2>/dev/null")
   local probe = dir .. "/.tune-step-probe"
   local f, err = io.open(probe, "w")
   if not f then die("cannot write the step file under " .. dir .. ": " .. tostring(err)) end
@@ -352,7 +352,7 @@ local function main(argv)
   local path = o.out or (out_dir(o) .. "/" .. arch .. "_step.lua")
   local text = plan_step.render({
     arch = arch, machine = device_name(),
-    date = os.date("!%Y-%m-%d %H:%M UTC"), commit = os.getenv("K3_COMMIT"),
+    date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
     method = string.format("scripts/tune-step --m %s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
                            table.concat(o.ms, ","), o.config, o.replays, o.passes, o.min_gain),
     plans = results.plans, silu_mul = results.silu_mul})
