@@ -106,14 +106,6 @@ local function short(cfg)
   return s
 end
 
--- The GPU's name as nvidia-smi reports it ("NVIDIA H200"), or nil.
-local function device_name()
-  local f = io.popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null")
-  local name = f and f:read("l")
-  if f then f:close() end
-  return name and name ~= "" and name or nil
-end
-
 local function copy_plan(p)
   local out = {}
   for m, e in pairs(p or {}) do out[m] = e end
@@ -177,7 +169,7 @@ local function main(argv)
       local r = by_id[id]
       if not r then
         r = {id = id, key = key, epilogue = epi, section = epi or "plans", layers = {}, seen = {},
-             weight = self.weight, K = self.weight:size(2), prologue = co and co.prologue}
+             weight = self.weight, K = self.weight:size(2)}
         by_id[id] = r
         roles[#roles + 1] = r
       end
@@ -250,16 +242,10 @@ local function main(argv)
         role.own = {}
         for i, lin in ipairs(role.layers) do role.own[i] = lin.method end
         local cur_entry = current[M]
-        local all = plan_step.candidates(section_plans[role.section], role.key, M, cur_entry and cur_entry.config)
-        if role.section ~= "plans" then
-          -- the epilogue role also tries the plain plan's configs (the kernel declines those it cannot run)
-          local seen = {}
-          if cur_entry then seen[plan_step.config_key(cur_entry.config)] = true end
-          for _, c in ipairs(all) do seen[plan_step.config_key(c)] = true end
-          for _, c in ipairs(plan_step.candidates(plain_plans, role.key, M, nil)) do
-            if not seen[plan_step.config_key(c)] then all[#all + 1] = c end
-          end
-        end
+        -- an epilogue role also tries the plain plan's configs (the kernel declines those it cannot run)
+        local all = plan_step.candidates(section_plans[role.section], role.key, M,
+                                         cur_entry and cur_entry.config,
+                                         role.section ~= "plans" and plain_plans or nil)
         -- a candidate the kernel takes for this shape and M
         local xm = k3.empty({M, role.K}, {dtype = "bf16", device = "cuda"})
         local co = role.epilogue and {epilogue = role.epilogue} or nil
@@ -275,7 +261,7 @@ local function main(argv)
             for _, d in ipairs(r.declined or {}) do
               if d.kernel == "cuda.linear.skinny" then ours = false end
             end
-            if ours then cands[#cands + 1] = {config = c, method = m, plan = plan} else m:free() end
+            if ours then cands[#cands + 1] = {config = c, method = m} else m:free() end
           end
         end
         xm:free()
@@ -351,7 +337,7 @@ local function main(argv)
   if o.dry_run then return end
   local path = o.out or (out_dir(o) .. "/" .. arch .. "_step.lua")
   local text = plan_step.render({
-    arch = arch, machine = device_name(),
+    arch = arch, machine = require("k3.bench.util").device_name(),
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
     method = string.format("scripts/tune-step --m %s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
                            table.concat(o.ms, ","), o.config, o.replays, o.passes, o.min_gain),

@@ -86,6 +86,10 @@ describe("k3.plan_step", function()
     assert.same({B, C}, c) -- A is current (and 7168x768's copy of it is the same config)
     assert.same({A, B, C}, plan_step.candidates(plans, "2112x7168", 1, nil))
     assert.same({C, A}, plan_step.candidates(plans, "4096x4096", 1, nil)) -- no entries of its own
+    -- further plan tables after the first (an epilogue's file, then the plain one): theirs next,
+    -- without repeats
+    local fused = {["2112x7168"] = {[1] = {kernel = "skinny", config = C}}}
+    assert.same({C, B}, plan_step.candidates(fused, "2112x7168", 1, A, plans))
     assert.equal(plan_step.config_key(A), plan_step.config_key({balanced = true, split_k = 16, vec = 8, unroll = 4, rows = 8, threads = 512}))
   end)
 
@@ -139,29 +143,21 @@ describe("k3.plan_step", function()
     end)
     done()
     assert(ok, err)
-    local _, done2 = scratch_module("t2_step", "return 42\n")
-    ok, err = pcall(plan_step.entries, "k3.policy.t2_step", "plans", "64x64")
-    done2()
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("k3.policy.t2_step (", 1, true), err)
-    assert.truthy(tostring(err):find("must return a table; got number", 1, true), err)
-    local _, done3 = scratch_module("t3_step", "return {plans = \n")
-    ok, err = pcall(plan_step.entries, "k3.policy.t3_step", "plans", "64x64")
-    done3()
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("t3_step", 1, true), err)
+    -- a step file `text` as module k3.policy.<name>: entries' error for section's 64x64, each
+    -- fragment of `want` in it
+    local function refused(name, text, section, want)
+      local _, d = scratch_module(name, text)
+      local okb, errb = pcall(plan_step.entries, "k3.policy." .. name, section, "64x64")
+      d()
+      assert.is_false(okb, name)
+      for _, w in ipairs(want) do assert.truthy(tostring(errb):find(w, 1, true), errb) end
+    end
+    refused("t2_step", "return 42\n", "plans", {"k3.policy.t2_step (", "must return a table; got number"})
+    refused("t3_step", "return {plans = \n", "plans", {"t3_step"})
     -- a bad entry names the file, the section, the shape and the M
-    local _, done4 = scratch_module("t4_step", "return {silu_mul = {['64x64'] = {[17] = {kernel = 'skinny', config = {}}}}}\n")
-    ok, err = pcall(plan_step.entries, "k3.policy.t4_step", "silu_mul", "64x64")
-    done4()
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("k3.policy.t4_step (", 1, true), err)
-    assert.truthy(tostring(err):find('silu_mul["64x64"][17] must be an M in 1..16', 1, true), err)
-    local _, done5 = scratch_module("t5_step", "return {plans = {['64x64'] = 'fast'}}\n")
-    ok, err = pcall(plan_step.entries, "k3.policy.t5_step", "plans", "64x64")
-    done5()
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find('plans["64x64"] must be a table; got string', 1, true), err)
+    refused("t4_step", "return {silu_mul = {['64x64'] = {[17] = {kernel = 'skinny', config = {}}}}}\n", "silu_mul",
+            {"k3.policy.t4_step (", 'silu_mul["64x64"][17] must be an M in 1..16'})
+    refused("t5_step", "return {plans = {['64x64'] = 'fast'}}\n", "plans", {'plans["64x64"] must be a table; got string'})
   end)
 end)
 

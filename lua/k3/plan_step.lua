@@ -95,11 +95,13 @@ function M.config_key(cfg)
   return table.concat(parts, ",")
 end
 
---- plan_step.candidates(plans, key, m, current) -> {config, ...}: the distinct skinny configs a
---- step tuner tries for shape `key` at M = m: every config `plans[key]` uses at any M, then
---- every config another shape uses at M = m, in a fixed order (the shape's own by M, then the
---- other shapes by name), without `current` (the config the step runs now; may be nil).
-function M.candidates(plans, key, m, current)
+--- plan_step.candidates(plans, key, m, current[, more, ...]) -> {config, ...}: the distinct
+--- skinny configs a step tuner tries for shape `key` at M = m: every config `plans[key]` uses at
+--- any M, then every config another shape uses at M = m, in a fixed order (the shape's own by M,
+--- then the other shapes by name), then the same from each further plan table `more` (an
+--- epilogue call also tries the plain plan's configs), without `current` (the config the step
+--- runs now; may be nil) and without repeats.
+function M.candidates(plans, key, m, current, ...)
   local seen, out = {}, {}
   if current then seen[M.config_key(current)] = true end
   local function add(e)
@@ -111,15 +113,17 @@ function M.candidates(plans, key, m, current)
       end
     end
   end
-  local own = plans[key] or {}
-  local ms = {}
-  for mm in pairs(own) do ms[#ms + 1] = mm end
-  table.sort(ms)
-  for _, mm in ipairs(ms) do add(own[mm]) end
-  local keys = {}
-  for k in pairs(plans) do if k ~= key then keys[#keys + 1] = k end end
-  table.sort(keys)
-  for _, k in ipairs(keys) do add(plans[k][m]) end
+  for _, set in ipairs({plans, ...}) do
+    local own = set[key] or {}
+    local ms = {}
+    for mm in pairs(own) do ms[#ms + 1] = mm end
+    table.sort(ms)
+    for _, mm in ipairs(ms) do add(own[mm]) end
+    local keys = {}
+    for k in pairs(set) do if k ~= key then keys[#keys + 1] = k end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do add(set[k][m]) end
+  end
   return out
 end
 

@@ -215,12 +215,7 @@ end
 -- The GPU's name as nvidia-smi reports it ("NVIDIA H200"), or nil (dry run, no nvidia-smi).
 function Env:device_name()
   if self.dry then return nil end
-  if self._device_name == nil then
-    local f = io.popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null")
-    local name = f and f:read("l")
-    if f then f:close() end
-    self._device_name = name and name ~= "" and name or false
-  end
+  if self._device_name == nil then self._device_name = U.device_name() or false end
   return self._device_name or nil
 end
 

@@ -251,6 +251,14 @@ function U.rel_diff(a, b)
   return d / scale
 end
 
+-- The name of GPU 0 as nvidia-smi reports it ("NVIDIA H200"), or nil (no nvidia-smi, no GPU).
+function U.device_name()
+  local f = io.popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null")
+  local name = f and f:read("l")
+  if f then f:close() end
+  return name and name ~= "" and name or nil
+end
+
 function U.date()
   local p = io.popen("date -u +%Y-%m-%dT%H:%M:%SZ 2>/dev/null")
   local s = p and p:read("l")
