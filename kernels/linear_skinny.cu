@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+static_assert(K3_SKINNY_MAX_L2_PREFETCH_MB == K3_PLAN_MAX_L2_PREFETCH_MB,
+              "the kernel's L2 prefetch limit is the plan entry's");
+
 /* Split-K across CTAs (kcta >= 2, see linear_skinny.cuh) needs, per launch:
  *  - fp32 partials: the context's workspace (k3c_ctx::workspace, shared with cuBLAS(Lt),
  *    stream-ordered scratch on this thread's stream: nothing else runs on it meanwhile);
@@ -172,6 +175,10 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
         return snprintf(why, n, "config has a negative field"), K3_EINVAL;
     if (r.balanced != 0 && r.balanced != 1)
         return snprintf(why, n, "config balanced = %d; expected 0 or 1", r.balanced), K3_EINVAL;
+    if (r.l2_prefetch_mb < 0 || r.l2_prefetch_mb > K3_SKINNY_MAX_L2_PREFETCH_MB)
+        return snprintf(why, n, "config l2_prefetch_mb = %d; expected 0..%d", r.l2_prefetch_mb,
+                        K3_SKINNY_MAX_L2_PREFETCH_MB),
+               K3_EINVAL;
     if (!r.threads) r.threads = 256;
     if (!r.rows) r.rows = 8;
     if (!r.unroll) r.unroll = 4;
@@ -358,6 +365,9 @@ static k3_status k3sk_run(const k3_op_args *a) {
     }
     /* The balanced grid: G CTAs of at most cfg.rows rows each. */
     if (cfg.balanced) p.grid = k3_skinny_balanced_grid(p.N, cfg.rows, k3c_sm_count(ctx->dev));
+    /* The L2 prefetch budget over w's rows (2N with the epilogue) and K-slices. */
+    p.l2_prefetch = k3_skinny_l2_prefetch_row(cfg.l2_prefetch_mb, l->w->size[0],
+                                              2 * (int64_t)p.K, kcta > 1 ? kcta : 1);
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream,
                                   cfg.rows_per_warp));

@@ -45,6 +45,14 @@
  * warp's first step of w is loaded before that wait, so the weight stream starts under the
  * previous kernel's tail. Without the launch attribute both instructions are no-ops.
  *
+ * L2 prefetch (k3_skinny_problem.l2_prefetch, a plan entry's l2_prefetch_mb): before the wait,
+ * one thread per row of the CTA issues cp.async.bulk.prefetch.L2 for the head of its row's
+ * share of K, the launch's budget spread evenly over the rows. In a decode step the kernels
+ * before a projection (AttnRes, RMSNorm, a copy) are latency-bound and leave DRAM idle for
+ * microseconds while this kernel's CTAs already sit at the wait; the prefetch streams that
+ * much of w into L2 then, and the loop later reads it from there. Between two projections
+ * (no idle DRAM) it only moves bytes the loop would read anyway (notes/PERF.md, linear v3).
+ *
  * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
  * (16-byte loads) and split_k = the number of K-slices per row group IN TOTAL:
  *   split_k = kw * kcta,  kw = threads / 32 / (rows / 8)  (warps of one CTA on a row group)
@@ -142,7 +150,29 @@ typedef struct k3_skinny_problem {
      * [N * b / G, N * (b + 1) / G) ("Balanced grid" above; classic tiles, no prologue or
      * epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
     int grid;
+    /* l2_prefetch: 0, or the bytes (a multiple of 16) of each row of w, from the start of the
+     * CTA's share of K, that the CTA asks L2 to fetch before the PDL wait ("L2 prefetch"
+     * above): k3_skinny_l2_prefetch_row of the launch's budget. */
+    int l2_prefetch;
 } k3_skinny_problem;
+
+/* The largest L2 prefetch budget of one launch, in MiB: the H200's L2 holds 50 MB, and lines
+ * prefetched beyond what it holds would evict each other before the kernel reads them. */
+#define K3_SKINNY_MAX_L2_PREFETCH_MB 40
+
+/* Bytes of each row slice of w to prefetch into L2 for a budget of `mb` MiB over the whole
+ * launch: the budget spread evenly over the rows of w (rows_w: N, or 2N with the silu_mul
+ * epilogue) and the kcta slices along K, at most a slice (row_bytes / kcta, rounded up to
+ * the 64-byte chunks a slice is cut in), in multiples of 16 bytes (the bulk prefetch's
+ * unit); 0 when mb is 0. */
+static inline int k3_skinny_l2_prefetch_row(int mb, int64_t rows_w, int64_t row_bytes, int kcta) {
+    if (mb <= 0 || rows_w <= 0 || row_bytes <= 0 || kcta < 1) return 0;
+    int64_t per = ((int64_t)mb << 20) / (rows_w * kcta);
+    const int64_t slice = (row_bytes / kcta + 63) / 64 * 64;
+    if (per > slice) per = slice;
+    if (per > INT_MAX) per = INT_MAX;
+    return (int)(per / 16 * 16);
+}
 
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
  * group, each warp covering rows_per_warp rows, 8 or 16); 0 when the shape is malformed. */
@@ -427,8 +457,8 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
     const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
         int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
         int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
-        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal
-#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal, int pf
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal, pf
 /* The silu_mul epilogue's rows (EPI): local row lr of CTA b (0..ROWS-1) streams gate row
  * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
  * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
@@ -506,6 +536,22 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
             wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
             if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
+        }
+    }
+    /* L2 prefetch (pf > 0): local row lr's thread asks L2 for the first pf bytes of that
+     * row's share of K (an asynchronous bulk prefetch; L2 is coherent, so this is correct
+     * whoever writes w). Under PDL this runs while the previous kernel still computes, when
+     * DRAM is otherwise idle behind a latency-bound kernel. */
+    if (pf > 0) {
+        for (int lr = threadIdx.x; lr < ROWS; lr += THREADS) {
+            const int64_t r = EPI ? k3sk_epi_row<ROWS>(lr, N) : n0 + lr;
+            const bool ok = EPI ? k3sk_epi_col<ROWS>(lr) < N : r < n1;
+            const int vlo = cbeg * 4, vhi = cend * 4 < nvec ? cend * 4 : nvec;
+            const int bytes = min(pf, (vhi - vlo) * 16);
+            if (ok && bytes > 0)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + r * nvec + vlo),
+                             "r"(bytes)
+                             : "memory");
         }
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -757,7 +803,8 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
                                 (int)lc.dynamicSmemBytes)) != cudaSuccess)                 \
          ? e                                                                               \
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
-                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0))
+                              p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0, \
+                              p.l2_prefetch > 0 ? p.l2_prefetch / 16 * 16 : 0))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
     if (p.epilogue) {

@@ -641,6 +641,8 @@ K3_API k3_status k3_tensor_equal(const k3_tensor *a, const k3_tensor *b, int *ou
 typedef struct k3_method k3_method;
 /* The largest token count M a low-latency plan may name. */
 #define K3_PLAN_MAX_M 16
+/* The largest k3_plan_entry.l2_prefetch_mb. */
+#define K3_PLAN_MAX_L2_PREFETCH_MB 40
 typedef struct k3_plan_entry {
     int m;              /* token count 1..K3_PLAN_MAX_M */
     const char *kernel; /* "skinny" or a full kernel name */
@@ -658,6 +660,12 @@ typedef struct k3_plan_entry {
      * one CTA along K, a prologue or epilogue through a temporary); 0: tiles of `rows` rows.
      * Any other value is K3_EINVAL. */
     int balanced;
+    /* MiB of w (0..40, 0 = none) the kernel asks L2 to prefetch before it waits for the
+     * previous kernel, spread evenly over w's rows: in a decode step the latency-bound
+     * kernel before a projection leaves DRAM idle, and the prefetch fills it with this
+     * projection's weight (kernels/linear_skinny.cuh, "L2 prefetch"). Correct whoever writes
+     * w; outside 0..40 is K3_EINVAL. */
+    int l2_prefetch_mb;
 } k3_plan_entry;
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is

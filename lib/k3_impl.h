@@ -177,6 +177,7 @@ typedef struct k3_skinny_config {
     int static_w;    /* k3_plan_entry.static_weights: w may be loaded before the PDL wait */
     int rows_per_warp; /* k3_plan_entry.rows_per_warp: 8 or 16; 0 = 8 */
     int balanced;      /* k3_plan_entry.balanced: 1 = the balanced grid, 0 = tiles of rows */
+    int l2_prefetch_mb; /* k3_plan_entry.l2_prefetch_mb: MiB of w prefetched into L2 first */
 } k3_skinny_config;
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the

@@ -91,11 +91,17 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
                             "method.low_latency: plan entry for M = %d has balanced %d; "
                             "expected 0 or 1",
                             e->m, e->balanced);
+        if (e->l2_prefetch_mb < 0 || e->l2_prefetch_mb > K3_PLAN_MAX_L2_PREFETCH_MB)
+            return k3_error(K3_EINVAL,
+                            "method.low_latency: plan entry for M = %d has l2_prefetch_mb %d; "
+                            "expected 0..%d",
+                            e->m, e->l2_prefetch_mb, K3_PLAN_MAX_L2_PREFETCH_MB);
         slots[e->m].present = true;
         slots[e->m].kernel = kidx;
         slots[e->m].config = (k3_skinny_config){e->threads, e->rows, e->unroll, e->vec,
                                                 e->split_k, e->static_weights ? 1 : 0,
-                                                e->rows_per_warp, e->balanced};
+                                                e->rows_per_warp, e->balanced,
+                                                e->l2_prefetch_mb};
     }
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.low_latency: out of memory");

@@ -2,13 +2,16 @@
 -- scripts/tune-step):
 --
 --   tune-step.lua [--m 1,16] [--config NAME] [--replays N] [--passes N] [--min-gain PCT]
---                 [--max-candidates N] [--shapes NxK,...] [--out FILE | --write] [--dry-run]
+--                 [--max-candidates N] [--shapes NxK,...] [--l2-prefetch MB,...]
+--                 [--out FILE | --write] [--dry-run]
 --
 -- builds the stack of config NAME (default kimi-k3-tp8, seeded random bf16 weights as
 -- `scripts/bench stack` makes them), finds its linear layers by shape (and by the SwiGLU
 -- epilogue where a layer is called with it), and for each M and each shape in the step's order
--- tries the candidate configurations of k3.plan_step.candidates (the configs the plan files
--- use for that shape at any M, then those other shapes use at that M; at most N, default 10):
+-- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB,
+-- default 8,16,24; 0 for none: k3.plan_step.prefetch_variants), then the candidate
+-- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
+-- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
 -- weights, as k3.nn builds them; a candidate the kernel declines for the shape is skipped, by
 -- the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
@@ -59,7 +62,7 @@ end
 
 local function opts_of(argv)
   local o = {ms = {1, 16}, config = "kimi-k3-tp8", replays = 15, passes = 2, min_gain = 0.2,
-             max_candidates = 10}
+             max_candidates = 12, l2_prefetch = {8, 16, 24}}
   local i = 1
   while i <= #argv do
     local a, v = argv[i], argv[i + 1]
@@ -77,6 +80,11 @@ local function opts_of(argv)
       for _, s in ipairs(list_of(v, "--shapes", function(s) return s:match("^%d+x%d+$") end)) do
         o.shapes[s] = true
       end
+    elseif a == "--l2-prefetch" then
+      o.l2_prefetch = list_of(v, a, function(s)
+        local n = math.tointeger(tonumber(s))
+        return n and n >= 0 and n <= 40 and n or nil
+      end)
     elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
     elseif a == "--dry-run" then o.dry_run, step = true, 1
@@ -103,6 +111,7 @@ local function short(cfg)
                           cfg.split_k or 0)
   if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
   if cfg.balanced then s = s .. " bal" end
+  if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end
   return s
 end
 
@@ -243,9 +252,14 @@ local function main(argv)
         for i, lin in ipairs(role.layers) do role.own[i] = lin.method end
         local cur_entry = current[M]
         -- an epilogue role also tries the plain plan's configs (the kernel declines those it cannot run)
-        local all = plan_step.candidates(section_plans[role.section], role.key, M,
-                                         cur_entry and cur_entry.config,
-                                         role.section ~= "plans" and plain_plans or nil)
+        local all = plan_step.prefetch_variants(cur_entry and cur_entry.config, o.l2_prefetch)
+        local listed = {}
+        for _, c in ipairs(all) do listed[plan_step.config_key(c)] = true end
+        for _, c in ipairs(plan_step.candidates(section_plans[role.section], role.key, M,
+                                                cur_entry and cur_entry.config,
+                                                role.section ~= "plans" and plain_plans or nil)) do
+          if not listed[plan_step.config_key(c)] then all[#all + 1] = c end
+        end
         -- a candidate the kernel takes for this shape and M
         local xm = k3.empty({M, role.K}, {dtype = "bf16", device = "cuda"})
         local co = role.epilogue and {epilogue = role.epilogue} or nil

@@ -158,6 +158,16 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
         k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw, balanced = bal}}}):free()
       end
     end
+    -- the L2 prefetch budget: 0..40 MiB
+    for _, mb in ipairs({0, 1, 40}) do
+      k3.method.low_latency({[1] = {kernel = "skinny", config = {l2_prefetch_mb = mb}}}):free()
+    end
+    for _, bad in ipairs({{41, "41"}, {-1, "-1"}, {1 << 40, "2147483647"}}) do
+      H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = bad[1]}}}) end,
+        "method.low_latency: plan entry for M = 4 has l2_prefetch_mb " .. bad[2] .. "; expected 0..40")
+    end
+    H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = 1.5}}}) end,
+      "field 'l2_prefetch_mb' must be an integer")
   end)
 
   it("a freed method and freed inputs raise", function()

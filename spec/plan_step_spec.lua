@@ -93,6 +93,28 @@ describe("k3.plan_step", function()
     assert.equal(plan_step.config_key(A), plan_step.config_key({balanced = true, split_k = 16, vec = 8, unroll = 4, rows = 8, threads = 512}))
   end)
 
+  it("prefetch_variants: the config with each L2 prefetch budget, skipping 0, its own and repeats", function()
+    local v = plan_step.prefetch_variants(A, {8, 0, 16, 8})
+    assert.equal(2, #v)
+    assert.equal(8, v[1].l2_prefetch_mb)
+    assert.equal(16, v[2].l2_prefetch_mb)
+    v[1].l2_prefetch_mb = nil
+    assert.same(A, v[1]) -- otherwise A's fields, and A itself untouched
+    assert.is_nil(A.l2_prefetch_mb)
+    local own = {threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 16}
+    assert.same({{threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 8}},
+                plan_step.prefetch_variants(own, {16, 8}))
+    assert.same({}, plan_step.prefetch_variants(nil, {8})) -- a shape not on the skinny kernel
+    H.raises(function() plan_step.prefetch_variants(A, {1.5}) end,
+             "plan_step.prefetch_variants: mbs[1] must be a non-negative integer; got 1.5")
+    H.raises(function() plan_step.prefetch_variants("t256", {8}) end,
+             "plan_step.prefetch_variants: cfg must be a table or nil; got string")
+    -- the rendered text puts the budget last, and low_latency takes it
+    local text = plan_step.render({arch = "sm90", plans = {["64x64"] = {[1] = {kernel = "skinny", config = own}}}})
+    assert.truthy(text:find("vec = 8, l2_prefetch_mb = 16}", 1, true), text)
+    k3.method.low_latency(assert(load(text))().plans["64x64"]):free()
+  end)
+
   it("decide: kept only when faster by min_gain in every pass; gain is the worst pass's", function()
     local keep, gain = plan_step.decide({{base = 1000, cand = 990}, {base = 1000, cand = 995}}, 0.002)
     assert.is_true(keep)
@@ -227,6 +249,8 @@ describe("scripts/tune-step", function()
       {"--config --dry-run", "tune-step: --config takes a name; got '--dry-run'"},
       {"--min-gain --m 1", "tune-step: --min-gain takes a percentage; got '--m'"},
       {"--config nope", "tune-step: --config: kimi_k3: unknown config 'nope'"},
+      {"--l2-prefetch 41", "tune-step: --l2-prefetch: bad item '41'"},
+      {"--l2-prefetch --m 1", "tune-step: --l2-prefetch takes a comma-separated list; got '--m'"},
     }) do
       local out, code = run(c[1])
       assert.equal(2, code, c[1] .. ": " .. out)

@@ -647,6 +647,66 @@ describe("cuda.linear.skinny with PDL and static weights #gpu", function()
       end
     end
   end)
+
+  -- The L2 prefetch (l2_prefetch_mb) only fills L2: every configuration kind gives the bits it
+  -- gives without it, at budgets that cover a sliver of w and all of it (the per-row bytes
+  -- capped at the CTA's share of K), and a w rewritten by a kernel just before the call (no
+  -- static promise) is read as rewritten.
+  it("l2_prefetch_mb: the bits of the same configuration without it, on every kind, w rewritten just before", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local o = {dtype = "bf16", device = "cuda"}
+    local kinds = {}
+    for _, c in ipairs(PDL_CONFIGS) do kinds[#kinds + 1] = c end
+    kinds[#kinds + 1] = {threads = 512, rows = 16, unroll = 8, vec = 8, rows_per_warp = 16}
+    for _, shape in ipairs({{1536, 7168}, {200, 4104}, {7168, 1536}}) do
+      local N, K = shape[1], shape[2]
+      local w = bf16({N, K}, 1600 + N)
+      for i, cfg in ipairs(kinds) do
+        local plain = k3.method.low_latency(all_plan(cfg), {static_weights = true})
+        for _, mb in ipairs({1, 40}) do
+          local c = {}
+          for k, v in pairs(cfg) do c[k] = v end
+          c.l2_prefetch_mb = mb
+          local pf = k3.method.low_latency(all_plan(c), {static_weights = true})
+          for _, M in ipairs({1, 9, 16}) do
+            local what = string.format("%dx%d config %d l2_prefetch_mb=%d M=%d", N, K, i, mb, M)
+            local x = bf16({M, K}, 1610 + M)
+            assert.equal(SKINNY, pf:explain(x, w).chosen, what)
+            local y = pf:apply(x, w, nil, {out = poisoned_out(M, N)})
+            assert.equal(0, k3.max_abs_diff(y, plain:apply(x, w)), what .. ": differs without the prefetch")
+            check_rows(y, x, w, nil, what)
+          end
+        end
+      end
+      w:free()
+    end
+    -- the silu_mul epilogue (gate | up rows of w, classic tiles)
+    local we = bf16({2 * 1056, 7168}, 1650)
+    local cfg = {threads = 256, rows = 8, unroll = 4, vec = 8}
+    local plain = k3.method.low_latency(all_plan(cfg), {static_weights = true})
+    local pf = k3.method.low_latency(all_plan({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 24}),
+                                     {static_weights = true})
+    for _, M in ipairs({1, 16}) do
+      local x = bf16({M, 7168}, 1660 + M)
+      local h = pf:apply(x, we, nil, {epilogue = "silu_mul", out = poisoned_out(M, 1056)})
+      assert.is_false(H.has_nan(h:to("cpu")), "epilogue: unwritten (NaN) outputs")
+      assert.equal(0, k3.max_abs_diff(h, plain:apply(x, we, nil, {epilogue = "silu_mul"})),
+                   "epilogue M=" .. M .. ": differs without the prefetch")
+    end
+    we:free()
+    -- w rewritten by a conversion kernel just before each call, no static promise
+    local ll = k3.method.low_latency(all_plan({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 40}))
+    local w = k3.empty({1536, 7168}, o)
+    for round = 1, 2 do
+      local src = k3.randn({1536, 7168}, {dtype = "f32", device = "cuda", seed = 1670 + round})
+      w:copy(src)
+      local x = bf16({4, 7168}, 1680 + round)
+      check_rows(ll:apply(x, w, nil, {out = poisoned_out(4, 1536)}), x, src:to("bf16"), nil,
+                 "w rewritten, round " .. round)
+      src:free()
+    end
+    w:free()
+  end)
 end)
 
 -- Static storage: the weights a low-latency method with static_weights (or a k3.nn layer) may

@@ -303,14 +303,16 @@ static int l_method_default(lua_State *L) {
 
 #define MAX_PLAN 64
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
- * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false}}, ...};
+ * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false,
+ * l2_prefetch_mb = 0..40}}, ...};
  * opts.static_weights = true promises that no kernel in flight writes the weights
  * (k3_plan_entry.static_weights). Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
     static const char *const entry_keys[] = {"kernel",  "config",       "us",
                                              "cublas_us", "step_us", "base_step_us", NULL};
     static const char *const cfg_keys[] = {"threads",       "rows",     "unroll", "vec", "split_k",
-                                           "rows_per_warp", "balanced", NULL};
+                                           "rows_per_warp", "balanced", "l2_prefetch_mb",
+                                           NULL};
     static const char *const opt_keys[] = {"static_weights", NULL};
     k3_plan_entry e[MAX_PLAN];
     int n = 0, static_weights = 0;
@@ -359,6 +361,9 @@ static int l_method_low_latency(lua_State *L) {
                 e[n].split_k = (int)k3l_int_field(L, cfg, "split_k", 0, 0, 1);
                 e[n].rows_per_warp = (int)k3l_int_field(L, cfg, "rows_per_warp", 0, 0, 1);
                 e[n].balanced = k3l_bool_field(L, cfg, "balanced", 0, 1);
+                /* out of int's range: kept out of 0..40, for the C check to name */
+                int64_t pf = k3l_int_field(L, cfg, "l2_prefetch_mb", 0, 0, 1);
+                e[n].l2_prefetch_mb = pf < 0 ? -1 : pf > INT_MAX ? INT_MAX : (int)pf;
             } else if (!lua_isnil(L, -1)) {
                 return k3l_arg_error(L, 1, "plan[%I].config must be a table; got %s", m,
                                      luaL_typename(L, -1));

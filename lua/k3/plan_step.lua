@@ -127,6 +127,29 @@ function M.candidates(plans, key, m, current, ...)
   return out
 end
 
+--- plan_step.prefetch_variants(cfg, mbs) -> {config, ...}: copies of skinny config `cfg` with
+--- l2_prefetch_mb set to each value of `mbs` (MiB, in order; 0 and cfg's own value skipped,
+--- repeats once), for a step tuner to try the L2 prefetch on the configuration a shape runs now;
+--- {} when cfg is nil (the shape is not on the skinny kernel).
+function M.prefetch_variants(cfg, mbs)
+  local out, seen = {}, {}
+  if cfg == nil then return out end
+  if type(cfg) ~= "table" then error("plan_step.prefetch_variants: cfg must be a table or nil; got " .. type(cfg), 2) end
+  for i, mb in ipairs(mbs or {}) do
+    if math.type(mb) ~= "integer" or mb < 0 then
+      error(string.format("plan_step.prefetch_variants: mbs[%d] must be a non-negative integer; got %s", i, tostring(mb)), 2)
+    end
+    if mb ~= 0 and mb ~= (cfg.l2_prefetch_mb or 0) and not seen[mb] then
+      seen[mb] = true
+      local c = {}
+      for k, v in pairs(cfg) do c[k] = v end
+      c.l2_prefetch_mb = mb
+      out[#out + 1] = c
+    end
+  end
+  return out
+end
+
 --- plan_step.decide(pairs, min_gain) -> keep, gain: pairs = {{base = µs, cand = µs}, ...}, one
 --- per timing pass (each pass times the step with the current entry, then with the candidate);
 --- keep is true when the candidate is faster by at least min_gain (a fraction, e.g. 0.002) in
@@ -149,7 +172,8 @@ local function lua_value(v)
 end
 
 -- {threads = 256, rows = 8, ...} in the plan files' field order, then any others by name.
-local ORDER = {"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "balanced"}
+local ORDER = {"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "balanced",
+               "l2_prefetch_mb"}
 local function config_text(cfg)
   local parts, done = {}, {}
   for _, k in ipairs(ORDER) do

@@ -102,6 +102,7 @@ local function config_string(entry)
     if c[f[1]] then parts[#parts + 1] = f[2] .. tostring(c[f[1]]) end
   end
   if c.balanced then parts[#parts + 1] = "bal" end -- the balanced grid
+  if (c.l2_prefetch_mb or 0) > 0 then parts[#parts + 1] = "pf" .. c.l2_prefetch_mb end -- MiB into L2 first
   return tostring(entry.kernel) .. (#parts > 0 and (" " .. table.concat(parts, "/")) or "")
 end
 
