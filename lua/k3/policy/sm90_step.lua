@@ -5,24 +5,38 @@
 return {
   arch = "sm90",
   machine = "NVIDIA H200",
-  date = "2026-12-02 06:55 UTC",
-  commit = "3505887",
-  method = "scripts/tune-step --m 1,16: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+  date = "2026-12-02 07:05 UTC",
+  commit = "b4d816c",
+  method = "scripts/tune-step --m 1,2,4,8,16: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
   plans = {
     ["2112x7168"] = {
       [1] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true}, step_us = 7125.52, base_step_us = 7156.70},
+      [2] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16}, step_us = 7244.83, base_step_us = 7393.97},
+      [4] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16}, step_us = 7449.65, base_step_us = 7580.43},
+      [16] = {kernel = "skinny", config = {threads = 512, rows = 16, unroll = 4, vec = 8, split_k = 16, rows_per_warp = 16}, step_us = 7788.85, base_step_us = 7872.70},
+    },
+    ["2304x1536"] = {
+      [2] = {kernel = "skinny", config = {threads = 256, rows = 16, unroll = 8, vec = 8, split_k = 8, rows_per_warp = 16, l2_prefetch_mb = 32}, step_us = 7227.14, base_step_us = 7249.44},
+      [8] = {kernel = "skinny", config = {threads = 512, rows = 16, unroll = 4, vec = 8, split_k = 8}, step_us = 7579.04, base_step_us = 7605.07},
+      [16] = {kernel = "skinny", config = {threads = 256, rows = 16, unroll = 4, vec = 8, split_k = 8, rows_per_warp = 16}, step_us = 7758.34, base_step_us = 7790.32},
     },
     ["7168x1536"] = {
+      [2] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4, balanced = true, l2_prefetch_mb = 8}, step_us = 7202.64, base_step_us = 7222.43},
+      [4] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4, balanced = true}, step_us = 7367.07, base_step_us = 7450.53},
+      [8] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4, balanced = true}, step_us = 7487.18, base_step_us = 7580.77},
       [16] = {kernel = "skinny", config = {threads = 256, rows = 32, unroll = 4, vec = 8, split_k = 4, rows_per_warp = 16, balanced = true}, step_us = 7952.70, base_step_us = 8013.82},
     },
     ["7168x4224"] = {
       [1] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4, balanced = true, l2_prefetch_mb = 16}, step_us = 7177.30, base_step_us = 7243.86},
-      [16] = {kernel = "skinny", config = {threads = 256, rows = 32, unroll = 4, vec = 8, split_k = 4, rows_per_warp = 16, balanced = true}, step_us = 7769.02, base_step_us = 7870.88},
+      [4] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4, balanced = true, l2_prefetch_mb = 16}, step_us = 7205.22, base_step_us = 7244.37},
+      [16] = {kernel = "skinny", config = {threads = 256, rows = 32, unroll = 4, vec = 8, split_k = 4, rows_per_warp = 16, balanced = true, l2_prefetch_mb = 8}, step_us = 7740.42, base_step_us = 7759.54},
     },
   },
   silu_mul = {
     ["8448x7168"] = {
       [1] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4}, step_us = 7239.79, base_step_us = 7347.25},
+      [4] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4}, step_us = 7241.28, base_step_us = 7365.52},
+      [8] = {kernel = "skinny", config = {threads = 512, rows = 32, unroll = 4, vec = 8, split_k = 4}, step_us = 7342.32, base_step_us = 7486.82},
       [16] = {kernel = "skinny", config = {threads = 256, rows = 16, unroll = 4, vec = 8, split_k = 4}, step_us = 7867.86, base_step_us = 7911.36},
     },
   },
