@@ -18,6 +18,12 @@
  * balanced grid of kernels/linear_skinny.cuh, where that grid is not its row tiling; named with
  * classic or classic16). Another name is an error.
  *
+ * L2 prefetch (--l2-prefetch, MiB, default 8,16,32; 0 for none): the search's fastest candidate
+ * is timed again with each budget (plan config l2_prefetch_mb: the kernel asks L2 for the head of
+ * its rows of w before its wait), and the fastest of those goes to the two passes. In the chain
+ * each call's prefetch runs under the previous call's tail, as a projection after another one
+ * does in a decode step.
+ *
  * --epilogue silu_mul measures the SwiGLU gate_up call instead (w [N, K] = gate rows | up
  * rows, the call writes h = silu(gate) * up [M, N/2]): the skinny classic candidates with the
  * epilogue in the kernel against cuBLAS followed by a separate silu_mul kernel (what k3 runs
@@ -130,12 +136,29 @@ static std::vector<int> parse_ms(const char *s) {
     return v;
 }
 
+/* "8,16,32" -> {8, 16, 32}; "0" or "" -> {} (no prefetch); each 1..K3_SKINNY_MAX_L2_PREFETCH_MB. */
+static std::vector<int> parse_prefetch(const char *s) {
+    std::vector<int> v;
+    while (*s) {
+        int mb, used = 0;
+        if (sscanf(s, "%d%n", &mb, &used) != 1 || mb < 0 || mb > K3_SKINNY_MAX_L2_PREFETCH_MB) {
+            fprintf(stderr, "autotune: --l2-prefetch: bad budget near '%s' (want MiB in 0..%d, "
+                            "comma-separated)\n", s, K3_SKINNY_MAX_L2_PREFETCH_MB);
+            exit(2);
+        }
+        if (mb > 0) v.push_back(mb);
+        s += used;
+        if (*s == ',') s++;
+    }
+    return v;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
             "                [--kinds classic,classic16,split,balanced] [--epilogue silu_mul] [--all-m]\n"
-            "                [--dry-run]\n"
+            "                [--l2-prefetch 8,16,32] [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
 }
@@ -143,6 +166,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     std::vector<Shape> shapes(KIMI, KIMI + sizeof KIMI / sizeof KIMI[0]);
     std::vector<int> ms = parse_ms("1-16");
+    std::vector<int> prefetch = parse_prefetch("8,16,32");
     std::string out_path, table_path = "build/autotune.txt", csv_path = "build/autotune.csv";
     std::string kinds = "classic,classic16,split,balanced";
     std::string epilogue; /* "" or "silu_mul" */
@@ -168,6 +192,7 @@ int main(int argc, char **argv) {
         else if (a == "--min-speedup") min_speedup = atof(val());
         else if (a == "--kinds") kinds = val();
         else if (a == "--epilogue") epilogue = val();
+        else if (a == "--l2-prefetch") prefetch = parse_prefetch(val());
         else if (a == "--all-m") all_m = true;
         else if (a == "--dry-run") dry = true;
         else {
@@ -306,6 +331,29 @@ int main(int argc, char **argv) {
                     r.best = c;
                 }
             }
+            /* The fastest with each L2 prefetch budget (checked as the search checks). */
+            const k3t_cand searched = r.best;
+            for (int mb : prefetch) {
+                if (!r.have_best) break;
+                k3t_cand c = searched;
+                c.l2_prefetch_mb = mb;
+                const std::string name = k3t_cand_name(c);
+                const char *status = k3t_check(h, b, M, t.s, href, name, M == 1 || M == 16,
+                                               launcher(c));
+                double us = -1;
+                if (!strcmp(status, "ok")) {
+                    us = k3t_time_chain(t, b, launcher(c));
+                    if (us < 0) status = "capture-failed";
+                }
+                if (strcmp(status, "ok")) r.failed++;
+                if (csv)
+                    fprintf(csv, "%d,%d,%d,prefetch,%s,%.3f,%s\n", s.N, s.K, M, name.c_str(), us,
+                            status);
+                if (us > 0 && us < r.best_us) {
+                    r.best_us = us;
+                    r.best = c;
+                }
+            }
             /* The two confirmation passes: cuBLAS, then the best candidate, fresh graphs. */
             r.kept = r.have_best;
             for (int pass = 0; pass < 2 && r.have_best; pass++) {
@@ -338,6 +386,9 @@ int main(int argc, char **argv) {
     char date[64];
     const time_t now = time(nullptr);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    std::string prefetch_list;
+    for (int mb : prefetch) prefetch_list += (prefetch_list.empty() ? "" : ",") + std::to_string(mb);
+    prefetch_list = prefetch_list.empty() ? "none" : prefetch_list + " MiB";
     char method[1024];
     snprintf(method, sizeof method,
              "scripts/autotune: CUDA graph of >= 20 back-to-back calls chained through x (each "
@@ -345,8 +396,9 @@ int main(int argc, char **argv) {
              "%d replays after %d warm-up, random non-zero bf16 data, every candidate checked "
              "against cuBLAS (cublasGemmEx bf16, fp32 compute) before timing; the fastest kept "
              "where cuBLAS/skinny >= %.2f in two more passes, each cuBLAS then the candidate; "
-             "skinny launch: PDL, static weights; kinds %s%s",
-             t.reps, t.warm, min_speedup, kinds.c_str(),
+             "skinny launch: PDL, static weights; kinds %s; L2 prefetch budgets tried on the "
+             "fastest: %s%s",
+             t.reps, t.warm, min_speedup, kinds.c_str(), prefetch_list.c_str(),
              epi ? "; epilogue silu_mul: each call writes h = silu(gate) * up in the kernel, "
                    "against cuBLAS then a separate silu_mul kernel"
                  : "");

@@ -46,23 +46,29 @@ struct k3t_cand {
     int kcta; /* split: CTAs along K */
     int mode; /* k3t_mode */
     int balanced; /* classic kinds: the balanced grid instead of row tiles */
+    int l2_prefetch_mb; /* MiB of w prefetched into L2 before the wait (plan l2_prefetch_mb) */
 };
 
 static inline std::string k3t_cand_name(const k3t_cand &c) {
-    char b[96];
+    char b[112], pf[24] = "";
+    if (c.l2_prefetch_mb > 0) snprintf(pf, sizeof pf, " pf%d", c.l2_prefetch_mb);
     if (c.kind == K3T_SPLIT)
-        snprintf(b, sizeof b, "split t%dr%du%dk%d %s", c.threads, c.rows, c.unroll, c.kcta,
-                 K3T_MODE_NAME[c.mode]);
+        snprintf(b, sizeof b, "split t%dr%du%dk%d %s%s", c.threads, c.rows, c.unroll, c.kcta,
+                 K3T_MODE_NAME[c.mode], pf);
     else
-        snprintf(b, sizeof b, "%s%s t%dr%du%d %s", c.kind == K3T_CLASSIC16 ? "classic16" : "classic",
-                 c.balanced ? "b" : "", c.threads, c.rows, c.unroll, K3T_MODE_NAME[c.mode]);
+        snprintf(b, sizeof b, "%s%s t%dr%du%d %s%s",
+                 c.kind == K3T_CLASSIC16 ? "classic16" : "classic", c.balanced ? "b" : "",
+                 c.threads, c.rows, c.unroll, K3T_MODE_NAME[c.mode], pf);
     return b;
 }
 
 /* The candidate as a plan file's config table (lua/k3/policy/sm<cc>.lua). */
 static inline std::string k3t_cand_config(const k3t_cand &c) {
-    char b[224];
-    const char *bal = c.balanced ? ", balanced = true" : "";
+    char b[256], bal[64];
+    snprintf(bal, sizeof bal, "%s", c.balanced ? ", balanced = true" : "");
+    if (c.l2_prefetch_mb > 0)
+        snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", l2_prefetch_mb = %d",
+                 c.l2_prefetch_mb);
     if (c.kind == K3T_CLASSIC16)
         snprintf(b, sizeof b,
                  "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16%s}",
@@ -122,6 +128,9 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     q.pdl = c.mode != K3T_PLAIN;
     q.static_w = c.mode == K3T_PDL_STATIC;
     q.grid = c.balanced && c.kind != K3T_SPLIT ? k3_skinny_balanced_grid(q.N, c.rows, s.sms) : 0;
+    /* the budget over w's N rows (2 x h's columns with the epilogue) and K-slices */
+    q.l2_prefetch = k3_skinny_l2_prefetch_row(c.l2_prefetch_mb, N, 2 * (int64_t)K,
+                                              c.kind == K3T_SPLIT ? c.kcta : 1);
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);
