@@ -47,11 +47,12 @@
  *
  * L2 prefetch (k3_skinny_problem.l2_prefetch, a plan entry's l2_prefetch_mb): before the wait,
  * one thread per row of the CTA issues cp.async.bulk.prefetch.L2 for the head of its row's
- * share of K, the launch's budget spread evenly over the rows. In a decode step the kernels
- * before a projection (AttnRes, RMSNorm, a copy) are latency-bound and leave DRAM idle for
- * microseconds while this kernel's CTAs already sit at the wait; the prefetch streams that
- * much of w into L2 then, and the loop later reads it from there. Between two projections
- * (no idle DRAM) it only moves bytes the loop would read anyway (notes/PERF.md, linear v3).
+ * share of K (the first step's bytes included, which static weights already load then), the
+ * launch's budget spread evenly over the rows. Measured in the Kimi-K3 step (notes/PERF.md,
+ * "L2 prefetch in the step"): after another projection, whose last wave leaves DRAM idle
+ * while this kernel's CTAs already wait, it gains (the down projection after gate_up, ~0.7 µs
+ * a call); behind a latency-bound kernel (AttnRes, RMSNorm) it loses, its fills queuing ahead
+ * of that kernel's own loads. So it is a per-shape plan setting, off by default.
  *
  * Configurations: threads per block, rows per block (multiple of 8), unroll, vec = 8
  * (16-byte loads) and split_k = the number of K-slices per row group IN TOTAL:
@@ -540,8 +541,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     }
     /* L2 prefetch (pf > 0): local row lr's thread asks L2 for the first pf bytes of that
      * row's share of K (an asynchronous bulk prefetch; L2 is coherent, so this is correct
-     * whoever writes w). Under PDL this runs while the previous kernel still computes, when
-     * DRAM is otherwise idle behind a latency-bound kernel. */
+     * whoever writes w). Under PDL this runs while the previous kernel still drains. */
     if (pf > 0) {
         for (int lr = threadIdx.x; lr < ROWS; lr += THREADS) {
             const int64_t r = EPI ? k3sk_epi_row<ROWS>(lr, N) : n0 + lr;

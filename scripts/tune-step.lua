@@ -353,8 +353,9 @@ local function main(argv)
   local text = plan_step.render({
     arch = arch, machine = require("k3.bench.util").device_name(),
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
-    method = string.format("scripts/tune-step --m %s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
-                           table.concat(o.ms, ","), o.config, o.replays, o.passes, o.min_gain),
+    method = string.format("scripts/tune-step --m %s --l2-prefetch %s --max-candidates %d: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
+                           table.concat(o.ms, ","), table.concat(o.l2_prefetch, ","), o.max_candidates,
+                           o.config, o.replays, o.passes, o.min_gain),
     plans = results.plans, silu_mul = results.silu_mul})
   local f, err = io.open(path, "w")
   if not f then die("cannot write " .. path .. ": " .. tostring(err)) end

@@ -162,7 +162,7 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     for _, mb in ipairs({0, 1, 40}) do
       k3.method.low_latency({[1] = {kernel = "skinny", config = {l2_prefetch_mb = mb}}}):free()
     end
-    for _, bad in ipairs({{41, "41"}, {-1, "-1"}, {1 << 40, "2147483647"}}) do
+    for _, bad in ipairs({{41, "41"}, {-5, "-5"}, {1 << 40, "1099511627776"}, {-(1 << 40), "-1099511627776"}}) do
       H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = bad[1]}}}) end,
         "method.low_latency: plan entry for M = 4 has l2_prefetch_mb " .. bad[2] .. "; expected 0..40")
     end

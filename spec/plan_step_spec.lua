@@ -106,7 +106,9 @@ describe("k3.plan_step", function()
                 plan_step.prefetch_variants(own, {16, 8}))
     assert.same({}, plan_step.prefetch_variants(nil, {8})) -- a shape not on the skinny kernel
     H.raises(function() plan_step.prefetch_variants(A, {1.5}) end,
-             "plan_step.prefetch_variants: mbs[1] must be a non-negative integer; got 1.5")
+             "plan_step.prefetch_variants: mbs[1] must be an integer in 0..40 (MiB); got 1.5")
+    H.raises(function() plan_step.prefetch_variants(A, {8, 41}) end,
+             "plan_step.prefetch_variants: mbs[2] must be an integer in 0..40 (MiB); got 41")
     H.raises(function() plan_step.prefetch_variants("t256", {8}) end,
              "plan_step.prefetch_variants: cfg must be a table or nil; got string")
     -- the rendered text puts the budget last, and low_latency takes it

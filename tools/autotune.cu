@@ -308,11 +308,12 @@ int main(int argc, char **argv) {
                 return 1;
             }
             if (csv) fprintf(csv, "%d,%d,%d,search,cublas,%.3f,ok\n", s.N, s.K, M, r.cublas_us);
-            for (const k3t_cand &c : cands) {
-                if (!k3t_cand_fits(c, scr, M, s.N)) continue;
+            /* Checks the candidate against cuBLAS, times it when it passes, records it (csv
+             * column "pass" = stage) and makes it the best when it is the fastest so far. The
+             * chain check (PDL ordering) runs at the M extremes only: it covers both token-tile
+             * instantiations and keeps the run short. */
+            auto try_cand = [&](const k3t_cand &c, const char *stage) {
                 const std::string name = k3t_cand_name(c);
-                /* the chain check (PDL ordering) at the M extremes only: it covers both
-                 * token-tile instantiations and keeps the run short */
                 const char *status = k3t_check(h, b, M, t.s, href, name,
                                                c.mode != K3T_PLAIN && (M == 1 || M == 16),
                                                launcher(c));
@@ -323,35 +324,23 @@ int main(int argc, char **argv) {
                 }
                 if (strcmp(status, "ok")) r.failed++;
                 if (csv)
-                    fprintf(csv, "%d,%d,%d,search,%s,%.3f,%s\n", s.N, s.K, M, name.c_str(), us,
+                    fprintf(csv, "%d,%d,%d,%s,%s,%.3f,%s\n", s.N, s.K, M, stage, name.c_str(), us,
                             status);
                 if (us > 0 && (!r.have_best || us < r.best_us)) {
                     r.have_best = true;
                     r.best_us = us;
                     r.best = c;
                 }
-            }
-            /* The fastest with each L2 prefetch budget (checked as the search checks). */
-            const k3t_cand searched = r.best;
-            for (int mb : prefetch) {
-                if (!r.have_best) break;
-                k3t_cand c = searched;
-                c.l2_prefetch_mb = mb;
-                const std::string name = k3t_cand_name(c);
-                const char *status = k3t_check(h, b, M, t.s, href, name, M == 1 || M == 16,
-                                               launcher(c));
-                double us = -1;
-                if (!strcmp(status, "ok")) {
-                    us = k3t_time_chain(t, b, launcher(c));
-                    if (us < 0) status = "capture-failed";
-                }
-                if (strcmp(status, "ok")) r.failed++;
-                if (csv)
-                    fprintf(csv, "%d,%d,%d,prefetch,%s,%.3f,%s\n", s.N, s.K, M, name.c_str(), us,
-                            status);
-                if (us > 0 && us < r.best_us) {
-                    r.best_us = us;
-                    r.best = c;
+            };
+            for (const k3t_cand &c : cands)
+                if (k3t_cand_fits(c, scr, M, s.N)) try_cand(c, "search");
+            /* The search's fastest again with each L2 prefetch budget. */
+            if (r.have_best) {
+                const k3t_cand searched = r.best;
+                for (int mb : prefetch) {
+                    k3t_cand c = searched;
+                    c.l2_prefetch_mb = mb;
+                    try_cand(c, "prefetch");
                 }
             }
             /* The two confirmation passes: cuBLAS, then the best candidate, fresh graphs. */

@@ -36,6 +36,7 @@ struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
     int rows_per_warp; /* 8 or 16 */
     int balanced;      /* the balanced grid */
+    int l2_prefetch_mb; /* MiB of w prefetched into L2 before the wait */
 };
 /* The skinny entries of a plan file written by scripts/autotune, by "NxK" and M. */
 static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *path) {
@@ -59,6 +60,8 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
                           &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
             e.rows_per_warp = strstr(line, "rows_per_warp = 16") ? 16 : 8;
             e.balanced = strstr(line, "balanced = true") != nullptr;
+            const char *pf = strstr(line, "l2_prefetch_mb = ");
+            e.l2_prefetch_mb = pf ? atoi(pf + strlen("l2_prefetch_mb = ")) : 0;
             plan[shape][m] = e;
         }
     }
@@ -302,7 +305,8 @@ int main(int argc, char **argv) {
                     const k3t_cand c = {e.rows_per_warp == 16 ? K3T_CLASSIC16
                                         : kcta > 1            ? K3T_SPLIT
                                                               : K3T_CLASSIC,
-                                        e.threads, e.rows, e.unroll, kcta, mode, e.balanced};
+                                        e.threads, e.rows, e.unroll, kcta, mode, e.balanced,
+                                        e.l2_prefetch_mb};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;
                     const double us = measure(c, "plan " + k3t_cand_name(c), mode);
                     if (mode == K3T_PLAIN) {

@@ -361,9 +361,14 @@ static int l_method_low_latency(lua_State *L) {
                 e[n].split_k = (int)k3l_int_field(L, cfg, "split_k", 0, 0, 1);
                 e[n].rows_per_warp = (int)k3l_int_field(L, cfg, "rows_per_warp", 0, 0, 1);
                 e[n].balanced = k3l_bool_field(L, cfg, "balanced", 0, 1);
-                /* out of int's range: kept out of 0..40, for the C check to name */
+                /* reported as the caller wrote it: no int holds a value outside int's range */
                 int64_t pf = k3l_int_field(L, cfg, "l2_prefetch_mb", 0, 0, 1);
-                e[n].l2_prefetch_mb = pf < 0 ? -1 : pf > INT_MAX ? INT_MAX : (int)pf;
+                if (pf < INT_MIN || pf > INT_MAX)
+                    return luaL_error(L,
+                                      "method.low_latency: plan entry for M = %I has "
+                                      "l2_prefetch_mb %I; expected 0..%d",
+                                      m, (lua_Integer)pf, K3_PLAN_MAX_L2_PREFETCH_MB);
+                e[n].l2_prefetch_mb = (int)pf;
             } else if (!lua_isnil(L, -1)) {
                 return k3l_arg_error(L, 1, "plan[%I].config must be a table; got %s", m,
                                      luaL_typename(L, -1));

@@ -128,7 +128,7 @@ function M.candidates(plans, key, m, current, ...)
 end
 
 --- plan_step.prefetch_variants(cfg, mbs) -> {config, ...}: copies of skinny config `cfg` with
---- l2_prefetch_mb set to each value of `mbs` (MiB, in order; 0 and cfg's own value skipped,
+--- l2_prefetch_mb set to each value of `mbs` (MiB 0..40, in order; 0 and cfg's own value skipped,
 --- repeats once), for a step tuner to try the L2 prefetch on the configuration a shape runs now;
 --- {} when cfg is nil (the shape is not on the skinny kernel).
 function M.prefetch_variants(cfg, mbs)
@@ -136,8 +136,8 @@ function M.prefetch_variants(cfg, mbs)
   if cfg == nil then return out end
   if type(cfg) ~= "table" then error("plan_step.prefetch_variants: cfg must be a table or nil; got " .. type(cfg), 2) end
   for i, mb in ipairs(mbs or {}) do
-    if math.type(mb) ~= "integer" or mb < 0 then
-      error(string.format("plan_step.prefetch_variants: mbs[%d] must be a non-negative integer; got %s", i, tostring(mb)), 2)
+    if math.type(mb) ~= "integer" or mb < 0 or mb > 40 then
+      error(string.format("plan_step.prefetch_variants: mbs[%d] must be an integer in 0..40 (MiB); got %s", i, tostring(mb)), 2)
     end
     if mb ~= 0 and mb ~= (cfg.l2_prefetch_mb or 0) and not seen[mb] then
       seen[mb] = true

@@ -456,6 +456,8 @@ int main(void) {
         printf("method_low_latency M twice out\tK3_OK\t%s\n", m ? "set" : "NULL");
         const k3_plan_entry balanced[1] = {{.m = 2, .kernel = "skinny", .rows = 16, .balanced = 2}};
         CASE("method_low_latency balanced 2", k3_method_low_latency(&m, balanced, 1, NULL));
+        const k3_plan_entry prefetch[1] = {{.m = 5, .kernel = "skinny", .l2_prefetch_mb = 41}};
+        CASE("method_low_latency l2_prefetch_mb 41", k3_method_low_latency(&m, prefetch, 1, NULL));
         const char *one[1] = {"cpu.linear.blas"};
         CASE("policy_set_candidates unknown op", k3_policy_set_candidates(pol, "matmul", one, 1));
         const char *many[17];

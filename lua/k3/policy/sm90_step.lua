@@ -7,7 +7,7 @@ return {
   machine = "NVIDIA H200",
   date = "2026-12-02 07:05 UTC",
   commit = "b4d816c",
-  method = "scripts/tune-step --m 1,2,4,8,16: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+  method = "scripts/tune-step --m 1,2,4,8,16 --l2-prefetch 8,16,32 --max-candidates 12: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
   plans = {
     ["2112x7168"] = {
       [1] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true}, step_us = 7125.52, base_step_us = 7156.70},
