@@ -9,7 +9,8 @@
 -- `scripts/bench stack` makes them), finds its linear layers by shape (and by the SwiGLU
 -- epilogue where a layer is called with it), and for each M and each shape in the step's order
 -- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB,
--- default 8,16,24; 0 for none: k3.plan_step.prefetch_variants), then the candidate
+-- default 8,16,24; 0 for none: k3.plan_step.prefetch_variants), cuBLAS in its place (an
+-- entry {kernel = "cuda.linear.cublas"} where the plan names the skinny kernel), then the candidate
 -- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
@@ -113,6 +114,11 @@ local function short(cfg)
   if cfg.balanced then s = s .. " bal" end
   if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end
   return s
+end
+
+-- A step entry in that form: "cuBLAS" for plan_step.CUBLAS.
+local function short_entry(e)
+  return e.kernel == "skinny" and short(e.config) or "cuBLAS"
 end
 
 local function copy_plan(p)
@@ -251,36 +257,42 @@ local function main(argv)
         role.own = {}
         for i, lin in ipairs(role.layers) do role.own[i] = lin.method end
         local cur_entry = current[M]
-        -- an epilogue role also tries the plain plan's configs (the kernel declines those it cannot run)
-        local all = plan_step.prefetch_variants(cur_entry and cur_entry.config, o.l2_prefetch)
-        local listed = {}
-        for _, c in ipairs(all) do listed[plan_step.config_key(c)] = true end
-        for _, c in ipairs(plan_step.candidates(section_plans[role.section], role.key, M,
-                                                cur_entry and cur_entry.config,
-                                                role.section ~= "plans" and plain_plans or nil)) do
-          if not listed[plan_step.config_key(c)] then all[#all + 1] = c end
+        -- the current skinny config with each prefetch budget, cuBLAS in its place, then the
+        -- plan files' configs (an epilogue role also tries the plain plan's: the kernel
+        -- declines those it cannot run)
+        local cur_cfg = cur_entry and cur_entry.kernel == "skinny" and cur_entry.config or nil
+        local all, listed = {}, {}
+        for _, c in ipairs(plan_step.prefetch_variants(cur_cfg, o.l2_prefetch)) do
+          all[#all + 1] = {kernel = "skinny", config = c}
+          listed[plan_step.config_key(c)] = true
         end
-        -- a candidate the kernel takes for this shape and M
+        if cur_cfg then all[#all + 1] = {kernel = plan_step.CUBLAS} end
+        for _, c in ipairs(plan_step.candidates(section_plans[role.section], role.key, M, cur_cfg,
+                                                role.section ~= "plans" and plain_plans or nil)) do
+          if not listed[plan_step.config_key(c)] then all[#all + 1] = {kernel = "skinny", config = c} end
+        end
+        -- a candidate its kernel takes for this shape and M
         local xm = k3.empty({M, role.K}, {dtype = "bf16", device = "cuda"})
         local co = role.epilogue and {epilogue = role.epilogue} or nil
         local cands = {}
-        for _, c in ipairs(all) do
+        for _, e in ipairs(all) do
           if #cands >= o.max_candidates then break end
           local plan = copy_plan(current)
-          plan[M] = {kernel = "skinny", config = c}
+          plan[M] = e
+          local want = e.kernel == "skinny" and "cuda.linear.skinny" or e.kernel
           local okm, m = pcall(k3.method.low_latency, plan, {static_weights = true})
           if okm then
             local r = m:explain(xm, role.weight, nil, co)
-            local ours = r.chosen == "cuda.linear.skinny"
+            local ours = r.chosen == want
             for _, d in ipairs(r.declined or {}) do
-              if d.kernel == "cuda.linear.skinny" then ours = false end
+              if d.kernel == want then ours = false end
             end
-            if ours then cands[#cands + 1] = {config = c, method = m} else m:free() end
+            if ours then cands[#cands + 1] = {entry = e, method = m} else m:free() end
           end
         end
         xm:free()
         io.stderr:write(string.format("tune-step: M = %d, %s (%d layers): now %s; %d candidates\n", M,
-          role.id, #role.layers, cur_entry and short(cur_entry.config) or "the default method", #cands))
+          role.id, #role.layers, cur_entry and short_entry(cur_entry) or "the default method", #cands))
         local best
         for ci, c in ipairs(cands) do
           if not o.dry_run then
@@ -309,17 +321,17 @@ local function main(argv)
             end)
             restore(role)
             if not okp then
-              die(string.format("M = %d, %s, candidate %s: %s", M, role.id, short(c.config), tostring(perr)))
+              die(string.format("M = %d, %s, candidate %s: %s", M, role.id, short_entry(c.entry), tostring(perr)))
             end
             local keep, gain = plan_step.decide(pairs_, o.min_gain / 100)
             local bs, cs = 0, 0
             for _, p in ipairs(pairs_) do bs, cs = bs + p.base, cs + p.cand end
             c.base_us, c.us, c.gain = bs / #pairs_, cs / #pairs_, gain
             io.stderr:write(string.format("tune-step:   (%d/%d) %-26s %8.1f µs against %8.1f: %+.2f%% at worst%s\n",
-              ci, #cands, short(c.config), c.us, c.base_us, 100 * gain, keep and ", kept" or ""))
+              ci, #cands, short_entry(c.entry), c.us, c.base_us, 100 * gain, keep and ", kept" or ""))
             if keep and (not best or gain > best.gain) then best = c end
           else
-            io.stderr:write(string.format("tune-step:   (%d/%d) %s\n", ci, #cands, short(c.config)))
+            io.stderr:write(string.format("tune-step:   (%d/%d) %s\n", ci, #cands, short_entry(c.entry)))
           end
         end
         for _, c in ipairs(cands) do
@@ -330,9 +342,10 @@ local function main(argv)
           for i = 1, #role.layers do role.own[i] = best.method end
           local sec = results[role.section]
           sec[role.key] = sec[role.key] or {}
-          sec[role.key][M] = {kernel = "skinny", config = best.config, step_us = best.us, base_step_us = best.base_us}
+          sec[role.key][M] = {kernel = best.entry.kernel, config = best.entry.config, step_us = best.us,
+                              base_step_us = best.base_us}
           report[#report + 1] = string.format("M = %2d  %-22s %-26s -> %-26s %8.1f -> %8.1f µs",
-            M, role.id, cur_entry and short(cur_entry.config) or "default", short(best.config),
+            M, role.id, cur_entry and short_entry(cur_entry) or "default", short_entry(best.entry),
             best.base_us, best.us)
         end
       end

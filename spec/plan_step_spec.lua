@@ -41,9 +41,22 @@ describe("k3.plan_step", function()
     assert.is_nil(plan_step.overlay(nil, nil))
   end)
 
-  it("overlay refuses an entry that is not a skinny config, naming its M", function()
+  it("overlay: a cuBLAS entry replaces the plan's skinny entry at its M", function()
+    local base = {[1] = {kernel = "skinny", config = A}, [2] = {kernel = "skinny", config = B}}
+    local out = plan_step.overlay(base, {[2] = {kernel = plan_step.CUBLAS, step_us = 1, base_step_us = 2}})
+    assert.equal(A, out[1].config)
+    assert.equal("cuda.linear.cublas", out[2].kernel)
+    assert.is_nil(out[2].config)
+    assert.is_true(plan_step.is_entry({kernel = "cuda.linear.cublas"}))
+    assert.is_false(plan_step.is_entry({kernel = "cuda.linear.cublas", config = A})) -- cuBLAS takes no config
+    assert.is_false(plan_step.is_entry({kernel = "skinny"}))
+    -- low_latency takes the overlaid plan: the named kernel serves that M
+    k3.method.low_latency(out, {static_weights = true}):free()
+  end)
+
+  it("overlay refuses an entry that is not a skinny config or cuBLAS, naming its M", function()
     H.raises(function() plan_step.overlay({}, {[4] = {kernel = "cublas"}}) end,
-             "plan_step.overlay: entry [4] must be {kernel = \"skinny\", config = {...}}")
+             "plan_step.overlay: entry [4] must be {kernel = \"skinny\", config = {...}} or {kernel = \"cuda.linear.cublas\"}")
     H.raises(function() plan_step.overlay({}, {["4"] = {kernel = "skinny", config = A}}) end,
              "plan_step.overlay: entry [4] must be")
     H.raises(function() plan_step.overlay({}, "x") end, "plan_step.overlay: step entries must be a table; got string")
@@ -150,6 +163,11 @@ describe("k3.plan_step", function()
     local bare = assert(load(plan_step.render({arch = "sm90",
       plans = {["64x64"] = {[2] = {kernel = "skinny", config = C}}}})))()
     assert.same({kernel = "skinny", config = C}, bare.plans["64x64"][2])
+    -- a cuBLAS entry renders without a config
+    local cub = plan_step.render({arch = "sm90",
+      plans = {["64x64"] = {[3] = {kernel = plan_step.CUBLAS, step_us = 10, base_step_us = 11}}}})
+    assert.truthy(cub:find('[3] = {kernel = "cuda.linear.cublas", step_us = 10.00, base_step_us = 11.00},', 1, true), cub)
+    assert.same({kernel = "cuda.linear.cublas", step_us = 10, base_step_us = 11}, assert(load(cub))().plans["64x64"][3])
     -- a step entry as k3.plan_for hands it on: its extra keys are accepted
     local m = k3.method.low_latency(back.plans["2112x7168"], {static_weights = true})
     m:free()
@@ -158,10 +176,12 @@ describe("k3.plan_step", function()
   it("entries: nil without the file; the section's entries of a file; a broken file raises", function()
     assert.is_nil(plan_step.entries("k3.policy.no_such_step_file", "plans", "1x1"))
     local _, done = scratch_module("t1_step", plan_step.render({arch = "t1",
-      plans = {["64x64"] = {[2] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2}}}}))
+      plans = {["64x64"] = {[2] = {kernel = "skinny", config = C, step_us = 1, base_step_us = 2},
+                            [3] = {kernel = plan_step.CUBLAS, step_us = 1, base_step_us = 2}}}}))
     local ok, err = pcall(function()
       local e = plan_step.entries("k3.policy.t1_step", "plans", "64x64")
       assert.same(C, e[2].config)
+      assert.equal("cuda.linear.cublas", e[3].kernel)
       assert.is_nil(plan_step.entries("k3.policy.t1_step", "plans", "65x64"))
       assert.is_nil(plan_step.entries("k3.policy.t1_step", "silu_mul", "64x64"))
     end)

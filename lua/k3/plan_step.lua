@@ -12,8 +12,21 @@
 --
 -- entry = {kernel = "skinny", config = {...}, step_us =, base_step_us =}: the config as in the
 -- plan files, and the step's median time with it and with the entry it replaces, in the same
--- run. k3.plan_for lays these over the plain (or epilogue) plan: M.overlay.
+-- run; or {kernel = "cuda.linear.cublas", step_us =, base_step_us =} where cuBLAS beat the plan
+-- file's skinny entry in the step. k3.plan_for lays these over the plain (or epilogue) plan:
+-- M.overlay.
 local M = {}
+
+--- The kernel a step entry may name besides "skinny" (with no config): cuBLAS, the default
+--- method's kernel for the decode shapes, where the step runs faster without the plan's entry.
+M.CUBLAS = "cuda.linear.cublas"
+
+--- plan_step.is_entry(e) -> boolean: whether e is a step entry, {kernel = "skinny", config =
+--- {...}} or {kernel = plan_step.CUBLAS} (extra keys such as step_us allowed).
+function M.is_entry(e)
+  return type(e) == "table" and ((e.kernel == "skinny" and type(e.config) == "table")
+                                 or (e.kernel == M.CUBLAS and e.config == nil))
+end
 
 --- plan_step.overlay(base, step) -> plan: a new table with base's entries ({[M] = entry} or
 --- nil) and, for every M of step (nil: none), step's entry in its place; nil when both are nil.
@@ -26,9 +39,9 @@ function M.overlay(base, step)
   local out = {}
   for m, e in pairs(base or {}) do out[m] = e end
   for m, e in pairs(step) do
-    if math.type(m) ~= "integer" or type(e) ~= "table" or e.kernel ~= "skinny" or type(e.config) ~= "table" then
-      error(string.format("plan_step.overlay: entry [%s] must be {kernel = \"skinny\", config = {...}}",
-                          tostring(m)), 2)
+    if math.type(m) ~= "integer" or not M.is_entry(e) then
+      error(string.format("plan_step.overlay: entry [%s] must be {kernel = \"skinny\", config = {...}} "
+                          .. "or {kernel = %q}", tostring(m), M.CUBLAS), 2)
     end
     out[m] = e
   end
@@ -54,7 +67,7 @@ end
 --- epilogue's name) of the step file `module` (for example "k3.policy.sm90_step") for shape key
 --- "NxK"; nil when the file does not exist or has no such entries. A file that exists but does
 --- not load, or whose entries for the shape are not {[M] = {kernel = "skinny", config = {...}}}
---- with M in 1..16, raises naming the file, the section, the shape and the M (a broken plan
+--- or {[M] = {kernel = plan_step.CUBLAS}} with M in 1..16, raises naming the file, the section, the shape and the M (a broken plan
 --- must not be skipped silently).
 function M.entries(module, section, key)
   local found = package.searchpath(module, package.path)
@@ -74,11 +87,10 @@ function M.entries(module, section, key)
     error(string.format("%s (%s): %s[%q] must be a table; got %s", module, found, section, key, type(e)), 2)
   end
   for m, v in pairs(e) do
-    if math.type(m) ~= "integer" or m < 1 or m > 16 or type(v) ~= "table" or v.kernel ~= "skinny"
-        or type(v.config) ~= "table" then
+    if math.type(m) ~= "integer" or m < 1 or m > 16 or not M.is_entry(v) then
       error(string.format("%s (%s): %s[%q][%s] must be an M in 1..16 and "
-                          .. "{kernel = \"skinny\", config = {...}}", module, found, section, key,
-                          tostring(m)), 2)
+                          .. "{kernel = \"skinny\", config = {...}} or {kernel = %q}", module, found,
+                          section, key, tostring(m), M.CUBLAS), 2)
     end
   end
   return e
@@ -219,8 +231,9 @@ function M.render(t)
         for _, f in ipairs({"step_us", "base_step_us"}) do
           if type(e[f]) == "number" then times[#times + 1] = string.format(", %s = %.2f", f, e[f]) end
         end
-        out[#out + 1] = string.format("      [%d] = {kernel = %q, config = %s%s},", m, e.kernel,
-                                      config_text(e.config), table.concat(times))
+        local cfg = e.config and (", config = " .. config_text(e.config)) or ""
+        out[#out + 1] = string.format("      [%d] = {kernel = %q%s%s},", m, e.kernel, cfg,
+                                      table.concat(times))
       end
       out[#out + 1] = "    },"
     end
