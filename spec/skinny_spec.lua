@@ -680,20 +680,23 @@ describe("cuda.linear.skinny with PDL and static weights #gpu", function()
       end
       w:free()
     end
-    -- the silu_mul epilogue (gate | up rows of w, classic tiles)
-    local we = bf16({2 * 1056, 7168}, 1650)
+    -- the silu_mul epilogue (gate | up rows of w, classic tiles; 1054 columns of h leave the
+    -- last CTA's gate/up pairs partly past N)
     local cfg = {threads = 256, rows = 8, unroll = 4, vec = 8}
     local plain = k3.method.low_latency(all_plan(cfg), {static_weights = true})
     local pf = k3.method.low_latency(all_plan({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 24}),
                                      {static_weights = true})
-    for _, M in ipairs({1, 16}) do
-      local x = bf16({M, 7168}, 1660 + M)
-      local h = pf:apply(x, we, nil, {epilogue = "silu_mul", out = poisoned_out(M, 1056)})
-      assert.is_false(H.has_nan(h:to("cpu")), "epilogue: unwritten (NaN) outputs")
-      assert.equal(0, k3.max_abs_diff(h, plain:apply(x, we, nil, {epilogue = "silu_mul"})),
-                   "epilogue M=" .. M .. ": differs without the prefetch")
+    for _, Nh in ipairs({1056, 1054}) do
+      local we = bf16({2 * Nh, 7168}, 1650 + Nh)
+      for _, M in ipairs({1, 16}) do
+        local x = bf16({M, 7168}, 1660 + M)
+        local h = pf:apply(x, we, nil, {epilogue = "silu_mul", out = poisoned_out(M, Nh)})
+        assert.is_false(H.has_nan(h:to("cpu")), "epilogue: unwritten (NaN) outputs")
+        assert.equal(0, k3.max_abs_diff(h, plain:apply(x, we, nil, {epilogue = "silu_mul"})),
+                     "epilogue N=" .. Nh .. " M=" .. M .. ": differs without the prefetch")
+      end
+      we:free()
     end
-    we:free()
     -- w rewritten by a conversion kernel just before each call, no static promise
     local ll = k3.method.low_latency(all_plan({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 40}))
     local w = k3.empty({1536, 7168}, o)
