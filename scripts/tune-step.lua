@@ -14,8 +14,8 @@
 -- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
--- weights, as k3.nn builds them; a candidate the kernel declines for the shape is skipped, by
--- the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
+-- weights, as k3.nn builds them; a candidate its kernel declines for the shape and the call's
+-- own prologue or epilogue is skipped, by the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
 -- then N timed by CUDA events, default 15: the median), alternating with the step as it
 -- stands (each layer on its own method, as built; the step as it stands first in odd passes,
 -- the candidate first in even ones), for --passes passes (default 2). A candidate is kept
@@ -183,8 +183,12 @@ local function main(argv)
       local id = key .. (epi and (" +" .. epi) or "")
       local r = by_id[id]
       if not r then
+        -- the first call's options (its prologue and norm weight, its epilogue) and x's width:
+        -- what a candidate is checked against with the method's explain
+        local call = co and {prologue = co.prologue, norm_weight = co.norm_weight, eps = co.eps,
+                             epilogue = co.epilogue} or nil
         r = {id = id, key = key, epilogue = epi, section = epi or "plans", layers = {}, seen = {},
-             weight = self.weight, K = self.weight:size(2)}
+             weight = self.weight, x_width = xx:size(2), call = call}
         by_id[id] = r
         roles[#roles + 1] = r
       end
@@ -272,8 +276,8 @@ local function main(argv)
           if not listed[plan_step.config_key(c)] then all[#all + 1] = {kernel = "skinny", config = c} end
         end
         -- a candidate its kernel takes for this shape and M
-        local xm = k3.empty({M, role.K}, {dtype = "bf16", device = "cuda"})
-        local co = role.epilogue and {epilogue = role.epilogue} or nil
+        local xm = k3.empty({M, role.x_width}, {dtype = "bf16", device = "cuda"})
+        local co = role.call
         local cands = {}
         for _, e in ipairs(all) do
           if #cands >= o.max_candidates then break end
