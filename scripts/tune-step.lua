@@ -15,8 +15,9 @@
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
 -- weights, as k3.nn builds them; a candidate its kernel declines for the shape and the call's
--- own prologue or epilogue is skipped, by the method's explain), the step is captured with k3.cuda_graph and replayed (3 warm-up,
--- then N timed by CUDA events, default 15: the median), alternating with the step as it
+-- own prologue or epilogue is skipped, by the method's explain), the step is captured with
+-- k3.cuda_graph and replayed (3 warm-up, then N timed by CUDA events, default 15: the median),
+-- alternating with the step as it
 -- stands (each layer on its own method, as built; the step as it stands first in odd passes,
 -- the candidate first in even ones), for --passes passes (default 2). A candidate is kept
 -- when it is faster by at least PCT percent of the step (default 0.2) in every pass
