@@ -8,18 +8,18 @@
 -- builds the stack of config NAME (default kimi-k3-tp8, seeded random bf16 weights as
 -- `scripts/bench stack` makes them), finds its linear layers by shape (and by the SwiGLU
 -- epilogue where a layer is called with it), and for each M and each shape in the step's order
--- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB,
--- default 8,16,24; 0 for none: k3.plan_step.prefetch_variants), cuBLAS in its place (an
--- entry {kernel = "cuda.linear.cublas"} where the plan names the skinny kernel), then the candidate
+-- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB 0..40,
+-- default 0,8,16,32; 0 is the configuration without its prefetch, where it has one:
+-- k3.plan_step.prefetch_variants), cuBLAS in its place (an entry {kernel =
+-- "cuda.linear.cublas"} where the plan names the skinny kernel), then the candidate
 -- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
 -- weights, as k3.nn builds them; a candidate its kernel declines for the shape and the call's
 -- own prologue or epilogue is skipped, by the method's explain), the step is captured with
 -- k3.cuda_graph and replayed (3 warm-up, then N timed by CUDA events, default 15: the median),
--- alternating with the step as it
--- stands (each layer on its own method, as built; the step as it stands first in odd passes,
--- the candidate first in even ones), for --passes passes (default 2). A candidate is kept
+-- alternating with the step as it stands (each layer on its own method, as built; the step as
+-- it stands first in odd passes, the candidate first in even ones), for --passes passes (default 2). A candidate is kept
 -- when it is faster by at least PCT percent of the step (default 0.2) in every pass
 -- (k3.plan_step.decide); of those kept,
 -- the one with the largest smallest gain becomes the shape's entry at M and the search goes
@@ -64,7 +64,7 @@ end
 
 local function opts_of(argv)
   local o = {ms = {1, 16}, config = "kimi-k3-tp8", replays = 15, passes = 2, min_gain = 0.2,
-             max_candidates = 12, l2_prefetch = {8, 16, 24}}
+             max_candidates = 12, l2_prefetch = {0, 8, 16, 32}}
   local i = 1
   while i <= #argv do
     local a, v = argv[i], argv[i + 1]
@@ -85,7 +85,10 @@ local function opts_of(argv)
     elseif a == "--l2-prefetch" then
       o.l2_prefetch = list_of(v, a, function(s)
         local n = math.tointeger(tonumber(s))
-        return n and n >= 0 and n <= 40 and n or nil
+        if not (n and n >= 0 and n <= 40) then
+          die("--l2-prefetch: bad item '" .. s .. "' (MiB, an integer in 0..40)")
+        end
+        return n
       end)
     elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
@@ -109,8 +112,10 @@ end
 
 -- "t512 r8 u4 v8 s16 w16 bal": a config in the benchmarks' short form.
 local function short(cfg)
-  local s = string.format("t%d r%d u%d v%d s%d", cfg.threads, cfg.rows, cfg.unroll, cfg.vec or 8,
-                          cfg.split_k or 0)
+  -- a field the config leaves to the kernel's default shows as "-"
+  local function f(v) return v ~= nil and tostring(v) or "-" end
+  local s = string.format("t%s r%s u%s v%s s%s", f(cfg.threads), f(cfg.rows), f(cfg.unroll),
+                          f(cfg.vec), f(cfg.split_k))
   if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
   if cfg.balanced then s = s .. " bal" end
   if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end

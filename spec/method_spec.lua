@@ -162,9 +162,16 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     for _, mb in ipairs({0, 1, 40}) do
       k3.method.low_latency({[1] = {kernel = "skinny", config = {l2_prefetch_mb = mb}}}):free()
     end
-    for _, bad in ipairs({{41, "41"}, {-5, "-5"}, {1 << 40, "1099511627776"}, {-(1 << 40), "-1099511627776"}}) do
-      H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = bad[1]}}}) end,
-        "method.low_latency: plan entry for M = 4 has l2_prefetch_mb " .. bad[2] .. "; expected 0..40")
+    for _, bad in ipairs({41, -5}) do
+      H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = bad}}}) end,
+        "method.low_latency: plan entry for M = 4 has l2_prefetch_mb " .. bad .. "; expected 0..40")
+    end
+    -- a value no int holds, in any integer field, is reported as written (never cast to another)
+    for _, f in ipairs({"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "l2_prefetch_mb"}) do
+      for _, big in ipairs({1 << 40, -(1 << 40), (1 << 32) + 256}) do
+        H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {[f] = big}}}) end,
+          string.format("method.low_latency: plan entry for M = 4 has %s %d; expected an int", f, big))
+      end
     end
     H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = 1.5}}}) end,
       "field 'l2_prefetch_mb' must be an integer")

@@ -106,9 +106,9 @@ describe("k3.plan_step", function()
     assert.equal(plan_step.config_key(A), plan_step.config_key({balanced = true, split_k = 16, vec = 8, unroll = 4, rows = 8, threads = 512}))
   end)
 
-  it("prefetch_variants: the config with each L2 prefetch budget, skipping 0, its own and repeats", function()
+  it("prefetch_variants: the config with each L2 prefetch budget, or without it, skipping its own and repeats", function()
     local v = plan_step.prefetch_variants(A, {8, 0, 16, 8})
-    assert.equal(2, #v)
+    assert.equal(2, #v) -- A has no prefetch: 0 is its own
     assert.equal(8, v[1].l2_prefetch_mb)
     assert.equal(16, v[2].l2_prefetch_mb)
     v[1].l2_prefetch_mb = nil
@@ -117,11 +117,18 @@ describe("k3.plan_step", function()
     local own = {threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 16}
     assert.same({{threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 8}},
                 plan_step.prefetch_variants(own, {16, 8}))
+    -- 0: the same configuration with the prefetch off
+    assert.same({{threads = 256, rows = 8, unroll = 4, vec = 8}, {threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 32}},
+                plan_step.prefetch_variants(own, {0, 32}))
     assert.same({}, plan_step.prefetch_variants(nil, {8})) -- a shape not on the skinny kernel
     H.raises(function() plan_step.prefetch_variants(A, {1.5}) end,
-             "plan_step.prefetch_variants: mbs[1] must be an integer in 0..40 (MiB); got 1.5")
+             "plan_step.prefetch_variants: mbs[1] must be an integer in 0..40 (MiB); got float 1.5")
     H.raises(function() plan_step.prefetch_variants(A, {8, 41}) end,
-             "plan_step.prefetch_variants: mbs[2] must be an integer in 0..40 (MiB); got 41")
+             "plan_step.prefetch_variants: mbs[2] must be an integer in 0..40 (MiB); got integer 41")
+    H.raises(function() plan_step.prefetch_variants(nil, {"8"}) end, -- checked whatever cfg is
+             "plan_step.prefetch_variants: mbs[1] must be an integer in 0..40 (MiB); got string 8")
+    H.raises(function() plan_step.prefetch_variants(A, 8) end,
+             "plan_step.prefetch_variants: mbs must be a list of MiB; got number")
     H.raises(function() plan_step.prefetch_variants("t256", {8}) end,
              "plan_step.prefetch_variants: cfg must be a table or nil; got string")
     -- the rendered text puts the budget last, and low_latency takes it

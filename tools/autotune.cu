@@ -33,6 +33,7 @@
 #define K3_TOOL_NAME "autotune"
 #include "linear_bench.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <string>
@@ -136,31 +137,37 @@ static std::vector<int> parse_ms(const char *s) {
     return v;
 }
 
-/* "8,16,32" -> {8, 16, 32}; "0" or "" -> {} (no prefetch); each 1..K3_SKINNY_MAX_L2_PREFETCH_MB. */
+/* "8,16,32" -> {8, 16, 32}: budgets in MiB, comma-separated, each an integer in
+ * 0..K3_SKINNY_MAX_L2_PREFETCH_MB, none twice; 0 (the searched configuration itself) is dropped,
+ * so "0" means no prefetch variants. Anything else exits 2 naming the item. */
 static std::vector<int> parse_prefetch(const char *s) {
     std::vector<int> v;
-    while (*s) {
-        int mb, used = 0;
-        if (sscanf(s, "%d%n", &mb, &used) != 1 || mb < 0 || mb > K3_SKINNY_MAX_L2_PREFETCH_MB) {
-            fprintf(stderr, "autotune: --l2-prefetch: bad budget near '%s' (want MiB in 0..%d, "
-                            "comma-separated)\n", s, K3_SKINNY_MAX_L2_PREFETCH_MB);
+    const char *p = s;
+    while (*p) {
+        char *end = nullptr;
+        const long mb = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || mb < 0 || mb > K3_SKINNY_MAX_L2_PREFETCH_MB ||
+            (mb > 0 && std::find(v.begin(), v.end(), (int)mb) != v.end())) {
+            fprintf(stderr, "autotune: --l2-prefetch: bad budget near '%s' (want distinct MiB in "
+                            "0..%d, comma-separated; got '%s')\n", p, K3_SKINNY_MAX_L2_PREFETCH_MB, s);
             exit(2);
         }
-        if (mb > 0) v.push_back(mb);
-        s += used;
-        if (*s == ',') s++;
+        if (mb > 0) v.push_back((int)mb);
+        p = *end ? end + 1 : end;
     }
     return v;
 }
 
-static void usage(void) {
-    fprintf(stderr,
+static void usage(FILE *f) {
+    fprintf(f,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
             "                [--kinds classic,classic16,split,balanced] [--epilogue silu_mul] [--all-m]\n"
             "                [--l2-prefetch 8,16,32] [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
-            "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv.\n");
+            "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv,\n"
+            "--l2-prefetch 8,16,32 (MiB of w prefetched into L2, tried on each fastest configuration;\n"
+            "0 for none).\n");
 }
 
 int main(int argc, char **argv) {
@@ -177,11 +184,15 @@ int main(int argc, char **argv) {
         std::string a = argv[i];
         auto val = [&](void) -> const char * {
             if (i + 1 >= argc) {
-                usage();
+                usage(stderr);
                 exit(2);
             }
             return argv[++i];
         };
+        if (a == "--help" || a == "-h") {
+            usage(stdout);
+            return 0;
+        }
         if (a == "--shapes") shapes = parse_shapes(val());
         else if (a == "--m") ms = parse_ms(val());
         else if (a == "--out") out_path = val();
@@ -196,7 +207,7 @@ int main(int argc, char **argv) {
         else if (a == "--all-m") all_m = true;
         else if (a == "--dry-run") dry = true;
         else {
-            usage();
+            usage(stderr);
             return 2;
         }
     }

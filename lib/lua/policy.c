@@ -302,6 +302,17 @@ static int l_method_default(lua_State *L) {
 }
 
 #define MAX_PLAN 64
+
+/* config field `field` of plan entry M (0 when absent) as an int; a value no int holds raises,
+ * reported as the caller wrote it (a cast would hand the C checks another number). */
+static int plan_int_field(lua_State *L, int cfg, const char *field, lua_Integer m) {
+    int64_t v = k3l_int_field(L, cfg, field, 0, 0, 1);
+    if (v < INT_MIN || v > INT_MAX)
+        return luaL_error(L, "method.low_latency: plan entry for M = %I has %s %I; expected an int",
+                          m, field, (lua_Integer)v);
+    return (int)v;
+}
+
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
  * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false,
  * l2_prefetch_mb = 0..40}}, ...};
@@ -354,21 +365,14 @@ static int l_method_low_latency(lua_State *L) {
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
                 k3l_check_option_keys(L, cfg, cfg_keys, 1);
-                e[n].threads = (int)k3l_int_field(L, cfg, "threads", 0, 0, 1);
-                e[n].rows = (int)k3l_int_field(L, cfg, "rows", 0, 0, 1);
-                e[n].unroll = (int)k3l_int_field(L, cfg, "unroll", 0, 0, 1);
-                e[n].vec = (int)k3l_int_field(L, cfg, "vec", 0, 0, 1);
-                e[n].split_k = (int)k3l_int_field(L, cfg, "split_k", 0, 0, 1);
-                e[n].rows_per_warp = (int)k3l_int_field(L, cfg, "rows_per_warp", 0, 0, 1);
+                e[n].threads = plan_int_field(L, cfg, "threads", m);
+                e[n].rows = plan_int_field(L, cfg, "rows", m);
+                e[n].unroll = plan_int_field(L, cfg, "unroll", m);
+                e[n].vec = plan_int_field(L, cfg, "vec", m);
+                e[n].split_k = plan_int_field(L, cfg, "split_k", m);
+                e[n].rows_per_warp = plan_int_field(L, cfg, "rows_per_warp", m);
                 e[n].balanced = k3l_bool_field(L, cfg, "balanced", 0, 1);
-                /* reported as the caller wrote it: no int holds a value outside int's range */
-                int64_t pf = k3l_int_field(L, cfg, "l2_prefetch_mb", 0, 0, 1);
-                if (pf < INT_MIN || pf > INT_MAX)
-                    return luaL_error(L,
-                                      "method.low_latency: plan entry for M = %I has "
-                                      "l2_prefetch_mb %I; expected 0..%d",
-                                      m, (lua_Integer)pf, K3_PLAN_MAX_L2_PREFETCH_MB);
-                e[n].l2_prefetch_mb = (int)pf;
+                e[n].l2_prefetch_mb = plan_int_field(L, cfg, "l2_prefetch_mb", m);
             } else if (!lua_isnil(L, -1)) {
                 return k3l_arg_error(L, 1, "plan[%I].config must be a table; got %s", m,
                                      luaL_typename(L, -1));

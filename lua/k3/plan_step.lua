@@ -140,22 +140,30 @@ function M.candidates(plans, key, m, current, ...)
 end
 
 --- plan_step.prefetch_variants(cfg, mbs) -> {config, ...}: copies of skinny config `cfg` with
---- l2_prefetch_mb set to each value of `mbs` (MiB 0..40, in order; 0 and cfg's own value skipped,
---- repeats once), for a step tuner to try the L2 prefetch on the configuration a shape runs now;
---- {} when cfg is nil (the shape is not on the skinny kernel).
+--- l2_prefetch_mb set to each budget of `mbs` (a list of integers, MiB 0..40, in order; 0 gives
+--- cfg without the field where cfg has a prefetch; cfg's own value and repeats are skipped), for
+--- a step tuner to try the L2 prefetch on, or off, the configuration a shape runs now; {} when
+--- cfg is nil (the shape is not on the skinny kernel). A bad `mbs` raises whatever cfg is.
 function M.prefetch_variants(cfg, mbs)
+  if type(mbs) ~= "table" then
+    error("plan_step.prefetch_variants: mbs must be a list of MiB; got " .. type(mbs), 2)
+  end
+  for i, mb in ipairs(mbs) do
+    if math.type(mb) ~= "integer" or mb < 0 or mb > 40 then
+      error(string.format("plan_step.prefetch_variants: mbs[%d] must be an integer in 0..40 (MiB); got %s %s",
+                          i, math.type(mb) or type(mb), tostring(mb)), 2)
+    end
+  end
   local out, seen = {}, {}
   if cfg == nil then return out end
   if type(cfg) ~= "table" then error("plan_step.prefetch_variants: cfg must be a table or nil; got " .. type(cfg), 2) end
-  for i, mb in ipairs(mbs or {}) do
-    if math.type(mb) ~= "integer" or mb < 0 or mb > 40 then
-      error(string.format("plan_step.prefetch_variants: mbs[%d] must be an integer in 0..40 (MiB); got %s", i, tostring(mb)), 2)
-    end
-    if mb ~= 0 and mb ~= (cfg.l2_prefetch_mb or 0) and not seen[mb] then
+  local own = cfg.l2_prefetch_mb or 0
+  for _, mb in ipairs(mbs) do
+    if mb ~= own and not seen[mb] then
       seen[mb] = true
       local c = {}
       for k, v in pairs(cfg) do c[k] = v end
-      c.l2_prefetch_mb = mb
+      c.l2_prefetch_mb = mb > 0 and mb or nil
       out[#out + 1] = c
     end
   end
@@ -206,8 +214,9 @@ end
 --- gives back t's values (times rounded to 0.01 µs; an entry without them, as a file written
 --- by hand may carry over, is written without them).
 function M.render(t)
-  local out = {"-- " .. t.arch .. "_step.lua: cuda.linear.skinny plan entries measured inside the decode step,",
-               "-- written by scripts/tune-step; k3.plan_for lays them over " .. t.arch .. ".lua (k3.plan_step).",
+  local out = {"-- " .. t.arch .. "_step.lua: plan entries (cuda.linear.skinny configurations, or cuBLAS) measured",
+               "-- inside the decode step, written by scripts/tune-step; k3.plan_for lays `plans` over",
+               "-- " .. t.arch .. ".lua and `silu_mul` over " .. t.arch .. "_silu_mul.lua (k3.plan_step).",
                "-- step_us / base_step_us: the step's median time with the entry and with the one it",
                "-- replaces, in the same run. Regenerate on the machine rather than editing by hand.",
                "return {"}

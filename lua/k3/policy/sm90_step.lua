@@ -1,5 +1,6 @@
--- sm90_step.lua: cuda.linear.skinny plan entries measured inside the decode step,
--- written by scripts/tune-step; k3.plan_for lays them over sm90.lua (k3.plan_step).
+-- sm90_step.lua: plan entries (cuda.linear.skinny configurations, or cuBLAS) measured
+-- inside the decode step, written by scripts/tune-step; k3.plan_for lays `plans` over
+-- sm90.lua and `silu_mul` over sm90_silu_mul.lua (k3.plan_step).
 -- step_us / base_step_us: the step's median time with the entry and with the one it
 -- replaces, in the same run. Regenerate on the machine rather than editing by hand.
 return {
