@@ -663,8 +663,8 @@ typedef struct k3_plan_entry {
     /* MiB of w (0..40, 0 = none) the skinny kernel asks L2 to prefetch before it waits for
      * the previous kernel, spread evenly over w's rows (the head of each row's share of K).
      * Measured in the Kimi-K3 step: a gain where the kernel before is a projection draining
-     * its last wave, a loss behind a latency-bound kernel (AttnRes, RMSNorm), so the step
-     * tuner sets it per shape (kernels/linear_skinny.cuh, "L2 prefetch"). Correct whoever
+     * its last wave, a loss behind a latency-bound kernel (AttnRes, RMSNorm), so the tuners
+     * set it per shape (kernels/linear_skinny.cuh, "L2 prefetch"). Correct whoever
      * writes w; other kernels ignore it; outside 0..40 is K3_EINVAL. */
     int l2_prefetch_mb;
 } k3_plan_entry;

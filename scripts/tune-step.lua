@@ -19,11 +19,11 @@
 -- own prologue or epilogue is skipped, by the method's explain), the step is captured with
 -- k3.cuda_graph and replayed (3 warm-up, then N timed by CUDA events, default 15: the median),
 -- alternating with the step as it stands (each layer on its own method, as built; the step as
--- it stands first in odd passes, the candidate first in even ones), for --passes passes (default 2). A candidate is kept
--- when it is faster by at least PCT percent of the step (default 0.2) in every pass
--- (k3.plan_step.decide); of those kept,
--- the one with the largest smallest gain becomes the shape's entry at M and the search goes
--- on from there (shape by shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
+-- it stands first in odd passes, the candidate first in even ones), for --passes passes
+-- (default 2). A candidate is kept when it is faster by at least PCT percent of the step
+-- (default 0.2) in every pass (k3.plan_step.decide); of those kept, the one with the largest
+-- smallest gain becomes the shape's entry at M and the search goes on from there (shape by
+-- shape, greedily). The result is lua/k3/policy/<arch>_step.lua's
 -- text (k3.plan_step.render): written to FILE, or to lua/k3/policy/<arch>_step.lua with
 -- --write, where k3.plan_for lays it over the plan, else $OUT/<arch>_step.lua when OUT is set,
 -- else build/tune-step/<arch>_step.lua (the folder is made and checked before any timing).
@@ -85,8 +85,9 @@ local function opts_of(argv)
     elseif a == "--l2-prefetch" then
       o.l2_prefetch = list_of(v, a, function(s)
         local n = math.tointeger(tonumber(s))
-        if not (n and n >= 0 and n <= 40) then
-          die("--l2-prefetch: bad item '" .. s .. "' (MiB, an integer in 0..40)")
+        local max = plan_step.MAX_L2_PREFETCH_MB
+        if not (n and n >= 0 and n <= max) then
+          die(string.format("--l2-prefetch: bad item '%s' (MiB, an integer in 0..%d)", s, max))
         end
         return n
       end)

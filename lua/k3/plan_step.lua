@@ -21,6 +21,9 @@ local M = {}
 --- method's kernel for the decode shapes, where the step runs faster without the plan's entry.
 M.CUBLAS = "cuda.linear.cublas"
 
+--- The largest config.l2_prefetch_mb a plan entry may carry (K3_PLAN_MAX_L2_PREFETCH_MB, lib/k3.h).
+M.MAX_L2_PREFETCH_MB = 40
+
 --- plan_step.is_entry(e) -> boolean: whether e is a step entry, {kernel = "skinny", config =
 --- {...}} or {kernel = plan_step.CUBLAS} (extra keys such as step_us allowed).
 function M.is_entry(e)
@@ -149,9 +152,9 @@ function M.prefetch_variants(cfg, mbs)
     error("plan_step.prefetch_variants: mbs must be a list of MiB; got " .. type(mbs), 2)
   end
   for i, mb in ipairs(mbs) do
-    if math.type(mb) ~= "integer" or mb < 0 or mb > 40 then
-      error(string.format("plan_step.prefetch_variants: mbs[%d] must be an integer in 0..40 (MiB); got %s %s",
-                          i, math.type(mb) or type(mb), tostring(mb)), 2)
+    if math.type(mb) ~= "integer" or mb < 0 or mb > M.MAX_L2_PREFETCH_MB then
+      error(string.format("plan_step.prefetch_variants: mbs[%d] must be an integer in 0..%d (MiB); got %s %s",
+                          i, M.MAX_L2_PREFETCH_MB, math.type(mb) or type(mb), tostring(mb)), 2)
     end
   end
   local out, seen = {}, {}
