@@ -640,7 +640,9 @@ static k3_status st_header_entries(k3_safetensors *st, int fi, const cJSON *root
         st->count++;
         K3_TRY(st_parse_entry(path, it, data_size, e));
     }
-    return st_check_ranges(path, st->entries + first, st->count - first, data_size);
+    /* A header without tensors may leave entries unallocated: no pointer arithmetic on NULL. */
+    return st_check_ranges(path, st->entries ? st->entries + first : NULL, st->count - first,
+                           data_size);
 }
 
 /* Reads and validates the header of file fi. */
