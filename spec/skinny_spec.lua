@@ -712,6 +712,166 @@ describe("cuda.linear.skinny with PDL and static weights #gpu", function()
   end)
 end)
 
+-- The ring mode (config stages > 0, kernels/linear_skinny_ring.cuh): w through shared-memory
+-- stages filled by bulk copies, one CTA per SM, each CTA's rows in tiles. Shapes whose CTAs take
+-- 1-2 rows (N = 200), several tiles (N = 9004), a stage past K (K = 520, 4104: the last stage
+-- and chunk partial), the Kimi-K3 1536x7168; every instance (rows 8..64) at 1, 2 and 6 stages.
+local RING_ROWS = {8, 16, 32, 64}
+local function ring_config(rows, stages) return {threads = 256, rows = rows, stages = stages} end
+
+describe("cuda.linear.skinny, ring mode (stages) #gpu", function()
+  it("every instance matches the fp64 reference, with and without a residual, and repeats its bits", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    for si, shape in ipairs({{200, 4104}, {9004, 520}, {1536, 7168}}) do
+      local N, K = shape[1], shape[2]
+      local w = bf16({N, K}, 1700 + si)
+      local xs, rs, refs = {}, {}, {}
+      for _, M in ipairs({1, 4, 8, 9, 16}) do
+        xs[M], rs[M] = bf16({M, K}, 1710 + M), bf16({M, N}, 1730 + M)
+        if N <= 9004 and K <= 4104 then refs[M] = {reference(xs[M], w), reference(xs[M], w, rs[M])} end
+      end
+      for _, rows in ipairs(RING_ROWS) do
+        for _, stages in ipairs({1, 2, 6}) do
+          local ll = k3.method.low_latency(all_plan(ring_config(rows, stages)), {static_weights = true})
+          for _, M in ipairs({1, 4, 8, 9, 16}) do
+            local what = string.format("%dx%d rows=%d stages=%d M=%d", N, K, rows, stages, M)
+            assert.equal(SKINNY, ll:explain(xs[M], w).chosen, what)
+            local y = ll:apply(xs[M], w, nil, {out = poisoned_out(M, N)})
+            local yr = ll:apply(xs[M], w, nil, {residual = rs[M], out = poisoned_out(M, N)})
+            if refs[M] then
+              check_against(y, refs[M][1], K, what)
+              check_against(yr, refs[M][2], K, what .. " residual")
+            else
+              check_rows(y, xs[M], w, nil, what)
+              check_rows(yr, xs[M], w, rs[M], what .. " residual")
+            end
+            assert.equal(0, k3.max_abs_diff(y, ll:apply(xs[M], w)), what .. ": a second call differs")
+          end
+          ll:free()
+        end
+      end
+      w:free()
+    end
+  end)
+
+  it("the number of stages does not change the bits; a strided residual and out", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 7168, 1536
+    local w = bf16({N, K}, 1750)
+    for _, rows in ipairs(RING_ROWS) do
+      local one = k3.method.low_latency(all_plan(ring_config(rows, 1)), {static_weights = true})
+      local six = k3.method.low_latency(all_plan(ring_config(rows, 6)), {static_weights = true})
+      for _, M in ipairs({1, 16}) do
+        local x = bf16({M, K}, 1751 + M)
+        local rbig = bf16({N, 2 * M}, 1770 + M)
+        local res = rbig:narrow(2, 1, M):t() -- [M, N] with strides (1, 2M)
+        local obig = H.poisoned({N, 2 * M}, {dtype = "bf16", device = "cuda"})
+        local out = obig:narrow(2, 1, M):t()
+        local what = string.format("7168x1536 rows=%d M=%d", rows, M)
+        local y = six:apply(x, w, nil, {residual = res, out = out})
+        assert.equal(0, k3.max_abs_diff(y, one:apply(x, w, nil, {residual = res:contiguous()})),
+                     what .. ": 6 stages differ from 1")
+        check_rows(y:contiguous(), x, w, res:contiguous(), what)
+      end
+    end
+    w:free()
+  end)
+
+  it("the silu_mul epilogue: linear then silu_mul's bits on the same configuration, h columns past N", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    -- 1056 columns of h on 132 SMs are 8 per CTA; 1054 and 7 leave CTAs with fewer, or none
+    for _, Nh in ipairs({1056, 1054, 7}) do
+      local we = bf16({2 * Nh, 7168}, 1780 + Nh)
+      for _, rows in ipairs(RING_ROWS) do
+        local ll = k3.method.low_latency(all_plan(ring_config(rows, 6)), {static_weights = true})
+        for _, M in ipairs({1, 9, 16}) do
+          local what = string.format("epilogue N=%d rows=%d M=%d", Nh, rows, M)
+          local x = bf16({M, 7168}, 1790 + M)
+          assert.equal(SKINNY, ll:explain(x, we, nil, {epilogue = "silu_mul"}).chosen, what)
+          local h = ll:apply(x, we, nil, {epilogue = "silu_mul", out = poisoned_out(M, Nh)})
+          assert.is_false(H.has_nan(h:to("cpu")), what .. ": unwritten (NaN) outputs")
+          assert.equal(0, k3.max_abs_diff(h, k3.silu_mul(ll:apply(x, we))),
+                       what .. ": differs from linear then silu_mul")
+        end
+        ll:free()
+      end
+      we:free()
+    end
+  end)
+
+  it("x rewritten by a kernel just before each call (static weights); w rewritten just before without the promise", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local o = {dtype = "bf16", device = "cuda"}
+    local w1, w2 = bf16({1536, 7168}, 1800), bf16({7168, 1536}, 1801)
+    for _, rows in ipairs({8, 64}) do
+      local ll = k3.method.low_latency(all_plan(ring_config(rows, 6)), {static_weights = true})
+      for _, M in ipairs({1, 16}) do
+        local what = string.format("rows=%d M=%d", rows, M)
+        local src = k3.randn({M, 7168}, {dtype = "f32", device = "cuda", seed = 1810 + M})
+        local x = k3.empty({M, 7168}, o)
+        x:copy(src)
+        local y1 = ll:apply(x, w1, nil, {out = poisoned_out(M, 1536)})
+        local y2 = ll:apply(y1, w2, nil, {residual = x, out = poisoned_out(M, 7168)})
+        check_rows(y1, src:to("bf16"), w1, nil, what .. " y1")
+        check_rows(y2, y1, w2, src:to("bf16"), what .. " y2")
+      end
+    end
+    local ll = k3.method.low_latency(all_plan(ring_config(16, 6)))
+    local w = k3.empty({1536, 7168}, o)
+    for round = 1, 2 do
+      local src = k3.randn({1536, 7168}, {dtype = "f32", device = "cuda", seed = 1820 + round})
+      w:copy(src)
+      local x = bf16({4, 7168}, 1830 + round)
+      check_rows(ll:apply(x, w, nil, {out = poisoned_out(4, 1536)}), x, src:to("bf16"), nil,
+                 "w rewritten, round " .. round)
+      src:free()
+    end
+    w:free()
+  end)
+
+  it("prologue calls run through a temporary (the bits of the separate op, then the ring)", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local N, K = 2304, 1536
+    local w = bf16({N, K}, 1840)
+    local nw = (k3.randn({K}, {seed = 1841, device = "cuda"}) * 0.1 + 1):to("bf16")
+    local ll = k3.method.low_latency(all_plan(ring_config(16, 6)), {static_weights = true})
+    for _, M in ipairs({1, 16}) do
+      local x = bf16({M, K}, 1842 + M)
+      local opts = {prologue = "rms_norm", norm_weight = nw, eps = 1e-5}
+      assert.equal(SKINNY, ll:explain(x, w, nil, opts).chosen)
+      opts.out = poisoned_out(M, N)
+      local y = ll:apply(x, w, nil, opts)
+      assert.equal(0, k3.max_abs_diff(y, ll:apply(k3.rms_norm(x, nw, 1e-5), w)), "rms_norm prologue M=" .. M)
+      local xg = bf16({M, 2 * K}, 1860 + M)
+      local yg = ll:apply(xg, w, nil, {prologue = "silu_mul", out = poisoned_out(M, N)})
+      assert.equal(0, k3.max_abs_diff(yg, ll:apply(k3.silu_mul(xg), w)), "silu_mul prologue M=" .. M)
+    end
+    w:free()
+  end)
+
+  it("declines what it cannot run with named reasons, and the fallback gives cuBLAS's bits", function()
+    if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
+    local w, x = bf16({256, 1024}, 1870), bf16({2, 1024}, 1871)
+    local want = k3.linear(x, w, {kernel = CUBLAS})
+    local cases = {
+      {{threads = 256, rows = 24, stages = 4}, "is not a ring instance"},
+      {{threads = 512, rows = 16, stages = 4}, "is not a ring instance"},
+      {{threads = 256, rows = 16, unroll = 4, stages = 4}, "is not a ring instance"},
+      {{threads = 256, rows = 16, stages = 4, l2_prefetch_mb = 8}, "takes no L2 prefetch"},
+      {{threads = 256, rows = 64, stages = 7}, "bytes of shared memory per CTA; cuda:0 allows"},
+    }
+    for _, c in ipairs(cases) do
+      local ll = k3.method.low_latency(all_plan(c[1]), {static_weights = true})
+      local e = ll:explain(x, w)
+      assert.equal(CUBLAS, e.chosen)
+      local why = skinny_decline(e)
+      assert.truthy(why and why:find(c[2], 1, true), tostring(why))
+      assert.equal(0, k3.max_abs_diff(ll:apply(x, w), want))
+      ll:free()
+    end
+  end)
+end)
+
 -- Static storage: the weights a low-latency method with static_weights (or a k3.nn layer) may
 -- load before the previous kernel ends. Marked, a storage refuses every write, naming who
 -- marked it, so the contract cannot be broken silently.
