@@ -1,8 +1,7 @@
 /*
  * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
  * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up, optional
- * SwiGLU epilogue: w [2N, K] gate | up rows, out h [M, N]; w through registers, or through a
- * ring of shared-memory stages with config stages > 0). supports() is DESIGN.md's runtime check with a named
+ * SwiGLU epilogue: w [2N, K] gate | up rows, out h [M, N]). supports() is DESIGN.md's runtime check with a named
  * reason per failure; run() repeats it and raises the same text as an error, so a strided
  * x passed directly fails loud instead of being read with the wrong stride. The device
  * code is in linear_skinny.cuh (shared with tools/autotune.cu).
@@ -81,26 +80,20 @@ static int k3sk_prologue_max_m(void) {
     return v;
 }
 
-/* The device's opt-in shared memory per block in bytes (read once per device; 0 when it
- * cannot be read). */
-static size_t k3sk_smem_optin(int dev) {
+/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
+ * partial sums (at most 16 warps x 512 bytes, and the split flag). */
+static bool k3sk_silu_fits(int dev, size_t bytes) {
     static int optin[K3SK_MAX_DEVICES];
-    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return 0;
+    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
     if (!optin[dev]) {
         int v = 0;
         if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
             (void)cudaGetLastError();
-            return 0;
+            return false;
         }
         optin[dev] = v;
     }
-    return (size_t)optin[dev];
-}
-
-/* Whether this launch's h fits the device's shared memory per block beside the kernel's own
- * partial sums (at most 16 warps x 512 bytes, and the split flag). */
-static bool k3sk_silu_fits(int dev, size_t bytes) {
-    return bytes + 16u * 512u + 64u <= k3sk_smem_optin(dev);
+    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
@@ -111,63 +104,6 @@ static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
 static bool k3sk_same_cuda(const k3_tensor *t, int dev) {
     k3_device d = k3_tensor_device(t);
     return d.type == K3_DEVICE_CUDA && d.index == dev;
-}
-
-/* The ring mode's part of k3sk_check (config stages > 0; the layout, dtype, device and size
- * checks before it are common): the configuration it compiles, the alignment of x and w, and
- * the shared memory its stages need. */
-static k3_status k3sk_check_ring(const k3_linear_args *l, bool for_run, const k3_tensor *x,
-                                 const k3_tensor *w, int dev, k3_skinny_config r,
-                                 k3_skinny_config *cfg, char *why, size_t n) {
-    if (!r.threads) r.threads = K3_SKINNY_RING_THREADS;
-    if (!r.rows) r.rows = 16;
-    if (!r.unroll) r.unroll = K3_SKINNY_RING_UNROLL;
-    if (!r.vec) r.vec = K3_SKINNY_VEC;
-    if (!r.rows_per_warp) r.rows_per_warp = 8;
-    const int kw = k3_skinny_ring_rows_ok(r.rows) ? K3_SKINNY_RING_THREADS / 32 / (r.rows / 8) : 0;
-    if (!r.split_k) r.split_k = kw;
-    if (r.threads != K3_SKINNY_RING_THREADS || !kw || r.unroll != K3_SKINNY_RING_UNROLL ||
-        r.vec != K3_SKINNY_VEC || r.split_k != kw || r.rows_per_warp != 8)
-        return snprintf(why, n,
-                        "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, "
-                        "rows_per_warp = %d, stages = %d} is not a ring instance (threads %d, "
-                        "rows 8, 16, 32 or 64, unroll %d, vec %d, split_k 8 / (rows / 8), "
-                        "rows_per_warp 8)",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k, r.rows_per_warp, r.stages,
-                        K3_SKINNY_RING_THREADS, K3_SKINNY_RING_UNROLL, K3_SKINNY_VEC),
-               K3_EINVAL;
-    if (r.l2_prefetch_mb)
-        return snprintf(why, n,
-                        "config stages = %d with l2_prefetch_mb = %d; the ring streams w through "
-                        "shared memory and takes no L2 prefetch",
-                        r.stages, r.l2_prefetch_mb),
-               K3_EINVAL;
-    const int64_t K = w->size[1];
-    if (K % K3_SKINNY_VEC)
-        return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
-                        (long long)K, K3_SKINNY_VEC),
-               K3_ESHAPE;
-    const k3_tensor *packed[2] = {x, w};
-    const char *tname[2] = {"x", "w"};
-    const int first = l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 1 : 0;
-    for (int i = first; i < 2; i++)
-        if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
-            return snprintf(why, n,
-                            "%s is not 16-byte aligned (storage offset %lld elements); the "
-                            "ring copies 16-byte multiples",
-                            tname[i], (long long)packed[i]->offset),
-                   for_run ? K3_ELAYOUT : K3_ENOKERNEL;
-    const size_t smem = k3_skinny_ring_smem(r.rows, r.stages) + K3_SKINNY_RING_STATIC_SMEM;
-    const size_t optin = k3sk_smem_optin(dev);
-    if (smem > optin)
-        return snprintf(why, n,
-                        "config {rows = %d, stages = %d} needs %zu bytes of shared memory per "
-                        "CTA; cuda:%d allows %zu",
-                        r.rows, r.stages, smem, dev, optin),
-               K3_ENOKERNEL;
-    r.balanced = 1; /* one CTA per SM, equal shares of rows: the ring's own grid */
-    *cfg = r;
-    return K3_OK;
 }
 
 /* The kernel's eligibility check, in DESIGN.md's order. Writes the reason and returns its
@@ -243,11 +179,6 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
         return snprintf(why, n, "config l2_prefetch_mb = %d; expected 0..%d", r.l2_prefetch_mb,
                         K3_SKINNY_MAX_L2_PREFETCH_MB),
                K3_EINVAL;
-    if (r.stages < 0 || r.stages > K3_SKINNY_MAX_STAGES)
-        return snprintf(why, n, "config stages = %d; expected 0..%d", r.stages,
-                        K3_SKINNY_MAX_STAGES),
-               K3_EINVAL;
-    if (r.stages > 0) return k3sk_check_ring(l, for_run, x, w, dx.index, r, cfg, why, n);
     if (!r.threads) r.threads = 256;
     if (!r.rows) r.rows = 8;
     if (!r.unroll) r.unroll = 4;
@@ -364,7 +295,7 @@ static k3_status k3sk_run(const k3_op_args *a) {
      * CTAs and the balanced grid write y [M, 2N] into a temporary and cuda.silu_mul.generic
      * writes out from it. */
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
-    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && !cfg.stages && (kcta > 1 || cfg.balanced))
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && (kcta > 1 || cfg.balanced))
         return k3c_epilogue_temp(a, k3sk_run);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
      * into it are refused from now on. A write queued before this mark may still be in
@@ -426,17 +357,11 @@ static k3_status k3sk_run(const k3_op_args *a) {
                (uintptr_t)p.norm_weight % 16 != 0;
     /* The 16-rows-per-warp and the epilogue instances, and the balanced grid, have no
      * in-kernel prologue. */
-    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced || cfg.stages))
-        temp = true;
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
         p.prologue = 0;
-    }
-    if (cfg.stages > 0) {
-        K3_CHECK(k3_skinny_launch_ring(cfg.rows, cfg.stages, k3c_sm_count(ctx->dev), p,
-                                       ctx->stream));
-        return K3_OK;
     }
     /* The balanced grid: G CTAs of at most cfg.rows rows each. */
     if (cfg.balanced) p.grid = k3_skinny_balanced_grid(p.N, cfg.rows, k3c_sm_count(ctx->dev));

@@ -880,7 +880,4 @@ static cudaError_t k3_skinny_launch_split(int threads, int rows, int unroll, int
 
 #endif /* __CUDACC__ */
 
-/* The ring mode (plan config stages > 0): w through shared-memory stages filled by bulk copies. */
-#include "linear_skinny_ring.cuh"
-
 #endif /* K3_LINEAR_SKINNY_CUH */

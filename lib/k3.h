@@ -667,17 +667,7 @@ typedef struct k3_plan_entry {
      * set it per shape (kernels/linear_skinny.cuh, "L2 prefetch"). Correct whoever
      * writes w; other kernels ignore it; outside 0..40 is K3_EINVAL. */
     int l2_prefetch_mb;
-    /* 0: the skinny kernel streams w through registers; 1..16: its ring mode, w streamed
-     * through this many 32 KB stages of shared memory filled by bulk copies (one CTA of 288
-     * threads per SM, each with an equal share of w's rows; before the PDL wait under
-     * static_weights, so ~200 KB an SM is in flight while the previous kernel runs). The ring
-     * takes threads = 256 (or 0), rows 8, 16, 32 or 64, unroll 8 (or 0), split_k 0 or its own,
-     * rows_per_warp 8, no l2_prefetch_mb (kernels/linear_skinny_ring.cuh). Outside 0..16 is
-     * K3_EINVAL; a count whose stages do not fit the device's shared memory is declined. */
-    int stages;
 } k3_plan_entry;
-/* The largest k3_plan_entry.stages. */
-#define K3_PLAN_MAX_STAGES 16
 /* *out = a new method (free with k3_method_free). policy may be NULL (built-in default);
  * the method keeps a copy of what it needs. Errors: K3_EINVAL ("method_default: out is
  * NULL"), K3_ENOMEM. */

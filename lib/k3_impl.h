@@ -178,7 +178,6 @@ typedef struct k3_skinny_config {
     int rows_per_warp; /* k3_plan_entry.rows_per_warp: 8 or 16; 0 = 8 */
     int balanced;      /* k3_plan_entry.balanced: 1 = the balanced grid, 0 = tiles of rows */
     int l2_prefetch_mb; /* k3_plan_entry.l2_prefetch_mb: MiB of w prefetched into L2 first */
-    int stages;         /* k3_plan_entry.stages: 0 = the register kernel, >= 1 the ring mode */
 } k3_skinny_config;
 
 /* y[M,N] = x[M,K] w[N,K]^T (+ bias[N]) (+ residual[M,N]); out is [M,N], allocated by the

@@ -96,17 +96,12 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
                             "method.low_latency: plan entry for M = %d has l2_prefetch_mb %d; "
                             "expected 0..%d",
                             e->m, e->l2_prefetch_mb, K3_PLAN_MAX_L2_PREFETCH_MB);
-        if (e->stages < 0 || e->stages > K3_PLAN_MAX_STAGES)
-            return k3_error(K3_EINVAL,
-                            "method.low_latency: plan entry for M = %d has stages %d; "
-                            "expected 0..%d",
-                            e->m, e->stages, K3_PLAN_MAX_STAGES);
         slots[e->m].present = true;
         slots[e->m].kernel = kidx;
         slots[e->m].config = (k3_skinny_config){e->threads, e->rows, e->unroll, e->vec,
                                                 e->split_k, e->static_weights ? 1 : 0,
                                                 e->rows_per_warp, e->balanced,
-                                                e->l2_prefetch_mb, e->stages};
+                                                e->l2_prefetch_mb};
     }
     k3_method *m = k3_host_calloc(1, sizeof *m);
     if (!m) return k3_error(K3_ENOMEM, "method.low_latency: out of memory");

@@ -2,7 +2,7 @@
 -- scripts/tune-step):
 --
 --   tune-step.lua [--m 1,16] [--config NAME] [--replays N] [--passes N] [--min-gain PCT]
---                 [--max-candidates N] [--shapes NxK,...] [--l2-prefetch MB,...] [--stages S,...]
+--                 [--max-candidates N] [--shapes NxK,...] [--l2-prefetch MB,...]
 --                 [--out FILE | --write] [--dry-run]
 --
 -- builds the stack of config NAME (default kimi-k3-tp8, seeded random bf16 weights as
@@ -11,9 +11,7 @@
 -- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB 0..40,
 -- default 0,8,16,32; 0 is the configuration without its prefetch, where it has one:
 -- k3.plan_step.prefetch_variants), cuBLAS in its place (an entry {kernel =
--- "cuda.linear.cublas"} where the plan names the skinny kernel), the ring mode with each stage
--- count of --stages (default 6; 0: none) on every row count it compiles
--- (k3.plan_step.ring_variants), then the candidate
+-- "cuda.linear.cublas"} where the plan names the skinny kernel), then the candidate
 -- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
@@ -66,7 +64,7 @@ end
 
 local function opts_of(argv)
   local o = {ms = {1, 16}, config = "kimi-k3-tp8", replays = 15, passes = 2, min_gain = 0.2,
-             max_candidates = 12, l2_prefetch = {0, 8, 16, 32}, stages = {6}}
+             max_candidates = 12, l2_prefetch = {0, 8, 16, 32}}
   local i = 1
   while i <= #argv do
     local a, v = argv[i], argv[i + 1]
@@ -93,19 +91,6 @@ local function opts_of(argv)
         end
         return n
       end)
-    elseif a == "--stages" then
-      o.stages = list_of(v, a, function(s)
-        local n = math.tointeger(tonumber(s))
-        if not (n and n >= 0 and n <= plan_step.MAX_STAGES) then
-          die(string.format("--stages: bad item '%s' (a count in 0..%d; 0 alone: no ring candidates)",
-                            s, plan_step.MAX_STAGES))
-        end
-        return n
-      end)
-      if #o.stages == 1 and o.stages[1] == 0 then o.stages = {} end
-      for _, n in ipairs(o.stages) do
-        if n == 0 then die("--stages: 0 means no ring candidates and stands alone") end
-      end
     elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
     elseif a == "--dry-run" then o.dry_run, step = true, 1
@@ -135,7 +120,6 @@ local function short(cfg)
   if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
   if cfg.balanced then s = s .. " bal" end
   if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end
-  if (cfg.stages or 0) > 0 then s = s .. " ring" .. cfg.stages end
   return s
 end
 
@@ -294,13 +278,6 @@ local function main(argv)
           listed[plan_step.config_key(c)] = true
         end
         if cur_cfg then all[#all + 1] = {kernel = plan_step.CUBLAS} end
-        for _, c in ipairs(plan_step.ring_variants(o.stages)) do
-          local k = plan_step.config_key(c)
-          if not listed[k] and not (cur_cfg and plan_step.config_key(cur_cfg) == k) then
-            all[#all + 1] = {kernel = "skinny", config = c}
-            listed[k] = true
-          end
-        end
         for _, c in ipairs(plan_step.candidates(section_plans[role.section], role.key, M, cur_cfg,
                                                 role.section ~= "plans" and plain_plans or nil)) do
           if not listed[plan_step.config_key(c)] then all[#all + 1] = {kernel = "skinny", config = c} end
@@ -400,9 +377,8 @@ local function main(argv)
   local text = plan_step.render({
     arch = arch, machine = require("k3.bench.util").device_name(),
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
-    method = string.format("scripts/tune-step --m %s --l2-prefetch %s --stages %s --max-candidates %d: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
-                           table.concat(o.ms, ","), table.concat(o.l2_prefetch, ","),
-                           #o.stages > 0 and table.concat(o.stages, ",") or "0", o.max_candidates,
+    method = string.format("scripts/tune-step --m %s --l2-prefetch %s --max-candidates %d: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
+                           table.concat(o.ms, ","), table.concat(o.l2_prefetch, ","), o.max_candidates,
                            o.config, o.replays, o.passes, o.min_gain),
     plans = results.plans, silu_mul = results.silu_mul})
   local f, err = io.open(path, "w")

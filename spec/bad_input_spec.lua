@@ -1031,6 +1031,6 @@ describe("options tables", function()
     H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
       "unknown option 'bais'")
     H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
-      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k, rows_per_warp, balanced, l2_prefetch_mb or stages)")
+      "unknown option 'thread' (expected threads, rows, unroll, vec, split_k, rows_per_warp, balanced or l2_prefetch_mb)")
   end)
 end)

@@ -219,7 +219,6 @@ local checks = {
     {"method_low_latency M twice out", "K3_OK", "NULL"},
     {"method_low_latency balanced 2", "K3_EINVAL", "method.low_latency: plan entry for M = 2 has balanced 2; expected 0 or 1"},
     {"method_low_latency l2_prefetch_mb 41", "K3_EINVAL", "method.low_latency: plan entry for M = 5 has l2_prefetch_mb 41; expected 0..40"},
-    {"method_low_latency stages 17", "K3_EINVAL", "method.low_latency: plan entry for M = 6 has stages 17; expected 0..16"},
     {"policy_set_candidates unknown op", "K3_EINVAL",
      "policy: unknown op 'matmul' (expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)"},
     {"policy_set_candidates 17", "K3_EINVAL", "policy: linear has 17 candidates; expected 0..16"},

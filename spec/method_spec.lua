@@ -166,17 +166,8 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
       H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {l2_prefetch_mb = bad}}}) end,
         "method.low_latency: plan entry for M = 4 has l2_prefetch_mb " .. bad .. "; expected 0..40")
     end
-    -- the ring mode's stages: 0..16 (whether they fit the device's shared memory is the
-    -- kernel's check, at dispatch)
-    for _, st in ipairs({0, 1, 16}) do
-      k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, stages = st}}}):free()
-    end
-    for _, bad in ipairs({17, -1}) do
-      H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {stages = bad}}}) end,
-        "method.low_latency: plan entry for M = 4 has stages " .. bad .. "; expected 0..16")
-    end
     -- a value no int holds, in any integer field, is reported as written (never cast to another)
-    for _, f in ipairs({"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "l2_prefetch_mb", "stages"}) do
+    for _, f in ipairs({"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "l2_prefetch_mb"}) do
       for _, big in ipairs({1 << 40, -(1 << 40), (1 << 32) + 256}) do
         H.raises(function() k3.method.low_latency({[4] = {kernel = "skinny", config = {[f] = big}}}) end,
           string.format("method.low_latency: plan entry for M = 4 has %s %d; expected an int", f, big))

@@ -137,25 +137,6 @@ describe("k3.plan_step", function()
     k3.method.low_latency(assert(load(text))().plans["64x64"]):free()
   end)
 
-  it("ring_variants: every compiled row count at each stage count, in order, repeats skipped", function()
-    local v = plan_step.ring_variants({6, 2, 6})
-    assert.equal(8, #v)
-    assert.same({threads = 256, rows = 8, stages = 6}, v[1])
-    assert.same({threads = 256, rows = 64, stages = 6}, v[4])
-    assert.same({threads = 256, rows = 8, stages = 2}, v[5])
-    assert.same({}, plan_step.ring_variants({}))
-    H.raises(function() plan_step.ring_variants({0}) end,
-             "plan_step.ring_variants: stages[1] must be an integer in 1..16; got integer 0")
-    H.raises(function() plan_step.ring_variants({4, 17}) end,
-             "plan_step.ring_variants: stages[2] must be an integer in 1..16; got integer 17")
-    H.raises(function() plan_step.ring_variants(6) end,
-             "plan_step.ring_variants: stages must be a list of counts; got number")
-    -- the rendered text puts the stages last, and low_latency takes the entry
-    local text = plan_step.render({arch = "sm90", plans = {["64x64"] = {[1] = {kernel = "skinny", config = v[2]}}}})
-    assert.truthy(text:find("{threads = 256, rows = 16, stages = 6}", 1, true), text)
-    k3.method.low_latency(assert(load(text))().plans["64x64"]):free()
-  end)
-
   it("decide: kept only when faster by min_gain in every pass; gain is the worst pass's", function()
     local keep, gain = plan_step.decide({{base = 1000, cand = 990}, {base = 1000, cand = 995}}, 0.002)
     assert.is_true(keep)

@@ -315,7 +315,7 @@ static int plan_int_field(lua_State *L, int cfg, const char *field, lua_Integer 
 
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
  * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false,
- * l2_prefetch_mb = 0..40, stages = 0..16}}, ...};
+ * l2_prefetch_mb = 0..40}}, ...};
  * opts.static_weights = true promises that no kernel in flight writes the weights
  * (k3_plan_entry.static_weights). Declined calls run the owned default method. */
 static int l_method_low_latency(lua_State *L) {
@@ -323,7 +323,7 @@ static int l_method_low_latency(lua_State *L) {
                                              "cublas_us", "step_us", "base_step_us", NULL};
     static const char *const cfg_keys[] = {"threads",       "rows",     "unroll", "vec", "split_k",
                                            "rows_per_warp", "balanced", "l2_prefetch_mb",
-                                           "stages",        NULL};
+                                           NULL};
     static const char *const opt_keys[] = {"static_weights", NULL};
     k3_plan_entry e[MAX_PLAN];
     int n = 0, static_weights = 0;
@@ -373,7 +373,6 @@ static int l_method_low_latency(lua_State *L) {
                 e[n].rows_per_warp = plan_int_field(L, cfg, "rows_per_warp", m);
                 e[n].balanced = k3l_bool_field(L, cfg, "balanced", 0, 1);
                 e[n].l2_prefetch_mb = plan_int_field(L, cfg, "l2_prefetch_mb", m);
-                e[n].stages = plan_int_field(L, cfg, "stages", m);
             } else if (!lua_isnil(L, -1)) {
                 return k3l_arg_error(L, 1, "plan[%I].config must be a table; got %s", m,
                                      luaL_typename(L, -1));

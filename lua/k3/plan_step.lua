@@ -173,34 +173,6 @@ function M.prefetch_variants(cfg, mbs)
   return out
 end
 
---- The row counts the skinny kernel's ring mode compiles (K3_SKINNY_RING_ROWS,
---- kernels/linear_skinny_ring.cuh), and the most stages a plan entry may name
---- (K3_PLAN_MAX_STAGES, lib/k3.h).
-M.RING_ROWS = {8, 16, 32, 64}
-M.MAX_STAGES = 16
-
---- plan_step.ring_variants(stages) -> {config, ...}: the ring mode's configurations, {threads =
---- 256, rows = R, stages = S} for every R of plan_step.RING_ROWS and every S of `stages` (a list
---- of integers 1..16, in order, repeats skipped), for a step tuner to try; a bad list raises.
---- Which of them fit a device's shared memory is the kernel's answer (explain).
-function M.ring_variants(stages)
-  if type(stages) ~= "table" then
-    error("plan_step.ring_variants: stages must be a list of counts; got " .. type(stages), 2)
-  end
-  local out, seen = {}, {}
-  for i, s in ipairs(stages) do
-    if math.type(s) ~= "integer" or s < 1 or s > M.MAX_STAGES then
-      error(string.format("plan_step.ring_variants: stages[%d] must be an integer in 1..%d; got %s %s",
-                          i, M.MAX_STAGES, math.type(s) or type(s), tostring(s)), 2)
-    end
-    if not seen[s] then
-      seen[s] = true
-      for _, r in ipairs(M.RING_ROWS) do out[#out + 1] = {threads = 256, rows = r, stages = s} end
-    end
-  end
-  return out
-end
-
 --- plan_step.decide(pairs, min_gain) -> keep, gain: pairs = {{base = µs, cand = µs}, ...}, one
 --- per timing pass (each pass times the step with the current entry, then with the candidate);
 --- keep is true when the candidate is faster by at least min_gain (a fraction, e.g. 0.002) in
@@ -224,7 +196,7 @@ end
 
 -- {threads = 256, rows = 8, ...} in the plan files' field order, then any others by name.
 local ORDER = {"threads", "rows", "unroll", "vec", "split_k", "rows_per_warp", "balanced",
-               "l2_prefetch_mb", "stages"}
+               "l2_prefetch_mb"}
 local function config_text(cfg)
   local parts, done = {}, {}
   for _, k in ipairs(ORDER) do

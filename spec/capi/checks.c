@@ -458,8 +458,6 @@ int main(void) {
         CASE("method_low_latency balanced 2", k3_method_low_latency(&m, balanced, 1, NULL));
         const k3_plan_entry prefetch[1] = {{.m = 5, .kernel = "skinny", .l2_prefetch_mb = 41}};
         CASE("method_low_latency l2_prefetch_mb 41", k3_method_low_latency(&m, prefetch, 1, NULL));
-        const k3_plan_entry stages[1] = {{.m = 6, .kernel = "skinny", .rows = 16, .stages = 17}};
-        CASE("method_low_latency stages 17", k3_method_low_latency(&m, stages, 1, NULL));
         const char *one[1] = {"cpu.linear.blas"};
         CASE("policy_set_candidates unknown op", k3_policy_set_candidates(pol, "matmul", one, 1));
         const char *many[17];

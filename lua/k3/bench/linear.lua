@@ -103,7 +103,6 @@ local function config_string(entry)
   end
   if c.balanced then parts[#parts + 1] = "bal" end -- the balanced grid
   if (c.l2_prefetch_mb or 0) > 0 then parts[#parts + 1] = "pf" .. c.l2_prefetch_mb end -- MiB into L2 first
-  if (c.stages or 0) > 0 then parts[#parts + 1] = "ring" .. c.stages end -- shared-memory stages
   return tostring(entry.kernel) .. (#parts > 0 and (" " .. table.concat(parts, "/")) or "")
 end
 
