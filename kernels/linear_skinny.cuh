@@ -21,9 +21,7 @@
  * rounds (kernels/silu.cuh), or x * r * norm_weight with the row scale r of each token summed
  * over the whole row in cuda.rms_norm.generic's own order (256 strided partial sums, the warp
  * butterfly, the 8 warps in order, its rescaled second pass for rows whose sum overflows or
- * underflows: kernels/norm.cu), so h has the separate kernel's bits (a CTA that covers the
- * whole row loads x into h once and sums from there, the norm weight prefetched into L2 before
- * the PDL wait). The warps then read their
+ * underflows: kernels/norm.cu), so h has the separate kernel's bits. The warps then read their
  * x fragments from there instead of from global memory. Every warp of the CTA needs the same h, so it is
  * computed once per CTA rather than once per warp row group (the SiLU's exp and division cost
  * ~20 instructions an element: per warp, in registers, they would outweigh the weight stream).
@@ -364,8 +362,7 @@ static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *__restri
     *mx = m;
 }
 
-/* The RMSNorm row scales of the M rows of x (bf16 [M, K], rows xrow 16-byte vectors apart, in
- * global memory or, for a CTA whose k range is the whole row, in the CTA's shared h),
+/* The RMSNorm row scales of the M rows of x (bf16 [M, K], rows xrow 16-byte vectors apart),
  * computed by the whole CTA in cuda.rms_norm.generic's order (kernels/norm.cu, a CTA of 256
  * threads per row): virtual thread vt (0..255) of a row sums x[vt], x[vt + 256], ... (squares,
  * and max |x|); each virtual warp's butterfly (its lane 0's value); the 8 warp partials in
@@ -557,15 +554,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                              : "memory");
         }
     }
-    /* The rms_norm prologue's weight (one CTA slice of it) into L2 before the wait: L2 is
-     * coherent, so this is correct whoever writes it; its loads after the wait then hit L2. */
-    if (PRO == 2 && threadIdx.x == 0) {
-        const int vlo = cbeg * 4, vhi = cend * 4 < nvec ? cend * 4 : nvec;
-        if (vhi > vlo)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(nw + vlo),
-                         "r"((vhi - vlo) * 16)
-                         : "memory");
-    }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
     /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
@@ -574,57 +562,12 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nvs = vend > vbeg ? vend - vbeg : 0, hrow = k3_skinny_silu_row(nvs);
     __shared__ float rms_r[PRO == 2 ? K3_SKINNY_MAX_M : 1];
     __shared__ int rms_e[PRO == 2 ? K3_SKINNY_MAX_M : 1];
-    if (PRO == 2 && !SPLIT) {
-        /* The CTA's k range is the whole row: x's M rows go into h as they are (one pass of
-         * 16-byte loads), the row scales are summed from there, and h = rms_norm(x) is then
-         * computed in place, each vector by the thread that loaded it; the norm weight of a
-         * thread's first four vectors is in flight during the scales (it was prefetched into
-         * L2 before the wait). x is read from global memory once, not twice. */
-        __shared__ float rms_part[K3_SKINNY_MAX_M][8], rms_part_max[K3_SKINNY_MAX_M][8];
-        __shared__ int rms_flag[K3_SKINNY_MAX_M];
-        const int items = M * nvs;
-        for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
-            uint4 xv[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = i0 + j * THREADS;
-                const bool in = i < items;
-                const int m = in ? i / nvs : 0, q = in ? i - m * nvs : 0;
-                xv[j] = k3sk_load_x_v(x + m * xrow + q, in);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = i0 + j * THREADS;
-                if (i < items) k3sk_h[(i / nvs) * hrow + i % nvs] = xv[j];
-            }
-        }
-        uint4 nv[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int i = threadIdx.x + j * THREADS;
-            nv[j] = k3sk_load_x_v(nw + (i < items ? i % nvs : 0), i < items);
-        }
-        __syncthreads();
-        k3sk_rms_scales<THREADS>(k3sk_h, hrow, M, K, eps, rms_part, rms_part_max, rms_flag, rms_r,
-                                 rms_e);
-        for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = i0 + j * THREADS;
-                if (i < items) {
-                    const int m = i / nvs, q = i - m * nvs;
-                    const uint4 wv8 = i0 == (int)threadIdx.x ? nv[j] : k3sk_load_x_v(nw + q, true);
-                    k3sk_h[m * hrow + q] = k3sk_rms(k3sk_h[m * hrow + q], wv8, rms_r[m], rms_e[m]);
-                }
-            }
-        }
-        __syncthreads();
-    } else if (PRO == 2) {
+    if (PRO == 2) {
         __shared__ float rms_part[K3_SKINNY_MAX_M][8], rms_part_max[K3_SKINNY_MAX_M][8];
         __shared__ int rms_flag[K3_SKINNY_MAX_M];
         k3sk_rms_scales<THREADS>(x, xrow, M, K, eps, rms_part, rms_part_max, rms_flag, rms_r, rms_e);
     }
-    if (PRO == 1 || (PRO == 2 && SPLIT)) {
+    if (PRO != 0) {
         const int items = M * nvs;
         for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
             uint4 gv[4], uv[4];
