@@ -47,8 +47,9 @@
  *
  * L2 prefetch (k3_skinny_problem.l2_prefetch, a plan entry's l2_prefetch_mb): before the wait,
  * one thread per row of the CTA issues cp.async.bulk.prefetch.L2 for the head of its row's
- * share of K (the first step's bytes included, which static weights already load then), the
- * launch's budget spread evenly over the rows. Measured in the Kimi-K3 step (notes/PERF.md,
+ * share of K, after the bytes of the warps' first steps where static weights already load those
+ * before the wait (from the share's start otherwise), the launch's budget spread evenly over
+ * the rows. Measured in the Kimi-K3 step (notes/PERF.md,
  * "L2 prefetch in the step"): after another projection, whose last wave leaves DRAM idle
  * while this kernel's CTAs already wait, it gains (the down projection after gate_up, ~0.7 µs
  * a call); behind a latency-bound kernel (AttnRes, RMSNorm) it loses, its fills queuing ahead
@@ -540,13 +541,16 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         }
     }
     /* L2 prefetch (pf > 0): local row lr's thread asks L2 for the first pf bytes of that
-     * row's share of K (an asynchronous bulk prefetch; L2 is coherent, so this is correct
+     * row's share of K after the first steps under static weights (from its start otherwise) (an asynchronous bulk prefetch; L2 is coherent, so this is correct
      * whoever writes w). Under PDL this runs while the previous kernel still drains. */
     if (pf > 0) {
         for (int lr = threadIdx.x; lr < ROWS; lr += THREADS) {
             const int64_t r = EPI ? k3sk_epi_row<ROWS>(lr, N) : n0 + lr;
             const bool ok = EPI ? k3sk_epi_col<ROWS>(lr) < N : r < n1;
-            const int vlo = cbeg * 4, vhi = cend * 4 < nvec ? cend * 4 : nvec;
+            /* with static weights the KW warps' first steps (chunks [cbeg, cbeg + KW * UNROLL))
+             * are already being loaded: the prefetch starts after them */
+            const int vhi = cend * 4 < nvec ? cend * 4 : nvec;
+            const int vlo = min(vhi, (cbeg + (static_w ? KW * UNROLL : 0)) * 4);
             const int bytes = min(pf, (vhi - vlo) * 16);
             if (ok && bytes > 0)
                 asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + r * nvec + vlo),
