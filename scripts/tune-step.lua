@@ -27,7 +27,8 @@
 -- text (k3.plan_step.render): written to FILE, or to lua/k3/policy/<arch>_step.lua with
 -- --write, where k3.plan_for lays it over the plan, else $OUT/<arch>_step.lua when OUT is set,
 -- else build/tune-step/<arch>_step.lua (the folder is made and checked before any timing).
--- Entries of an existing step file for an (shape, M) not tuned in this run are carried over.
+-- Entries of an existing step file for an (shape, M) not tuned in this run are carried over,
+-- and the file's `earlier` lists the runs they came from (that file's run, then its own list).
 -- --dry-run lists the shapes and candidates without timing anything. Progress on stderr.
 local k3 = require "k3"
 local plan_step = require "k3.plan_step"
@@ -374,8 +375,17 @@ local function main(argv)
   for _, l in ipairs(report) do print(l) end
   if o.dry_run then return end
   local path = o.out or (out_dir(o) .. "/" .. arch .. "_step.lua")
+  -- The runs whose entries this file may still carry: the file before's own run first, then
+  -- the ones it listed (the six most recent), so every entry's run is named.
+  local earlier = {}
+  if type(prev.method) == "string" then
+    earlier[1] = string.format("%s %s: %s", tostring(prev.date), tostring(prev.commit), prev.method)
+  end
+  for _, e in ipairs(type(prev.earlier) == "table" and prev.earlier or {}) do
+    if #earlier < 6 and type(e) == "string" then earlier[#earlier + 1] = e end
+  end
   local text = plan_step.render({
-    arch = arch, machine = require("k3.bench.util").device_name(),
+    arch = arch, machine = require("k3.bench.util").device_name(), earlier = earlier,
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
     method = string.format("scripts/tune-step --m %s --l2-prefetch %s --max-candidates %d: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
                            table.concat(o.ms, ","), table.concat(o.l2_prefetch, ","), o.max_candidates,

@@ -166,6 +166,11 @@ describe("k3.plan_step", function()
     assert.equal(7129.04, back.plans["2112x7168"][1].step_us)
     assert.equal(7247.10, back.plans["2112x7168"][1].base_step_us)
     assert.same(C, back.silu_mul["8448x7168"][16].config)
+    assert.is_nil(back.earlier) -- no earlier runs: no field
+    -- the earlier runs whose entries the file still carries load back in order
+    t.earlier = {"2026-12-01 23:00 UTC def5678: scripts/tune-step --m 16", "older \"quoted\" run"}
+    assert.same(t.earlier, assert(load(plan_step.render(t)))().earlier)
+    t.earlier = nil
     -- an entry without times (carried over from a file written by hand) renders without them
     local bare = assert(load(plan_step.render({arch = "sm90",
       plans = {["64x64"] = {[2] = {kernel = "skinny", config = C}}}})))()

@@ -6,7 +6,7 @@
 -- delay the one after). scripts/tune-step measures the candidates in the captured step itself
 -- and writes the winners to lua/k3/policy/<arch>_step.lua:
 --
---   return {arch =, machine =, date =, method =, commit =,
+--   return {arch =, machine =, date =, method =, commit =, earlier = {"date commit: method", ...},
 --           plans    = {["NxK"] = {[M] = entry, ...}, ...},   -- plain calls
 --           silu_mul = {["NxK"] = {[M] = entry, ...}, ...}}   -- calls with that epilogue
 --
@@ -213,7 +213,8 @@ local function config_text(cfg)
 end
 
 --- plan_step.render(t) -> string: the Lua source of a step file (the layout above) for
---- t = {arch =, machine =, date =, method =, commit =, plans =, silu_mul =}; loading the text
+--- t = {arch =, machine =, date =, method =, commit =, earlier =, plans =, silu_mul =} (earlier:
+--- optional, a list of strings, the runs whose entries the file may still carry); loading the text
 --- gives back t's values (times rounded to 0.01 µs; an entry without them, as a file written
 --- by hand may carry over, is written without them).
 function M.render(t)
@@ -221,10 +222,16 @@ function M.render(t)
                "-- inside the decode step, written by scripts/tune-step; k3.plan_for lays `plans` over",
                "-- " .. t.arch .. ".lua and `silu_mul` over " .. t.arch .. "_silu_mul.lua (k3.plan_step).",
                "-- step_us / base_step_us: the step's median time with the entry and with the one it",
-               "-- replaces, in the same run. Regenerate on the machine rather than editing by hand.",
+               "-- replaces, in the same run; `earlier`: the runs whose entries the file still carries.",
+               "-- Regenerate on the machine rather than editing by hand.",
                "return {"}
   for _, f in ipairs({"arch", "machine", "date", "commit", "method"}) do
     if t[f] ~= nil then out[#out + 1] = string.format("  %s = %s,", f, lua_value(t[f])) end
+  end
+  if t.earlier and #t.earlier > 0 then
+    out[#out + 1] = "  earlier = {"
+    for _, e in ipairs(t.earlier) do out[#out + 1] = "    " .. lua_value(e) .. "," end
+    out[#out + 1] = "  },"
   end
   for _, section in ipairs({"plans", "silu_mul"}) do
     local sec = t[section] or {}

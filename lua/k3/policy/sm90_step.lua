@@ -2,13 +2,18 @@
 -- inside the decode step, written by scripts/tune-step; k3.plan_for lays `plans` over
 -- sm90.lua and `silu_mul` over sm90_silu_mul.lua (k3.plan_step).
 -- step_us / base_step_us: the step's median time with the entry and with the one it
--- replaces, in the same run. Regenerate on the machine rather than editing by hand.
+-- replaces, in the same run; `earlier`: the runs whose entries the file still carries.
+-- Regenerate on the machine rather than editing by hand.
 return {
   arch = "sm90",
   machine = "NVIDIA H200",
   date = "2026-12-02 12:25 UTC",
   commit = "dd42f09",
   method = "scripts/tune-step --m 2,4,8 --l2-prefetch 0,8,16,32 --max-candidates 5: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+  earlier = {
+    "2026-12-02 12:18 UTC 75bbe5d: scripts/tune-step --m 1,16 --l2-prefetch 0,8,16,32 --max-candidates 5: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+    "2026-12-02 07:05 UTC b4d816c: scripts/tune-step --m 1,2,4,8,16 --l2-prefetch 8,16,32 --max-candidates 12: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+  },
   plans = {
     ["2112x7168"] = {
       [1] = {kernel = "skinny", config = {threads = 512, rows = 8, unroll = 4, vec = 8, split_k = 16, balanced = true}, step_us = 7125.52, base_step_us = 7156.70},
