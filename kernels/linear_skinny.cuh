@@ -153,8 +153,9 @@ typedef struct k3_skinny_problem {
      * epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
     int grid;
     /* l2_prefetch: 0, or the bytes (a multiple of 16) of each row of w, from the start of the
-     * CTA's share of K, that the CTA asks L2 to fetch before the PDL wait ("L2 prefetch"
-     * above): k3_skinny_l2_prefetch_row of the launch's budget. */
+     * CTA's share of K (after the warps' first steps under static_w), that the CTA asks L2 to
+     * fetch before the PDL wait ("L2 prefetch" above): k3_skinny_l2_prefetch_row of the
+     * launch's budget. */
     int l2_prefetch;
 } k3_skinny_problem;
 
@@ -540,9 +541,10 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
         }
     }
-    /* L2 prefetch (pf > 0): local row lr's thread asks L2 for the first pf bytes of that
-     * row's share of K after the first steps under static weights (from its start otherwise) (an asynchronous bulk prefetch; L2 is coherent, so this is correct
-     * whoever writes w). Under PDL this runs while the previous kernel still drains. */
+    /* L2 prefetch (pf > 0): local row lr's thread asks L2 for pf bytes of that row's share of
+     * K, from after the warps' first steps under static weights, from its start otherwise. It
+     * is an asynchronous bulk prefetch and L2 is coherent, so this is correct whoever writes
+     * w. Under PDL this runs while the previous kernel still drains. */
     if (pf > 0) {
         for (int lr = threadIdx.x; lr < ROWS; lr += THREADS) {
             const int64_t r = EPI ? k3sk_epi_row<ROWS>(lr, N) : n0 + lr;

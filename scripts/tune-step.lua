@@ -376,13 +376,13 @@ local function main(argv)
   if o.dry_run then return end
   local path = o.out or (out_dir(o) .. "/" .. arch .. "_step.lua")
   -- The runs whose entries this file may still carry: the file before's own run first, then
-  -- the ones it listed (the six most recent), so every entry's run is named.
+  -- the ones it listed, the twelve most recent (an entry older than those goes unnamed).
   local earlier = {}
   if type(prev.method) == "string" then
     earlier[1] = string.format("%s %s: %s", tostring(prev.date), tostring(prev.commit), prev.method)
   end
   for _, e in ipairs(type(prev.earlier) == "table" and prev.earlier or {}) do
-    if #earlier < 6 and type(e) == "string" then earlier[#earlier + 1] = e end
+    if #earlier < 12 and type(e) == "string" then earlier[#earlier + 1] = e end
   end
   local text = plan_step.render({
     arch = arch, machine = require("k3.bench.util").device_name(), earlier = earlier,

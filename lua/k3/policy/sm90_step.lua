@@ -13,6 +13,8 @@ return {
   earlier = {
     "2026-12-02 12:18 UTC 75bbe5d: scripts/tune-step --m 1,16 --l2-prefetch 0,8,16,32 --max-candidates 5: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
     "2026-12-02 07:05 UTC b4d816c: scripts/tune-step --m 1,2,4,8,16 --l2-prefetch 8,16,32 --max-candidates 12: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+    "2026-12-02 06:55 UTC 3505887: scripts/tune-step --m 1,16: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
+    "2026-12-02 01:03 UTC 213a74d: scripts/tune-step --m 1,16: kimi-k3-tp8, the step captured with k3.cuda_graph, median of 15 replays after 3, 2 passes alternating with the step as it stood; kept where >= 0.20% faster in every pass",
   },
   plans = {
     ["2112x7168"] = {
