@@ -2,7 +2,7 @@
 -- inside the decode step, written by scripts/tune-step; k3.plan_for lays `plans` over
 -- sm90.lua and `silu_mul` over sm90_silu_mul.lua (k3.plan_step).
 -- step_us / base_step_us: the step's median time with the entry and with the one it
--- replaces, in the same run; `earlier`: the runs whose entries the file still carries.
+-- replaces, in the same run; `earlier`: the runs whose entries the file may still carry.
 -- Regenerate on the machine rather than editing by hand.
 return {
   arch = "sm90",
