@@ -60,25 +60,24 @@ static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     return K3_OK;
 }
 
-/* A prologue runs in the kernel (linear_skinny.cuh) for M up to this, and through a
- * temporary otherwise (the separate op's kernel into scratch, then the plain kernel: the same
- * bits either way). silu_mul: every CTA recomputes the whole h of its k range before its
- * first MMA, while the separate kernel costs ~0.8 µs in a graph with PDL: measured on an H200
- * (notes/PERF.md, "silu_mul prologue"), the in-kernel silu_mul lost at every M, so its default
- * is 0: the temporary. rms_norm: the row scales, then the plain loop on fragments converted in
- * registers; also 0 until measured in the step (notes/PERF.md). K3_SKINNY_PROLOGUE_MAX_M
- * (0..16, read once) overrides both, to measure or use the in-kernel paths. */
-#define K3SK_SILU_PROLOGUE_MAX_M_DEFAULT 0
-#define K3SK_RMS_PROLOGUE_MAX_M_DEFAULT 0
-static int k3sk_prologue_max_m(int prologue) {
+/* A prologue runs in the kernel (h computed once per CTA into shared memory,
+ * linear_skinny.cuh) for M up to this, and through a temporary otherwise (the separate op's
+ * kernel into scratch, then the plain kernel: the same bits either way). Every CTA recomputes
+ * the whole h of its k range before its first MMA, while the separate kernel costs ~0.8 µs in a
+ * graph with PDL: measured on an H200 (notes/PERF.md, "silu_mul prologue"), the in-kernel
+ * silu_mul lost at every M, so the default is 0: the temporary. K3_SKINNY_PROLOGUE_MAX_M
+ * (0..16, read once) overrides it, to measure or use the in-kernel path. */
+#define K3SK_PROLOGUE_MAX_M_DEFAULT 0
+static int k3sk_prologue_max_m(void) {
     static const int v = [] {
         const char *e = getenv("K3_SKINNY_PROLOGUE_MAX_M");
         char *end = NULL;
         long n = e && *e ? strtol(e, &end, 10) : -1;
-        return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M ? (int)n : -1;
+        return e && *e && end && *end == '\0' && n >= 0 && n <= K3_SKINNY_MAX_M
+                   ? (int)n
+                   : K3SK_PROLOGUE_MAX_M_DEFAULT;
     }();
-    if (v >= 0) return v;
-    return prologue == 1 ? K3SK_SILU_PROLOGUE_MAX_M_DEFAULT : K3SK_RMS_PROLOGUE_MAX_M_DEFAULT;
+    return v;
 }
 
 /* Whether this launch's h fits the device's shared memory per block beside the kernel's own
@@ -344,19 +343,21 @@ static k3_status k3sk_run(const k3_op_args *a) {
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
-    /* In the kernel up to k3sk_prologue_max_m tokens: silu_mul where h fits in shared memory,
-     * on the tiles with 8 rows per warp; rms_norm where x's rows and a bf16 norm weight allow
-     * 16-byte loads. The epilogue instances have no in-kernel prologue. */
+    /* In the kernel, up to K3_SKINNY_PROLOGUE_MAX_M tokens and where h fits in shared
+     * memory; the rms_norm prologue also needs x's rows and a bf16 norm weight that allow
+     * 16-byte loads. */
+    const bool fits = k3sk_silu_fits(ctx->dev,
+                                     k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1));
     bool temp = false;
-    if (p.prologue == 1)
-        temp = p.M > k3sk_prologue_max_m(1) || cfg.rows_per_warp == 16 || cfg.balanced ||
-               !k3sk_silu_fits(ctx->dev, k3_skinny_silu_smem_bytes(p.M, p.K, kcta > 1 ? kcta : 1));
+    if (p.prologue == 1) temp = p.M > k3sk_prologue_max_m() || !fits;
     if (p.prologue == 2)
-        temp = p.M > k3sk_prologue_max_m(2) || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
+        temp = p.M > k3sk_prologue_max_m() || !fits || l->x->stride[0] % 8 != 0 || (uintptr_t)p.x % 16 != 0 ||
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    if (p.prologue && p.epilogue) temp = true;
+    /* The 16-rows-per-warp and the epilogue instances, and the balanced grid, have no
+     * in-kernel prologue. */
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);

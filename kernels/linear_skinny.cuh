@@ -14,29 +14,21 @@
  * order, so results are deterministic. Rows >= N, k >= K and tokens >= M are predicated
  * off inside the load instruction: nothing past the end of x or w is ever read.
  *
- * Prologues (k3_skinny_problem.prologue). SwiGLU (1): x is [M, 2K], gate | up. After the PDL
- * wait the CTA's threads together compute h = silu(gate) * up for the M tokens over the CTA's
- * own k range (all of K, or its split's slice) into dynamic shared memory, in fp32 rounded to
- * bf16 as cuda.silu_mul.generic rounds (kernels/silu.cuh); the warps then read their x
- * fragments from there instead of from global memory. Every warp of the CTA needs the same h,
- * so it is computed once per CTA rather than once per warp row group (the SiLU's exp and
- * division cost ~20 instructions an element: per warp, in registers, they would outweigh the
- * weight stream). Rows of h are padded to 4 (mod 8) 16-byte vectors so a quarter-warp's eight
- * 16-byte reads (two tokens, four k vectors) hit distinct banks.
- * RMSNorm (2): x is [M, K] with any 16-byte-aligned row stride. After the wait the CTA sums
- * each token's row scale r over the whole row in cuda.rms_norm.generic's own order (256
- * strided partial sums, the warp butterfly, the 8 warps in order, its rescaled second pass for
- * rows whose sum overflows or underflows: kernels/norm.cu) into shared memory; then each lane
- * loads its x fragments from global memory as the plain kernel does (L1 hits: the sums just
- * read those lines), with the norm weight's 16 bytes at the same k, and converts them in
- * registers to round(x r norm_weight), the separate kernel's bits, before its MMAs. Nothing
- * is staged in shared memory, so every configuration takes it (rows_per_warp 16 and the
- * balanced grid included), and the chain after the wait is the plain kernel's plus one load
- * of the row and the scales' reduction. With static_w the first step's norm weight is loaded
- * before the wait with w's (the norm weight is a weight of the same layer).
- * Either way the product sees exactly the h the separate op writes. w's loads and the
- * PDL/static_w order are unchanged (the first step of w is in flight while h or the scales
- * are computed).
+ * Prologues (k3_skinny_problem.prologue). SwiGLU (1): x is [M, 2K], gate | up; RMSNorm (2): x
+ * is [M, K] with any 16-byte-aligned row stride. After the PDL wait the CTA's threads together
+ * compute h for the M tokens over the CTA's own k range (all of K, or its split's slice) into
+ * dynamic shared memory: silu(gate) * up in fp32 rounded to bf16 as cuda.silu_mul.generic
+ * rounds (kernels/silu.cuh), or x * r * norm_weight with the row scale r of each token summed
+ * over the whole row in cuda.rms_norm.generic's own order (256 strided partial sums, the warp
+ * butterfly, the 8 warps in order, its rescaled second pass for rows whose sum overflows or
+ * underflows: kernels/norm.cu), so h has the separate kernel's bits. The warps then read their
+ * x fragments from there instead of from global memory. Every warp of the CTA needs the same h, so it is
+ * computed once per CTA rather than once per warp row group (the SiLU's exp and division cost
+ * ~20 instructions an element: per warp, in registers, they would outweigh the weight stream).
+ * The product sees exactly the h a separate silu_mul writes. w's loads and the PDL/static_w
+ * order are unchanged (the first step of w is in flight while h is computed). Rows of h are
+ * padded to 4 (mod 8) 16-byte vectors so a quarter-warp's eight 16-byte reads (two tokens,
+ * four k vectors) hit distinct banks.
  *
  * Epilogue (k3_skinny_problem.epilogue, classic tiles only, no in-kernel prologue): SwiGLU
  * (1): w is [2N, K], gate rows then up rows, and y is h [M, N]. CTA b's first ROWS/2 local rows
@@ -83,11 +75,10 @@
  * rows_per_warp (8 or 16): with 16 each warp owns two 8-row groups, 8 rows apart, and feeds
  * every x fragment to the MMAs of both (half the x loads per byte of w at M > 8, twice the w
  * loads in flight per lane); then kw = threads / 32 / (rows / 16). Classic kernel only, no
- * in-kernel silu_mul prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
+ * in-kernel prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
  * spec/skinny_spec.lua uses some of them by value.
  *
- * Balanced grid (k3_skinny_problem.grid = G > 0; classic tiles without the silu_mul prologue or
- * an epilogue):
+ * Balanced grid (k3_skinny_problem.grid = G > 0; classic tiles without prologue or epilogue):
  * instead of ceil(N / rows) tiles of `rows` rows, G = sms * ceil(N / (sms * rows)) CTAs
  * (k3_skinny_balanced_grid) and CTA b takes rows [N * b / G, N * (b + 1) / G), at most `rows`,
  * its last row group partly predicated off. Every SM then streams the same bytes: with tiles,
@@ -117,7 +108,7 @@
 
 /* X(threads, rows, unroll) instantiated with 16 rows per warp (rows_per_warp = 16: a warp
  * streams two 8-row groups and feeds each x fragment to both; classic kernel only, no
- * in-kernel silu_mul prologue). */
+ * in-kernel prologue). */
 #define K3_SKINNY_RPW16_CONFIGS(X)                                                        \
     X(128, 16, 4) X(256, 16, 4) X(256, 16, 8) X(512, 16, 4) X(512, 16, 8)                 \
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4) X(256, 64, 4) X(512, 64, 4)
@@ -146,7 +137,7 @@ typedef struct k3_skinny_problem {
     /* prologue: 0 none; 1 silu_mul: x is [M, 2K] (row stride 2K) and the product takes
      * silu(x[:, :K]) * x[:, K:] rounded to bf16; 2 rms_norm: x is [M, K] with row stride
      * x_row 16-byte vectors and the product takes rms_norm(x, norm_weight (bf16 [K], 16-byte
-     * aligned), eps) (the prologues above). With the silu_mul prologue the launch uses
+     * aligned), eps) (the prologues above). With a prologue the launch uses
      * k3_skinny_silu_smem_bytes of dynamic shared memory, which the caller checks against the
      * device's limit. */
     int prologue;
@@ -158,8 +149,8 @@ typedef struct k3_skinny_problem {
      * halves, each rounded to bf16 first (the epilogue above k3_skinny_epi_kernel). */
     int epilogue;
     /* grid: 0, the classic tiling; or G >= ceil(N / rows) CTAs, CTA b taking rows
-     * [N * b / G, N * (b + 1) / G) ("Balanced grid" above; classic tiles, no silu_mul
-     * prologue, no epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
+     * [N * b / G, N * (b + 1) / G) ("Balanced grid" above; classic tiles, no prologue or
+     * epilogue): G = k3_skinny_balanced_grid(N, rows, sms). */
     int grid;
     /* l2_prefetch: 0, or the bytes (a multiple of 16) of each row of w, from the start of the
      * CTA's share of K (after the warps' first steps under static_w), that the CTA asks L2 to
@@ -240,12 +231,6 @@ static inline size_t k3_skinny_silu_smem_bytes(int M, int K, int kcta) {
     const int chunks = kcta > 1 ? (nchunk + kcta - 1) / kcta : nchunk;
     const int nvs = chunks * 4 < nvec ? chunks * 4 : nvec;
     return (size_t)M * (size_t)k3_skinny_silu_row(nvs) * 16u;
-}
-
-/* Dynamic shared memory of an RMSNorm-prologue launch: the norm weight over one CTA's k
- * range (one row of the SwiGLU layout). */
-static inline size_t k3_skinny_rms_smem_bytes(int K, int kcta) {
-    return k3_skinny_silu_smem_bytes(1, K, kcta);
 }
 
 /* Bytes of fp32 partials a split launch needs in ws (0 for kcta <= 1), and the number of
@@ -496,8 +481,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     /* RW 8-row groups per warp (rows_per_warp / 8) */
-    static_assert(RW == 1 || (RW == 2 && GROUPS % 2 == 0 && !SPLIT && PRO != 1),
-                  "16 rows per warp: an even number of row groups, classic, no silu_mul prologue");
+    static_assert(RW == 1 || (RW == 2 && GROUPS % 2 == 0 && !SPLIT && PRO == 0),
+                  "16 rows per warp: an even number of row groups, classic, no prologue");
     constexpr int KW = WARPS / (GROUPS / RW);
     static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
     static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
@@ -506,8 +491,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 
     /* [warp][accumulator][lane]: lanes consecutive, so stores and loads are conflict-free. */
     __shared__ float partial[WARPS][4 * RW][32];
-    /* PRO 1: h [M][hrow] of this CTA's k range; PRO 2: the norm weight over that range */
-    extern __shared__ uint4 k3sk_h[];
+    extern __shared__ uint4 k3sk_h[]; /* PRO: h [M][hrow] of this CTA's k range */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = warp / KW, kw = warp % KW;
@@ -516,7 +500,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int nchunk = (nvec + 3) / 4; /* chunks of 32 k */
 
     /* This CTA's rows [n0, n1): a tile of ROWS, or its share of a balanced grid (bal). */
-    const bool balanced = !EPI && !SPLIT && PRO != 1 && bal;
+    const bool balanced = !EPI && !SPLIT && PRO == 0 && bal;
     const int64_t n0 = balanced ? (int64_t)N * blockIdx.x / gridDim.x : (int64_t)blockIdx.x * ROWS;
     const int64_t n1 = balanced ? (int64_t)N * (blockIdx.x + 1) / gridDim.x
                                 : (n0 + ROWS < N ? n0 + ROWS : (int64_t)N);
@@ -548,14 +532,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
     uint4 wv[UNROLL], wv2[RW == 2 ? UNROLL : 1];
-    /* PRO 2: the norm weight's vectors [vbeg, vend) into shared memory (k3sk_h), before the
-     * wait with a static weight (it is a weight of the same layer), after it otherwise; the
-     * scales' barriers publish it before the loop reads it. */
-    const int vbeg = cbeg * 4, vend = cend * 4 < nvec ? cend * 4 : nvec;
-    const auto nw_fill = [&] {
-        for (int i = vbeg + (int)threadIdx.x; i < vend; i += THREADS) k3sk_h[i - vbeg] = nw[i];
-    };
-    if (PRO == 2 && static_w) nw_fill();
     if (static_w && cfirst < cend) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -586,11 +562,10 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     }
     if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
-    /* PRO 1: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA;
-     * loads are issued four items at a time so their latencies overlap. PRO 2: the row
-     * scales only; each lane converts its own x fragments in registers (below). */
+    /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
+     * are issued four items at a time so their latencies overlap. */
+    const int vbeg = cbeg * 4, vend = cend * 4 < nvec ? cend * 4 : nvec;
     const int nvs = vend > vbeg ? vend - vbeg : 0, hrow = k3_skinny_silu_row(nvs);
-    if (PRO == 2 && !static_w) nw_fill();
     __shared__ float rms_r[PRO == 2 ? K3_SKINNY_MAX_M : 1];
     __shared__ int rms_e[PRO == 2 ? K3_SKINNY_MAX_M : 1];
     if (PRO == 2) {
@@ -598,10 +573,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         __shared__ int rms_flag[K3_SKINNY_MAX_M];
         k3sk_rms_scales<THREADS>(x, xrow, M, K, eps, rms_part, rms_part_max, rms_flag, rms_r, rms_e);
     }
-    /* PRO 2: the scales of the lane's tokens g and g + 8 (unused where the token is >= M) */
-    const float ra = PRO == 2 && x0_ok ? rms_r[g] : 0.f, rb = PRO == 2 && x1_ok ? rms_r[g + 8] : 0.f;
-    const int ea = PRO == 2 && x0_ok ? rms_e[g] : 0, eb = PRO == 2 && x1_ok ? rms_e[g + 8] : 0;
-    if (PRO == 1) {
+    if (PRO != 0) {
         const int items = M * nvs;
         for (int i0 = threadIdx.x; i0 < items; i0 += 4 * THREADS) {
             uint4 gv[4], uv[4];
@@ -612,14 +584,16 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                 const int m = in ? i / nvs : 0, q = in ? i - m * nvs : 0;
                 const uint4 *xr = x + m * xrow + vbeg + q;
                 gv[j] = k3sk_load_x(xr, in);
-                uv[j] = k3sk_load_x(xr + nvec, in); /* the up half */
+                /* the up half, or the norm weight's 8 values */
+                uv[j] = k3sk_load_x(PRO == 1 ? xr + nvec : nw + vbeg + q, in);
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int i = i0 + j * THREADS;
                 if (i < items) {
                     const int m = i / nvs, q = i - m * nvs;
-                    k3sk_h[m * hrow + q] = k3sk_silu_mul(gv[j], uv[j]);
+                    k3sk_h[m * hrow + q] = PRO == 1 ? k3sk_silu_mul(gv[j], uv[j])
+                                                    : k3sk_rms(gv[j], uv[j], rms_r[m], rms_e[m]);
                 }
             }
         }
@@ -636,7 +610,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             /* v < nvec implies c0 + u < nchunk; a split also stops at its own end. */
             const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
             const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            if (PRO == 1) {
+            if (PRO != 0) {
                 /* kin puts v in [vbeg, vend): h's own row; tokens >= M read zeros. */
                 if (!have_w) {
                     if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
@@ -644,15 +618,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                 }
                 xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
                 xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
-            } else if (PRO == 2) {
-                /* x as the plain kernel loads it; converted right before its MMAs */
-                if (!have_w) {
-                    if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
-                    else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
-                    if constexpr (RW == 2) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
-                }
-                xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
-                xb[u] = MT == 2 ? k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin) : zero;
             } else if (SPLIT) {
                 if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
@@ -674,16 +639,6 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            if constexpr (PRO == 2) {
-                /* h = round(x r norm_weight) as cuda.rms_norm.generic writes it; zero for
-                 * tokens >= M and k >= K, as the plain kernel's predicated loads give */
-                const int v = (c0 + u) * 4 + t;
-                const bool kin = v < nvec && (!SPLIT || c0 + u < cend);
-                const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-                const uint4 nv = kin ? k3sk_h[v - vbeg] : zero;
-                xa[u] = x0_ok && kin ? k3sk_rms(xa[u], nv, ra, ea) : zero;
-                xb[u] = MT == 2 && x1_ok && kin ? k3sk_rms(xb[u], nv, rb, eb) : zero;
-            }
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
             k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
             k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
@@ -782,27 +737,9 @@ __global__ void __launch_bounds__(THREADS) k3_skinny_kernel(K3SK_PARAMS) {
  * registers are capped at 64 (1024 threads' worth per SM), so as many CTAs stay resident as
  * for the plain kernel (~58 registers); uncapped it took 87, one CTA of 512 threads per SM
  * where the plain kernel has two, and the grid ran in two waves. */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT>
+template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 1, 1>(K3SK_ARGS);
-}
-/* The rms_norm prologue (rows_per_warp 8 or 16): the plain kernel's loop with each x fragment
- * converted in registers from the norm weight in shared memory; the plain kernel's launch
- * bounds, except for 256 threads, 16 rows per warp and unroll 8 (the q_b plan's instance):
- * uncapped it took 158 registers against the plain kernel's 124, and a CTA of 256 x 160 no
- * longer fits beside a resident 512-thread CTA of the kernel before it; it asks for two CTAs
- * per SM (128 registers, 4 bytes of spill). k3sk_rms_min_blocks says which instances take it. */
-template <int THREADS, int UNROLL, int RW>
-constexpr int k3sk_rms_min_blocks() {
-    return THREADS == 256 && UNROLL == 8 && RW == 2 ? 2 : 0;
-}
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
-__global__ void __launch_bounds__(THREADS) k3_skinny_rms_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 2, RW>(K3SK_ARGS);
-}
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB) k3_skinny_rms_mb_kernel(K3SK_PARAMS) {
-    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, 2, RW>(K3SK_ARGS);
+    k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
 /* The silu_mul epilogue (classic tiles, rows_per_warp 8 or 16): the plain kernel's live set
  * during the stream and its launch bounds, except where ptxas then spilled (it gave the
@@ -836,14 +773,6 @@ static constexpr auto k3sk_epi_instance() {
     else return k3_skinny_epi_kernel<THREADS, ROWS, UNROLL, MT, RW>;
 }
 
-/* The rms_norm prologue kernel of one instance (k3sk_rms_min_blocks). */
-template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int RW>
-static constexpr auto k3sk_rms_instance() {
-    constexpr int mb = k3sk_rms_min_blocks<THREADS, UNROLL, RW>();
-    if constexpr (mb > 0) return k3_skinny_rms_mb_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, RW, mb>;
-    else return k3_skinny_rms_kernel<THREADS, ROWS, UNROLL, MT, SPLIT, RW>;
-}
-
 template <int THREADS, int ROWS, int UNROLL, bool SPLIT, int RW = 1>
 static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, float *ws,
                                       unsigned *counters, cudaStream_t stream) {
@@ -858,14 +787,12 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     const int cols = p.epilogue ? ROWS / 2 : ROWS;
     const bool bal = p.grid > 0;
     /* a balanced grid: classic tiles without prologue or epilogue, at most ROWS rows a CTA */
-    if (bal && (SPLIT || p.prologue == 1 || p.epilogue || (int64_t)p.grid * ROWS < p.N))
+    if (bal && (SPLIT || p.prologue || p.epilogue || (int64_t)p.grid * ROWS < p.N))
         return cudaErrorInvalidValue;
     lc.gridDim = dim3(bal ? (unsigned)p.grid : (unsigned)((p.N + cols - 1) / cols),
                       SPLIT ? (unsigned)kcta : 1u);
     lc.blockDim = dim3(THREADS);
-    lc.dynamicSmemBytes = p.prologue == 1   ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1)
-                          : p.prologue == 2 ? k3_skinny_rms_smem_bytes(p.K, SPLIT ? kcta : 1)
-                                            : 0;
+    lc.dynamicSmemBytes = p.prologue ? k3_skinny_silu_smem_bytes(p.M, p.K, SPLIT ? kcta : 1) : 0;
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
@@ -884,7 +811,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
                               p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0, \
                               p.l2_prefetch > 0 ? p.l2_prefetch / 16 * 16 : 0))
-    if (RW != 1 && p.prologue == 1) return cudaErrorInvalidValue; /* no silu_mul instances */
+    if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
     if (p.epilogue) {
         if constexpr (SPLIT) return cudaErrorInvalidValue;
@@ -892,15 +819,15 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
             e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 1, RW>()));
         else
             e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 2, RW>()));
-    } else if (p.prologue == 2)
-        e = p.M <= 8 ? K3_SK_EX((k3sk_rms_instance<THREADS, ROWS, UNROLL, 1, SPLIT, RW>()))
-                     : K3_SK_EX((k3sk_rms_instance<THREADS, ROWS, UNROLL, 2, SPLIT, RW>()));
-    else if (RW != 1)
+    } else if (RW != 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
     else if (p.prologue == 1)
-        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT>))
-                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT>));
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
+    else if (p.prologue == 2)
+        e = p.M <= 8 ? K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 2>))
+                     : K3_SK_EX((k3_skinny_pro_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 2>));
     else
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, SPLIT, 1>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, SPLIT, 1>));
@@ -909,7 +836,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
 }
 
 /* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 for the
- * K3_SKINNY_RPW16_CONFIGS, which take no silu_mul prologue). cudaErrorInvalidValue when the
+ * K3_SKINNY_RPW16_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
  * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
  * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
 static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
