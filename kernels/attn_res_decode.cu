@@ -137,8 +137,8 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
     }
 }
 
-/* Threads per CTA at most: 512 up to 8 blocks, 256 for the 17-source instances, whose source
- * registers are twice as many (max_regs below). */
+/* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
+ * the 17-source instances, whose source registers are twice as many. */
 constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
 
 /*
@@ -158,15 +158,8 @@ constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-/* Registers a thread at most (in place of launch bounds, which let ptxas take more): 104 for
- * the 9-source instances (under launch bounds they took 106, and 7 warps of 112 did not fit
- * beside two resident 512-thread CTAs of a 40-register projection, whose SM then has 24576
- * free; 7 x 104 x 32 = 23296 do), 200 for the 17-source ones (256 threads at most,
- * max_threads), 80 and 64 for 5 and 2 sources (what they take, 72 and 55-62 for bf16). */
-constexpr int max_regs(int maxs) { return maxs > 9 ? 200 : maxs > 5 ? 104 : maxs > 2 ? 80 : 64; }
-
 template <class T, class W, int MAXS>
-__global__ void __maxnreg__(max_regs(MAXS)) attn_res_decode_kernel(const decode_params p) {
+__global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NP = (NV + 3) & ~3;
