@@ -194,6 +194,22 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         for (int s = 0; s < NB; s++)
             if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
     }
+    /* What the chain after the wait loads but may not load yet (the prefix, blocks the call's
+     * contract leaves after the wait, the weights without static_weights): asked of L2 now,
+     * one thread a 128-byte line, since the projections' weight streams between two reads
+     * evict it (k3c_prefetch_l2: safe whoever writes it). The delta was just written: in L2. */
+    if (ok && (vi & 7) == 0) {
+        k3c_prefetch_l2(prefix);
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s >= p.nstatic && s < p.nb && s != p.wb) k3c_prefetch_l2(brow + s * sbs);
+    }
+    /* a line holds 8 vectors of 16-bit weights, 4 of f32 ones */
+    if (ok && !wstatic && (vi & (sizeof(W) == 4 ? 3 : 7)) == 0) {
+        k3c_prefetch_l2((const W *)p.nw + e0);
+        k3c_prefetch_l2((const W *)p.qw + e0);
+        if (p.onw) k3c_prefetch_l2((const W *)p.onw + e0);
+    }
     if (p.pdl) {
         pdl_wait();
         pdl_launch_dependents();

@@ -132,6 +132,15 @@ __device__ __forceinline__ void k3c_pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+/* PTX ISA "prefetch.global.L2": asks L2 for the 128-byte line holding p. L2 is the point of
+ * coherence, so this is correct before griddepcontrol.wait whoever writes the line (a write
+ * after it updates L2, and the load after the wait sees it; L1 is not filled). The kernels
+ * behind a projection use it on rows the projection's weight stream has likely evicted, so
+ * their chain after the wait loads from L2 rather than DRAM. */
+__device__ __forceinline__ void k3c_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* kern<<<grid, block, smem, stream>>>(args...) launched with programmatic dependent launch
  * (cudaLaunchKernelEx, cudaLaunchAttributeProgrammaticStreamSerialization). A launch error is
  * reported naming `name`. */

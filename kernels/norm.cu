@@ -50,6 +50,11 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
     k3c_pdl_launch_dependents();
+    /* w into L2 while the previous kernel drains (a weight read once a step is in DRAM;
+     * x was just written and is in L2): one line a thread */
+    const int64_t wbytes = H * (wdt == K3_DTYPE_F64 ? 8 : wdt == K3_DTYPE_F32 ? 4 : 2);
+    for (int64_t b = (int64_t)threadIdx.x * 128; b < wbytes; b += (int64_t)blockDim.x * 128)
+        k3c_prefetch_l2((const char *)w + b);
     k3c_pdl_wait();
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T *xr = x + i * xs;
