@@ -29,6 +29,7 @@ struct decode_params : row_args {
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
+    int pf; /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -198,14 +199,14 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
      * contract leaves after the wait, the weights without static_weights): asked of L2 now,
      * one thread a 128-byte line, since the projections' weight streams between two reads
      * evict it (k3c_prefetch_l2: safe whoever writes it). The delta was just written: in L2. */
-    if (ok && (vi & 7) == 0) {
+    if (p.pf && ok && (vi & 7) == 0) {
         k3c_prefetch_l2(prefix);
 #pragma unroll
         for (int s = 0; s < NB; s++)
             if (s >= p.nstatic && s < p.nb && s != p.wb) k3c_prefetch_l2(brow + s * sbs);
     }
     /* a line holds 8 vectors of 16-bit weights, 4 of f32 ones */
-    if (ok && !wstatic && (vi & (sizeof(W) == 4 ? 3 : 7)) == 0) {
+    if (p.pf && ok && !wstatic && (vi & (sizeof(W) == 4 ? 3 : 7)) == 0) {
         k3c_prefetch_l2((const W *)p.nw + e0);
         k3c_prefetch_l2((const W *)p.qw + e0);
         if (p.onw) k3c_prefetch_l2((const W *)p.onw + e0);
@@ -492,6 +493,7 @@ k3_status decode_run(const k3_op_args *oa) {
     p.nstatic = (int)a->static_blocks;
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
+    p.pf = k3c_pdl_l2_prefetch();
     return by_types(a, [&](auto t, auto w) {
         return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
                                                                                       ctx->stream);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <stdio.h>
+#include <stdlib.h>
 #include <vector>
 
 #define K3C_MAX_DEVICES 64
@@ -161,6 +162,13 @@ k3_status k3c_stream(int dev, cudaStream_t *out) {
 }
 
 int k3c_sm_count(int dev) { return dev >= 0 && dev < g_ndev ? g_props[dev].sms : 1; }
+
+static int g_pdl_l2_prefetch = 1;
+void k3c_pdl_l2_prefetch_init(void) {
+    const char *e = getenv("K3_PDL_L2_PREFETCH");
+    g_pdl_l2_prefetch = !(e && e[0] == '0' && !e[1]);
+}
+int k3c_pdl_l2_prefetch(void) { return g_pdl_l2_prefetch; }
 
 void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dtype dt, int ndim,
                    const int64_t *shape) {
@@ -358,6 +366,7 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         return K3_ENOMEM;
     }
     k3c_attn_res_knobs_init();
+    k3c_pdl_l2_prefetch_init();
     int nk = 0;
     for (int i = 0; i < kCatalogue; i++) {
         bool usable = true;

@@ -99,6 +99,11 @@ void k3c_temp_init(k3c_temp_tensor *tt, void *buf, size_t bytes, int dev, k3_dty
 /* Reads the AttnRes launch knobs (K3_ATTN_RES_PDL, K3_ATTN_RES_DECODE_CTAS, ...: attn_res.cuh)
  * once, when the backend opens (attn_res_decode.cu). */
 void k3c_attn_res_knobs_init(void);
+/* K3_PDL_L2_PREFETCH, read once when the backend loads: 0 turns off the L2 prefetch that
+ * cuda.rms_norm.generic and cuda.attn_res.decode issue before their PDL wait (k3c_prefetch_l2);
+ * on (1) otherwise. */
+void k3c_pdl_l2_prefetch_init(void);
+int k3c_pdl_l2_prefetch(void);
 
 /* A linear's prologue through a temporary (linear_cublas.cu; also the other CUDA linear
  * kernels' path where their own prologue does not pay or does not fit): h [M, K] written by

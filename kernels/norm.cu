@@ -44,15 +44,15 @@ __device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); 
 template <class T, int C>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T *__restrict__ x, int64_t xs, const void *__restrict__ w, int wdt,
-                    T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps) {
+                    T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps, int pf) {
     typedef typename k3c_acc<T>::type A;
     constexpr int CR = C > 0 ? C : 1;
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
     k3c_pdl_launch_dependents();
-    /* w into L2 while the previous kernel drains (a weight read once a step is in DRAM;
+    /* pf: w into L2 while the previous kernel drains (a weight read once a step is in DRAM;
      * x was just written and is in L2): one line a thread */
-    const int64_t wbytes = H * (wdt == K3_DTYPE_F64 ? 8 : wdt == K3_DTYPE_F32 ? 4 : 2);
+    const int64_t wbytes = pf ? H * (wdt == K3_DTYPE_F64 ? 8 : wdt == K3_DTYPE_F32 ? 4 : 2) : 0;
     for (int64_t b = (int64_t)threadIdx.x * 128; b < wbytes; b += (int64_t)blockDim.x * 128)
         k3c_prefetch_l2((const char *)w + b);
     k3c_pdl_wait();
@@ -180,13 +180,14 @@ k3_status run_rms_norm(const k3_op_args *oa) {
     const int C = H <= 8 * kThreads ? 8 : H <= 32 * kThreads ? 32 : 0;
     K3C_DISPATCH_DTYPE(a->x->dtype, T, {
         void (*kern)(const T *, int64_t, const void *, int, T *, int64_t, int64_t, int64_t,
-                     double) = C == 8    ? rms_norm_kernel<T, 8>
+                     double, int) = C == 8    ? rms_norm_kernel<T, 8>
                                : C == 32 ? rms_norm_kernel<T, 32>
                                          : rms_norm_kernel<T, 0>;
         K3_TRY(k3c_launch_pdl("launch of rms_norm_kernel", kern, dim3(grid), dim3(kThreads), 0,
                               ctx->stream, (const T *)k3_tensor_ptr(a->x), a->x->stride[0],
                               (const void *)k3_tensor_ptr(a->w), (int)a->w->dtype,
-                              (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps));
+                              (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps,
+                              k3c_pdl_l2_prefetch()));
     });
     return K3_OK;
 }

@@ -3,7 +3,7 @@
 --
 --   tune-step.lua [--m 1,16] [--config NAME] [--replays N] [--passes N] [--min-gain PCT]
 --                 [--max-candidates N] [--shapes NxK,...] [--l2-prefetch MB,...]
---                 [--out FILE | --write] [--dry-run]
+--                 [--configs "t512 r32 u4 s8 w16 bal,..."] [--out FILE | --write] [--dry-run]
 --
 -- builds the stack of config NAME (default kimi-k3-tp8, seeded random bf16 weights as
 -- `scripts/bench stack` makes them), finds its linear layers by shape (and by the SwiGLU
@@ -11,7 +11,8 @@
 -- tries the current configuration with each L2 prefetch budget of --l2-prefetch (MiB 0..40,
 -- default 0,8,16,32; 0 is the configuration without its prefetch, where it has one:
 -- k3.plan_step.prefetch_variants), cuBLAS in its place (an entry {kernel =
--- "cuda.linear.cublas"} where the plan names the skinny kernel), then the candidate
+-- "cuda.linear.cublas"} where the plan names the skinny kernel), the configurations of
+-- --configs (k3.plan_step.parse_short's short forms, in their order), then the candidate
 -- configurations of k3.plan_step.candidates (the configs the plan files use for that shape at
 -- any M, then those other shapes use at that M), at most N in all (default 12):
 -- every layer of the shape gets k3.method.low_latency with the candidate at M (static
@@ -92,6 +93,12 @@ local function opts_of(argv)
         end
         return n
       end)
+    elseif a == "--configs" then
+      o.configs = list_of(v, a, function(item)
+        local ok, cfg = pcall(plan_step.parse_short, item)
+        if not ok then die("--configs: " .. tostring(cfg):gsub("^.-plan_step%.parse_short: ", "")) end
+        return cfg
+      end)
     elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
     elseif a == "--dry-run" then o.dry_run, step = true, 1
@@ -112,17 +119,7 @@ local function opts_of(argv)
   return o
 end
 
--- "t512 r8 u4 v8 s16 w16 bal": a config in the benchmarks' short form.
-local function short(cfg)
-  -- a field the config leaves to the kernel's default shows as "-"
-  local function f(v) return v ~= nil and tostring(v) or "-" end
-  local s = string.format("t%s r%s u%s v%s s%s", f(cfg.threads), f(cfg.rows), f(cfg.unroll),
-                          f(cfg.vec), f(cfg.split_k))
-  if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
-  if cfg.balanced then s = s .. " bal" end
-  if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end
-  return s
-end
+local short = plan_step.short -- "t512 r8 u4 v8 s16 w16 bal": the benchmarks' short form
 
 -- A step entry in that form: "cuBLAS" for plan_step.CUBLAS.
 local function short_entry(e)
@@ -279,6 +276,16 @@ local function main(argv)
           listed[plan_step.config_key(c)] = true
         end
         if cur_cfg then all[#all + 1] = {kernel = plan_step.CUBLAS} end
+        -- --configs: tried next, in their order (those the kernel declines for the call are
+        -- skipped below, as any candidate)
+        if cur_cfg then listed[plan_step.config_key(cur_cfg)] = true end
+        for _, c in ipairs(o.configs or {}) do
+          local k = plan_step.config_key(c)
+          if not listed[k] then
+            all[#all + 1] = {kernel = "skinny", config = c}
+            listed[k] = true
+          end
+        end
         for _, c in ipairs(plan_step.candidates(section_plans[role.section], role.key, M, cur_cfg,
                                                 role.section ~= "plans" and plain_plans or nil)) do
           if not listed[plan_step.config_key(c)] then all[#all + 1] = {kernel = "skinny", config = c} end

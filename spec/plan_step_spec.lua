@@ -137,6 +137,49 @@ describe("k3.plan_step", function()
     k3.method.low_latency(assert(load(text))().plans["64x64"]):free()
   end)
 
+  it("short and parse_short: the benchmarks' short form and back, every config of the plan files", function()
+    assert.equal("t512 r8 u4 v8 s16 bal", plan_step.short(A))
+    assert.equal("t256 r16 u4 v8 s8 w16", plan_step.short(B))
+    assert.equal("t256 r8 u4 v8 s- pf16", plan_step.short({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 16}))
+    for _, c in ipairs({A, B, C}) do assert.same(c, plan_step.parse_short(plan_step.short(c))) end
+    local n = 0
+    for _, mod in ipairs({"k3.policy.sm90", "k3.policy.sm90_step"}) do
+      local file = require(mod)
+      for _, section in ipairs({"plans", "silu_mul"}) do
+        for key, by_m in pairs(file[section] or {}) do
+          for m, e in pairs(by_m) do
+            if e.kernel == "skinny" then
+              n = n + 1
+              local text = plan_step.short(e.config)
+              assert.same(e.config, plan_step.parse_short(text), string.format("%s %s M=%d: %s", mod, key, m, text))
+            end
+          end
+        end
+      end
+    end
+    assert.is_true(n > 50, "plan file entries read: " .. n)
+    -- any subset in any order; "-", a left-out field and pf0 are the kernel's default
+    assert.same({threads = 512, rows = 32, unroll = 4, split_k = 8, rows_per_warp = 16, balanced = true},
+                plan_step.parse_short("bal w16 s8 u4 r32 t512"))
+    assert.same({threads = 128}, plan_step.parse_short("  t128 v- pf0 "))
+    H.raises(function() plan_step.parse_short("") end,
+             "plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got ''")
+    H.raises(function() plan_step.parse_short(nil) end,
+             "plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got nil")
+    H.raises(function() plan_step.parse_short("t512 x4") end,
+             "plan_step.parse_short: unknown token 'x4' in 't512 x4' (expected tN rN uN vN sN wN bal pfN)")
+    H.raises(function() plan_step.parse_short("t512 bal2") end,
+             "plan_step.parse_short: unknown token 'bal2' in 't512 bal2' (expected tN rN uN vN sN wN bal pfN)")
+    H.raises(function() plan_step.parse_short("t512 t256") end,
+             "plan_step.parse_short: 't256' repeats threads in 't512 t256'")
+    H.raises(function() plan_step.parse_short("t0") end,
+             "plan_step.parse_short: 't0' in 't0' needs a positive integer")
+    H.raises(function() plan_step.parse_short("r8 u1.5") end,
+             "plan_step.parse_short: 'u1.5' in 'r8 u1.5' needs a positive integer")
+    H.raises(function() plan_step.parse_short("t512 pf41") end,
+             "plan_step.parse_short: 'pf41' in 't512 pf41' needs MiB 0..40")
+  end)
+
   it("decide: kept only when faster by min_gain in every pass; gain is the worst pass's", function()
     local keep, gain = plan_step.decide({{base = 1000, cand = 990}, {base = 1000, cand = 995}}, 0.002)
     assert.is_true(keep)
@@ -285,6 +328,9 @@ describe("scripts/tune-step", function()
       {"--config nope", "tune-step: --config: kimi_k3: unknown config 'nope'"},
       {"--l2-prefetch 41", "tune-step: --l2-prefetch: bad item '41'"},
       {"--l2-prefetch --m 1", "tune-step: --l2-prefetch takes a comma-separated list; got '--m'"},
+      {"--configs 't512 r32 u4,t256 q8'", "tune-step: --configs: unknown token 'q8' in 't256 q8' (expected tN rN uN vN sN wN bal pfN)"},
+      {"--configs 't512 pf64'", "tune-step: --configs: 'pf64' in 't512 pf64' needs MiB 0..40"},
+      {"--configs --m 1", "tune-step: --configs takes a comma-separated list; got '--m'"},
     }) do
       local out, code = run(c[1])
       assert.equal(2, code, c[1] .. ": " .. out)

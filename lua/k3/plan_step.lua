@@ -142,6 +142,61 @@ function M.candidates(plans, key, m, current, ...)
   return out
 end
 
+--- plan_step.short(cfg) -> string: a skinny config in the benchmarks' short form, "t512 r8 u4
+--- v8 s16 w16 bal pf8": threads, rows, unroll, vec and split_k always ("-" for a field left to
+--- the kernel's default), then " w16" for rows_per_warp 16, " bal" for the balanced grid and
+--- " pfN" for an L2 prefetch of N MiB. plan_step.parse_short reads it back.
+function M.short(cfg)
+  local function f(v) return v ~= nil and tostring(v) or "-" end
+  local s = string.format("t%s r%s u%s v%s s%s", f(cfg.threads), f(cfg.rows), f(cfg.unroll),
+                          f(cfg.vec), f(cfg.split_k))
+  if cfg.rows_per_warp and cfg.rows_per_warp ~= 8 then s = s .. " w" .. cfg.rows_per_warp end
+  if cfg.balanced then s = s .. " bal" end
+  if (cfg.l2_prefetch_mb or 0) > 0 then s = s .. " pf" .. cfg.l2_prefetch_mb end
+  return s
+end
+
+-- The config field of each short-form letter.
+local SHORT_FIELDS = {t = "threads", r = "rows", u = "unroll", v = "vec", s = "split_k",
+                      w = "rows_per_warp", pf = "l2_prefetch_mb"}
+
+--- plan_step.parse_short(text) -> config: the skinny config a short form names (plan_step.short's
+--- text, or any subset of its tokens in any order: "t512 r32 u4 s8 w16 bal"), a field given as
+--- "-" or left out being the kernel's default. Raises on an empty text, an unknown or repeated
+--- token, or a count that is not a positive integer (pf: 0..MAX_L2_PREFETCH_MB), naming the
+--- token; whether the kernel has the configuration is its own check (explain says).
+function M.parse_short(text)
+  if type(text) ~= "string" or not text:find("%S") then
+    error(string.format("plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got %s",
+                        type(text) == "string" and "'" .. text .. "'" or type(text)), 2)
+  end
+  local cfg, seen = {}, {}
+  for tok in text:gmatch("%S+") do
+    local letter, num = tok:match("^(%a+)(.*)$")
+    local field = letter and (letter == "bal" and "balanced" or SHORT_FIELDS[letter])
+    if not field or (letter == "bal" and num ~= "") then
+      error(string.format("plan_step.parse_short: unknown token '%s' in '%s' (expected tN rN uN vN sN wN bal pfN)",
+                          tok, text), 2)
+    end
+    if seen[field] then
+      error(string.format("plan_step.parse_short: '%s' repeats %s in '%s'", tok, field, text), 2)
+    end
+    seen[field] = true
+    if letter == "bal" then
+      cfg.balanced = true
+    elseif num ~= "-" then
+      local n = math.tointeger(tonumber(num))
+      local lo = letter == "pf" and 0 or 1
+      if not n or n < lo or (letter == "pf" and n > M.MAX_L2_PREFETCH_MB) then
+        error(string.format("plan_step.parse_short: '%s' in '%s' needs %s", tok, text,
+                            letter == "pf" and ("MiB 0.." .. M.MAX_L2_PREFETCH_MB) or "a positive integer"), 2)
+      end
+      if not (letter == "pf" and n == 0) then cfg[field] = n end
+    end
+  end
+  return cfg
+end
+
 --- plan_step.prefetch_variants(cfg, mbs) -> {config, ...}: copies of skinny config `cfg` with
 --- l2_prefetch_mb set to each budget of `mbs` (a list of integers, MiB 0..40, in order; 0 gives
 --- cfg without the field where cfg has a prefetch; cfg's own value and repeats are skipped), for
