@@ -162,22 +162,19 @@ describe("k3.plan_step", function()
     assert.same({threads = 512, rows = 32, unroll = 4, split_k = 8, rows_per_warp = 16, balanced = true},
                 plan_step.parse_short("bal w16 s8 u4 r32 t512"))
     assert.same({threads = 128}, plan_step.parse_short("  t128 v- pf0 "))
-    H.raises(function() plan_step.parse_short("") end,
-             "plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got ''")
-    H.raises(function() plan_step.parse_short(nil) end,
-             "plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got nil")
-    H.raises(function() plan_step.parse_short("t512 x4") end,
-             "plan_step.parse_short: unknown token 'x4' in 't512 x4' (expected tN rN uN vN sN wN bal pfN)")
-    H.raises(function() plan_step.parse_short("t512 bal2") end,
-             "plan_step.parse_short: unknown token 'bal2' in 't512 bal2' (expected tN rN uN vN sN wN bal pfN)")
-    H.raises(function() plan_step.parse_short("t512 t256") end,
-             "plan_step.parse_short: 't256' repeats threads in 't512 t256'")
-    H.raises(function() plan_step.parse_short("t0") end,
-             "plan_step.parse_short: 't0' in 't0' needs a positive integer")
-    H.raises(function() plan_step.parse_short("r8 u1.5") end,
-             "plan_step.parse_short: 'u1.5' in 'r8 u1.5' needs a positive integer")
-    H.raises(function() plan_step.parse_short("t512 pf41") end,
-             "plan_step.parse_short: 'pf41' in 't512 pf41' needs MiB 0..40")
+    local UNKNOWN = "(expected tN rN uN vN sN wN bal pfN)"
+    for _, c in ipairs({
+      {"", "expected a config such as 't512 r8 u4 v8 s16'; got ''"},
+      {nil, "expected a config such as 't512 r8 u4 v8 s16'; got nil"},
+      {"t512 x4", "unknown token 'x4' in 't512 x4' " .. UNKNOWN},
+      {"t512 bal2", "unknown token 'bal2' in 't512 bal2' " .. UNKNOWN},
+      {"t512 t256", "'t256' repeats threads in 't512 t256'"},
+      {"t0", "'t0' in 't0' needs a positive integer"},
+      {"r8 u1.5", "'u1.5' in 'r8 u1.5' needs a positive integer"},
+      {"t512 pf41", "'pf41' in 't512 pf41' needs MiB 0..40"},
+    }) do
+      H.raises(function() plan_step.parse_short(c[1]) end, "plan_step.parse_short: " .. c[2])
+    end
   end)
 
   it("decide: kept only when faster by min_gain in every pass; gain is the worst pass's", function()
