@@ -117,6 +117,24 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
     phase++;
 }
 
+/* L2 prefetch of the 128-byte line holding a thread's vector of `bytes` at p, issued by the
+ * thread whose vector begins in that line (16-byte aligned vectors: one a line) or holds the
+ * row's first element (`first`: the line may begin before the row), so each line of a row
+ * is asked for once whatever the row's alignment. */
+__device__ __forceinline__ void prefetch_line(const void *p, int bytes, bool first) {
+    if (first || ((uintptr_t)p & 127) < (uintptr_t)bytes) k3c_prefetch_l2(p);
+}
+
+/* w = norm_weight * qk_weight for the thread's 8 elements. */
+template <class T, class W>
+__device__ __forceinline__ void wq_product(const wvec<T, W> &wn, const wvec<T, W> &wq, float (&w)[8]) {
+    float x[8], y[8];
+    wn.get(x);
+    wq.get(y);
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
+}
+
 /* Per-source dot with w and sum of squares of one vector of 8 values. */
 __device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)[8], float &dot,
                                            float &ss) {
@@ -152,14 +170,17 @@ constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
  *     call's contract, k3.h); dependents may start only after the wait; after it: prefix,
  *     delta and the other slots, every load issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
- *     reads p); per source dot and sum of squares, one token reduction for all logits;
+ *     reads p); per source dot and sum of squares, one token reduction for all logits (SPLIT,
+ *     K3_ATTN_RES_DECODE_SPLIT: the block sources' reduced first, while the prefix and delta
+ *     loads are in flight, then p's alone; each item is summed the same way, so the bits are
+ *     the same);
  *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
  * The code is kept short on purpose: a decode launch runs each instruction once per warp, so
  * the instruction fetch of a long unrolled body is its critical path (notes/PERF.md). A sum of
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS>
+template <class T, class W, int MAXS, bool SPLIT>
 __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
@@ -197,19 +218,19 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     }
     /* What the chain after the wait loads but may not load yet (the prefix, blocks the call's
      * contract leaves after the wait, the weights without static_weights): asked of L2 now,
-     * one thread a 128-byte line, since the projections' weight streams between two reads
-     * evict it (k3c_prefetch_l2: safe whoever writes it). The delta was just written: in L2. */
-    if (p.pf && ok && (vi & 7) == 0) {
-        k3c_prefetch_l2(prefix);
+     * one request a 128-byte line of each row (prefetch_line), since the projections' weight
+     * streams between two reads may have evicted it (k3c_prefetch_l2: safe whoever writes
+     * it). The delta was just written: in L2. */
+    if (p.pf && ok) {
+        prefetch_line(prefix, 16, vi == 0);
 #pragma unroll
         for (int s = 0; s < NB; s++)
-            if (s >= p.nstatic && s < p.nb && s != p.wb) k3c_prefetch_l2(brow + s * sbs);
-    }
-    /* a line holds 8 vectors of 16-bit weights, 4 of f32 ones */
-    if (p.pf && ok && !wstatic && (vi & (sizeof(W) == 4 ? 3 : 7)) == 0) {
-        k3c_prefetch_l2((const W *)p.nw + e0);
-        k3c_prefetch_l2((const W *)p.qw + e0);
-        if (p.onw) k3c_prefetch_l2((const W *)p.onw + e0);
+            if (s >= p.nstatic && s < p.nb && s != p.wb) prefetch_line(brow + s * sbs, 16, vi == 0);
+        if (!wstatic) {
+            prefetch_line((const W *)p.nw + e0, 8 * (int)sizeof(W), vi == 0);
+            prefetch_line((const W *)p.qw + e0, 8 * (int)sizeof(W), vi == 0);
+            if (p.onw) prefetch_line((const W *)p.onw + e0, 8 * (int)sizeof(W), vi == 0);
+        }
     }
     if (p.pdl) {
         pdl_wait();
@@ -228,6 +249,31 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
     }
 
+    float w[8], part[NV];
+    /* SPLIT (K3_ATTN_RES_DECODE_SPLIT): the block sources' sums (all but slot wb, which reads
+     * p) reduced while the loads of the prefix and the delta are in flight, then p's alone.
+     * A reduction sums each item over the same lanes, warps and CTAs in the same order
+     * whatever the other items are (token_reduce), so the totals have the bits of the one
+     * reduction below. */
+    if constexpr (SPLIT) {
+        wq_product(wn, wq, w);
+#pragma unroll
+        for (int i = 0; i < NV; i++) part[i] = 0.0f;
+        float pa[2 * NB];
+#pragma unroll
+        for (int i = 0; i < 2 * NB; i++) pa[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb && s != p.wb) {
+                float v[8];
+                vec8<T>::unpack(src[s], v);
+                acc_source(v, w, pa[2 * s], pa[2 * s + 1]);
+            }
+        token_reduce<2 * NB, false, NP>(pa, red, recv, phase, C, rank);
+#pragma unroll
+        for (int i = 0; i < 2 * NB; i++) part[i] = pa[i];
+    }
+
     /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
     if (delta) {
         float a[8], b[8];
@@ -242,18 +288,22 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
     for (int s = 0; s < NB; s++)
         if (s == p.wb) src[s] = pb;
-    float w[8];
-    {
-        float x[8], y[8];
-        wn.get(x);
-        wq.get(y);
+    if constexpr (!SPLIT) {
+        wq_product(wn, wq, w);
 #pragma unroll
-        for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
+        for (int i = 0; i < NV; i++) part[i] = 0.0f;
     }
-    float part[NV];
+    if constexpr (SPLIT) {
+        /* p's sums; slot wb's are p's (the same values summed the same way) */
+        float pp[2] = {0.0f, 0.0f}, v[8];
+        vec8<T>::unpack(pb, v);
+        acc_source(v, w, pp[0], pp[1]);
+        token_reduce<2, false, NP>(pp, red, recv, phase, C, rank);
+        part[2 * NB] = pp[0], part[2 * NB + 1] = pp[1];
 #pragma unroll
-    for (int i = 0; i < NV; i++) part[i] = 0.0f;
-    {
+        for (int s = 0; s < NB; s++)
+            if (s == p.wb && s < p.nb) part[2 * s] = pp[0], part[2 * s + 1] = pp[1];
+    } else {
         float v[8];
         vec8<T>::unpack(pb, v);
         acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
@@ -263,9 +313,9 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
                 vec8<T>::unpack(src[s], v);
                 acc_source(v, w, part[2 * s], part[2 * s + 1]);
             }
+        /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
     }
-    /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
-    token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
 
     float epss[MAXS];
 #pragma unroll
@@ -457,7 +507,9 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
 template <class T, class W, int MAXS>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    K3_TRY(launch(attn_res_decode_kernel<T, W, MAXS>, p, dim3((unsigned)(T_ * sh.ctas)),
+    auto kern = get_knobs().decode_split ? attn_res_decode_kernel<T, W, MAXS, true>
+                                         : attn_res_decode_kernel<T, W, MAXS, false>;
+    K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
     return K3_OK;
@@ -504,7 +556,7 @@ k3_status decode_run(const k3_op_args *oa) {
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
+    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9, false>);
 }
 
 extern "C" const k3_kernel k3_cuda_attn_res_decode = K3_KERNEL_RECORD_USABLE(

@@ -50,11 +50,15 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
     k3c_pdl_launch_dependents();
-    /* pf: w into L2 while the previous kernel drains (a weight read once a step is in DRAM;
-     * x was just written and is in L2): one line a thread */
+    /* pf: w into L2 while the previous kernel drains (a weight read once a step is likely in
+     * DRAM by now; x was just written and is in L2): its 128-byte lines spread over the
+     * grid's threads, each asked for once */
     const int64_t wbytes = pf ? H * (wdt == K3_DTYPE_F64 ? 8 : wdt == K3_DTYPE_F32 ? 4 : 2) : 0;
-    for (int64_t b = (int64_t)threadIdx.x * 128; b < wbytes; b += (int64_t)blockDim.x * 128)
-        k3c_prefetch_l2((const char *)w + b);
+    const uintptr_t wline = (uintptr_t)w & ~(uintptr_t)127;
+    const int64_t nlines = ((int64_t)((uintptr_t)w - wline) + wbytes + 127) / 128;
+    for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wbytes > 0 && l < nlines;
+         l += (int64_t)gridDim.x * blockDim.x)
+        k3c_prefetch_l2(l == 0 ? w : (const void *)(wline + (uintptr_t)l * 128)); /* in w */
     k3c_pdl_wait();
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T *xr = x + i * xs;

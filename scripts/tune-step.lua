@@ -80,7 +80,7 @@ local function opts_of(argv)
         or die("--min-gain takes a percentage; got '" .. v .. "'")
     elseif a == "--max-candidates" then o.max_candidates = count_of(v, a)
     elseif a == "--shapes" then
-      o.shapes = {}
+      o.shapes, o.shapes_text = {}, v
       for _, s in ipairs(list_of(v, "--shapes", function(s) return s:match("^%d+x%d+$") end)) do
         o.shapes[s] = true
       end
@@ -94,6 +94,7 @@ local function opts_of(argv)
         return n
       end)
     elseif a == "--configs" then
+      o.configs_text = list_of(v, a, function(item) return item end)
       o.configs = list_of(v, a, function(item)
         local ok, cfg = pcall(plan_step.parse_short, item)
         if not ok then die("--configs: " .. tostring(cfg):gsub("^.-plan_step%.parse_short: ", "")) end
@@ -282,7 +283,7 @@ local function main(argv)
         for _, c in ipairs(o.configs or {}) do
           local k = plan_step.config_key(c)
           if not listed[k] then
-            all[#all + 1] = {kernel = "skinny", config = c}
+            all[#all + 1] = {kernel = "skinny", config = c, given = true}
             listed[k] = true
           end
         end
@@ -294,19 +295,31 @@ local function main(argv)
         local xm = k3.empty({M, role.x_width}, {dtype = "bf16", device = "cuda"})
         local co = role.call
         local cands = {}
+        -- a --configs entry not tried says why (declined, or past --max-candidates)
+        local function untried(e, why)
+          if e.given then
+            io.stderr:write(string.format("tune-step: M = %d, %s: --configs %s not tried: %s\n", M,
+                                          role.id, short(e.config), why))
+          end
+        end
         for _, e in ipairs(all) do
-          if #cands >= o.max_candidates then break end
-          local plan = copy_plan(current)
-          plan[M] = e
-          local want = e.kernel == "skinny" and "cuda.linear.skinny" or e.kernel
-          local okm, m = pcall(k3.method.low_latency, plan, {static_weights = true})
-          if okm then
-            local r = m:explain(xm, role.weight, nil, co)
-            local ours = r.chosen == want
-            for _, d in ipairs(r.declined or {}) do
-              if d.kernel == want then ours = false end
+          if #cands >= o.max_candidates then
+            untried(e, "past --max-candidates " .. o.max_candidates)
+          else
+            local plan = copy_plan(current)
+            plan[M] = {kernel = e.kernel, config = e.config}
+            local want = e.kernel == "skinny" and "cuda.linear.skinny" or e.kernel
+            local okm, m = pcall(k3.method.low_latency, plan, {static_weights = true})
+            if okm then
+              local r = m:explain(xm, role.weight, nil, co)
+              local ours, why = r.chosen == want, "the plan's kernel is not chosen (" .. tostring(r.chosen) .. ")"
+              for _, d in ipairs(r.declined or {}) do
+                if d.kernel == want then ours, why = false, tostring(d.reason) end
+              end
+              if ours then cands[#cands + 1] = {entry = plan[M], method = m} else m:free(); untried(e, why) end
+            else
+              untried(e, tostring(m))
             end
-            if ours then cands[#cands + 1] = {entry = e, method = m} else m:free() end
           end
         end
         xm:free()
@@ -394,8 +407,10 @@ local function main(argv)
   local text = plan_step.render({
     arch = arch, machine = require("k3.bench.util").device_name(), earlier = earlier,
     date = os.date("!%Y-%m-%d %H:%M UTC"), commit = require("k3.bench.summary").commit("."),
-    method = string.format("scripts/tune-step --m %s --l2-prefetch %s --max-candidates %d: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
+    method = string.format("scripts/tune-step --m %s --l2-prefetch %s --max-candidates %d%s%s: %s, the step captured with k3.cuda_graph, median of %d replays after 3, %d passes alternating with the step as it stood; kept where >= %.2f%% faster in every pass",
                            table.concat(o.ms, ","), table.concat(o.l2_prefetch, ","), o.max_candidates,
+                           o.shapes_text and (" --shapes " .. o.shapes_text) or "",
+                           o.configs and string.format(' --configs "%s"', table.concat(o.configs_text, ",")) or "",
                            o.config, o.replays, o.passes, o.min_gain),
     plans = results.plans, silu_mul = results.silu_mul})
   local f, err = io.open(path, "w")

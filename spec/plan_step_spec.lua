@@ -143,7 +143,7 @@ describe("k3.plan_step", function()
     assert.equal("t256 r8 u4 v8 s- pf16", plan_step.short({threads = 256, rows = 8, unroll = 4, vec = 8, l2_prefetch_mb = 16}))
     for _, c in ipairs({A, B, C}) do assert.same(c, plan_step.parse_short(plan_step.short(c))) end
     local n = 0
-    for _, mod in ipairs({"k3.policy.sm90", "k3.policy.sm90_step"}) do
+    for _, mod in ipairs({"k3.policy.sm90", "k3.policy.sm90_silu_mul", "k3.policy.sm90_step"}) do
       local file = require(mod)
       for _, section in ipairs({"plans", "silu_mul"}) do
         for key, by_m in pairs(file[section] or {}) do
@@ -161,7 +161,7 @@ describe("k3.plan_step", function()
     -- any subset in any order; "-", a left-out field and pf0 are the kernel's default
     assert.same({threads = 512, rows = 32, unroll = 4, split_k = 8, rows_per_warp = 16, balanced = true},
                 plan_step.parse_short("bal w16 s8 u4 r32 t512"))
-    assert.same({threads = 128}, plan_step.parse_short("  t128 v- pf0 "))
+    assert.same({threads = 128}, plan_step.parse_short("  t128 v- pf0 w8 "))
     local UNKNOWN = "(expected tN rN uN vN sN wN bal pfN)"
     for _, c in ipairs({
       {"", "expected a config such as 't512 r8 u4 v8 s16'; got ''"},
@@ -171,6 +171,12 @@ describe("k3.plan_step", function()
       {"t512 t256", "'t256' repeats threads in 't512 t256'"},
       {"t0", "'t0' in 't0' needs a positive integer"},
       {"r8 u1.5", "'u1.5' in 'r8 u1.5' needs a positive integer"},
+      {"t0x200", "'t0x200' in 't0x200' needs a positive integer"},
+      {"t1e3", "'t1e3' in 't1e3' needs a positive integer"},
+      {"t+5", "'t+5' in 't+5' needs a positive integer"},
+      {"s-1", "'s-1' in 's-1' needs a positive integer"},
+      {"t", "'t' in 't' needs a positive integer"},
+      {"pf8.0", "'pf8.0' in 'pf8.0' needs MiB 0..40"},
       {"t512 pf41", "'pf41' in 't512 pf41' needs MiB 0..40"},
     }) do
       H.raises(function() plan_step.parse_short(c[1]) end, "plan_step.parse_short: " .. c[2])

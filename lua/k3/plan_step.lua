@@ -162,9 +162,11 @@ local SHORT_FIELDS = {t = "threads", r = "rows", u = "unroll", v = "vec", s = "s
 
 --- plan_step.parse_short(text) -> config: the skinny config a short form names (plan_step.short's
 --- text, or any subset of its tokens in any order: "t512 r32 u4 s8 w16 bal"), a field given as
---- "-" or left out being the kernel's default. Raises on an empty text, an unknown or repeated
---- token, or a count that is not a positive integer (pf: 0..MAX_L2_PREFETCH_MB), naming the
---- token; whether the kernel has the configuration is its own check (explain says).
+--- "-" or left out being the kernel's default, as are w8 and pf0 (plan_step.short leaves them
+--- out too, so equal configs give equal texts). Raises on an empty text, an unknown or repeated
+--- token, or a count that is not written in decimal digits as a positive integer (pf:
+--- 0..MAX_L2_PREFETCH_MB), naming the token; whether the kernel has the configuration is its
+--- own check (explain says).
 function M.parse_short(text)
   if type(text) ~= "string" or not text:find("%S") then
     error(string.format("plan_step.parse_short: expected a config such as 't512 r8 u4 v8 s16'; got %s",
@@ -185,13 +187,13 @@ function M.parse_short(text)
     if letter == "bal" then
       cfg.balanced = true
     elseif num ~= "-" then
-      local n = math.tointeger(tonumber(num))
+      local n = num:match("^%d+$") and #num <= 9 and math.tointeger(tonumber(num)) or nil
       local lo = letter == "pf" and 0 or 1
       if not n or n < lo or (letter == "pf" and n > M.MAX_L2_PREFETCH_MB) then
         error(string.format("plan_step.parse_short: '%s' in '%s' needs %s", tok, text,
                             letter == "pf" and ("MiB 0.." .. M.MAX_L2_PREFETCH_MB) or "a positive integer"), 2)
       end
-      if not (letter == "pf" and n == 0) then cfg[field] = n end
+      if not ((letter == "pf" and n == 0) or (letter == "w" and n == 8)) then cfg[field] = n end
     end
   end
   return cfg
