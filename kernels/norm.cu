@@ -44,16 +44,16 @@ __device__ __forceinline__ double rsqrt_exact(double x) { return 1.0 / sqrt(x); 
 template <class T, int C>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T *__restrict__ x, int64_t xs, const void *__restrict__ w, int wdt,
-                    T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps, int pf) {
+                    T *__restrict__ y, int64_t ys, int64_t M, int64_t H, double eps,
+                    int64_t wbytes) {
     typedef typename k3c_acc<T>::type A;
     constexpr int CR = C > 0 ? C : 1;
     __shared__ A part[kThreads / 32], part_max[kThreads / 32];
     const int nwarps = (int)(blockDim.x >> 5);
     k3c_pdl_launch_dependents();
-    /* pf: w into L2 while the previous kernel drains (a weight read once a step is likely in
-     * DRAM by now; x was just written and is in L2): its 128-byte lines spread over the
-     * grid's threads, each asked for once */
-    const int64_t wbytes = pf ? H * (wdt == K3_DTYPE_F64 ? 8 : wdt == K3_DTYPE_F32 ? 4 : 2) : 0;
+    /* wbytes (w's size, 0 without K3_PDL_L2_PREFETCH): w into L2 while the previous kernel
+     * drains (a weight read once a step is likely in DRAM by now; x was just written and is in
+     * L2), its 128-byte lines spread over the grid's threads, each asked for once */
     const uintptr_t wline = (uintptr_t)w & ~(uintptr_t)127;
     const int64_t nlines = ((int64_t)((uintptr_t)w - wline) + wbytes + 127) / 128;
     for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wbytes > 0 && l < nlines;
@@ -184,14 +184,14 @@ k3_status run_rms_norm(const k3_op_args *oa) {
     const int C = H <= 8 * kThreads ? 8 : H <= 32 * kThreads ? 32 : 0;
     K3C_DISPATCH_DTYPE(a->x->dtype, T, {
         void (*kern)(const T *, int64_t, const void *, int, T *, int64_t, int64_t, int64_t,
-                     double, int) = C == 8    ? rms_norm_kernel<T, 8>
+                     double, int64_t) = C == 8    ? rms_norm_kernel<T, 8>
                                : C == 32 ? rms_norm_kernel<T, 32>
                                          : rms_norm_kernel<T, 0>;
         K3_TRY(k3c_launch_pdl("launch of rms_norm_kernel", kern, dim3(grid), dim3(kThreads), 0,
                               ctx->stream, (const T *)k3_tensor_ptr(a->x), a->x->stride[0],
                               (const void *)k3_tensor_ptr(a->w), (int)a->w->dtype,
                               (T *)k3_tensor_ptr(a->out), a->out->stride[0], M, H, a->eps,
-                              k3c_pdl_l2_prefetch()));
+                              k3c_pdl_l2_prefetch() ? H * (int64_t)k3_dtype_size(a->w->dtype) : 0));
     });
     return K3_OK;
 }

@@ -94,12 +94,12 @@ local function opts_of(argv)
         return n
       end)
     elseif a == "--configs" then
-      o.configs_text = list_of(v, a, function(item) return item end)
-      o.configs = list_of(v, a, function(item)
+      o.configs_text, o.configs = list_of(v, a, function(item) return item end), {}
+      for i, item in ipairs(o.configs_text) do
         local ok, cfg = pcall(plan_step.parse_short, item)
         if not ok then die("--configs: " .. tostring(cfg):gsub("^.-plan_step%.parse_short: ", "")) end
-        return cfg
-      end)
+        o.configs[i] = cfg
+      end
     elseif a == "--out" then o.out = value_of(v, a, "a file")
     elseif a == "--write" then o.write, step = true, 1
     elseif a == "--dry-run" then o.dry_run, step = true, 1
