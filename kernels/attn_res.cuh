@@ -23,14 +23,15 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. K3_ATTN_RES_DECODE_SPLIT: "1" makes cuda.attn_res.decode reduce the block
- * sources' logit sums first and p's after it (the same bits, attn_res_decode.cu); anything
- * else (or unset): one reduction for all of them. */
+ * prefill sizes. K3_ATTN_RES_DECODE_GRAM: the reads of cuda.attn_res.decode with an output
+ * norm at num_blocks up to 1, 4 or 8 (value 2, 5 or 9: the sources of the instance) take the
+ * norm's sum of squares from the sources' Gram matrix in the first reduction
+ * (attn_res_decode.cu); unset or 0: the second reduction everywhere. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int decode_split;
+    int decode_gram;
 };
 inline knobs g_knobs = {1, 0, 64, 0};
 inline const knobs &get_knobs() { return g_knobs; }
@@ -48,8 +49,9 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
-    const char *sp = getenv("K3_ATTN_RES_DECODE_SPLIT");
-    g_knobs.decode_split = sp && sp[0] == '1' && !sp[1];
+    const char *g = getenv("K3_ATTN_RES_DECODE_GRAM");
+    const int gv = g && *g ? atoi(g) : 0;
+    g_knobs.decode_gram = gv == 2 || gv == 5 || gv == 9 ? gv : 0;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -74,6 +76,10 @@ template <> struct vec8<k3c_bf16> {
             f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
         }
     }
+    /* element 2i + hi of a vector whose word i is w (as unpack) */
+    static __device__ __forceinline__ float elem(uint32_t w, int hi) {
+        return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+    }
     static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&h);
@@ -89,6 +95,9 @@ template <> struct vec8<k3c_f16> {
             f[2 * i] = v.x;
             f[2 * i + 1] = v.y;
         }
+    }
+    static __device__ __forceinline__ float elem(uint32_t w, int hi) {
+        return __half2float(__ushort_as_half((unsigned short)(hi ? w >> 16 : w & 0xffffu)));
     }
     static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
         __half2 h = __floats2half2_rn(lo, hi);

@@ -52,7 +52,7 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
  * completes the barrier phase the kernel opened at entry (every CTA has started before any
  * remote store).
  */
-template <int N, bool MAX, int NP>
+template <int N, bool MAX, int NP, bool WIDE = false>
 __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
                                              float (*recv)[kMaxCtas][NP], int &phase, int C,
                                              uint32_t rank) {
@@ -75,7 +75,20 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
     __syncthreads();
     float(*buf)[NP] = recv[phase & 1];
     if (C > 1 && phase == 0) cluster_wait();
-    {
+    if constexpr (WIDE) {
+        /* Many items (the Gram matrix): thread i adds item i over the warps in order, its
+         * nwarps loads independent, and pushes the total to every CTA of the cluster (one
+         * round, where a warp per item would take ceil(N / nwarps) dependent rounds). */
+        if (tid < N) {
+            float s = red[0][tid];
+            for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][tid]) : s + red[q][tid];
+            if (C > 1) {
+                for (int c = 0; c < C; c++) st_cluster(&buf[rank][tid], (uint32_t)c, s);
+            } else {
+                buf[0][tid] = s;
+            }
+        }
+    } else {
         /* Warp w adds item w, w + nwarps, …: lane q reads warp q's partial, five shuffles;
          * lanes 0..C-1 push the total to CTA `lane` (a latency of one shared load and one
          * warp reduction, not nwarps dependent loads). */
@@ -157,8 +170,11 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
 }
 
 /* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
- * the 17-source instances, whose source registers are twice as many. */
-constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
+ * the 17-source instances, whose source registers are twice as many, and for the 9-source
+ * GRAM instance (its 54 sums). */
+constexpr int max_threads(int maxs, bool gram = false) {
+    return maxs > 9 || (gram && maxs > 5) ? 256 : kMaxThreads;
+}
 
 /*
  * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
@@ -170,21 +186,19 @@ constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
  *     call's contract, k3.h); dependents may start only after the wait; after it: prefix,
  *     delta and the other slots, every load issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
- *     reads p); per source dot and sum of squares, one token reduction for all logits (SPLIT,
- *     K3_ATTN_RES_DECODE_SPLIT: the block sources' reduced first, while the prefix and delta
- *     loads are in flight, then p's alone; each item is summed the same way, so the bits are
- *     the same);
+ *     reads p); per source dot and sum of squares, one token reduction for all logits;
  *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
  * The code is kept short on purpose: a decode launch runs each instruction once per warp, so
  * the instruction fetch of a long unrolled body is its critical path (notes/PERF.md). A sum of
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS, bool SPLIT>
-__global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
+template <class T, class W, int MAXS, bool GRAM = false>
+__global__ void __launch_bounds__(max_threads(MAXS, GRAM)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
-    constexpr int NP = (NV + 3) & ~3;
+    constexpr int NX = GRAM ? MAXS * (MAXS - 1) / 2 : 0; /* <v_s, v_t>, s < t */
+    constexpr int NP = (NV + NX + 3) & ~3;
     __shared__ __align__(16) float red[kMaxThreads / 32][NP];
     __shared__ __align__(16) float recv[2][kMaxCtas][NP];
 
@@ -249,31 +263,6 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
     }
 
-    float w[8], part[NV];
-    /* SPLIT (K3_ATTN_RES_DECODE_SPLIT): the block sources' sums (all but slot wb, which reads
-     * p) reduced while the loads of the prefix and the delta are in flight, then p's alone.
-     * A reduction sums each item over the same lanes, warps and CTAs in the same order
-     * whatever the other items are (token_reduce), so the totals have the bits of the one
-     * reduction below. */
-    if constexpr (SPLIT) {
-        wq_product(wn, wq, w);
-#pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = 0.0f;
-        float pa[2 * NB];
-#pragma unroll
-        for (int i = 0; i < 2 * NB; i++) pa[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < NB; s++)
-            if (s < p.nb && s != p.wb) {
-                float v[8];
-                vec8<T>::unpack(src[s], v);
-                acc_source(v, w, pa[2 * s], pa[2 * s + 1]);
-            }
-        token_reduce<2 * NB, false, NP>(pa, red, recv, phase, C, rank);
-#pragma unroll
-        for (int i = 0; i < 2 * NB; i++) part[i] = pa[i];
-    }
-
     /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
     if (delta) {
         float a[8], b[8];
@@ -288,21 +277,43 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
     for (int s = 0; s < NB; s++)
         if (s == p.wb) src[s] = pb;
-    if constexpr (!SPLIT) {
-        wq_product(wn, wq, w);
+    float w[8], part[NV], cross[NX > 0 ? NX : 1];
+    wq_product(wn, wq, w);
 #pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = 0.0f;
-    }
-    if constexpr (SPLIT) {
-        /* p's sums; slot wb's are p's (the same values summed the same way) */
-        float pp[2] = {0.0f, 0.0f}, v[8];
-        vec8<T>::unpack(pb, v);
-        acc_source(v, w, pp[0], pp[1]);
-        token_reduce<2, false, NP>(pp, red, recv, phase, C, rank);
-        part[2 * NB] = pp[0], part[2 * NB + 1] = pp[1];
+    for (int i = 0; i < NV; i++) part[i] = 0.0f;
+    if constexpr (GRAM) {
+        /* Each source's dot and sum of squares as below (the same operations in the same
+         * order), and the products of every pair of sources, all in one reduction. Sources
+         * past nb hold zeros or p; the softmax gives them weight 0 and the norm skips them. */
+        float all[NV + NX];
 #pragma unroll
-        for (int s = 0; s < NB; s++)
-            if (s == p.wb && s < p.nb) part[2 * s] = pp[0], part[2 * s + 1] = pp[1];
+        for (int i = 0; i < NV + NX; i++) all[i] = 0.0f;
+        uint32_t wd[MAXS][4];
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) {
+            const uint4 u = s == NB ? pb : src[s < NB ? s : 0];
+            wd[s][0] = u.x, wd[s][1] = u.y, wd[s][2] = u.z, wd[s][3] = u.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float x[MAXS];
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) x[s] = vec8<T>::elem(wd[s][e >> 1], e & 1);
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                all[2 * s] = fmaf(x[s], w[e], all[2 * s]);
+                all[2 * s + 1] = fmaf(x[s], x[s], all[2 * s + 1]);
+            }
+#pragma unroll
+            for (int s = 0, k = NV; s < MAXS; s++)
+#pragma unroll
+                for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
+        }
+        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank);
+#pragma unroll
+        for (int i = 0; i < NV; i++) part[i] = all[i];
+#pragma unroll
+        for (int i = 0; i < NX; i++) cross[i] = all[NV + i];
     } else {
         float v[8];
         vec8<T>::unpack(pb, v);
@@ -389,7 +400,33 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         if (ok) *(uint4 *)out = pack8<T>(m);
         return;
     }
-    token_reduce<1, false, NP>(sq, red, recv, phase, C, rank);
+    /* GRAM: ||m||^2 = sum_s sum_t p_s p_t <v_s, v_t> from the first reduction's totals (the
+     * same on every CTA of the token, so every CTA takes the same branch). Its rounding error
+     * is a few ulp of sum_s p_s ||v_s||^2 (>= (sum_s p_s ||v_s||)^2 >= sum_st p_s p_t
+     * |<v_s, v_t>|, as sum_s p_s = 1), so it is used only when ||m||^2 is at least 1/64 of
+     * that and nothing needed rescaling; otherwise (mixed sources that nearly cancel) the sum
+     * of squares of m is reduced over the token as without GRAM. */
+    bool have_sq = false;
+    if constexpr (GRAM) {
+        float q = 0.0f, bound = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MAXS; s++)
+            if (s == NB || s < p.nb) {
+                q = fmaf(prob[s] * prob[s], part[2 * s + 1], q);
+                bound = fmaf(prob[s], part[2 * s + 1], bound);
+            }
+#pragma unroll
+        for (int s = 0, k = 0; s < MAXS; s++)
+#pragma unroll
+            for (int t2 = s + 1; t2 < MAXS; t2++, k++)
+                if ((s == NB || s < p.nb) && (t2 == NB || t2 < p.nb))
+                    q = fmaf(2.0f * prob[s] * prob[t2], cross[k], q);
+        if (!rescale && q >= 0.015625f * bound && !ss_needs_rescale(q)) {
+            sq[0] = q;
+            have_sq = true;
+        }
+    }
+    if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank);
     float r;
     if (!ss_needs_rescale(sq[0])) {
         r = rsqrtf(sq[0] * p.invH + p.oeps);
@@ -507,8 +544,10 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
 template <class T, class W, int MAXS>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    auto kern = get_knobs().decode_split ? attn_res_decode_kernel<T, W, MAXS, true>
-                                         : attn_res_decode_kernel<T, W, MAXS, false>;
+    auto kern = attn_res_decode_kernel<T, W, MAXS>;
+    if constexpr (MAXS <= 9)
+        if (p.onw && MAXS <= get_knobs().decode_gram && sh.threads <= max_threads(MAXS, true))
+            kern = attn_res_decode_kernel<T, W, MAXS, true>;
     K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
@@ -556,7 +595,7 @@ k3_status decode_run(const k3_op_args *oa) {
 
 /* True when the decode kernel has a loadable image for dev and dev can launch clusters. */
 static bool k3c_attn_res_decode_loadable(int dev) {
-    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9, false>);
+    return cluster_loadable(dev, attn_res_decode_kernel<k3c_bf16, k3c_bf16, 9>);
 }
 
 extern "C" const k3_kernel k3_cuda_attn_res_decode = K3_KERNEL_RECORD_USABLE(
