@@ -76,16 +76,16 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
     float(*buf)[NP] = recv[phase & 1];
     if (C > 1 && phase == 0) cluster_wait();
     if constexpr (WIDE) {
-        /* Many items (the Gram matrix): thread i adds item i over the warps in order, its
-         * nwarps loads independent, and pushes the total to every CTA of the cluster (one
+        /* Many items (the Gram matrix): thread i adds item i (and i + blockDim.x, …) over the
+         * warps in order, its nwarps loads independent, and pushes the total to every CTA of the cluster (one
          * round, where a warp per item would take ceil(N / nwarps) dependent rounds). */
-        if (tid < N) {
-            float s = red[0][tid];
-            for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][tid]) : s + red[q][tid];
+        for (int i = tid; i < N; i += blockDim.x) {
+            float s = red[0][i];
+            for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][i]) : s + red[q][i];
             if (C > 1) {
-                for (int c = 0; c < C; c++) st_cluster(&buf[rank][tid], (uint32_t)c, s);
+                for (int c = 0; c < C; c++) st_cluster(&buf[rank][i], (uint32_t)c, s);
             } else {
-                buf[0][tid] = s;
+                buf[0][i] = s;
             }
         }
     } else {
