@@ -170,11 +170,13 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
 }
 
 /* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
- * the 17-source instances, whose source registers are twice as many, and for the 9-source
- * GRAM instance (its 54 sums). */
-constexpr int max_threads(int maxs, bool gram = false) {
-    return maxs > 9 || (gram && maxs > 5) ? 256 : kMaxThreads;
-}
+ * the 17-source instances, whose source registers are twice as many. */
+constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
+
+/* The 2- and 5-source instances with an output norm take the norm's sum of squares from the
+ * sources' pairwise products (GRAM below: 1 and 10 more sums in the first reduction). At 9
+ * sources the 36 products cost more than the second reduction they save (notes/PERF.md). */
+constexpr int kGramMaxSources = 5;
 
 /*
  * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
@@ -187,14 +189,15 @@ constexpr int max_threads(int maxs, bool gram = false) {
  *     delta and the other slots, every load issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
  *     reads p); per source dot and sum of squares, one token reduction for all logits;
- *  3. softmax, the mix in registers, its sum of squares (a second reduction), the store.
+ *  3. softmax, the mix in registers, its sum of squares (a second reduction; with GRAM from
+ *     the first one's totals where that is accurate), the store.
  * The code is kept short on purpose: a decode launch runs each instruction once per warp, so
  * the instruction fetch of a long unrolled body is its critical path (notes/PERF.md). A sum of
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
 template <class T, class W, int MAXS, bool GRAM = false>
-__global__ void __launch_bounds__(max_threads(MAXS, GRAM)) attn_res_decode_kernel(const decode_params p) {
+__global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NX = GRAM ? MAXS * (MAXS - 1) / 2 : 0; /* <v_s, v_t>, s < t */
@@ -545,9 +548,8 @@ template <class T, class W, int MAXS>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
     auto kern = attn_res_decode_kernel<T, W, MAXS>;
-    if constexpr (MAXS <= 9)
-        if (p.onw && MAXS <= get_knobs().decode_gram && sh.threads <= max_threads(MAXS, true))
-            kern = attn_res_decode_kernel<T, W, MAXS, true>;
+    if constexpr (MAXS <= kGramMaxSources)
+        if (p.onw) kern = attn_res_decode_kernel<T, W, MAXS, true>;
     K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
