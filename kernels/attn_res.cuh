@@ -23,13 +23,16 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. */
+ * prefill sizes. K3_ATTN_RES_DECODE_MBAR: "1" makes each token reduction of
+ * cuda.attn_res.decode signal through mbarriers (each CTA's partials sent with st.async, each
+ * CTA waiting for its own bytes) instead of a cluster barrier. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
+    int decode_mbar;
 };
-inline knobs g_knobs = {1, 0, 64};
+inline knobs g_knobs = {1, 0, 64, 0};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -45,6 +48,8 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
+    const char *mb = getenv("K3_ATTN_RES_DECODE_MBAR");
+    g_knobs.decode_mbar = mb && mb[0] == '1' && !mb[1];
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -155,6 +160,50 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+/* ---- mbarrier exchange (PTX ISA "mbarrier", "st.async") ------------------------------------ */
+
+/* One arrival (this thread's) and `bytes` of asynchronous stores complete the barrier's
+ * current phase. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
+}
+/* Makes the initialised barriers visible to the cluster's other CTAs (before the cluster
+ * barrier that precedes their first remote use). */
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t *bar, uint32_t bytes) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a),
+                 "r"(bytes)
+                 : "memory");
+}
+/* Returns once the phase of `parity` has completed; what the stores that completed it wrote
+ * is then visible to this thread. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(bar), done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* Stores v into the shared variable `local` of CTA `rank` and completes 4 bytes of that CTA's
+ * barrier `bar` (the same variable's address in every CTA). */
+__device__ __forceinline__ void st_async(float *local, uint64_t *bar, uint32_t rank, float v) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(local), b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(ra),
+                 "f"(v), "r"(rb)
+                 : "memory");
+}
+
 /* Stores v into the shared variable `local` of CTA `rank` of this cluster. */
 __device__ __forceinline__ void st_cluster(float *local, uint32_t rank, float v) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(local), r;

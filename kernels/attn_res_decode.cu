@@ -29,7 +29,8 @@ struct decode_params : row_args {
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
-    int pf; /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
+    int pf;   /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
+    int mbar; /* token reductions signal through mbarriers (K3_ATTN_RES_DECODE_MBAR) */
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -55,8 +56,12 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
 template <int N, bool MAX, int NP, bool WIDE = false>
 __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
                                              float (*recv)[kMaxCtas][NP], int &phase, int C,
-                                             uint32_t rank) {
+                                             uint32_t rank, uint64_t *bars) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    /* bars (C > 1, or NULL): barrier phase & 1 completes when the C CTAs' N partials have
+     * landed here, in its (phase >> 1)-th use. */
+    uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
+    if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * 4));
     if (N > 1) {
         int id[N];
 #pragma unroll
@@ -82,7 +87,9 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
         for (int i = tid; i < N; i += blockDim.x) {
             float s = red[0][i];
             for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][i]) : s + red[q][i];
-            if (C > 1) {
+            if (bar) {
+                for (int c = 0; c < C; c++) st_async(&buf[rank][i], bar, (uint32_t)c, s);
+            } else if (C > 1) {
                 for (int c = 0; c < C; c++) st_cluster(&buf[rank][i], (uint32_t)c, s);
             } else {
                 buf[0][i] = s;
@@ -95,14 +102,18 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
         for (int item = warp; item < N; item += nwarps) {
             float s = lane < nwarps ? red[lane][item] : 0.0f;
             s = MAX ? k3c_warp_max(s) : k3c_warp_sum(s);
-            if (C > 1) {
+            if (bar) {
+                if (lane < C) st_async(&buf[rank][item], bar, (uint32_t)lane, s);
+            } else if (C > 1) {
                 if (lane < C) st_cluster(&buf[rank][item], (uint32_t)lane, s);
             } else if (lane == 0) {
                 buf[0][item] = s;
             }
         }
     }
-    if (C > 1) {
+    if (bar) {
+        mbar_wait(bar, (uint32_t)(phase >> 1) & 1u);
+    } else if (C > 1) {
         cluster_arrive();
         cluster_wait();
     } else {
@@ -204,11 +215,21 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     constexpr int NP = (NV + NX + 3) & ~3;
     __shared__ __align__(16) float red[kMaxThreads / 32][NP];
     __shared__ __align__(16) float recv[2][kMaxCtas][NP];
+    __shared__ __align__(8) uint64_t mbars[2];
 
     const int C = p.ctas, NT = blockDim.x, tid = threadIdx.x;
     const uint32_t rank = C > 1 ? cluster_rank() : 0;
     const int64_t t = blockIdx.x / C;
     int phase = 0;
+    uint64_t *bars = nullptr;
+    if (C > 1 && p.mbar) {
+        bars = mbars;
+        if (tid == 0) {
+            mbar_init(&mbars[0]);
+            mbar_init(&mbars[1]);
+            mbar_init_fence();
+        }
+    }
     if (C > 1) cluster_arrive_relaxed();
 
     const int vi = (int)rank * NT + tid;
@@ -277,9 +298,9 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         if (ok) *(uint4 *)prefix = pb;
     }
     if (p.wb >= 0 && ok) *(uint4 *)(brow + p.wb * sbs) = pb;
+    /* (a select per slot: a conditional store would become src[wb], an array in local memory) */
 #pragma unroll
-    for (int s = 0; s < NB; s++)
-        if (s == p.wb) src[s] = pb;
+    for (int s = 0; s < NB; s++) src[s] = s == p.wb ? pb : src[s];
     float w[8], part[NV], cross[NX > 0 ? NX : 1];
     wq_product(wn, wq, w);
 #pragma unroll
@@ -312,7 +333,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
                 for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
         }
-        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank);
+        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank, bars);
 #pragma unroll
         for (int i = 0; i < NV; i++) part[i] = all[i];
 #pragma unroll
@@ -328,7 +349,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
                 acc_source(v, w, part[2 * s], part[2 * s + 1]);
             }
         /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
-        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
     }
 
     float epss[MAXS];
@@ -350,7 +371,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
             for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
         }
-        token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank);
+        token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank, bars);
 #pragma unroll
         for (int s = 0; s < MAXS; s++) {
             int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1]) ? scale_exp(amax[s]) : 0;
@@ -361,7 +382,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
             acc_scaled(v, w, ps, part[2 * s], part[2 * s + 1]);
         }
-        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank);
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
     }
 
     /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
@@ -429,7 +450,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             have_sq = true;
         }
     }
-    if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank);
+    if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank, bars);
     float r;
     if (!ss_needs_rescale(sq[0])) {
         r = rsqrtf(sq[0] * p.invH + p.oeps);
@@ -438,7 +459,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         float mmax[1] = {0.0f};
 #pragma unroll
         for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[e]));
-        token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank);
+        token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank, bars);
         int e = scale_exp(mmax[0]);
         pow2_scale ps(e);
         float s2[1] = {0.0f};
@@ -447,7 +468,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             m[i] = ps(m[i]);
             s2[0] = fmaf(m[i], m[i], s2[0]);
         }
-        token_reduce<1, false, NP>(s2, red, recv, phase, C, rank);
+        token_reduce<1, false, NP>(s2, red, recv, phase, C, rank, bars);
         r = rms_factor_scaled(s2[0], p.invH, p.oeps, e);
     }
     if (ok) {
@@ -587,6 +608,7 @@ k3_status decode_run(const k3_op_args *oa) {
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
     p.pf = k3c_pdl_l2_prefetch();
+    p.mbar = get_knobs().decode_mbar;
     return by_types(a, [&](auto t, auto w) {
         return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
                                                                                       ctx->stream);
