@@ -46,15 +46,18 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
 
 /*
  * Sums (or maxima) of N values over the token: the warps of this CTA, then the CTAs of the
- * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank] and one cluster
- * barrier publishes them; every CTA then adds the C partials in the same order, so all hold
- * bit-identical totals and take the same branches after. Alternating recv buffers: a CTA
- * writes buffer b again only two barriers after every CTA last read it. The first exchange
- * completes the barrier phase the kernel opened at entry (every CTA has started before any
- * remote store).
+ * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank]; with bars
+ * (the default) each push is an st.async that completes 4 bytes of the receiving CTA's
+ * mbarrier bars[phase & 1], and each CTA waits for its own C x N partials only; without, one
+ * cluster barrier publishes them. Every CTA then adds the C partials in the same order, so all
+ * hold bit-identical totals and take the same branches after. Alternating recv buffers and
+ * barriers: a CTA writes buffer b again only after every CTA has read it (a CTA sends its next
+ * partials only after the __syncthreads that follows its reads). The first exchange completes
+ * the cluster barrier phase the kernel opened at entry (every CTA has started, and has
+ * initialised its mbarriers, before any remote store).
  */
 template <int N, bool MAX, int NP, bool WIDE = false>
-__device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
+__device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxThreads / 32][NP],
                                              float (*recv)[kMaxCtas][NP], int &phase, int C,
                                              uint32_t rank, uint64_t *bars) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -62,6 +65,10 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*red)[NP],
      * landed here, in its (phase >> 1)-th use. */
     uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
     if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * 4));
+    /* The warps' partials alternate between two buffers too: a warp past this exchange's wait
+     * may write the next one's while another still reads this one's (the reads end before the
+     * stores that complete the barrier, but only a __syncthreads orders them for every tool). */
+    float(*red)[NP] = reds[phase & 1];
     if (N > 1) {
         int id[N];
 #pragma unroll
@@ -213,7 +220,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     constexpr int NV = 2 * MAXS;
     constexpr int NX = GRAM ? MAXS * (MAXS - 1) / 2 : 0; /* <v_s, v_t>, s < t */
     constexpr int NP = (NV + NX + 3) & ~3;
-    __shared__ __align__(16) float red[kMaxThreads / 32][NP];
+    __shared__ __align__(16) float red[2][kMaxThreads / 32][NP];
     __shared__ __align__(16) float recv[2][kMaxCtas][NP];
     __shared__ __align__(8) uint64_t mbars[2];
 
@@ -229,6 +236,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             mbar_init(&mbars[1]);
             mbar_init_fence();
         }
+        __syncthreads(); /* before the PDL wait: off the chain */
     }
     if (C > 1) cluster_arrive_relaxed();
 
