@@ -29,8 +29,7 @@ struct decode_params : row_args {
     int nstatic; /* block slots < nstatic are loaded before the PDL wait (static_blocks) */
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
-    int pf;   /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
-    int mbar; /* token reductions signal through mbarriers (K3_ATTN_RES_DECODE_MBAR) */
+    int pf; /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -46,22 +45,23 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
 
 /*
  * Sums (or maxima) of N values over the token: the warps of this CTA, then the CTAs of the
- * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank]; with bars
- * (the default) each push is an st.async that completes 4 bytes of the receiving CTA's
- * mbarrier bars[phase & 1], and each CTA waits for its own C x N partials only; without, one
- * cluster barrier publishes them. Every CTA then adds the C partials in the same order, so all
- * hold bit-identical totals and take the same branches after. Alternating recv buffers and
- * barriers: a CTA writes buffer b again only after every CTA has read it (a CTA sends its next
- * partials only after the __syncthreads that follows its reads). The first exchange completes
- * the cluster barrier phase the kernel opened at entry (every CTA has started, and has
- * initialised its mbarriers, before any remote store).
+ * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank], each push an
+ * st.async that completes 4 bytes of the receiving CTA's mbarrier bars[phase & 1], and each CTA
+ * waits for its own C x N partials only: a one-way notification instead of a cluster barrier
+ * (faster in the decode step, notes/PERF.md). Every CTA then adds the C partials in the same
+ * order, so all hold bit-identical totals and take the same branches after. Alternating recv
+ * buffers and barriers: a CTA writes buffer b again only after every CTA has read it (a CTA
+ * sends its next partials only after the __syncthreads that follows its reads). The first
+ * exchange completes the cluster barrier phase the kernel opened at entry (every CTA has
+ * started, and has initialised its mbarriers, before any remote store). C = 1 (bars NULL):
+ * shared memory and a __syncthreads.
  */
 template <int N, bool MAX, int NP, bool WIDE = false>
 __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxThreads / 32][NP],
                                              float (*recv)[kMaxCtas][NP], int &phase, int C,
                                              uint32_t rank, uint64_t *bars) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
-    /* bars (C > 1, or NULL): barrier phase & 1 completes when the C CTAs' N partials have
+    /* bars (C > 1; else NULL): barrier phase & 1 completes when the C CTAs' N partials have
      * landed here, in its (phase >> 1)-th use. */
     uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
     if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * 4));
@@ -96,8 +96,6 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
             for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][i]) : s + red[q][i];
             if (bar) {
                 for (int c = 0; c < C; c++) st_async(&buf[rank][i], bar, (uint32_t)c, s);
-            } else if (C > 1) {
-                for (int c = 0; c < C; c++) st_cluster(&buf[rank][i], (uint32_t)c, s);
             } else {
                 buf[0][i] = s;
             }
@@ -111,8 +109,6 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
             s = MAX ? k3c_warp_max(s) : k3c_warp_sum(s);
             if (bar) {
                 if (lane < C) st_async(&buf[rank][item], bar, (uint32_t)lane, s);
-            } else if (C > 1) {
-                if (lane < C) st_cluster(&buf[rank][item], (uint32_t)lane, s);
             } else if (lane == 0) {
                 buf[0][item] = s;
             }
@@ -120,9 +116,6 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
     }
     if (bar) {
         mbar_wait(bar, (uint32_t)(phase >> 1) & 1u);
-    } else if (C > 1) {
-        cluster_arrive();
-        cluster_wait();
     } else {
         __syncthreads();
     }
@@ -229,7 +222,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     const int64_t t = blockIdx.x / C;
     int phase = 0;
     uint64_t *bars = nullptr;
-    if (C > 1 && p.mbar) {
+    if (C > 1) {
         bars = mbars;
         if (tid == 0) {
             mbar_init(&mbars[0]);
@@ -616,7 +609,6 @@ k3_status decode_run(const k3_op_args *oa) {
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
     p.pf = k3c_pdl_l2_prefetch();
-    p.mbar = get_knobs().decode_mbar;
     return by_types(a, [&](auto t, auto w) {
         return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
                                                                                       ctx->stream);
