@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
     for (int i = 0; i < NV; i++) part[i] = 0.0f;
     if constexpr (GRAM) {
-        /* Each source's dot and sum of squares as below (the same operations in the same
-         * order), and the products of every pair of sources, all in one reduction. Sources
+        /* Each source's dot and sum of squares as below (the same per-thread operations; the
+         * many-item exchange adds the warps in order, so the last bits may differ), and the products of every pair of sources, all in one reduction. Sources
          * past nb hold zeros or p; the softmax gives them weight 0 and the norm skips them. */
         float all[NV + NX];
 #pragma unroll
