@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             mbar_init_fence();
         }
         __syncthreads(); /* before the PDL wait: off the chain */
+        cluster_arrive_relaxed();
     }
-    if (C > 1) cluster_arrive_relaxed();
 
     const int vi = (int)rank * NT + tid;
     const bool ok = vi < p.vecs;
@@ -308,8 +308,9 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     for (int i = 0; i < NV; i++) part[i] = 0.0f;
     if constexpr (GRAM) {
         /* Each source's dot and sum of squares as below (the same per-thread operations; the
-         * many-item exchange adds the warps in order, so the last bits may differ), and the products of every pair of sources, all in one reduction. Sources
-         * past nb hold zeros or p; the softmax gives them weight 0 and the norm skips them. */
+         * many-item exchange adds the warps in order, so the last bits may differ), and the
+         * products of every pair of sources, all in one reduction. Sources past nb hold zeros
+         * or p; the softmax gives them weight 0 and the norm skips them. */
         float all[NV + NX];
 #pragma unroll
         for (int i = 0; i < NV + NX; i++) all[i] = 0.0f;
