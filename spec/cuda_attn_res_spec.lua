@@ -277,6 +277,39 @@ describe("cuda.attn_res.decode #gpu", function()
     static_contract(K)
   end)
 
+  it("every block source static: against the reference, and bitwise as with nothing static", function()
+    if not have_decode() then return end
+    -- static_blocks = num_blocks with static_weights lets the kernel add up the block sources
+    -- before its wait; the same inputs with nothing static must give the same bits. Hidden
+    -- 7168 (a cluster of 4 CTAs a token) and 256 (one CTA), with and without output norm, delta
+    -- and a fused seal, bf16 and f16, f32 weights.
+    local n = 0
+    for _, hd in ipairs({7168, 256}) do
+      for nb = 1, 8 do
+        for v = 1, 4 do
+          local dt = v == 3 and "f16" or "bf16"
+          local o = {dtype = dt, num_blocks = nb, seed = 1300 + 10 * nb + v + hd,
+                     onorm = v ~= 2, delta = v ~= 4, write_block = v % 2 == 1 and nb + 1 or nil,
+                     wdtype = v == 4 and "f32" or nil}
+          local T = ({1, 3, 16})[(nb + v) % 3 + 1]
+          local what = string.format("H=%d T=%d nb=%d %s%s%s%s", hd, T, nb, dt, o.onorm and "" or " no norm",
+            o.delta and "" or " no delta", o.write_block and " seal" or "")
+          local a1, a0 = inputs(T, 10, hd, o), inputs(T, 10, hd, o)
+          a1.static_weights, a1.static_blocks = true, nb
+          k3.synchronize() -- the inputs are written before the call: its weights and blocks are static
+          local y1 = check(a1, K, what .. " static")
+          a0.kernel = K
+          local y0 = k3.attn_res(a0)
+          assert.equal(0, k3.max_abs_diff(y1, y0), what .. ": output")
+          assert.equal(0, k3.max_abs_diff(a1.prefix, a0.prefix), what .. ": prefix")
+          assert.equal(0, k3.max_abs_diff(a1.blocks, a0.blocks), what .. ": blocks")
+          n = n + 1
+        end
+      end
+    end
+    assert.equal(64, n)
+  end)
+
   it("10 or 11 sources of 12 slots; T 1..17, 64; hidden 8192", function()
     if not have_decode() then return end
     for T = 1, 17 do
@@ -295,7 +328,13 @@ describe("cuda.attn_res.decode #gpu", function()
     check(inputs(2, 4, 64, {}), K, "hidden 64")
     check(inputs(2, 4, 8, {}), K, "hidden 8")
     check(inputs(2, 8, 16384, {}), K, "hidden 16384")
-    check(inputs(2, 8, 32768, {}), K, "hidden 32768")
+    check(inputs(2, 8, 32768, {num_blocks = 4}), K, "hidden 32768, 4 blocks")
+    local a = inputs(2, 8, 32768, {})
+    a.kernel = K
+    local ok, err = pcall(k3.attn_res, a)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(K .. " supports hidden sizes up to 16384 at num_blocks 8; got 32768", 1, true),
+      tostring(err))
     check(inputs(64, 8, 7168, {num_blocks = 8}), K, "T=64 (the largest decode batch)")
   end)
 
