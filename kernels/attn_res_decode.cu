@@ -45,42 +45,30 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
 
 /*
  * Sums (or maxima) of N values over the token: the warps of this CTA, then the CTAs of the
- * cluster. Each CTA pushes its partials into every CTA's receive buffer, each push an
- * st.async that completes 4 bytes of the receiving CTA's mbarrier for that buffer, and each
- * CTA waits for its own C x N partials only: a one-way notification instead of a cluster
- * barrier (faster in the decode step, notes/PERF.md). Every CTA then adds the C partials in
- * rank order, so all hold bit-identical totals and take the same branches after. C = 1 (no
- * barriers): shared memory and a __syncthreads.
- *
- * An item's total does not depend on the other items of its exchange: the lanes' butterfly
- * (spread_step) pairs the same lanes for every item, and WIDE adds the warps in order on one
- * thread per item. So the same item exchanged with fewer or more others gives the same bits.
- *
- * Slots: exchanges 0, 1, 2, … alternate between slots 0 and 1 (a CTA writes slot b again only
- * after every CTA has read it: its next partials leave only after the __syncthreads that
- * follows its reads); slot 2 serves one exchange sent before the PDL wait and received after
- * the next exchange (kPreSlot). The first exchange sent waits on the cluster barrier phase the
- * kernel opened at entry (every CTA has started and initialised its mbarriers before any
- * remote store).
+ * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank], each push an
+ * st.async that completes 4 bytes of the receiving CTA's mbarrier bars[phase & 1], and each CTA
+ * waits for its own C x N partials only: a one-way notification instead of a cluster barrier
+ * (faster in the decode step, notes/PERF.md). Every CTA then adds the C partials in the same
+ * order, so all hold bit-identical totals and take the same branches after. Alternating recv
+ * buffers and barriers: a CTA writes buffer b again only after every CTA has read it (a CTA
+ * sends its next partials only after the __syncthreads that follows its reads). The first
+ * exchange completes the cluster barrier phase the kernel opened at entry (every CTA has
+ * started, and has initialised its mbarriers, before any remote store). C = 1 (bars NULL):
+ * shared memory and a __syncthreads.
  */
-const int kSlots = 3, kPreSlot = 2;
-template <int NP> struct token_xchg {
-    float (*red)[kMaxThreads / 32][NP]; /* [kSlots]: the warps' partials */
-    float (*recv)[kMaxCtas][NP];        /* [kSlots]: the CTAs' partials, by rank */
-    uint64_t *bars;                     /* [kSlots] (C > 1), else NULL */
-    int C;
-    uint32_t rank;
-    int phase;   /* exchanges done on slots 0 and 1 */
-    bool opened; /* the entry cluster barrier is still to be waited on */
-};
-
-template <int N, bool MAX, bool WIDE, int NP>
-__device__ __forceinline__ void reduce_send(float (&v)[N], token_xchg<NP> &x, int slot) {
+template <int N, bool MAX, int NP, bool WIDE = false>
+__device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxThreads / 32][NP],
+                                             float (*recv)[kMaxCtas][NP], int &phase, int C,
+                                             uint32_t rank, uint64_t *bars) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
-    const int C = x.C;
-    uint64_t *bar = x.bars ? &x.bars[slot] : nullptr;
+    /* bars (C > 1; else NULL): barrier phase & 1 completes when the C CTAs' N partials have
+     * landed here, in its (phase >> 1)-th use. */
+    uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
     if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * 4));
-    float(*red)[NP] = x.red[slot];
+    /* The warps' partials alternate between two buffers too: a warp past this exchange's wait
+     * may write the next one's while another still reads this one's (the reads end before the
+     * stores that complete the barrier, but only a __syncthreads orders them for every tool). */
+    float(*red)[NP] = reds[phase & 1];
     if (N > 1) {
         int id[N];
 #pragma unroll
@@ -97,20 +85,17 @@ __device__ __forceinline__ void reduce_send(float (&v)[N], token_xchg<NP> &x, in
             for (int i = 0; i < N; i++) red[warp][i] = v[i];
     }
     __syncthreads();
-    float(*buf)[NP] = x.recv[slot];
-    if (x.opened) {
-        cluster_wait();
-        x.opened = false;
-    }
+    float(*buf)[NP] = recv[phase & 1];
+    if (C > 1 && phase == 0) cluster_wait();
     if constexpr (WIDE) {
-        /* Thread i adds item i (and i + blockDim.x, …) over the warps in order, its nwarps
-         * loads independent, and pushes the total to every CTA of the cluster (one round,
-         * where a warp per item would take ceil(N / nwarps) dependent rounds). */
+        /* Many items (the Gram matrix): thread i adds item i (and i + blockDim.x, …) over the
+         * warps in order, its nwarps loads independent, and pushes the total to every CTA of the cluster (one
+         * round, where a warp per item would take ceil(N / nwarps) dependent rounds). */
         for (int i = tid; i < N; i += blockDim.x) {
             float s = red[0][i];
             for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][i]) : s + red[q][i];
             if (bar) {
-                for (int c = 0; c < C; c++) st_async(&buf[x.rank][i], bar, (uint32_t)c, s);
+                for (int c = 0; c < C; c++) st_async(&buf[rank][i], bar, (uint32_t)c, s);
             } else {
                 buf[0][i] = s;
             }
@@ -123,19 +108,14 @@ __device__ __forceinline__ void reduce_send(float (&v)[N], token_xchg<NP> &x, in
             float s = lane < nwarps ? red[lane][item] : 0.0f;
             s = MAX ? k3c_warp_max(s) : k3c_warp_sum(s);
             if (bar) {
-                if (lane < C) st_async(&buf[x.rank][item], bar, (uint32_t)lane, s);
+                if (lane < C) st_async(&buf[rank][item], bar, (uint32_t)lane, s);
             } else if (lane == 0) {
                 buf[0][item] = s;
             }
         }
     }
-}
-
-/* The totals of the exchange sent on `slot`, in its `use`-th use of the slot (from 0). */
-template <int N, bool MAX, int NP>
-__device__ __forceinline__ void reduce_recv(float (&v)[N], token_xchg<NP> &x, int slot, int use) {
-    if (x.bars) {
-        mbar_wait(&x.bars[slot], (uint32_t)use & 1u);
+    if (bar) {
+        mbar_wait(bar, (uint32_t)(phase >> 1) & 1u);
     } else {
         __syncthreads();
     }
@@ -145,28 +125,20 @@ __device__ __forceinline__ void reduce_recv(float (&v)[N], token_xchg<NP> &x, in
 #pragma unroll
     for (int i = 0; i < 4 * N4; i++) tot[i] = 0.0f;
 #pragma unroll 1
-    for (int c = 0; c < x.C; c++) {
-        const float4 *r4 = (const float4 *)x.recv[slot][c];
+    for (int c = 0; c < C; c++) {
+        const float4 *r4 = (const float4 *)buf[c];
 #pragma unroll
         for (int q = 0; q < N4; q++) {
-            float4 y = r4[q];
-            tot[4 * q] = MAX ? fmaxf(tot[4 * q], y.x) : tot[4 * q] + y.x;
-            tot[4 * q + 1] = MAX ? fmaxf(tot[4 * q + 1], y.y) : tot[4 * q + 1] + y.y;
-            tot[4 * q + 2] = MAX ? fmaxf(tot[4 * q + 2], y.z) : tot[4 * q + 2] + y.z;
-            tot[4 * q + 3] = MAX ? fmaxf(tot[4 * q + 3], y.w) : tot[4 * q + 3] + y.w;
+            float4 x = r4[q];
+            tot[4 * q] = MAX ? fmaxf(tot[4 * q], x.x) : tot[4 * q] + x.x;
+            tot[4 * q + 1] = MAX ? fmaxf(tot[4 * q + 1], x.y) : tot[4 * q + 1] + x.y;
+            tot[4 * q + 2] = MAX ? fmaxf(tot[4 * q + 2], x.z) : tot[4 * q + 2] + x.z;
+            tot[4 * q + 3] = MAX ? fmaxf(tot[4 * q + 3], x.w) : tot[4 * q + 3] + x.w;
         }
     }
 #pragma unroll
     for (int i = 0; i < N; i++) v[i] = tot[i];
-}
-
-/* One exchange on the alternating slots, sent and received. */
-template <int N, bool MAX, bool WIDE = false, int NP>
-__device__ __forceinline__ void token_reduce(float (&v)[N], token_xchg<NP> &x) {
-    const int slot = x.phase & 1;
-    reduce_send<N, MAX, WIDE>(v, x, slot);
-    reduce_recv<N, MAX>(v, x, slot, x.phase >> 1);
-    x.phase++;
+    phase++;
 }
 
 /* L2 prefetch of the 128-byte line holding a thread's vector of `bytes` at p, issued by the
@@ -187,8 +159,17 @@ __device__ __forceinline__ void wq_product(const wvec<T, W> &wn, const wvec<T, W
     for (int e = 0; e < 8; e++) w[e] = x[e] * y[e];
 }
 
-/* Per-source dot with w and sum of squares of one vector of 8 values scaled by ps (the rare
- * path). */
+/* Per-source dot with w and sum of squares of one vector of 8 values. */
+__device__ __forceinline__ void acc_source(const float (&v)[8], const float (&w)[8], float &dot,
+                                           float &ss) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        dot = fmaf(v[e], w[e], dot);
+        ss = fmaf(v[e], v[e], ss);
+    }
+}
+
+/* The same on the values scaled by ps (the rare path). */
 __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)[8],
                                            const pow2_scale &ps, float &dot, float &ss) {
 #pragma unroll
@@ -199,49 +180,14 @@ __device__ __forceinline__ void acc_scaled(const float (&v)[8], const float (&w)
     }
 }
 
-/* Threads per CTA at most: 512 (128 registers each) up to 4 blocks, 256 (255 registers) for
- * the 9- and 17-source instances, whose source registers and pairwise products need more. */
-constexpr int max_threads(int maxs) { return maxs > 5 ? 256 : kMaxThreads; }
+/* Threads per CTA at most: 512 (128 registers each) up to 8 blocks, 256 (255 registers) for
+ * the 17-source instances, whose source registers are twice as many. */
+constexpr int max_threads(int maxs) { return maxs > 9 ? 256 : kMaxThreads; }
 
-/* The instances of up to 9 sources with an output norm take the norm's sum of squares from
- * the sources' pairwise products (GRAM below: 1, 10 and 36 more sums in the first
- * exchange). */
-constexpr int kGramMaxSources = 9;
-
-/* The items a thread adds for its 8 elements of S packed sources u[s]: each source's dot with
- * w and sum of squares (items 2s, 2s + 1), then with G every pair's product <v_s, v_t>, s < t,
- * in (s, t) order. Sources s < nlo are active, and the last one when `last`; the items of the
- * others stay zero (uniform branches). The operations on an item do not depend on S, so a
- * source's items come out the same bits whichever sources it is taken with. */
-template <class T, int S, bool G>
-__device__ __forceinline__ void acc_items(const uint4 (&u)[S], const float (&w)[8], int nlo,
-                                          bool last, float (&it)[2 * S + (G ? S * (S - 1) / 2 : 0)]) {
-    bool on[S];
-#pragma unroll
-    for (int s = 0; s < S; s++) on[s] = s < nlo || (last && s == S - 1);
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        float x[S];
-#pragma unroll
-        for (int s = 0; s < S; s++) {
-            const uint32_t wd = (e >> 1) == 0 ? u[s].x : (e >> 1) == 1 ? u[s].y : (e >> 1) == 2 ? u[s].z : u[s].w;
-            x[s] = vec8<T>::elem(wd, e & 1);
-        }
-#pragma unroll
-        for (int s = 0; s < S; s++)
-            if (on[s]) {
-                it[2 * s] = fmaf(x[s], w[e], it[2 * s]);
-                it[2 * s + 1] = fmaf(x[s], x[s], it[2 * s + 1]);
-            }
-        if constexpr (G) {
-#pragma unroll
-            for (int s = 0, k = 2 * S; s < S; s++)
-#pragma unroll
-                for (int t2 = s + 1; t2 < S; t2++, k++)
-                    if (on[s] && on[t2]) it[k] = fmaf(x[s], x[t2], it[k]);
-        }
-    }
-}
+/* The 2- and 5-source instances with an output norm take the norm's sum of squares from the
+ * sources' pairwise products (GRAM below: 1 and 10 more sums in the first reduction). At 9
+ * sources the 36 products cost more than the second reduction they save (notes/PERF.md). */
+constexpr int kGramMaxSources = 5;
 
 /*
  * One token per cluster of C = p.ctas CTAs (C = 1: no cluster); thread `tid` of CTA `rank`
@@ -253,54 +199,47 @@ __device__ __forceinline__ void acc_items(const uint4 (&u)[S], const float (&w)[
  *     call's contract, k3.h); dependents may start only after the wait; after it: prefix,
  *     delta and the other slots, every load issued before any is used;
  *  2. p = round(prefix + delta), written back, and into slot wb (a source slot equal to wb
- *     reads p); per source dot and sum of squares (with GRAM every pair's product too), one
- *     token exchange for all of them;
- *  3. softmax, the mix in registers, its sum of squares (a second exchange; with GRAM from
+ *     reads p); per source dot and sum of squares, one token reduction for all logits;
+ *  3. softmax, the mix in registers, its sum of squares (a second reduction; with GRAM from
  *     the first one's totals where that is accurate), the store.
- * PRE (every block source and the weights loaded before the wait, no source written by the
- * call: decode_launch_s): the block sources' items are computed and sent before the wait, so
- * the chain after it adds only p's (its dot, sum of squares and, with GRAM, its product with
- * each block source) and waits for both exchanges. Each item is exchanged whole in one of
- * them, with the same operations, so PRE gives the bits the other instance gives.
  * The code is kept short on purpose: a decode launch runs each instruction once per warp, so
  * the instruction fetch of a long unrolled body is its critical path (notes/PERF.md). A sum of
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS, bool GRAM = false, bool PRE = false>
+template <class T, class W, int MAXS, bool GRAM = false>
 __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
     constexpr int NX = GRAM ? MAXS * (MAXS - 1) / 2 : 0; /* <v_s, v_t>, s < t */
-    constexpr int NPRE = 2 * NB + (GRAM ? NB * (NB - 1) / 2 : 0); /* the block sources' items */
-    constexpr int NPOST = 2 + (GRAM ? NB : 0); /* p's: dot, sum of squares, <v_s, p> */
     constexpr int NP = (NV + NX + 3) & ~3;
-    constexpr int NSLOTS = PRE ? kSlots : 2;
-    __shared__ __align__(16) float red[NSLOTS][kMaxThreads / 32][NP];
-    __shared__ __align__(16) float recv[NSLOTS][kMaxCtas][NP];
-    __shared__ __align__(8) uint64_t mbars[NSLOTS];
+    __shared__ __align__(16) float red[2][kMaxThreads / 32][NP];
+    __shared__ __align__(16) float recv[2][kMaxCtas][NP];
+    __shared__ __align__(8) uint64_t mbars[2];
 
     const int C = p.ctas, NT = blockDim.x, tid = threadIdx.x;
-    token_xchg<NP> x{red, recv, nullptr, C, C > 1 ? cluster_rank() : 0, 0, C > 1};
+    const uint32_t rank = C > 1 ? cluster_rank() : 0;
     const int64_t t = blockIdx.x / C;
+    int phase = 0;
+    uint64_t *bars = nullptr;
     if (C > 1) {
-        x.bars = mbars;
+        bars = mbars;
         if (tid == 0) {
-#pragma unroll
-            for (int i = 0; i < NSLOTS; i++) mbar_init(&mbars[i]);
+            mbar_init(&mbars[0]);
+            mbar_init(&mbars[1]);
             mbar_init_fence();
         }
         __syncthreads(); /* before the PDL wait: off the chain */
         cluster_arrive_relaxed();
     }
 
-    const int vi = (int)x.rank * NT + tid;
+    const int vi = (int)rank * NT + tid;
     const bool ok = vi < p.vecs;
     const int64_t e0 = (int64_t)vi * 8, sbs = p.sbs;
     T *prefix = (T *)p.prefix + t * p.H + e0;
     const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
     T *brow = (T *)p.blocks + t * p.sbt + e0;
-    const bool wstatic = PRE || p.wstatic != 0;
+    const bool wstatic = p.wstatic != 0;
 
     wvec<T, W> wn, wq, wo;
     wn.zero(), wq.zero(), wo.zero();
@@ -314,7 +253,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         }
 #pragma unroll
         for (int s = 0; s < NB; s++)
-            if (PRE ? s < p.nb : s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
+            if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
     }
     /* What the chain after the wait loads but may not load yet (the prefix, blocks the call's
      * contract leaves after the wait, the weights without static_weights): asked of L2 now,
@@ -323,25 +262,14 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
      * it). The delta was just written: in L2. */
     if (p.pf && ok) {
         prefetch_line(prefix, 16, vi == 0);
-        if constexpr (!PRE) {
 #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s >= p.nstatic && s < p.nb && s != p.wb) prefetch_line(brow + s * sbs, 16, vi == 0);
-            if (!wstatic) {
-                prefetch_line((const W *)p.nw + e0, 8 * (int)sizeof(W), vi == 0);
-                prefetch_line((const W *)p.qw + e0, 8 * (int)sizeof(W), vi == 0);
-                if (p.onw) prefetch_line((const W *)p.onw + e0, 8 * (int)sizeof(W), vi == 0);
-            }
+        for (int s = 0; s < NB; s++)
+            if (s >= p.nstatic && s < p.nb && s != p.wb) prefetch_line(brow + s * sbs, 16, vi == 0);
+        if (!wstatic) {
+            prefetch_line((const W *)p.nw + e0, 8 * (int)sizeof(W), vi == 0);
+            prefetch_line((const W *)p.qw + e0, 8 * (int)sizeof(W), vi == 0);
+            if (p.onw) prefetch_line((const W *)p.onw + e0, 8 * (int)sizeof(W), vi == 0);
         }
-    }
-    float w[8];
-    if constexpr (PRE) {
-        float it[NPRE];
-        wq_product(wn, wq, w);
-#pragma unroll
-        for (int i = 0; i < NPRE; i++) it[i] = 0.0f;
-        acc_items<T, NB, GRAM>(src, w, p.nb, false, it);
-        reduce_send<NPRE, false, true>(it, x, kPreSlot);
     }
     if (p.pdl) {
         pdl_wait();
@@ -355,11 +283,9 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             wn.load(p.nw, e0), wq.load(p.qw, e0);
             if (p.onw) wo.load(p.onw, e0);
         }
-        if constexpr (!PRE) {
 #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
-        }
+        for (int s = 0; s < NB; s++)
+            if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
     }
 
     /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
@@ -373,62 +299,59 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         if (ok) *(uint4 *)prefix = pb;
     }
     if (p.wb >= 0 && ok) *(uint4 *)(brow + p.wb * sbs) = pb;
-    /* (a select per slot: a conditional store would become src[wb], an array in local memory;
-     * under PRE no source is wb) */
-    if constexpr (!PRE) {
+    /* (a select per slot: a conditional store would become src[wb], an array in local memory) */
 #pragma unroll
-        for (int s = 0; s < NB; s++) src[s] = s == p.wb ? pb : src[s];
-    }
-    float part[NV], cross[NX > 0 ? NX : 1];
-    if constexpr (PRE) {
-        /* p's items: dot, sum of squares, then <v_s, p> (the (s, NB) products); then the block
-         * sources' totals from the exchange sent before the wait. */
-        float it[NPOST], pre[NPRE], xp[8];
+    for (int s = 0; s < NB; s++) src[s] = s == p.wb ? pb : src[s];
+    float w[8], part[NV], cross[NX > 0 ? NX : 1];
+    wq_product(wn, wq, w);
 #pragma unroll
-        for (int i = 0; i < NPOST; i++) it[i] = 0.0f;
-        vec8<T>::unpack(pb, xp);
+    for (int i = 0; i < NV; i++) part[i] = 0.0f;
+    if constexpr (GRAM) {
+        /* Each source's dot and sum of squares as below (the same per-thread operations; the
+         * many-item exchange adds the warps in order, so the last bits may differ), and the
+         * products of every pair of sources, all in one reduction. Sources past nb hold zeros
+         * or p; the softmax gives them weight 0 and the norm skips them. */
+        float all[NV + NX];
+#pragma unroll
+        for (int i = 0; i < NV + NX; i++) all[i] = 0.0f;
+        uint32_t wd[MAXS][4];
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) {
+            const uint4 u = s == NB ? pb : src[s < NB ? s : 0];
+            wd[s][0] = u.x, wd[s][1] = u.y, wd[s][2] = u.z, wd[s][3] = u.w;
+        }
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-            it[0] = fmaf(xp[e], w[e], it[0]);
-            it[1] = fmaf(xp[e], xp[e], it[1]);
+            float x[MAXS];
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) x[s] = vec8<T>::elem(wd[s][e >> 1], e & 1);
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                all[2 * s] = fmaf(x[s], w[e], all[2 * s]);
+                all[2 * s + 1] = fmaf(x[s], x[s], all[2 * s + 1]);
+            }
+#pragma unroll
+            for (int s = 0, k = NV; s < MAXS; s++)
+#pragma unroll
+                for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
         }
-        if constexpr (GRAM) {
+        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank, bars);
 #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s < p.nb) {
-                    float v[8];
-                    vec8<T>::unpack(src[s], v);
+        for (int i = 0; i < NV; i++) part[i] = all[i];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) it[2 + s] = fmaf(v[e], xp[e], it[2 + s]);
-                }
-        }
-        token_reduce<NPOST, false, true>(it, x);
-        reduce_recv<NPRE, false>(pre, x, kPreSlot, 0);
-#pragma unroll
-        for (int i = 0; i < 2 * NB; i++) part[i] = pre[i];
-        part[2 * NB] = it[0], part[2 * NB + 1] = it[1];
-        if constexpr (GRAM) {
-#pragma unroll
-            for (int s = 0, k = 0, kb = 2 * NB; s < MAXS; s++)
-#pragma unroll
-                for (int t2 = s + 1; t2 < MAXS; t2++, k++) cross[k] = t2 < NB ? pre[kb++] : it[2 + s];
-        }
+        for (int i = 0; i < NX; i++) cross[i] = all[NV + i];
     } else {
-        /* Every source's items (the operations of acc_items), in one exchange. */
-        wq_product(wn, wq, w);
-        float it[NV + NX];
-        uint4 all[MAXS];
+        float v[8];
+        vec8<T>::unpack(pb, v);
+        acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
 #pragma unroll
-        for (int i = 0; i < NV + NX; i++) it[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < MAXS; s++) all[s] = s == NB ? pb : src[s < NB ? s : 0];
-        /* Idle threads hold zeros, so the sums stay exact. */
-        acc_items<T, MAXS, GRAM>(all, w, p.nb, true, it);
-        token_reduce<NV + NX, false, true>(it, x);
-#pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = it[i];
-#pragma unroll
-        for (int i = 0; i < NX; i++) cross[i] = it[NV + i];
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb) {
+                vec8<T>::unpack(src[s], v);
+                acc_source(v, w, part[2 * s], part[2 * s + 1]);
+            }
+        /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
     }
 
     float epss[MAXS];
@@ -450,7 +373,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
             for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
         }
-        token_reduce<MAXS, true>(amax, x);
+        token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank, bars);
 #pragma unroll
         for (int s = 0; s < MAXS; s++) {
             int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1]) ? scale_exp(amax[s]) : 0;
@@ -461,7 +384,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
             acc_scaled(v, w, ps, part[2 * s], part[2 * s + 1]);
         }
-        token_reduce<NV, false>(part, x);
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
     }
 
     /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
@@ -529,7 +452,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             have_sq = true;
         }
     }
-    if (!have_sq) token_reduce<1, false>(sq, x);
+    if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank, bars);
     float r;
     if (!ss_needs_rescale(sq[0])) {
         r = rsqrtf(sq[0] * p.invH + p.oeps);
@@ -538,7 +461,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
         float mmax[1] = {0.0f};
 #pragma unroll
         for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[e]));
-        token_reduce<1, true>(mmax, x);
+        token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank, bars);
         int e = scale_exp(mmax[0]);
         pow2_scale ps(e);
         float s2[1] = {0.0f};
@@ -547,7 +470,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             m[i] = ps(m[i]);
             s2[0] = fmaf(m[i], m[i], s2[0]);
         }
-        token_reduce<1, false>(s2, x);
+        token_reduce<1, false, NP>(s2, red, recv, phase, C, rank, bars);
         r = rms_factor_scaled(s2[0], p.invH, p.oeps, e);
     }
     if (ok) {
@@ -572,7 +495,7 @@ struct decode_shape {
 const int kPreferThreads = 256;
 bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t n) {
     int64_t vecs = H / 8;
-    int maxt = max_threads(nb <= 4 ? 5 : nb <= 8 ? 9 : 17);
+    int maxt = max_threads(nb <= 8 ? 9 : 17);
     int force = get_knobs().decode_ctas;
     for (int pass = 0; pass < 2; pass++) {
         int lim = pass == 0 && !force ? (kPreferThreads < maxt ? kPreferThreads : maxt) : maxt;
@@ -647,17 +570,9 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
 template <class T, class W, int MAXS>
 k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    /* PRE when the contract puts every block source and the weights before the wait and the
-     * call writes none of them (static_blocks <= write_block holds by the op's checks). */
-    const bool pre = MAXS <= kGramMaxSources && p.wstatic && p.nb >= 1 && p.nstatic >= p.nb &&
-                     (p.wb < 0 || p.wb >= p.nb) && get_knobs().decode_pre;
     auto kern = attn_res_decode_kernel<T, W, MAXS>;
-    if constexpr (MAXS <= kGramMaxSources) {
-        if (p.onw)
-            kern = pre ? attn_res_decode_kernel<T, W, MAXS, true, true> : attn_res_decode_kernel<T, W, MAXS, true>;
-        else if (pre)
-            kern = attn_res_decode_kernel<T, W, MAXS, false, true>;
-    }
+    if constexpr (MAXS <= kGramMaxSources)
+        if (p.onw) kern = attn_res_decode_kernel<T, W, MAXS, true>;
     K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
