@@ -80,16 +80,6 @@ static int k3sk_prologue_max_m(void) {
     return v;
 }
 
-/* K3_SKINNY_WEIGHT_L2=normal (read once): w's loads take the default L2 policy instead of
- * evict_first (k3sk_w_policy), to time one against the other. */
-static int k3sk_weight_l2_normal(void) {
-    static const int v = [] {
-        const char *e = getenv("K3_SKINNY_WEIGHT_L2");
-        return e && strcmp(e, "normal") == 0 ? 1 : 0;
-    }();
-    return v;
-}
-
 /* Whether this launch's h fits the device's shared memory per block beside the kernel's own
  * partial sums (at most 16 warps x 512 bytes, and the split flag). */
 static bool k3sk_silu_fits(int dev, size_t bytes) {
@@ -323,7 +313,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
      * start while this one drains; with static weights the first step of w is loaded before
      * the wait for the previous kernel. */
     p.pdl = 1;
-    p.weight_l2_normal = k3sk_weight_l2_normal();
     p.static_w = cfg.static_w ? 1 : 0;
     p.x = k3_tensor_data(l->x);
     p.w = k3_tensor_data(l->w);

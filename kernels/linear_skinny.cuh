@@ -134,9 +134,6 @@ typedef struct k3_skinny_problem {
      * the first step's w loads are issued before that wait (the weight is not written by a
      * kernel in flight). */
     int pdl, static_w;
-    /* weight_l2_normal: w's loads take the default L2 policy instead of evict_first
-     * (k3sk_w_policy). */
-    int weight_l2_normal;
     /* prologue: 0 none; 1 silu_mul: x is [M, 2K] (row stride 2K) and the product takes
      * silu(x[:, :K]) * x[:, K:] rounded to bf16; 2 rms_norm: x is [M, K] with row stride
      * x_row 16-byte vectors and the product takes rms_norm(x, norm_weight (bf16 [K], 16-byte
@@ -248,29 +245,15 @@ static inline int64_t k3_skinny_split_tiles(int rows, int N) {
 
 #if defined(__CUDACC__)
 
-/* The L2 policy of w's loads (createpolicy): evict_first, since w is read once a step and is
- * far larger than L2; the lines it would displace otherwise (activations, AttnRes blocks and
- * weights, norm weights, kernel code: the latency-bound kernels' working set) then stay.
- * `normal` (pdl bit 1, K3_SKINNY_WEIGHT_L2=normal) gives the default policy instead. */
-static __device__ __forceinline__ uint64_t k3sk_w_policy(bool normal) {
-    uint64_t pol;
-    if (normal)
-        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-    else
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-/* 16 bytes of w, streamed past L1 (read once) under L2 policy pol; zero when !pred, and then
- * nothing is read. */
-static __device__ __forceinline__ uint4 k3sk_load_w(const uint4 *p, bool pred, uint64_t pol) {
+/* 16 bytes of w, streamed past L1 (read once); zero when !pred, and then nothing is read. */
+static __device__ __forceinline__ uint4 k3sk_load_w(const uint4 *p, bool pred) {
     uint4 r;
     asm("{\n\t.reg .pred p;\n\t"
         "setp.ne.b32 p, %5, 0;\n\t"
         "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-        "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n\t}"
+        "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p), "r"((int)pred), "l"(pol));
+        : "l"(p), "r"((int)pred));
     return r;
 }
 
@@ -289,14 +272,14 @@ static __device__ __forceinline__ uint4 k3sk_load_x(const uint4 *p, bool pred) {
 /* The same two loads as asm volatile: the compiler keeps them in program order ahead of
  * the (volatile) MMAs, so all UNROLL loads of a step are issued before the first MMA
  * (more bytes in flight; the split kernels use these). */
-static __device__ __forceinline__ uint4 k3sk_load_w_v(const uint4 *p, bool pred, uint64_t pol) {
+static __device__ __forceinline__ uint4 k3sk_load_w_v(const uint4 *p, bool pred) {
     uint4 r;
     asm volatile("{\n\t.reg .pred p;\n\t"
                  "setp.ne.b32 p, %5, 0;\n\t"
                  "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
-                 "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;\n\t}"
+                 "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "r"((int)pred), "l"(pol));
+                 : "l"(p), "r"((int)pred));
     return r;
 }
 static __device__ __forceinline__ uint4 k3sk_load_x_v(const uint4 *p, bool pred) {
@@ -546,8 +529,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 
     /* PDL: dependents may launch now; with a static weight this warp's first step of w is
      * loaded before the wait for the previous kernel, everything else after it. */
-    if (pdl & 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    const uint64_t wpol = k3sk_w_policy((pdl & 2) != 0);
+    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
     uint4 wv[UNROLL], wv2[RW == 2 ? UNROLL : 1];
     if (static_w && cfirst < cend) {
@@ -555,8 +537,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (cfirst + u) * 4 + t;
             const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
-            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin, wpol);
-            if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin, wpol);
+            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+            if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
         }
     }
     /* L2 prefetch (pf > 0): local row lr's thread asks L2 for pf bytes of that row's share of
@@ -578,7 +560,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
                              : "memory");
         }
     }
-    if (pdl & 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 
     /* PRO: h for vectors [vbeg, vend) of the M tokens, computed once by the whole CTA; loads
      * are issued four items at a time so their latencies overlap. */
@@ -631,23 +613,23 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             if (PRO != 0) {
                 /* kin puts v in [vbeg, vend): h's own row; tokens >= M read zeros. */
                 if (!have_w) {
-                    if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin, wpol);
-                    else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin, wpol);
+                    if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                    else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 }
                 xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
                 xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
             } else if (SPLIT) {
-                if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin, wpol);
+                if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
                 else
                     xb[u] = zero;
             } else {
-                if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin, wpol);
+                if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
                 /* RW == 2 (classic tiles, no prologue: the static_assert above) */
                 if constexpr (RW == 2)
-                    if (!have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin, wpol);
+                    if (!have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -814,7 +796,7 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     lc.stream = stream;
     lc.attrs = p.pdl ? attr : nullptr;
     lc.numAttrs = p.pdl ? 1 : 0;
-    const int pdl = (p.pdl ? 1 : 0) | (p.weight_l2_normal ? 2 : 0), st = p.static_w ? 1 : 0;
+    const int pdl = p.pdl ? 1 : 0, st = p.static_w ? 1 : 0;
     cudaError_t e;
     /* A launch may use 48 KB of shared memory, static and dynamic together, unless the kernel
      * opts in to more: the prologue's h (its only dynamic shared memory) opts in whenever it
