@@ -9,7 +9,7 @@ local usage = [[
 usage: scripts/k3 scripts/demo.lua [options]
   --config NAME             tiny | kimi-k3-tp8 (default: kimi-k3-tp8 with a CUDA device, else tiny)
   --device DEV              cpu | cuda | cuda:N (default: cuda when available, else cpu)
-  --weights PATH             load weights instead of generating them: a safetensors file, a
+  --weights PATH            load weights instead of generating them: a safetensors file, a
                             checkpoint folder with model.safetensors.index.json, or that index
                             (Hugging Face names are mapped: docs/API.md, "Checkpoints")
   --save-weights FILE       save the weights used to a safetensors file
@@ -45,7 +45,7 @@ local function parse_m(s)
     end
   end
   for _, m in ipairs(list) do
-    if m < 1 then die("--m: batch sizes must be >= 1") end
+    if m < 1 then die("--m: batch sizes must be >= 1; got " .. m .. " in '" .. s .. "'") end
   end
   if #list == 0 then die("--m: empty list") end
   return list
@@ -62,12 +62,14 @@ for key, value, a in require("k3.cli").options(args, die) do
   elseif key == "--weights" then opts.weights_path = value()
   elseif key == "--save-weights" then opts.save_weights = value()
   elseif key == "--steps" then
-    opts.steps = math.tointeger(tonumber(value()))
-    if not opts.steps or opts.steps < 1 then die("--steps must be a positive integer") end
+    local v = value()
+    opts.steps = math.tointeger(tonumber(v))
+    if not opts.steps or opts.steps < 1 then die("--steps must be a positive integer; got '" .. v .. "'") end
   elseif key == "--m" then opts.m = parse_m(value())
   elseif key == "--seed" then
-    opts.seed = math.tointeger(tonumber(value()))
-    if not opts.seed then die("--seed must be an integer") end
+    local v = value()
+    opts.seed = math.tointeger(tonumber(v))
+    if not opts.seed then die("--seed must be an integer; got '" .. v .. "'") end
   elseif key == "--quiet" then opts.quiet = true
   elseif key == "--eager" then opts.eager = true
   elseif key == "-h" or key == "--help" then print(usage) os.exit(0)
@@ -96,7 +98,8 @@ end
 if opts.weights_path then
   local lok, w = pcall(require("k3.model.hf").load, opts.weights_path)
   if not lok then
-    io.stderr:write("demo: ", tostring(w), "\n")
+    -- the loader's message without the Lua location it was raised at
+    io.stderr:write("demo: --weights: ", (tostring(w):gsub("^[^\n]-%.lua:%d+: ", "")), "\n")
     os.exit(1)
   end
   opts.weights = w

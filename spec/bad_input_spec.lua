@@ -134,13 +134,13 @@ case("empty overflowing byte size", function() return function() k3.empty({2 ^ 3
 case("empty absurd allocation", function() return function() k3.empty({2 ^ 30, 2 ^ 30}) end end,
   "empty: out of host memory")
 case("empty non-integer size", function() return function() k3.empty({1.5}) end end,
-  "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
+  "bad argument #1 to 'empty' (shape[1] must be an integer; got 1.5)")
 case("empty NaN size", function() return function() k3.empty({0 / 0}) end end,
-  "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
+  "bad argument #1 to 'empty' (shape[1] must be an integer; got nan)")
 case("empty infinite size", function() return function() k3.empty({math.huge}) end end,
-  "bad argument #1 to 'empty' (shape[1] must be an integer; got a non-integer number)")
+  "bad argument #1 to 'empty' (shape[1] must be an integer; got inf)")
 case("empty -infinite size", function() return function() k3.empty({2, -math.huge}) end end,
-  "bad argument #1 to 'empty' (shape[2] must be an integer; got a non-integer number)")
+  "bad argument #1 to 'empty' (shape[2] must be an integer; got -inf)")
 case("empty string size", function() return function() k3.empty({"a"}) end end,
   "bad argument #1 to 'empty' (shape[1] must be an integer; got string)")
 case("full with a string value", function() return function() k3.full({2}, "x") end end,
@@ -261,7 +261,7 @@ view_case("view with the wrong element count", function(t) t:view({5}) end, "vie
 view_case("view with two -1", function(t) t:view({-1, -1}) end, "view: only one size may be -1 (dims 1 and 2)")
 view_case("view with -2", function(t) t:view({-2, 3}) end, "view: size of dim 1 must be >= 0 or -1; got -2")
 exact_view_case("view non-integer", function(t) t:view({1.5}) end,
-  "bad argument #1 to 'view' (shape[1] must be an integer; got a non-integer number)")
+  "bad argument #1 to 'view' (shape[1] must be an integer; got 1.5)")
 exact_view_case("view with no dims", function(t) t:view({}) end,
   "bad argument #1 to 'view' (shape must have 1 to 8 dims; got 0)")
 exact_view_case("expand with no dims", function(t) t:expand({}) end,
@@ -568,11 +568,11 @@ ar_case("attn_res delta a number", function(a) a.delta = 1 end,
 ar_case("attn_res num_blocks missing", function(a) a.num_blocks = nil end,
   "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got nil)")
 ar_case("attn_res num_blocks 1.5", function(a) a.num_blocks = 1.5 end,
-  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got a non-integer number)")
+  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got 1.5)")
 ar_case("attn_res num_blocks NaN", function(a) a.num_blocks = 0 / 0 end,
-  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got a non-integer number)")
+  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got nan)")
 ar_case("attn_res num_blocks infinite", function(a) a.num_blocks = math.huge end,
-  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got a non-integer number)")
+  "bad argument #1 to 'attn_res' (field 'num_blocks' must be an integer; got inf)")
 ar_case("attn_res num_blocks -1 (one below)", function(a) a.num_blocks = -1 end,
   "attn_res: num_blocks must be in 0..3 (blocks dim 2); got -1")
 ar_case("attn_res num_blocks S+1 (one above)", function(a) a.num_blocks = 4 end,
@@ -590,7 +590,7 @@ ar_case("attn_res write_block maxinteger", function(a) a.write_block = math.maxi
 ar_case("attn_res write_block a boolean", function(a) a.write_block = true end,
   "bad argument #1 to 'attn_res' (field 'write_block' must be an integer; got boolean)")
 ar_case("attn_res write_block NaN", function(a) a.write_block = 0 / 0 end,
-  "bad argument #1 to 'attn_res' (field 'write_block' must be an integer; got a non-integer number)")
+  "bad argument #1 to 'attn_res' (field 'write_block' must be an integer; got nan)")
 ar_case("attn_res blocks 2-D", function(a) a.blocks = k3.zeros({2, 4}) end,
   "attn_res: blocks must be 3-D [T, S, H]; got 2-D [2, 4]")
 ar_case("attn_res blocks T mismatch", function(a) a.blocks = k3.zeros({3, 3, 4}) end,
@@ -796,7 +796,7 @@ plan_case("plan balanced a number", {[4] = {kernel = "skinny", config = {rows = 
 plan_case("plan balanced a string", {[1] = {kernel = "skinny", config = {balanced = "yes"}}},
   "bad argument #1 to 'low_latency' (field 'balanced' must be a boolean; got string)")
 plan_case("plan non-integer config", {[1] = {kernel = "skinny", config = {split_k = 1.5}}},
-  "bad argument #1 to 'low_latency' (field 'split_k' must be an integer; got a non-integer number)")
+  "bad argument #1 to 'low_latency' (field 'split_k' must be an integer; got 1.5)")
 plan_case("plan string key", {x = {kernel = "skinny"}},
   "bad argument #1 to 'low_latency' (plan keys must be integer token counts M; got string)")
 plan_case("plan non-integer key", {[1.5] = {kernel = "skinny"}},
@@ -850,7 +850,8 @@ long_case("to a 10 MB string", function() k3.zeros({2}):to(LONG) end,
 long_case("explain a 10 MB op", function() k3.explain(LONG) end,
   "bad argument #1 to 'explain' (unknown op '" .. cut200(LONG) .. "'; expected linear, attn_res, rms_norm, silu_mul, abs, exp, sqrt, sum, mean, max or min)")
 long_case("linear with a 10 MB kernel name", function() k3.linear(mat(1, 2), mat(2, 2), {kernel = LONG}) end,
-  "linear: unknown kernel '" .. cut200(LONG) .. "'")
+  "linear: unknown kernel '" .. cut200(LONG) .. "' (known for linear: cpu.linear.blas, cpu.linear.reference, " ..
+  "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
 long_case("set_policy with a 10 MB kernel name", function() k3.set_policy({linear = {LONG}}) end,
   "set_policy: unknown linear kernel '" .. cut200(LONG) .. "' (known: cpu.linear.blas, cpu.linear.reference, " ..
   "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")

@@ -277,7 +277,10 @@ end
     if not have_host() then return end
     local out, code = run("--frames many")
     assert.are.equal(1, code, out)
-    assert.truthy(out:find("bad option --frames many", 1, true), out)
+    assert.truthy(out:find("bad option --frames many (expected an integer >= 0, optionally with a K, M or G suffix)", 1, true), out)
+    out, code = run("--threads 65")
+    assert.are.equal(1, code, out)
+    assert.truthy(out:find("bad option --threads 65 (expected an integer in 1..64)", 1, true), out)
     -- A script path without --script, and a dt that is not a finite number of seconds.
     out, code = run(SCRIPTS .. "clean.lua")
     assert.are.equal(1, code, out)
@@ -285,7 +288,7 @@ end
     for _, dt in ipairs{"abc", "nan", "inf", "-1", "0.5x"} do
       out, code = run("--dt " .. dt)
       assert.are.equal(1, code, out)
-      assert.truthy(out:find("bad option --dt " .. dt, 1, true), out)
+      assert.truthy(out:find("bad option --dt " .. dt .. " (expected a finite number of seconds >= 0)", 1, true), out)
     end
     -- getopt_long: an unknown option is named, --key=value is taken, a missing value is named
     out, code = run("--bogus")

@@ -234,7 +234,8 @@ describe("linear", function()
     end)
     it("kernel names: unknown, another op's, not registered", function()
       H.raises(function() k3.linear(x, w, {kernel = "cpu.linear.nope"}) end,
-        "linear: unknown kernel 'cpu.linear.nope'")
+        "linear: unknown kernel 'cpu.linear.nope' (known for linear: cpu.linear.blas, cpu.linear.reference, " ..
+        "cpu.linear.batch_invariant, cuda.linear.cublas, cuda.linear.skinny, cuda.linear.batch_invariant)")
       H.raises(function() k3.linear(x, w, {kernel = "cpu.rms_norm.reference"}) end,
         "linear: kernel 'cpu.rms_norm.reference' is for op rms_norm, not linear")
       if not k3.has_kernel("cuda.linear.cublas") then

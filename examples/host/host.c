@@ -793,7 +793,10 @@ int main(int argc, char **argv) {
         else if (c == 'n' && n >= 1 && n <= 64) o.threads = (int)n;
         else ok = 0;
         if (!ok) {
-            fprintf(stderr, "k3-host: bad option %s %s\n%s", name, v, usage_text);
+            const char *want = c == 'd'   ? "a finite number of seconds >= 0"
+                               : c == 'n' ? "an integer in 1..64"
+                                          : "an integer >= 0, optionally with a K, M or G suffix";
+            fprintf(stderr, "k3-host: bad option %s %s (expected %s)\n%s", name, v, want, usage_text);
             return 1;
         }
     }

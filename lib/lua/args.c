@@ -38,9 +38,13 @@ double k3l_check_value(lua_State *L, int idx, k3_dtype dt) {
     return luaL_checknumber(L, idx);
 }
 
-/* "an integer" readers name what they got: a float that is no integer, or the Lua type. */
-static const char *not_integer(lua_State *L, int idx) {
-    return lua_type(L, idx) == LUA_TNUMBER ? "a non-integer number" : luaL_typename(L, idx);
+/* "an integer" readers name what they got: the float that is no integer (as Lua prints it;
+ * NaN as "nan" whatever its sign bit), or the Lua type. A number's text is left on the stack
+ * for the error that follows. */
+const char *k3l_not_integer(lua_State *L, int idx) {
+    if (lua_type(L, idx) != LUA_TNUMBER) return luaL_typename(L, idx);
+    const lua_Number v = lua_tonumber(L, idx);
+    return v != v ? "nan" : lua_pushfstring(L, "%f", v);
 }
 
 void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn) {
@@ -79,7 +83,7 @@ int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, in
         lua_Integer i = lua_tointegerx(L, -1, &isnum);
         if (!isnum)
             k3l_arg_error(L, argn, "field '%s' must be an integer; got %s", field,
-                          not_integer(L, -1));
+                          k3l_not_integer(L, -1));
         v = (int64_t)i;
     }
     lua_pop(L, 1);
@@ -136,7 +140,7 @@ int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg) {
         int isnum = 0;
         lua_Integer v = lua_tointegerx(L, -1, &isnum);
         if (!isnum)
-            k3l_arg_error(L, idx, "shape[%d] must be an integer; got %s", i, not_integer(L, -1));
+            k3l_arg_error(L, idx, "shape[%d] must be an integer; got %s", i, k3l_not_integer(L, -1));
         lua_pop(L, 1);
         shape[i - 1] = (int64_t)v;
         if (!allow_neg && v < 0)

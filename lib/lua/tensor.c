@@ -109,9 +109,12 @@ static int check_shape_args(lua_State *L, int idx, int64_t *shape, int allow_neg
     for (; lua_type(L, idx + n) == LUA_TNUMBER; n++) {
         int arg = idx + n, isint;
         lua_Integer v = lua_tointegerx(L, arg, &isint);
-        if (!isint) k3l_arg_error(L, arg, "size must be an integer; got a non-integer number");
-        if (n == K3_MAX_DIMS)
-            k3l_arg_error(L, arg, "shape must have 1 to %d dims; got more", K3_MAX_DIMS);
+        if (!isint) k3l_arg_error(L, arg, "size must be an integer; got %s", k3l_not_integer(L, arg));
+        if (n == K3_MAX_DIMS) {
+            int total = n;
+            while (lua_type(L, idx + total) == LUA_TNUMBER) total++;
+            k3l_arg_error(L, arg, "shape must have 1 to %d dims; got %d", K3_MAX_DIMS, total);
+        }
         if (!allow_neg && v < 0)
             k3l_arg_error(L, arg, "size of dim %d must be >= 0; got %I", n + 1, (LUA_INTEGER)v);
         shape[n] = (int64_t)v;
@@ -548,8 +551,7 @@ static int64_t check_row_key(lua_State *L, int idx, const k3_tensor *t) {
     lua_Integer i = lua_type(L, idx) == LUA_TNUMBER ? lua_tointegerx(L, idx, &isint) : 0;
     if (!isint)
         k3l_arg_error(L, idx, "a tensor is indexed by an integer or a method name; got %s",
-                      lua_type(L, idx) == LUA_TNUMBER ? "a non-integer number"
-                                                      : luaL_typename(L, idx));
+                      k3l_not_integer(L, idx));
     if (k3_tensor_ndim(t) == 0)
         k3l_arg_error(L, idx, "index %I into a 0-dim tensor (one element: use get())",
                       (LUA_INTEGER)i);

@@ -122,7 +122,7 @@ function demo.run(opts)
   -- The checked step's input does not depend on --steps, so runs compare across options.
   local x_last = kimi.embedding(cfg, mmax, {seed = opts.seed, step = 0, dtype = dtype,
                                             device = device})
-  reporter:update("fp64 reference run (%d tokens, %d layers)", mmax, cfg.num_layers)
+  reporter:update("fp64 reference run (%d token%s, %d layers)", mmax, mmax == 1 and "" or "s", cfg.num_layers)
   local ref = stack:reference_forward(x_last)
 
   -- The graph: on a CUDA device unless opts.eager. Fidelity is then the graph's output's.
@@ -214,7 +214,8 @@ function demo.format(res)
     cfg.hidden_size, cfg.num_layers, cfg.block_size,
     (cfg.num_layers + cfg.block_size - 1) // cfg.block_size, cfg.intermediate_size,
     res.weights_source)
-  p("  %d decode steps per M; fidelity: final hidden state of the last step vs the fp64 run", res.steps)
+  p("  %d decode step%s per M; fidelity: final hidden state of the last step vs the fp64 run", res.steps,
+    res.steps == 1 and "" or "s")
   if res.graph then
     p("  the step runs as a CUDA graph (k3.cuda_graph; --eager for the eager step only): 'graph' and")
     p("  'eager' are wall ms per step (input copy and replay / Stack:forward), 'nodes' the graph's")
