@@ -224,20 +224,32 @@ function M.main(args)
     io.stderr:write("demo: ", msg, "\n", usage, "\n")
     return 2
   end
+  -- An option's value as a number (math.tointeger when int), or nil; v is what was given.
+  local function num(value, int)
+    local v = value() or ""
+    local x = tonumber(v)
+    return int and math.tointeger(x) or (not int and x or nil), v
+  end
   for key, value, a in require("k3.cli").options(args) do
-    if key == "--tp" then opts.tp = math.tointeger(tonumber(value() or ""))
-      if not opts.tp or opts.tp < 1 then return die("--tp needs a positive integer") end
+    local v
+    if key == "--tp" then opts.tp, v = num(value, true)
+      if not opts.tp or opts.tp < 1 then return die("--tp needs a positive integer; got '" .. v .. "'") end
     elseif key == "--config" then opts.config = value()
-    elseif key == "--steps" then opts.steps = math.tointeger(tonumber(value() or ""))
-      if not opts.steps or opts.steps < 1 then return die("--steps must be a positive integer") end
-    elseif key == "--m" then opts.m = parse_m(value() or "")
-      if not opts.m then return die("--m: expected a list like 1,2,16 or 1-16") end
-    elseif key == "--weight-sets" then opts.weight_sets = math.tointeger(tonumber(value() or ""))
-      if not opts.weight_sets or opts.weight_sets < 1 then return die("--weight-sets must be a positive integer") end
-    elseif key == "--seed" then opts.seed = math.tointeger(tonumber(value() or ""))
-      if not opts.seed then return die("--seed must be an integer") end
-    elseif key == "--timeout" then opts.timeout = tonumber(value() or "")
-      if not opts.timeout or opts.timeout <= 0 then return die("--timeout must be a number of seconds") end
+    elseif key == "--steps" then opts.steps, v = num(value, true)
+      if not opts.steps or opts.steps < 1 then return die("--steps must be a positive integer; got '" .. v .. "'") end
+    elseif key == "--m" then v = value() or ""
+      opts.m = parse_m(v)
+      if not opts.m then return die("--m: expected a list like 1,2,16 or 1-16; got '" .. v .. "'") end
+    elseif key == "--weight-sets" then opts.weight_sets, v = num(value, true)
+      if not opts.weight_sets or opts.weight_sets < 1 then
+        return die("--weight-sets must be a positive integer; got '" .. v .. "'")
+      end
+    elseif key == "--seed" then opts.seed, v = num(value, true)
+      if not opts.seed then return die("--seed must be an integer; got '" .. v .. "'") end
+    elseif key == "--timeout" then opts.timeout, v = num(value, false)
+      if not opts.timeout or opts.timeout <= 0 then
+        return die("--timeout must be a number of seconds > 0; got '" .. v .. "'")
+      end
     elseif key == "--quiet" then opts.quiet = true
     elseif key == "-h" or key == "--help" then print(usage) return 0
     else return die("unknown option '" .. a .. "' (with --tp)") end
