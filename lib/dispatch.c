@@ -473,16 +473,8 @@ static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
         int idx = k3_known_lookup(call->kernel, &kop, &kdev);
         char e[K3_ECHO_SIZE];
         if (idx < 0) {
-            /* the op's known kernels, registered in this build or not */
-            char known[512] = "";
-            size_t used = 0;
-            for (int i = 0; i < k3_known_count() && used < sizeof known; i++) {
-                if (k3_known_op(i) != a->op) continue;
-                int w = snprintf(known + used, sizeof known - used, "%s%s", used ? ", " : "",
-                                 k3_known_name(i));
-                if (w < 0) break;
-                used += (size_t)w;
-            }
+            char known[512]; /* the op's kernels, registered in this build or not */
+            known_for_op(known, sizeof known, a->op);
             return k3_error(K3_EINVAL, "%s: unknown kernel '%s' (known for %s: %s)", opn,
                             k3_echo(e, sizeof e, call->kernel), opn, known);
         }

@@ -224,11 +224,12 @@ function M.main(args)
     io.stderr:write("demo: ", msg, "\n", usage, "\n")
     return 2
   end
-  -- An option's value as a number (math.tointeger when int), or nil; v is what was given.
+  -- An option's value as a number (an integer when int), or nil; and the text given.
   local function num(value, int)
     local v = value() or ""
     local x = tonumber(v)
-    return int and math.tointeger(x) or (not int and x or nil), v
+    if int then x = math.tointeger(x) end
+    return x, v
   end
   for key, value, a in require("k3.cli").options(args) do
     local v
