@@ -7,9 +7,8 @@
  * 0..16, output norm or none) on densely packed bf16/f16 rows: the first CUDA kernel of the
  * default policy. A token is a cluster of CTAs (4 at H 7168; 1..8) exchanging partial sums
  * through distributed shared memory; every 16-byte load of the token is in flight at once and
- * one exchange gives all the logits. At large T the grid holds as many clusters as stay
- * resident and each strides over the tokens (decode_grid). Launched with PDL; what it may load
- * before the wait is the call's contract (k3.h).
+ * one exchange gives all the logits. Launched with PDL; what it may load before the wait is
+ * the call's contract (k3.h).
  */
 #include "attn_res.cuh"
 
@@ -31,7 +30,6 @@ struct decode_params : row_args {
     int ctas;    /* CTAs per token (a cluster when > 1) */
     int pdl;
     int pf; /* the L2 prefetch before the wait (K3_PDL_L2_PREFETCH) */
-    int64_t T; /* tokens */
 };
 
 /* Coherent 16-byte load that does not allocate in L1: for rows an earlier kernel of the
@@ -209,7 +207,7 @@ constexpr int kGramMaxSources = 5;
  * squares that overflowed or underflowed is recomputed on the values scaled by a power of two
  * near their max magnitude (ss_needs_rescale), on a branch the common path never enters.
  */
-template <class T, class W, int MAXS, bool GRAM = false, bool STRIDE = false>
+template <class T, class W, int MAXS, bool GRAM = false>
 __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(const decode_params p) {
     constexpr int NB = MAXS - 1;
     constexpr int NV = 2 * MAXS;
@@ -221,6 +219,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 
     const int C = p.ctas, NT = blockDim.x, tid = threadIdx.x;
     const uint32_t rank = C > 1 ? cluster_rank() : 0;
+    const int64_t t = blockIdx.x / C;
     int phase = 0;
     uint64_t *bars = nullptr;
     if (C > 1) {
@@ -237,264 +236,250 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     const int vi = (int)rank * NT + tid;
     const bool ok = vi < p.vecs;
     const int64_t e0 = (int64_t)vi * 8, sbs = p.sbs;
+    T *prefix = (T *)p.prefix + t * p.H + e0;
+    const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
+    T *brow = (T *)p.blocks + t * p.sbt + e0;
     const bool wstatic = p.wstatic != 0;
-    /* STRIDE: a grid of fewer clusters than tokens (decode_grid: at large T, as many as stay
-     * resident) strides over them, the weights loaded once, everything else per token; the
-     * one-token-per-cluster instance (the decode launches) is the loop's single pass. */
-    const int64_t t0 = blockIdx.x / C, nclusters = gridDim.x / C;
 
     wvec<T, W> wn, wq, wo;
     wn.zero(), wq.zero(), wo.zero();
-    if (ok && wstatic) {
-        wn.load(p.nw, e0), wq.load(p.qw, e0);
-        if (p.onw) wo.load(p.onw, e0);
+    uint4 src[NB];
+#pragma unroll
+    for (int s = 0; s < NB; s++) src[s] = make_uint4(0, 0, 0, 0);
+    if (ok) {
+        if (wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
+        }
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
     }
-    int64_t t = t0;
-#pragma unroll 1
-    do {
-        T *prefix = (T *)p.prefix + t * p.H + e0;
-        const T *delta = p.delta ? (const T *)p.delta + t * p.H + e0 : nullptr;
-        T *brow = (T *)p.blocks + t * p.sbt + e0;
-        const bool first = t == t0;
-        uint4 src[NB];
-    #pragma unroll
-        for (int s = 0; s < NB; s++) src[s] = make_uint4(0, 0, 0, 0);
-        if (ok) {
-    #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s < p.nstatic) src[s] = ld_stream(brow + s * sbs);
+    /* What the chain after the wait loads but may not load yet (the prefix, blocks the call's
+     * contract leaves after the wait, the weights without static_weights): asked of L2 now,
+     * one request a 128-byte line of each row (prefetch_line), since the projections' weight
+     * streams between two reads may have evicted it (k3c_prefetch_l2: safe whoever writes
+     * it). The delta was just written: in L2. */
+    if (p.pf && ok) {
+        prefetch_line(prefix, 16, vi == 0);
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s >= p.nstatic && s < p.nb && s != p.wb) prefetch_line(brow + s * sbs, 16, vi == 0);
+        if (!wstatic) {
+            prefetch_line((const W *)p.nw + e0, 8 * (int)sizeof(W), vi == 0);
+            prefetch_line((const W *)p.qw + e0, 8 * (int)sizeof(W), vi == 0);
+            if (p.onw) prefetch_line((const W *)p.onw + e0, 8 * (int)sizeof(W), vi == 0);
         }
-        /* What the chain after the wait loads but may not load yet (the prefix, blocks the call's
-         * contract leaves after the wait, the weights without static_weights): asked of L2 now,
-         * one request a 128-byte line of each row (prefetch_line), since the projections' weight
-         * streams between two reads may have evicted it (k3c_prefetch_l2: safe whoever writes
-         * it). The delta was just written: in L2. */
-        if (first && p.pf && ok) {
-            prefetch_line(prefix, 16, vi == 0);
-    #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s >= p.nstatic && s < p.nb && s != p.wb)
-                    prefetch_line(brow + s * sbs, 16, vi == 0);
-            if (!wstatic) {
-                prefetch_line((const W *)p.nw + e0, 8 * (int)sizeof(W), vi == 0);
-                prefetch_line((const W *)p.qw + e0, 8 * (int)sizeof(W), vi == 0);
-                if (p.onw) prefetch_line((const W *)p.onw + e0, 8 * (int)sizeof(W), vi == 0);
-            }
+    }
+    if (p.pdl) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    uint4 pb = make_uint4(0, 0, 0, 0), de = pb;
+    if (ok) {
+        pb = ld_coherent(prefix);
+        if (delta) de = ld_coherent(delta);
+        if (!wstatic) {
+            wn.load(p.nw, e0), wq.load(p.qw, e0);
+            if (p.onw) wo.load(p.onw, e0);
         }
-        if (first && p.pdl) {
-            pdl_wait();
-            pdl_launch_dependents();
-        }
-        uint4 pb = make_uint4(0, 0, 0, 0), de = pb;
-        if (ok) {
-            pb = ld_coherent(prefix);
-            if (delta) de = ld_coherent(delta);
-            if (first && !wstatic) {
-                wn.load(p.nw, e0), wq.load(p.qw, e0);
-                if (p.onw) wo.load(p.onw, e0);
-            }
-    #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
-        }
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s >= p.nstatic && s < p.nb && s != p.wb) src[s] = ld_coherent(brow + s * sbs);
+    }
 
-        /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
-        if (delta) {
-            float a[8], b[8];
-            vec8<T>::unpack(pb, a);
-            vec8<T>::unpack(de, b);
-    #pragma unroll
-            for (int e = 0; e < 8; e++) a[e] += b[e];
-            pb = pack8<T>(a);
-            if (ok) *(uint4 *)prefix = pb;
-        }
-        if (p.wb >= 0 && ok) *(uint4 *)(brow + p.wb * sbs) = pb;
-        /* (a select per slot: a conditional store would become src[wb], an array in local
-         * memory) */
-    #pragma unroll
-        for (int s = 0; s < NB; s++) src[s] = s == p.wb ? pb : src[s];
-        float w[8], part[NV], cross[NX > 0 ? NX : 1];
-        wq_product(wn, wq, w);
-    #pragma unroll
-        for (int i = 0; i < NV; i++) part[i] = 0.0f;
-        if constexpr (GRAM) {
-            /* Each source's dot and sum of squares as below (the same per-thread operations; the
-             * many-item exchange adds the warps in order, so the last bits may differ), and the
-             * products of every pair of sources, all in one reduction. Sources past nb hold zeros
-             * or p; the softmax gives them weight 0 and the norm skips them. */
-            float all[NV + NX];
-    #pragma unroll
-            for (int i = 0; i < NV + NX; i++) all[i] = 0.0f;
-            uint32_t wd[MAXS][4];
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                const uint4 u = s == NB ? pb : src[s < NB ? s : 0];
-                wd[s][0] = u.x, wd[s][1] = u.y, wd[s][2] = u.z, wd[s][3] = u.w;
-            }
-    #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float x[MAXS];
-    #pragma unroll
-                for (int s = 0; s < MAXS; s++) x[s] = vec8<T>::elem(wd[s][e >> 1], e & 1);
-    #pragma unroll
-                for (int s = 0; s < MAXS; s++) {
-                    all[2 * s] = fmaf(x[s], w[e], all[2 * s]);
-                    all[2 * s + 1] = fmaf(x[s], x[s], all[2 * s + 1]);
-                }
-    #pragma unroll
-                for (int s = 0, k = NV; s < MAXS; s++)
-    #pragma unroll
-                    for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
-            }
-            token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank, bars);
-    #pragma unroll
-            for (int i = 0; i < NV; i++) part[i] = all[i];
-    #pragma unroll
-            for (int i = 0; i < NX; i++) cross[i] = all[NV + i];
-        } else {
-            float v[8];
-            vec8<T>::unpack(pb, v);
-            acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
-    #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s < p.nb) {
-                    vec8<T>::unpack(src[s], v);
-                    acc_source(v, w, part[2 * s], part[2 * s + 1]);
-                }
-            /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
-            token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
-        }
-
-        float epss[MAXS];
-    #pragma unroll
-        for (int s = 0; s < MAXS; s++) epss[s] = p.eps;
-        bool rescale = false;
-    #pragma unroll
-        for (int s = 0; s < MAXS; s++)
-            if (s == NB || s < p.nb) rescale = rescale || ss_needs_rescale(part[2 * s + 1]);
-        if (rescale) {
-            /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
-             * magnitude; e = 0 for a source whose sum was fine leaves it bit for bit). */
-            float amax[MAXS];
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                float v[8];
-                vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
-                amax[s] = 0.0f;
-    #pragma unroll
-                for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
-            }
-            token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank, bars);
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++) {
-                int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1])
-                            ? scale_exp(amax[s])
-                            : 0;
-                pow2_scale ps(e);
-                epss[s] = ldexpf(p.eps, -2 * e);
-                part[2 * s] = part[2 * s + 1] = 0.0f;
-                float v[8];
-                vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
-                acc_scaled(v, w, ps, part[2 * s], part[2 * s + 1]);
-            }
-            token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
-        }
-
-        /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
-        float prob[MAXS], mx = -INFINITY;
-    #pragma unroll
+    /* p, rounded to T and written back; then slot wb; a source slot equal to wb reads p. */
+    if (delta) {
+        float a[8], b[8];
+        vec8<T>::unpack(pb, a);
+        vec8<T>::unpack(de, b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[e] += b[e];
+        pb = pack8<T>(a);
+        if (ok) *(uint4 *)prefix = pb;
+    }
+    if (p.wb >= 0 && ok) *(uint4 *)(brow + p.wb * sbs) = pb;
+    /* (a select per slot: a conditional store would become src[wb], an array in local memory) */
+#pragma unroll
+    for (int s = 0; s < NB; s++) src[s] = s == p.wb ? pb : src[s];
+    float w[8], part[NV], cross[NX > 0 ? NX : 1];
+    wq_product(wn, wq, w);
+#pragma unroll
+    for (int i = 0; i < NV; i++) part[i] = 0.0f;
+    if constexpr (GRAM) {
+        /* Each source's dot and sum of squares as below (the same per-thread operations; the
+         * many-item exchange adds the warps in order, so the last bits may differ), and the
+         * products of every pair of sources, all in one reduction. Sources past nb hold zeros
+         * or p; the softmax gives them weight 0 and the norm skips them. */
+        float all[NV + NX];
+#pragma unroll
+        for (int i = 0; i < NV + NX; i++) all[i] = 0.0f;
+        uint32_t wd[MAXS][4];
+#pragma unroll
         for (int s = 0; s < MAXS; s++) {
-            bool active = s == NB || s < p.nb;
-            prob[s] = active ? part[2 * s] * rsqrtf(part[2 * s + 1] * p.invH + epss[s]) : -INFINITY;
-            mx = fmaxf(mx, prob[s]);
+            const uint4 u = s == NB ? pb : src[s < NB ? s : 0];
+            wd[s][0] = u.x, wd[s][1] = u.y, wd[s][2] = u.z, wd[s][3] = u.w;
         }
-        float sum = 0.0f;
-    #pragma unroll
-        for (int s = 0; s < MAXS; s++) {
-            prob[s] = (s == NB || s < p.nb) ? __expf(prob[s] - mx) : 0.0f;
-            sum += prob[s];
-        }
-        const float inv_sum = 1.0f / sum;
-    #pragma unroll
-        for (int s = 0; s < MAXS; s++)
-            prob[s] = p.nb == 0 ? (s == NB ? 1.0f : 0.0f) : prob[s] * inv_sum;
-
-        float m[8], sq[1] = {0.0f};
-        {
-            float v[8];
-            vec8<T>::unpack(pb, v);
-    #pragma unroll
-            for (int e = 0; e < 8; e++) m[e] = prob[NB] * v[e];
-    #pragma unroll
-            for (int s = 0; s < NB; s++)
-                if (s < p.nb) {
-                    vec8<T>::unpack(src[s], v);
-    #pragma unroll
-                    for (int e = 0; e < 8; e++) m[e] = fmaf(prob[s], v[e], m[e]);
-                }
-    #pragma unroll
-            for (int e = 0; e < 8; e++) sq[0] = fmaf(m[e], m[e], sq[0]);
-        }
-        T *out = (T *)p.out + t * p.H + e0;
-        if (!p.onw) {
-            if (ok) *(uint4 *)out = pack8<T>(m);
-            continue;
-        }
-        /* GRAM: ||m||^2 = sum_s sum_t p_s p_t <v_s, v_t> from the first reduction's totals (the
-         * same on every CTA of the token, so every CTA takes the same branch). Its rounding error
-         * is a few ulp of sum_s p_s ||v_s||^2 (>= (sum_s p_s ||v_s||)^2 >= sum_st p_s p_t
-         * |<v_s, v_t>|, as sum_s p_s = 1), so it is used only when ||m||^2 is at least 1/64 of
-         * that and nothing needed rescaling; otherwise (mixed sources that nearly cancel) the sum
-         * of squares of m is reduced over the token as without GRAM. */
-        bool have_sq = false;
-        if constexpr (GRAM) {
-            float q = 0.0f, bound = 0.0f;
-    #pragma unroll
-            for (int s = 0; s < MAXS; s++)
-                if (s == NB || s < p.nb) {
-                    q = fmaf(prob[s] * prob[s], part[2 * s + 1], q);
-                    bound = fmaf(prob[s], part[2 * s + 1], bound);
-                }
-    #pragma unroll
-            for (int s = 0, k = 0; s < MAXS; s++)
-    #pragma unroll
-                for (int t2 = s + 1; t2 < MAXS; t2++, k++)
-                    if ((s == NB || s < p.nb) && (t2 == NB || t2 < p.nb))
-                        q = fmaf(2.0f * prob[s] * prob[t2], cross[k], q);
-            if (!rescale && q >= 0.015625f * bound && !ss_needs_rescale(q)) {
-                sq[0] = q;
-                have_sq = true;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float x[MAXS];
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) x[s] = vec8<T>::elem(wd[s][e >> 1], e & 1);
+#pragma unroll
+            for (int s = 0; s < MAXS; s++) {
+                all[2 * s] = fmaf(x[s], w[e], all[2 * s]);
+                all[2 * s + 1] = fmaf(x[s], x[s], all[2 * s + 1]);
             }
+#pragma unroll
+            for (int s = 0, k = NV; s < MAXS; s++)
+#pragma unroll
+                for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
         }
-        if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank, bars);
-        float r;
-        if (!ss_needs_rescale(sq[0])) {
-            r = rsqrtf(sq[0] * p.invH + p.oeps);
-        } else {
-            /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */
-            float mmax[1] = {0.0f};
-    #pragma unroll
-            for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[e]));
-            token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank, bars);
-            int e = scale_exp(mmax[0]);
+        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank, bars);
+#pragma unroll
+        for (int i = 0; i < NV; i++) part[i] = all[i];
+#pragma unroll
+        for (int i = 0; i < NX; i++) cross[i] = all[NV + i];
+    } else {
+        float v[8];
+        vec8<T>::unpack(pb, v);
+        acc_source(v, w, part[2 * NB], part[2 * NB + 1]);
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb) {
+                vec8<T>::unpack(src[s], v);
+                acc_source(v, w, part[2 * s], part[2 * s + 1]);
+            }
+        /* Unread slots (s >= nb) and idle threads hold zeros, so the sums stay exact. */
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
+    }
+
+    float epss[MAXS];
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) epss[s] = p.eps;
+    bool rescale = false;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++)
+        if (s == NB || s < p.nb) rescale = rescale || ss_needs_rescale(part[2 * s + 1]);
+    if (rescale) {
+        /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
+         * magnitude; e = 0 for a source whose sum was fine leaves it bit for bit). */
+        float amax[MAXS];
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) {
+            float v[8];
+            vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
+            amax[s] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) amax[s] = fmaxf(amax[s], fabsf(v[e]));
+        }
+        token_reduce<MAXS, true, NP>(amax, red, recv, phase, C, rank, bars);
+#pragma unroll
+        for (int s = 0; s < MAXS; s++) {
+            int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1]) ? scale_exp(amax[s]) : 0;
             pow2_scale ps(e);
-            float s2[1] = {0.0f};
-    #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                m[i] = ps(m[i]);
-                s2[0] = fmaf(m[i], m[i], s2[0]);
+            epss[s] = ldexpf(p.eps, -2 * e);
+            part[2 * s] = part[2 * s + 1] = 0.0f;
+            float v[8];
+            vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
+            acc_scaled(v, w, ps, part[2 * s], part[2 * s + 1]);
+        }
+        token_reduce<NV, false, NP>(part, red, recv, phase, C, rank, bars);
+    }
+
+    /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
+    float prob[MAXS], mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) {
+        bool active = s == NB || s < p.nb;
+        prob[s] = active ? part[2 * s] * rsqrtf(part[2 * s + 1] * p.invH + epss[s]) : -INFINITY;
+        mx = fmaxf(mx, prob[s]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) {
+        prob[s] = (s == NB || s < p.nb) ? __expf(prob[s] - mx) : 0.0f;
+        sum += prob[s];
+    }
+    const float inv_sum = 1.0f / sum;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) prob[s] = p.nb == 0 ? (s == NB ? 1.0f : 0.0f) : prob[s] * inv_sum;
+
+    float m[8], sq[1] = {0.0f};
+    {
+        float v[8];
+        vec8<T>::unpack(pb, v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) m[e] = prob[NB] * v[e];
+#pragma unroll
+        for (int s = 0; s < NB; s++)
+            if (s < p.nb) {
+                vec8<T>::unpack(src[s], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) m[e] = fmaf(prob[s], v[e], m[e]);
             }
-            token_reduce<1, false, NP>(s2, red, recv, phase, C, rank, bars);
-            r = rms_factor_scaled(s2[0], p.invH, p.oeps, e);
+#pragma unroll
+        for (int e = 0; e < 8; e++) sq[0] = fmaf(m[e], m[e], sq[0]);
+    }
+    T *out = (T *)p.out + t * p.H + e0;
+    if (!p.onw) {
+        if (ok) *(uint4 *)out = pack8<T>(m);
+        return;
+    }
+    /* GRAM: ||m||^2 = sum_s sum_t p_s p_t <v_s, v_t> from the first reduction's totals (the
+     * same on every CTA of the token, so every CTA takes the same branch). Its rounding error
+     * is a few ulp of sum_s p_s ||v_s||^2 (>= (sum_s p_s ||v_s||)^2 >= sum_st p_s p_t
+     * |<v_s, v_t>|, as sum_s p_s = 1), so it is used only when ||m||^2 is at least 1/64 of
+     * that and nothing needed rescaling; otherwise (mixed sources that nearly cancel) the sum
+     * of squares of m is reduced over the token as without GRAM. */
+    bool have_sq = false;
+    if constexpr (GRAM) {
+        float q = 0.0f, bound = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MAXS; s++)
+            if (s == NB || s < p.nb) {
+                q = fmaf(prob[s] * prob[s], part[2 * s + 1], q);
+                bound = fmaf(prob[s], part[2 * s + 1], bound);
+            }
+#pragma unroll
+        for (int s = 0, k = 0; s < MAXS; s++)
+#pragma unroll
+            for (int t2 = s + 1; t2 < MAXS; t2++, k++)
+                if ((s == NB || s < p.nb) && (t2 == NB || t2 < p.nb))
+                    q = fmaf(2.0f * prob[s] * prob[t2], cross[k], q);
+        if (!rescale && q >= 0.015625f * bound && !ss_needs_rescale(q)) {
+            sq[0] = q;
+            have_sq = true;
         }
-        if (ok) {
-            float on[8], o[8];
-            wo.get(on);
-    #pragma unroll
-            for (int e = 0; e < 8; e++) o[e] = m[e] * r * on[e];
-            *(uint4 *)out = pack8<T>(o);
+    }
+    if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank, bars);
+    float r;
+    if (!ss_needs_rescale(sq[0])) {
+        r = rsqrtf(sq[0] * p.invH + p.oeps);
+    } else {
+        /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */
+        float mmax[1] = {0.0f};
+#pragma unroll
+        for (int e = 0; e < 8; e++) mmax[0] = fmaxf(mmax[0], fabsf(m[e]));
+        token_reduce<1, true, NP>(mmax, red, recv, phase, C, rank, bars);
+        int e = scale_exp(mmax[0]);
+        pow2_scale ps(e);
+        float s2[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            m[i] = ps(m[i]);
+            s2[0] = fmaf(m[i], m[i], s2[0]);
         }
-    } while (STRIDE && (t += nclusters) < p.T); /* tokens */
+        token_reduce<1, false, NP>(s2, red, recv, phase, C, rank, bars);
+        r = rms_factor_scaled(s2[0], p.invH, p.oeps, e);
+    }
+    if (ok) {
+        float on[8], o[8];
+        wo.get(on);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = m[e] * r * on[e];
+        *(uint4 *)out = pack8<T>(o);
+    }
 }
 
 /* Launch shape for a hidden size and num_blocks: CTAs per token and threads per CTA. */
@@ -582,62 +567,13 @@ k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     return K3_OK;
 }
 
-/* The clusters to launch for T_ tokens: one per token, or, where T_ tokens' CTAs are more
- * than the SMs, at most as many as stay resident at once (cudaOccupancyMaxActiveClusters for
- * this instance, shape and device, asked once per thread), each then striding over tokens: a
- * prefill read of thousands of tokens would otherwise launch a cluster per token, and the
- * cluster launches, not DRAM, would pace it. */
-template <class P>
-int64_t decode_grid(void (*kern)(P), const decode_shape &sh, int64_t T_, int dev) {
-    if (!get_knobs().decode_persist || T_ * sh.ctas <= k3c_sm_count(dev)) return T_;
-    struct entry {
-        void (*kern)(P);
-        int dev, ctas, threads;
-        int64_t clusters;
-    };
-    static thread_local entry cache[16];
-    static thread_local int used = 0;
-    for (int i = 0; i < used; i++)
-        if (cache[i].kern == kern && cache[i].dev == dev && cache[i].ctas == sh.ctas &&
-            cache[i].threads == sh.threads)
-            return T_ < cache[i].clusters ? T_ : cache[i].clusters;
-    int n = 0;
-    if (sh.ctas > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = (unsigned)sh.ctas;
-        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(sh.ctas * k3c_sm_count(dev)));
-        cfg.blockDim = dim3((unsigned)sh.threads);
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) n = 0;
-    } else {
-        int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, sh.threads, 0) ==
-            cudaSuccess)
-            n = per_sm * k3c_sm_count(dev);
-    }
-    (void)cudaGetLastError();
-    if (n < 1) return T_; /* unknown: one cluster per token */
-    if (used < 16) cache[used++] = entry{kern, dev, sh.ctas, sh.threads, n};
-    return T_ < n ? T_ : n;
-}
-
 template <class T, class W, int MAXS>
-k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_, int dev,
+k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
     auto kern = attn_res_decode_kernel<T, W, MAXS>;
-    auto strided = attn_res_decode_kernel<T, W, MAXS, false, true>;
     if constexpr (MAXS <= kGramMaxSources)
-        if (p.onw) {
-            kern = attn_res_decode_kernel<T, W, MAXS, true>;
-            strided = attn_res_decode_kernel<T, W, MAXS, true, true>;
-        }
-    const int64_t clusters = decode_grid(strided, sh, T_, dev);
-    if (clusters < T_) kern = strided;
-    K3_TRY(launch(kern, p, dim3((unsigned)(clusters * sh.ctas)),
+        if (p.onw) kern = attn_res_decode_kernel<T, W, MAXS, true>;
+    K3_TRY(launch(kern, p, dim3((unsigned)(T_ * sh.ctas)),
                   dim3((unsigned)sh.threads), 0, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_decode_kernel);
     return K3_OK;
@@ -645,12 +581,12 @@ k3_status decode_launch_s(const decode_params &p, const decode_shape &sh, int64_
 
 /* Register arrays sized to num_blocks + 1 rounded up to 2, 5, 9 or 17 sources. */
 template <class T, class W>
-k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_, int dev,
+k3_status decode_launch_w(const decode_params &p, const decode_shape &sh, int64_t T_,
                           cudaStream_t stream) {
-    if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, dev, stream);
-    if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, dev, stream);
-    if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, dev, stream);
-    return decode_launch_s<T, W, 17>(p, sh, T_, dev, stream);
+    if (p.nb <= 1) return decode_launch_s<T, W, 2>(p, sh, T_, stream);
+    if (p.nb <= 4) return decode_launch_s<T, W, 5>(p, sh, T_, stream);
+    if (p.nb <= 8) return decode_launch_s<T, W, 9>(p, sh, T_, stream);
+    return decode_launch_s<T, W, 17>(p, sh, T_, stream);
 }
 
 k3_status decode_run(const k3_op_args *oa) {
@@ -674,10 +610,9 @@ k3_status decode_run(const k3_op_args *oa) {
     p.ctas = sh.ctas;
     p.pdl = get_knobs().pdl;
     p.pf = k3c_pdl_l2_prefetch();
-    p.T = T_;
     return by_types(a, [&](auto t, auto w) {
-        return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(
-            p, sh, T_, dev, ctx->stream);
+        return decode_launch_w<typename decltype(t)::type, typename decltype(w)::type>(p, sh, T_,
+                                                                                      ctx->stream);
     });
 }
 
