@@ -111,13 +111,11 @@ int k3c_pdl_l2_prefetch(void);
  * cuda.rms_norm.generic (h = rms_norm(x, norm_weight, eps)), into buf on x's device
  * (stream-ordered scratch); ht is h as a contiguous tensor. K is w's dim 1. */
 k3_status k3c_prologue_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_tensor &ht);
-/* A linear's epilogue after the product (linear_cublas.cu; every CUDA linear kernel's path
- * where it has no epilogue of its own). silu_mul: run(the call without the epilogue, out = y
- * [M, 2N] contiguous in stream-ordered scratch on x's device) writes y with the plain call's
- * bits, then cuda.silu_mul.generic writes out = silu_mul(y) [M, N]. rms_norm: run writes y
- * into out, then cuda.rms_norm.generic normalises out's first C columns in place. Any prologue
- * is left to run. */
-k3_status k3c_epilogue_after(const k3_op_args *oa, k3_status (*run)(const k3_op_args *));
+/* A linear's silu_mul epilogue through a temporary (linear_cublas.cu; every CUDA linear
+ * kernel's path where it has no epilogue of its own): run(the call without the epilogue, out =
+ * y [M, 2N] contiguous in stream-ordered scratch on x's device) writes y with the plain call's
+ * bits, then cuda.silu_mul.generic writes out = silu_mul(y) [M, N]. Any prologue is left to run. */
+k3_status k3c_epilogue_temp(const k3_op_args *oa, k3_status (*run)(const k3_op_args *));
 
 /* copy.cu helpers used by other files. dst <- src on one device, any strides and dtypes. */
 k3_status k3c_copy(k3_tensor *dst, const k3_tensor *src);

@@ -9,9 +9,8 @@
  * silu_mul prologue (x [M, 2K]) computes each h = silu(gate) * up as cuda.silu_mul.generic
  * does (kernels/silu.cuh, rounded to the dtype) where it would load x, so the order above
  * sees exactly the h a separate silu_mul writes; the rms_norm prologue goes through a
- * temporary (k3c_prologue_temp), and an epilogue runs after the product (k3c_epilogue_after:
- * y into a temporary and cuda.silu_mul.generic from it, or y into out and cuda.rms_norm.generic
- * over its first C columns).
+ * temporary (k3c_prologue_temp), and the silu_mul epilogue writes y into one and
+ * cuda.silu_mul.generic from it (k3c_epilogue_temp).
  */
 #include "common.cuh"
 #include "silu.cuh"
@@ -146,8 +145,8 @@ static k3_status k3bi_run(const k3_op_args *a) {
     k3_status s = k3bi_check(l, why, sizeof why);
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_batch_invariant_name, why);
     if (l->x->size[0] == 0 || l->w->size[0] == 0) return K3_OK;
-    /* An epilogue after the product (k3c_epilogue_after). */
-    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE) return k3c_epilogue_after(a, k3bi_run);
+    /* The silu_mul epilogue: y [M, 2N] through a temporary, then cuda.silu_mul.generic. */
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE) return k3c_epilogue_temp(a, k3bi_run);
     /* Dispatch's prologue has rejected freed tensors; only K = 0 leaves x and w unread. */
     const k3_tensor *ts[5] = {l->x, l->w, l->bias, l->residual, l->out};
     for (int i = 0; i < 5; i++)

@@ -16,8 +16,7 @@
  * run writes h [M, K] into a contiguous device buffer (so h has that op's bits by
  * construction), then the GEMM above reads h as x. The silu_mul epilogue likewise: the GEMM
  * writes y [M, 2N] into a temporary and cuda.silu_mul.generic's run writes out from it
- * (k3c_epilogue_after); the rms_norm epilogue runs the GEMM into out and cuda.rms_norm.generic
- * over its first C columns in place.
+ * (k3c_epilogue_temp).
  */
 #include "common.cuh"
 
@@ -333,7 +332,7 @@ k3_status run(const k3_op_args *oa) {
     char reason[256] = "";
     k3_status st = supports(oa, reason, sizeof reason);
     if (st != K3_OK) return k3_error(st, "linear: %s", reason);
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return k3c_epilogue_after(oa, run_product);
+    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return k3c_epilogue_temp(oa, run_product);
     return run_product(oa);
 }
 
@@ -389,24 +388,8 @@ k3_status k3c_prologue_temp(const k3_linear_args *a, k3c_buffer &buf, k3c_temp_t
     return k3_cuda_silu_mul_generic.run(&op);
 }
 
-k3_status k3c_epilogue_after(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
+k3_status k3c_epilogue_temp(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
     const k3_linear_args *a = &oa->u.linear;
-    k3_op_args plain = *oa;
-    plain.u.linear.epilogue = K3_LINEAR_EPILOGUE_NONE;
-    plain.u.linear.epilogue_norm_weight = nullptr;
-    k3_op_args op;
-    memset(&op, 0, sizeof op);
-    if (a->epilogue == K3_LINEAR_EPILOGUE_RMS_NORM) {
-        /* y into out, then out's first C columns normalised in place (rms_norm_kernel: each
-         * element is read and written by one thread, its writes after its row's reads) */
-        K3_TRY(run(&plain));
-        k3_tensor cols = *a->out; /* out[:, :C], a view sharing out's storage */
-        cols.size[1] = a->epilogue_norm_weight->size[0];
-        op.op = K3_OP_RMS_NORM;
-        op.u.rms_norm = (k3_rms_norm_args){&cols, a->epilogue_norm_weight, a->epilogue_eps,
-                                           &cols, a->base};
-        return k3_cuda_rms_norm_generic.run(&op);
-    }
     const int64_t M = a->x->size[0], N2 = a->w->size[0];
     int64_t shape[2] = {M, N2};
     const size_t bytes = (size_t)M * (size_t)N2 * k3_dtype_size(a->x->dtype);
@@ -415,8 +398,12 @@ k3_status k3c_epilogue_after(const k3_op_args *oa, k3_status (*run)(const k3_op_
     if (bytes > 0) K3_TRY(ybuf.alloc(k3c_dev(a->x), bytes));
     k3c_temp_init(&yt, ybuf.ptr, bytes, k3c_dev(a->x), a->x->dtype, 2, shape);
     if (bytes == 0) return K3_OK;
+    k3_op_args plain = *oa;
     plain.u.linear.out = &yt.t;
+    plain.u.linear.epilogue = K3_LINEAR_EPILOGUE_NONE;
     K3_TRY(run(&plain));
+    k3_op_args op;
+    memset(&op, 0, sizeof op);
     op.op = K3_OP_SILU_MUL;
     op.u.silu_mul = (k3_silu_mul_args){&yt.t, a->out, a->base};
     return k3_cuda_silu_mul_generic.run(&op);

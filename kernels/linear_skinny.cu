@@ -1,8 +1,7 @@
 /*
  * linear_skinny.cu — cuda.linear.skinny: the low-latency decode GEMM (bf16, M = 1..16,
  * optional residual in the same pass, optional SwiGLU prologue: x [M, 2K] gate | up, optional
- * SwiGLU epilogue: w [2N, K] gate | up rows, out h [M, N]; optional RMSNorm epilogue over y's
- * first C columns, by the last CTA to write one). supports() is DESIGN.md's runtime check with a named
+ * SwiGLU epilogue: w [2N, K] gate | up rows, out h [M, N]). supports() is DESIGN.md's runtime check with a named
  * reason per failure; run() repeats it and raises the same text as an error, so a strided
  * x passed directly fails loud instead of being read with the wrong stride. The device
  * code is in linear_skinny.cuh (shared with tools/autotune.cu).
@@ -13,7 +12,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 static_assert(K3_SKINNY_MAX_L2_PREFETCH_MB == K3_PLAN_MAX_L2_PREFETCH_MB,
               "the kernel's L2 prefetch limit is the plan entry's");
@@ -26,12 +24,9 @@ static_assert(K3_SKINNY_MAX_L2_PREFETCH_MB == K3_PLAN_MAX_L2_PREFETCH_MB,
  *    would not do: cuBLAS scribbles on it between our calls). It is allocated and zeroed on
  *    the first split call of a thread, which therefore must not be inside a CUDA graph
  *    capture (supports() declines with a named reason then; the buffer is never freed:
- *    256 KiB per thread and device, and the norm tail's counter). */
+ *    256 KiB per thread and device). */
 #define K3SK_MAX_DEVICES 64
 #define K3SK_COUNTERS 65536 /* row tiles: N <= 65536 * rows */
-/* One more counter after the split tiles' is the norm tail's (the rms_norm epilogue in the
- * kernel, linear_skinny.cuh): one launch at a time on the thread's stream uses it. */
-#define K3SK_TAIL_COUNTER K3SK_COUNTERS
 /* This thread's arrival counters on one device (split-K across CTAs leaves them zero). */
 struct k3sk_scratch {
     unsigned *counters;
@@ -51,7 +46,7 @@ static bool k3sk_capturing(cudaStream_t s) {
 static k3_status k3sk_get_scratch(k3c_ctx *ctx, k3sk_scratch **out) {
     k3sk_scratch &c = k3sk_scr[ctx->dev];
     if (!c.counters) {
-        const size_t bytes = (K3SK_COUNTERS + 1) * sizeof(unsigned);
+        const size_t bytes = K3SK_COUNTERS * sizeof(unsigned);
         void *p = NULL;
         K3_TRY(k3c_alloc(ctx->dev, bytes, &p));
         cudaError_t e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
@@ -111,26 +106,6 @@ static bool k3sk_same_cuda(const k3_tensor *t, int dev) {
     return d.type == K3_DEVICE_CUDA && d.index == dev;
 }
 
-/* Whether the rms_norm epilogue runs in the kernel (the norm tail, linear_skinny.cuh) on the
- * classic kernel: whole 16-byte vectors of out's rows and of a bf16 norm weight, and the
- * counter allocated (or allocatable: not while the stream is captured). Otherwise the call
- * runs the plain kernel into out and cuda.rms_norm.generic after it (k3c_epilogue_after). */
-static bool k3sk_tail_fits(const k3_linear_args *l, k3c_ctx *ctx) {
-    /* K3_SKINNY_NORM_TAIL=0 (read once) runs every rms_norm epilogue after the product. */
-    static const bool on = [] {
-        const char *e = getenv("K3_SKINNY_NORM_TAIL");
-        return !(e && strcmp(e, "0") == 0);
-    }();
-    if (!on) return false;
-    const k3_tensor *o = l->out, *nw = l->epilogue_norm_weight;
-    const int64_t C = nw->size[0];
-    return C % 8 == 0 && o->stride[1] == 1 && o->stride[0] % 8 == 0 &&
-           (uintptr_t)k3_tensor_data(o) % 16 == 0 && nw->dtype == K3_DTYPE_BF16 &&
-           (C == 1 || nw->stride[0] == 1) && (uintptr_t)k3_tensor_data(nw) % 16 == 0 &&
-           ctx->dev >= 0 && ctx->dev < K3SK_MAX_DEVICES &&
-           (k3sk_scr[ctx->dev].counters || !k3sk_capturing(ctx->stream));
-}
-
 /* The kernel's eligibility check, in DESIGN.md's order. Writes the reason and returns its
  * status (K3_OK when the kernel takes the call; *cfg is then the resolved configuration).
  * for_run: the check made at run() entry, where the batch-invariant flag is policy, not a
@@ -154,20 +129,10 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                             k3_dtype_name(typed[i]->dtype)),
                    K3_EDTYPE;
     /* Packed row-major is checked on the strides themselves: is_contiguous ignores the
-     * stride of a size-1 dim, and the kernel reads row m of w at m * K. x's rows may lie any
-     * whole number of 16-byte vectors apart (a column slice of a wider tensor, such as q_a's
-     * columns of the MLA down-projection's output) with unit stride along K; the silu_mul
-     * prologue's x is packed [M, 2K]; the rms_norm prologue reads x's rows through its stride
-     * (or a temporary does). */
+     * stride of a size-1 dim, and the kernel reads row m at m * K whatever M is. The rms_norm
+     * prologue reads x's rows through its stride (or a temporary does): x is exempt. */
     const k3_tensor *packed[2] = {x, w};
-    const int first = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL ? 0 : 1;
-    if (l->prologue == K3_LINEAR_PROLOGUE_NONE && x->size[1] > 1 &&
-        (x->stride[1] != 1 || (x->size[0] > 1 && x->stride[0] % 8 != 0)))
-        return snprintf(why, n,
-                        "x's row stride must be a multiple of 8 elements (16-byte rows) with unit "
-                        "stride along K: strides %s for shape %s",
-                        k3sk_dims(a, sizeof a, x->stride), k3sk_dims(b, sizeof b, x->size)),
-               K3_ELAYOUT;
+    const int first = l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 1 : 0;
     for (int i = first; i < 2; i++) {
         const k3_tensor *t = packed[i];
         if (t->stride[0] != t->size[1] || t->stride[1] != 1) {
@@ -258,9 +223,8 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
         return snprintf(why, n, "K = %lld is not divisible by the vector width %d",
                         (long long)K, r.vec),
                K3_ESHAPE;
-    /* 16-byte loads need 16-byte aligned rows: with K % 8 == 0 and a row stride of whole
-     * vectors that is the base address. */
-    for (int i = l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 1 : 0; i < 2; i++)
+    /* 16-byte loads need 16-byte aligned rows: with K % 8 == 0 that is the base address. */
+    for (int i = first; i < 2; i++)
         if ((uintptr_t)k3_tensor_data(packed[i]) % 16)
             return snprintf(why, n,
                             "%s is not 16-byte aligned (storage offset %lld elements); the "
@@ -329,15 +293,10 @@ static k3_status k3sk_run(const k3_op_args *a) {
     if (s != K3_OK) return k3_error(s, "linear: %s: %s", k3_cuda_linear_skinny_name, why);
     /* The silu_mul epilogue runs in the classic kernel (k3_skinny_epi_kernel); split-K across
      * CTAs and the balanced grid write y [M, 2N] into a temporary and cuda.silu_mul.generic
-     * writes out from it. The rms_norm epilogue runs in the classic kernel, tiles or balanced
-     * (the norm tail) where k3sk_tail_fits; otherwise after the product (k3c_epilogue_after). */
+     * writes out from it. */
     const int kcta = cfg.split_k / k3_skinny_split_k(cfg.threads, cfg.rows, cfg.rows_per_warp);
-    const bool norm_epi = l->epilogue == K3_LINEAR_EPILOGUE_RMS_NORM;
-    k3c_ctx *ctx = NULL;
-    K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
-    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE &&
-        (kcta > 1 || (cfg.balanced && !norm_epi) || (norm_epi && !k3sk_tail_fits(l, ctx))))
-        return k3c_epilogue_after(a, k3sk_run);
+    if (l->epilogue != K3_LINEAR_EPILOGUE_NONE && (kcta > 1 || cfg.balanced))
+        return k3c_epilogue_temp(a, k3sk_run);
     /* static_weights (a low-latency method's plan): w's storage is marked static, so writes
      * into it are refused from now on. A write queued before this mark may still be in
      * flight, so this first call loads w after the wait like any input; every later call
@@ -370,8 +329,7 @@ static k3_status k3sk_run(const k3_op_args *a) {
     p.prologue = l->prologue == K3_LINEAR_PROLOGUE_SILU_MUL  ? 1
                  : l->prologue == K3_LINEAR_PROLOGUE_RMS_NORM ? 2
                                                               : 0;
-    /* x's row stride in vectors (a single row: packed) */
-    p.x_row = p.M > 1 ? l->x->stride[0] / 8 : p.K / 8;
+    p.x_row = l->x->stride[0] / 8;
     p.norm_weight = l->norm_weight ? k3_tensor_data(l->norm_weight) : NULL;
     p.eps = l->norm_eps;
     if (p.N == 0) return K3_OK;
@@ -380,6 +338,8 @@ static k3_status k3sk_run(const k3_op_args *a) {
         return k3_error(K3_EINTERNAL, "linear: %s: NULL data for a non-empty tensor",
                         k3_cuda_linear_skinny_name);
 
+    k3c_ctx *ctx = NULL;
+    K3_TRY(k3c_context(k3_tensor_device(l->x).index, &ctx));
     /* The prologue in the kernel, or h through a temporary and the plain kernel on it. */
     k3c_buffer hbuf;
     k3c_temp_tensor ht;
@@ -395,14 +355,12 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    /* The 16-rows-per-warp and the epilogue instances, the balanced grid and the norm tail
-     * have no in-kernel prologue. */
-    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced || norm_epi))
-        temp = true;
+    /* The 16-rows-per-warp and the epilogue instances, and the balanced grid, have no
+     * in-kernel prologue. */
+    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);
-        p.x_row = 0; /* h is packed */
         p.prologue = 0;
     }
     /* The balanced grid: G CTAs of at most cfg.rows rows each. */
@@ -410,19 +368,6 @@ static k3_status k3sk_run(const k3_op_args *a) {
     /* The L2 prefetch budget over w's rows (2N with the epilogue) and K-slices. */
     p.l2_prefetch = k3_skinny_l2_prefetch_row(cfg.l2_prefetch_mb, l->w->size[0],
                                               2 * (int64_t)p.K, kcta > 1 ? kcta : 1);
-    if (norm_epi) { /* the norm tail: the CTAs whose rows start below C count their arrivals */
-        const int64_t C = l->epilogue_norm_weight->size[0];
-        const int64_t G = cfg.balanced ? p.grid : ((int64_t)p.N + cfg.rows - 1) / cfg.rows;
-        int64_t ctas = cfg.balanced ? (C * G + p.N - 1) / p.N : (C + cfg.rows - 1) / cfg.rows;
-        if (ctas > G) ctas = G;
-        k3sk_scratch *scr = NULL;
-        K3_TRY(k3sk_get_scratch(ctx, &scr));
-        p.tail_cols = (int)C;
-        p.tail_ctas = (int)ctas;
-        p.tail_w = k3_tensor_data(l->epilogue_norm_weight);
-        p.tail_eps = l->epilogue_eps;
-        p.tail_count = scr->counters + K3SK_TAIL_COUNTER;
-    }
     if (kcta <= 1) {
         K3_CHECK(k3_skinny_launch(cfg.threads, cfg.rows, cfg.unroll, p, ctx->stream,
                                   cfg.rows_per_warp));

@@ -38,14 +38,6 @@
  * rounds both to bf16 (the bits the plain kernel writes for y) and stores silu(g) * u rounded
  * as cuda.silu_mul.generic rounds it.
  *
- * Norm tail (k3_skinny_problem.tail_cols > 0; classic kernel, no prologue or silu_mul
- * epilogue): the linear's rms_norm epilogue in the same launch. Each CTA whose rows start below
- * tail_cols, once its y is stored, fences and counts its arrival; the last of those tail_ctas
- * CTAs reads y[:, :tail_cols] back from L2 (every other one's stores are visible after its own
- * fence), computes the row scales with k3sk_rms_scales (cuda.rms_norm.generic's order) and
- * rewrites those columns as round(y r norm_weight), then resets the counter: the bits of the
- * separate kernel after the plain linear, without its launch and PDL link in a decode chain.
- *
  * Launch: with programmatic dependent launch (k3_skinny_problem.pdl) the kernel runs
  * griddepcontrol.launch_dependents at entry (the next PDL kernel's CTAs may become resident
  * while this one drains) and griddepcontrol.wait before it reads x or res or touches ws,
@@ -129,9 +121,8 @@
 #define K3_SKINNY_MAX_M 16
 #define K3_SKINNY_MAX_KCTA 32
 
-/* What one launch computes. w [N,K] is packed row-major bf16 (row stride K), x [M,K] bf16
- * with rows x_row 16-byte vectors apart (0: packed), both 16-byte aligned; res (may be NULL)
- * and y are bf16 with element strides (s0, s1). */
+/* What one launch computes. x [M,K] and w [N,K] are packed row-major bf16 (row stride K),
+ * 16-byte aligned; res (may be NULL) and y are bf16 with element strides (s0, s1). */
 typedef struct k3_skinny_problem {
     const void *x, *w, *res;
     int64_t res_s0, res_s1;
@@ -144,10 +135,9 @@ typedef struct k3_skinny_problem {
      * kernel in flight). */
     int pdl, static_w;
     /* prologue: 0 none; 1 silu_mul: x is [M, 2K] (row stride 2K) and the product takes
-     * silu(x[:, :K]) * x[:, K:] rounded to bf16; 2 rms_norm: x is [M, K] and the product
-     * takes rms_norm(x, norm_weight (bf16 [K], 16-byte aligned), eps) (the prologues above).
-     * x_row: x's row stride in 16-byte vectors, 0 for packed rows (K / 8; the silu_mul
-     * prologue's rows are always 2K). With a prologue the launch uses
+     * silu(x[:, :K]) * x[:, K:] rounded to bf16; 2 rms_norm: x is [M, K] with row stride
+     * x_row 16-byte vectors and the product takes rms_norm(x, norm_weight (bf16 [K], 16-byte
+     * aligned), eps) (the prologues above). With a prologue the launch uses
      * k3_skinny_silu_smem_bytes of dynamic shared memory, which the caller checks against the
      * device's limit. */
     int prologue;
@@ -167,16 +157,6 @@ typedef struct k3_skinny_problem {
      * fetch before the PDL wait ("L2 prefetch" above): k3_skinny_l2_prefetch_row of the
      * launch's budget. */
     int l2_prefetch;
-    /* The rms_norm epilogue's norm over y's first tail_cols columns (0: none; classic kernel
-     * without prologue or silu_mul epilogue; tail_cols % 8 == 0, y_s1 == 1, y_s0 % 8 == 0, y
-     * 16-byte aligned): the tail_ctas CTAs whose rows start below tail_cols count their
-     * arrivals on *tail_count (zero before the launch, left zero), and the last to arrive
-     * rewrites those columns as rms_norm(y[:, :tail_cols], tail_w (bf16, 16-byte aligned),
-     * tail_eps) in cuda.rms_norm.generic's order ("Norm tail" above). */
-    int tail_cols, tail_ctas;
-    const void *tail_w;
-    double tail_eps;
-    unsigned *tail_count;
 } k3_skinny_problem;
 
 /* The largest L2 prefetch budget of one launch, in MiB: the H200's L2 holds 50 MB, and lines
@@ -358,16 +338,15 @@ static __device__ __forceinline__ uint4 k3sk_silu_mul(uint4 g, uint4 u) {
  * eight at a time ahead of the sums (the order of the sums is unchanged). SCALED: the sum of
  * (x 2^-k)^2 of the rescaled pass, without the max. */
 template <bool SCALED>
-static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *xr, int K, int vt, int k,
-                                                        float *ss, float *mx) {
+static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *__restrict__ xr, int K,
+                                                        int vt, int k, float *ss, float *mx) {
     float s = 0.f, m = 0.f;
     for (int d0 = vt; d0 < K; d0 += 8 * 256) {
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int d = d0 + j * 256;
-            /* from L2 (ld.global.cg): the norm tail reads what other CTAs of the launch wrote */
-            v[j] = d < K ? k3sk_bf16_to_f32(__ldcg((const unsigned short *)xr + d)) : 0.f;
+            v[j] = d < K ? k3sk_bf16_to_f32(xr[d]) : 0.f;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -395,7 +374,7 @@ static __device__ __forceinline__ void k3sk_rms_partial(const uint16_t *xr, int 
  * scaled by; 0 on the normal path) and part, part_max ([16][8] floats) and flag ([16] ints)
  * are shared memory. Contains __syncthreads(). */
 template <int THREADS>
-static __device__ void k3sk_rms_scales(const uint4 *x, int64_t xrow, int M, int K,
+static __device__ void k3sk_rms_scales(const uint4 *__restrict__ x, int64_t xrow, int M, int K,
                                        double eps, float (*part)[8], float (*part_max)[8],
                                        int *flag, float *r, int *e) {
     constexpr int WARPS = THREADS / 32;
@@ -472,47 +451,17 @@ static __device__ __forceinline__ uint4 k3sk_rms(uint4 xv, uint4 wv, float r, in
                       k3sk_rms2(xv.z, wv.z, r, e), k3sk_rms2(xv.w, wv.w, r, e));
 }
 
-/* The norm tail ("Norm tail" above) of a CTA whose rows start below C: count this CTA's
- * arrival once its stores are fenced; the last of `ctas` arrivals normalises y's first C
- * columns (rows y_s0 elements apart) in place and resets *count. Out of line: the common path
- * keeps its registers and instruction stream. Contains __syncthreads(). */
-template <int THREADS>
-static __device__ __noinline__ void k3sk_norm_tail(uint16_t *y, int64_t y_s0, int M, int C,
-                                                   int ctas, const uint4 *nw, double eps,
-                                                   unsigned *count) {
-    __shared__ unsigned last;
-    __shared__ float part[K3_SKINNY_MAX_M][8], part_max[K3_SKINNY_MAX_M][8], r[K3_SKINNY_MAX_M];
-    __shared__ int flag[K3_SKINNY_MAX_M], e[K3_SKINNY_MAX_M];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(count, 1u) == (unsigned)ctas - 1u;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int64_t yrow = y_s0 / 8; /* 16-byte vectors */
-    k3sk_rms_scales<THREADS>((const uint4 *)y, yrow, M, C, eps, part, part_max, flag, r, e);
-    const int nv = C / 8;
-    for (int i = threadIdx.x; i < M * nv; i += THREADS) {
-        const int m = i / nv, q = i - m * nv;
-        uint4 *row = (uint4 *)y + m * yrow;
-        row[q] = k3sk_rms(__ldcg(row + q), __ldg(nw + q), r[m], e[m]);
-    }
-    if (threadIdx.x == 0) *count = 0u;
-}
-
 /* MT = token tiles of 8 (1 for M <= 8, 2 for M <= 16). */
 /* SPLIT: split-K across CTAs (gridDim.y = kcta >= 2, ws and counters used); otherwise
  * gridDim.y = 1 and ws / counters are unused (may be NULL). PRO: the prologue (0 none,
  * 1 silu_mul: x rows of 2K, gate | up; 2 rms_norm: x rows xs vectors apart, norm weight nw,
- * eps). tc > 0: the norm tail over y's first tc columns (tctas arrivals on *tcount, weight tw,
- * eps teps). */
+ * eps). */
 #define K3SK_PARAMS                                                                        \
     const uint4 *__restrict__ x, const uint4 *__restrict__ w, const uint16_t *__restrict__ res, \
         int64_t res_s0, int64_t res_s1, uint16_t *__restrict__ y, int64_t y_s0, int64_t y_s1,  \
         int M, int N, int K, float *__restrict__ ws, unsigned *__restrict__ counters, int pdl, \
-        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal, int pf,   \
-        int tc, int tctas, const uint4 *__restrict__ tw, double teps, unsigned *tcount
-#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal, pf, tc, tctas, tw, teps, tcount
+        int static_w, int64_t xs, const uint4 *__restrict__ nw, double eps, int bal, int pf
+#define K3SK_ARGS x, w, res, res_s0, res_s1, y, y_s0, y_s1, M, N, K, ws, counters, pdl, static_w, xs, nw, eps, bal, pf
 /* The silu_mul epilogue's rows (EPI): local row lr of CTA b (0..ROWS-1) streams gate row
  * b * ROWS/2 + lr for lr < ROWS/2 and up row N + b * ROWS/2 + lr - ROWS/2 otherwise, N being
  * h's columns (w has 2N rows); the pair exists while b * ROWS/2 + lr % (ROWS/2) < N. */
@@ -567,7 +516,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
     /* x's row in vectors */
-    const int64_t xrow = PRO == 1 ? 2 * (int64_t)nvec : xs > 0 ? xs : (int64_t)nvec;
+    const int64_t xrow = PRO == 1 ? 2 * (int64_t)nvec : PRO == 2 ? xs : (int64_t)nvec;
     const uint4 *x0 = x + (x0_ok ? g : 0) * xrow;
     const uint4 *x1 = x + (x1_ok ? g + 8 : 0) * xrow;
 
@@ -751,11 +700,7 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         if (res) s += k3sk_bf16_to_f32(res[m * res_s0 + n * res_s1]);
         y[m * y_s0 + n * y_s1] = k3sk_f32_to_bf16(s);
     }
-    if constexpr (!SPLIT) {
-        if constexpr (!EPI && PRO == 0)
-            if (tc > 0 && n0 < tc) k3sk_norm_tail<THREADS>(y, y_s0, M, tc, tctas, tw, teps, tcount);
-        return;
-    }
+    if (!SPLIT) return;
 
     /* Last-arriving CTA of this row tile: release (fence, then count), acquire (fence after
      * seeing the count), sum the kcta partials in split order, round once, reset. */
@@ -865,16 +810,9 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
          ? e                                                                               \
          : cudaLaunchKernelEx(&lc, KERNEL, x, w, res, p.res_s0, p.res_s1, y, p.y_s0, p.y_s1,    \
                               p.M, p.N, p.K, ws, counters, pdl, st, p.x_row, nw, p.eps, bal ? 1 : 0, \
-                              p.l2_prefetch > 0 ? p.l2_prefetch / 16 * 16 : 0, p.tail_cols,    \
-                              p.tail_ctas, (const uint4 *)p.tail_w, p.tail_eps, p.tail_count))
+                              p.l2_prefetch > 0 ? p.l2_prefetch / 16 * 16 : 0))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
-    /* the norm tail: classic kernel without prologue or silu_mul epilogue, whole vectors */
-    if (p.tail_cols && (SPLIT || p.prologue || p.epilogue || p.tail_cols < 0 ||
-                        p.tail_cols % 8 || p.tail_cols > p.N || p.tail_ctas < 1 || !p.tail_w ||
-                        !p.tail_count || p.y_s1 != 1 || p.y_s0 % 8 || ((uintptr_t)p.y & 15) ||
-                        ((uintptr_t)p.tail_w & 15)))
-        return cudaErrorInvalidValue;
     if (p.epilogue) {
         if constexpr (SPLIT) return cudaErrorInvalidValue;
         else if (p.M <= 8)

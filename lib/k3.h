@@ -502,40 +502,23 @@ K3_API k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, cons
  * followed by that op on every kernel.
  * K3_LINEAR_EPILOGUE_SILU_MUL: w is [2N, K], gate rows 0..N-1 then up rows N..2N-1 (the SwiGLU
  *   MLP's gate_up weight), bias (if any) [2N], and the result is h[M, N] = silu(y[:, :N]) *
- *   y[:, N:] as k3_silu_mul computes it from y = x w^T (+ bias).
- * K3_LINEAR_EPILOGUE_RMS_NORM: the result is y [M, N] with its first C columns replaced by
- *   k3_rms_norm(y[:, :C], norm_weight, eps), C = norm_weight's length (1..N), the others as
- *   k3_linear writes them: the MLA down-projection qkv_a, whose q_a columns are normalised
- *   (q_a_layernorm) before q_b reads them. A kernel that finishes the product on the GPU may
- *   compute the norm in the same launch (the last of its CTAs to write a normalised column),
- *   which saves the separate kernel's launch in a decode chain. */
+ *   y[:, N:] as k3_silu_mul computes it from y = x w^T (+ bias). */
 typedef enum k3_linear_epilogue {
     K3_LINEAR_EPILOGUE_NONE = 0,
     K3_LINEAR_EPILOGUE_SILU_MUL = 1,
-    K3_LINEAR_EPILOGUE_RMS_NORM = 2,
 } k3_linear_epilogue;
-typedef struct k3_linear_epilogue_args {
-    k3_linear_epilogue kind;
-    const k3_tensor *norm_weight; /* RMS_NORM: [C], C in 1..N, on x's device, any dtype */
-    double eps;                   /* RMS_NORM: finite, >= 0 */
-} k3_linear_epilogue_args;
-/* k3_linear with a prologue and an epilogue (either NULL: none): out = epilogue(
- * k3_linear_with_prologue(x, w, bias, residual, prologue)). SILU_MUL: w's dim 0 must be even
- * (K3_ESHAPE "linear: w dim 0 (7) must be even for epilogue silu_mul"), out [M, N] = [M, w dim 0
- * / 2] (K3_ESHAPE "linear: out must be [2, 3]; got [2, 6]"), residual NULL (K3_EINVAL: the
- * residual would be added before the gate; add it to the result instead). RMS_NORM: out is
- * [M, N], norm_weight must be [C] with 1 <= C <= N (K3_ESHAPE "linear: norm_weight must be [C]
- * with 1 <= C <= N = 4 (w dim 0) for epilogue rms_norm; got [5]") on x's device, eps finite
- * and >= 0 (K3_EINVAL); the residual and bias are in y before the norm. Both: out has unit
- * stride in its last dim (K3_ELAYOUT). A prologue and the epilogue together compute the
- * prologue's h, the product, then the epilogue: the bits of the three ops in that order. A kind
- * out of range, or a norm_weight with another kind, is K3_EINVAL. Every linear kernel applies
- * it, in the kernel or after the product with the device's own silu_mul or rms_norm kernel. */
+/* k3_linear with a prologue (NULL: none) and an epilogue: out = epilogue(k3_linear_with_prologue
+ * (x, w, bias, prologue)). SILU_MUL: w's dim 0 must be even (K3_ESHAPE "linear: w dim 0 (7) must
+ * be even for epilogue silu_mul"), out [M, N] = [M, w dim 0 / 2] (K3_ESHAPE "linear: out must be
+ * [2, 3]; got [2, 6]"), residual NULL (K3_EINVAL: the residual would be added before the gate;
+ * add it to the result instead). A prologue and the epilogue together compute the prologue's h,
+ * the product, then the epilogue: the bits of the three ops in that order. An epilogue out of
+ * range is K3_EINVAL. Every linear kernel applies it, in the kernel or through a temporary y
+ * [M, 2N] and the device's silu_mul kernel. */
 K3_API k3_status k3_linear_fused(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                  const k3_tensor *bias, const k3_tensor *residual,
                                  const k3_linear_prologue_args *prologue,
-                                 const k3_linear_epilogue_args *epilogue, k3_tensor *out,
-                                 const k3_call *call);
+                                 k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call);
 
 /* The AttnRes read (docs/DESIGN.md). 0-based write_block, -1 for none; out of range is K3_ESHAPE
  * in the same terms: "attn_res: write_block must be -1 (no write) or in 0..2 (blocks has
@@ -727,7 +710,7 @@ K3_API k3_status k3_method_apply_fused(const k3_method *m, k3_tensor **y, const 
                                        const k3_tensor *w, const k3_tensor *bias,
                                        const k3_tensor *residual,
                                        const k3_linear_prologue_args *prologue,
-                                       const k3_linear_epilogue_args *epilogue, k3_tensor *out,
+                                       k3_linear_epilogue epilogue, k3_tensor *out,
                                        const k3_call *call);
 
 /* ---- counters ------------------------------------------------------------------------------ */

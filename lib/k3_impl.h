@@ -195,14 +195,10 @@ typedef struct k3_linear_args {
     k3_linear_prologue prologue;
     const k3_tensor *norm_weight;
     double norm_eps;
-    /* The epilogue (k3.h, k3_linear_epilogue): NONE, SILU_MUL (w is [2N, K], out is [M, N] =
-     * silu_mul(y) of the product y [M, 2N] rounded to x's dtype) or RMS_NORM (out is y [M, N]
-     * with its first C = epilogue_norm_weight's length columns replaced by rms_norm(y[:, :C],
-     * epilogue_norm_weight, epilogue_eps)); every linear kernel applies it, in the kernel or
-     * after the product (lib/cpu/linear.c; k3c_epilogue_after). */
+    /* The epilogue (k3.h, k3_linear_epilogue): NONE, or SILU_MUL (w is [2N, K], out is
+     * [M, N] = silu_mul(y) of the product y [M, 2N] rounded to x's dtype); every linear kernel
+     * applies it, in the kernel or through a temporary y (lib/cpu/linear.c, k3c_epilogue_temp). */
     k3_linear_epilogue epilogue;
-    const k3_tensor *epilogue_norm_weight;
-    double epilogue_eps;
 } k3_linear_args;
 
 /* The public k3_attn_res_args (k3.h) plus the caller-allocated out [T,H], and the numbering
@@ -474,7 +470,7 @@ K3_API k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *c
 K3_API k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                const k3_tensor *bias, const k3_tensor *residual,
                                const k3_linear_prologue_args *prologue,
-                               const k3_linear_epilogue_args *epilogue, k3_tensor *out,
+                               k3_linear_epilogue epilogue, k3_tensor *out,
                                const k3_call *call, const k3_skinny_config *config,
                                const k3_dispatch_ext *ext);
 

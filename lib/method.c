@@ -130,9 +130,8 @@ void k3_method_free(k3_method *m) {
 static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                const k3_tensor *w, const k3_tensor *bias,
                                const k3_tensor *residual, const k3_linear_prologue_args *prologue,
-                               const k3_linear_epilogue_args *epilogue, k3_tensor *out,
-                               const k3_call *call, const k3_skinny_config *config,
-                               const k3_dispatch_ext *ext) {
+                               k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call,
+                               const k3_skinny_config *config, const k3_dispatch_ext *ext) {
     k3_call c = call ? *call : (k3_call){0};
     k3_policy local;
     if (m->policy) {
@@ -146,8 +145,7 @@ static k3_status apply_default(const k3_method *m, k3_tensor **y, const k3_tenso
 k3_status k3_method_apply_fused(const k3_method *m, k3_tensor **y, const k3_tensor *x,
                                 const k3_tensor *w, const k3_tensor *bias,
                                 const k3_tensor *residual, const k3_linear_prologue_args *prologue,
-                                const k3_linear_epilogue_args *epilogue, k3_tensor *out,
-                                const k3_call *call) {
+                                k3_linear_epilogue epilogue, k3_tensor *out, const k3_call *call) {
     if (!m) return k3_error(K3_EINVAL, "method_apply: m is NULL");
     if (!m->low_latency)
         return apply_default(m, y, x, w, bias, residual, prologue, epilogue, out, call, NULL,
@@ -182,7 +180,8 @@ k3_status k3_method_apply_with_prologue(const k3_method *m, k3_tensor **y, const
                                         const k3_tensor *residual,
                                         const k3_linear_prologue_args *prologue, k3_tensor *out,
                                         const k3_call *call) {
-    return k3_method_apply_fused(m, y, x, w, bias, residual, prologue, NULL, out, call);
+    return k3_method_apply_fused(m, y, x, w, bias, residual, prologue, K3_LINEAR_EPILOGUE_NONE,
+                                 out, call);
 }
 
 k3_status k3_method_apply(const k3_method *m, k3_tensor **y, const k3_tensor *x,

@@ -9,9 +9,8 @@
 
 k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                         const k3_tensor *bias, const k3_tensor *residual,
-                        const k3_linear_prologue_args *prologue,
-                        const k3_linear_epilogue_args *epilogue, k3_tensor *out,
-                        const k3_call *call, const k3_skinny_config *config,
+                        const k3_linear_prologue_args *prologue, k3_linear_epilogue epilogue,
+                        k3_tensor *out, const k3_call *call, const k3_skinny_config *config,
                         const k3_dispatch_ext *ext) {
     k3_op_args a;
     memset(&a, 0, sizeof a);
@@ -19,31 +18,29 @@ k3_status k3_linear_ext(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
     a.u.linear = (k3_linear_args){x, w, bias, residual, out, config, false, k3_message_base(),
                                   prologue ? prologue->kind : K3_LINEAR_PROLOGUE_NONE,
                                   prologue ? prologue->norm_weight : NULL,
-                                  prologue ? prologue->eps : 0.0,
-                                  epilogue ? epilogue->kind : K3_LINEAR_EPILOGUE_NONE,
-                                  epilogue ? epilogue->norm_weight : NULL,
-                                  epilogue ? epilogue->eps : 0.0};
+                                  prologue ? prologue->eps : 0.0, epilogue};
     return k3_dispatch_call(&a, y, call, ext);
 }
 
 k3_status k3_linear(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                     const k3_tensor *bias, const k3_tensor *residual, k3_tensor *out,
                     const k3_call *call) {
-    return k3_linear_ext(y, x, w, bias, residual, NULL, NULL, out, call, NULL, NULL);
+    return k3_linear_ext(y, x, w, bias, residual, NULL, K3_LINEAR_EPILOGUE_NONE, out, call,
+                         NULL, NULL);
 }
 
 k3_status k3_linear_with_prologue(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                                   const k3_tensor *bias, const k3_tensor *residual,
                                   const k3_linear_prologue_args *prologue, k3_tensor *out,
                                   const k3_call *call) {
-    return k3_linear_ext(y, x, w, bias, residual, prologue, NULL, out, call, NULL, NULL);
+    return k3_linear_ext(y, x, w, bias, residual, prologue, K3_LINEAR_EPILOGUE_NONE, out, call,
+                         NULL, NULL);
 }
 
 k3_status k3_linear_fused(k3_tensor **y, const k3_tensor *x, const k3_tensor *w,
                           const k3_tensor *bias, const k3_tensor *residual,
-                          const k3_linear_prologue_args *prologue,
-                          const k3_linear_epilogue_args *epilogue, k3_tensor *out,
-                          const k3_call *call) {
+                          const k3_linear_prologue_args *prologue, k3_linear_epilogue epilogue,
+                          k3_tensor *out, const k3_call *call) {
     return k3_linear_ext(y, x, w, bias, residual, prologue, epilogue, out, call, NULL, NULL);
 }
 

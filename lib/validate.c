@@ -138,17 +138,10 @@ static k3_status linear_inputs(const k3_linear_args *a) {
                         "linear: prologue must be %d (none), %d (silu_mul) or %d (rms_norm); got %d",
                         (int)K3_LINEAR_PROLOGUE_NONE, (int)K3_LINEAR_PROLOGUE_SILU_MUL,
                         (int)K3_LINEAR_PROLOGUE_RMS_NORM, (int)a->prologue);
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE && a->epilogue != K3_LINEAR_EPILOGUE_SILU_MUL &&
-        a->epilogue != K3_LINEAR_EPILOGUE_RMS_NORM)
-        return k3_error(K3_EINVAL,
-                        "linear: epilogue must be %d (none), %d (silu_mul) or %d (rms_norm); got %d",
+    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE && a->epilogue != K3_LINEAR_EPILOGUE_SILU_MUL)
+        return k3_error(K3_EINVAL, "linear: epilogue must be %d (none) or %d (silu_mul); got %d",
                         (int)K3_LINEAR_EPILOGUE_NONE, (int)K3_LINEAR_EPILOGUE_SILU_MUL,
-                        (int)K3_LINEAR_EPILOGUE_RMS_NORM, (int)a->epilogue);
-    bool epi_rms = a->epilogue == K3_LINEAR_EPILOGUE_RMS_NORM;
-    if (!epi_rms && a->epilogue_norm_weight)
-        return k3_error(K3_EINVAL,
-                        "linear: the epilogue's norm_weight is given but the epilogue is not rms_norm");
-    if (epi_rms) K3_TRY(need(op, "norm_weight", a->epilogue_norm_weight));
+                        (int)a->epilogue);
     bool silu = a->prologue == K3_LINEAR_PROLOGUE_SILU_MUL;
     bool rms = a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM;
     bool epi = a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL;
@@ -195,19 +188,6 @@ static k3_status linear_inputs(const k3_linear_args *a) {
     if (epi && N % 2 != 0)
         return k3_error(K3_ESHAPE, "linear: w dim %d (%lld) must be even for epilogue silu_mul",
                         0 + a->base, (long long)N);
-    if (epi_rms) { /* rms_norm over y's first C columns, C = norm_weight's length */
-        const k3_tensor *nw = a->epilogue_norm_weight;
-        if (nw->ndim != 1 || nw->size[0] < 1 || nw->size[0] > N) {
-            char b[DIMS_LEN];
-            return k3_error(K3_ESHAPE,
-                            "linear: norm_weight must be [C] with 1 <= C <= N = %lld (w dim %d) "
-                            "for epilogue rms_norm; got %s",
-                            (long long)N, 0 + a->base, shp(b, nw));
-        }
-        K3_TRY(same_device(op, "norm_weight", nw, "x", x));
-        K3_TRY(unit_last(op, "norm_weight", nw));
-        K3_TRY(finite_eps(op, "eps", a->epilogue_eps));
-    }
     if (a->bias) {
         char b[DIMS_LEN];
         if (a->bias->ndim != 1 || a->bias->size[0] != N)
@@ -236,14 +216,13 @@ static k3_status linear_out(const k3_linear_args *a) {
     const char *op = "linear";
     int64_t shape[2] = {a->x->size[0], linear_n(a)};
     K3_TRY(check_out(op, a->out, 2, shape, a->x->dtype, k3_tensor_device(a->x)));
-    /* The epilogue writes out as silu_mul or rms_norm writes its out. */
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) K3_TRY(unit_last(op, "out", a->out));
+    /* The epilogue writes out as silu_mul writes its out. */
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) K3_TRY(unit_last(op, "out", a->out));
     K3_TRY(no_overlap(op, "out", a->out, "x", a->x));
     K3_TRY(no_overlap(op, "out", a->out, "w", a->w));
     K3_TRY(no_overlap(op, "out", a->out, "bias", a->bias));
     K3_TRY(no_overlap(op, "out", a->out, "residual", a->residual));
     K3_TRY(no_overlap(op, "out", a->out, "norm_weight", a->norm_weight));
-    K3_TRY(no_overlap(op, "out", a->out, "norm_weight", a->epilogue_norm_weight));
     return K3_OK;
 }
 

@@ -507,7 +507,7 @@ linear_case("linear norm_weight without the rms_norm prologue", function(x, w, e
 end, "linear: norm_weight is given but the prologue is not rms_norm")
 linear_case("linear eps without the rms_norm prologue", function(x, w)
   return function() k3.linear(x, w, {eps = 1e-5}) end
-end, "bad argument #3 to 'linear' (field 'eps' is for prologue or epilogue \"rms_norm\" only)")
+end, "bad argument #3 to 'linear' (field 'eps' is for prologue \"rms_norm\" only)")
 linear_case("linear prologue rms_norm with norm_weight a string", function(x, w)
   return function() k3.linear(x, w, {prologue = "rms_norm", norm_weight = "w"}) end
 end, "bad argument #3 to 'linear' (field 'norm_weight' must be a k3.Tensor; got string)")

@@ -158,14 +158,14 @@ describe("linear epilogue silu_mul on the CPU kernels", function()
       "linear: residual cannot be combined with epilogue silu_mul (it would be added before the "
         .. "gate); add it to the result instead")
     H.raises(function() k3.linear(x, w, {epilogue = "gelu"}) end,
-      "(field 'epilogue' must be \"silu_mul\", \"rms_norm\" or nil; got \"gelu\")")
+      "(field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")")
     H.raises(function() k3.linear(x, w, {epilogue = 3}) end,
-      "(field 'epilogue' must be \"silu_mul\", \"rms_norm\" or nil; got number)")
+      "(field 'epilogue' must be \"silu_mul\" or nil; got number)")
     H.raises(function() k3.linear(x, w, {epilogue = "silu_mul", kernel = "cpu.linear.reference", out = k3.zeros({3, 3}):t()}) end,
       "linear: out must have unit stride in its last dim")
     local m = k3.method.default()
     H.raises(function() m:apply(x, w, nil, {epilogue = "silu"}) end,
-      "(field 'epilogue' must be \"silu_mul\", \"rms_norm\" or nil; got \"silu\")")
+      "(field 'epilogue' must be \"silu_mul\" or nil; got \"silu\")")
     H.raises_exact(function() m:apply(x, k3.randn({5, 5}), nil, {epilogue = "silu_mul"}) end,
       "linear: w dim 1 (5) must be even for epilogue silu_mul")
     -- explain does not raise on refused arguments: it reports the error

@@ -527,7 +527,7 @@ describe("linear with prologue rms_norm", function()
       H.raises(function() k3.linear(x, w, {prologue = "silu_mul", norm_weight = k3.ones({4})}) end,
         "linear: norm_weight is given but the prologue is not rms_norm")
       H.raises(function() k3.linear(x, w, {prologue = "silu_mul", eps = 1e-5}) end,
-        "field 'eps' is for prologue or epilogue \"rms_norm\" only")
+        "field 'eps' is for prologue \"rms_norm\" only")
     end)
     it("x must have unit stride in its last dim; norm_weight too", function()
       H.raises(function() k3.linear(k3.randn({4, 3}):t(), w, {prologue = "rms_norm", norm_weight = k3.ones({4})}) end,

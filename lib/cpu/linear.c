@@ -10,8 +10,7 @@
  * rms_norm prologue runs cpu.rms_norm.reference into a temporary and the kernel on it (on the
  * CPU a fused row norm would save nothing; the temporary gives rms_norm's bits by
  * construction); the silu_mul epilogue runs the kernel into a temporary y [M, 2N] and
- * cpu.silu_mul.reference from it into out, for the same reason; the rms_norm epilogue runs
- * the kernel into out and cpu.rms_norm.reference over out's first C columns in place.
+ * cpu.silu_mul.reference from it into out, for the same reason.
  */
 #include "k3_impl.h"
 #include "silu.h"
@@ -145,33 +144,6 @@ static k3_status with_silu_mul_epilogue(const k3_op_args *oa,
     return s;
 }
 
-/* The rms_norm epilogue on the CPU: run(the call without it) writes y [M, N] into out, then
- * cpu.rms_norm.reference normalises out's first C columns in place (it reads a row into its
- * own buffer before it writes the row). Any prologue is left to run. */
-static k3_status with_rms_norm_epilogue(const k3_op_args *oa,
-                                        k3_status (*run)(const k3_op_args *)) {
-    const k3_linear_args *a = &oa->u.linear;
-    k3_op_args plain = *oa;
-    plain.u.linear.epilogue = K3_LINEAR_EPILOGUE_NONE;
-    plain.u.linear.epilogue_norm_weight = NULL;
-    K3_TRY(run(&plain));
-    k3_tensor cols = *a->out; /* out[:, :C], a view sharing out's storage */
-    cols.size[1] = a->epilogue_norm_weight->size[0];
-    k3_op_args norm;
-    memset(&norm, 0, sizeof norm);
-    norm.op = K3_OP_RMS_NORM;
-    norm.u.rms_norm = (k3_rms_norm_args){&cols, a->epilogue_norm_weight, a->epilogue_eps, &cols,
-                                         a->base};
-    return k3_cpu_rms_norm_reference.run(&norm);
-}
-
-/* The epilogue of a CPU kernel's call, if any, around run (the kernel's own entry). */
-static k3_status with_epilogue(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
-    if (oa->u.linear.epilogue == K3_LINEAR_EPILOGUE_SILU_MUL)
-        return with_silu_mul_epilogue(oa, run);
-    return with_rms_norm_epilogue(oa, run);
-}
-
 /* The rms_norm prologue on the CPU: h = cpu.rms_norm.reference(x, norm_weight, eps) into a
  * temporary [M, K] of x's dtype, then run(h) as a plain call. */
 static k3_status with_rms_norm(const k3_op_args *oa, k3_status (*run)(const k3_op_args *)) {
@@ -199,7 +171,7 @@ static k3_status with_rms_norm(const k3_op_args *oa, k3_status (*run)(const k3_o
 
 static k3_status run_blas(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return with_epilogue(oa, run_blas);
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_blas);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_blas);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -347,7 +319,7 @@ const k3_kernel k3_cpu_linear_blas = K3_KERNEL_RECORD(k3_cpu_linear_blas, suppor
  * silu_mul prologue, of products with h, itself rounded as silu_mul rounds it). */
 static k3_status run_reference(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return with_epilogue(oa, run_reference);
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_reference);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_reference);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;
@@ -406,7 +378,7 @@ DEFINE_BI_ROW(bi_row_f64, double, fma)
 
 static k3_status run_batch_invariant(const k3_op_args *oa) {
     const k3_linear_args *a = &oa->u.linear;
-    if (a->epilogue != K3_LINEAR_EPILOGUE_NONE) return with_epilogue(oa, run_batch_invariant);
+    if (a->epilogue == K3_LINEAR_EPILOGUE_SILU_MUL) return with_silu_mul_epilogue(oa, run_batch_invariant);
     if (a->prologue == K3_LINEAR_PROLOGUE_RMS_NORM) return with_rms_norm(oa, run_batch_invariant);
     const k3_tensor *x = a->x, *w = a->w;
     k3_tensor *out = a->out;

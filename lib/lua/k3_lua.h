@@ -99,14 +99,16 @@ int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn)
  * argument is absent. Anything else raises "unknown <what> 'x'; expected a, b or c". */
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what);
-/* The linear prologue and epilogue of the options table at idx (0: no table; lib/lua/ops.c):
- * fields 'prologue' and 'epilogue', each nil (none), "silu_mul" or "rms_norm"; anything else
- * raises "field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got ...". 'norm_weight'
- * (a tensor) and 'eps' (a number, default 1e-5) go to the side that is "rms_norm"; 'eps'
- * without one raises, and "rms_norm" on both sides raises (they would share the fields). A
- * norm_weight tensor stays referenced by the table. */
-void k3l_fusion_fields(lua_State *L, int idx, int argn, k3_linear_prologue_args *pro,
-                       k3_linear_epilogue_args *epi);
+/* The linear prologue of the options table at idx (0: no table; lib/lua/ops.c): field
+ * 'prologue' nil (none), "silu_mul" or "rms_norm" (then 'norm_weight', a tensor, and 'eps', a
+ * number, default 1e-5); anything else raises "field 'prologue' must be \"silu_mul\",
+ * \"rms_norm\" or nil; got ...", and 'eps' without "rms_norm" raises too. The norm_weight
+ * tensor stays referenced by the table. */
+k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn);
+/* The linear epilogue of the options table at idx (0: no table; lib/lua/ops.c): field
+ * 'epilogue' nil (none) or "silu_mul"; anything else raises "field 'epilogue' must be
+ * \"silu_mul\" or nil; got ...". */
+k3_linear_epilogue k3l_epilogue_field(lua_State *L, int idx, int argn);
 /* A shape table {d1, ..., dn} at idx (1 <= n <= 8, integers; negative sizes raise unless
  * allow_neg, for view's -1). Returns n. */
 int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg);

@@ -166,69 +166,48 @@ static int opt_table(lua_State *L, int idx, const char *const *keys) {
 
 /* ---- the ops --------------------------------------------------------------------------------- */
 
-/* The name in field `field` of the options table at idx: the index of one of names (NULL
- * ended) plus 1, or 0 when the field is nil; anything else is an argument error listing them. */
-static int fusion_kind(lua_State *L, int idx, const char *field, const char *const *names,
-                       int argn) {
-    int ty = lua_getfield(L, idx, field);
-    int kind = 0;
-    if (ty != LUA_TNIL) {
-        const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        for (int i = 0; name && names[i] && !kind; i++)
-            if (strcmp(name, names[i]) == 0) kind = i + 1;
-        if (!kind) {
-            char want[96] = "";
-            for (int i = 0; names[i]; i++)
-                snprintf(want + strlen(want), sizeof want - strlen(want), "%s\"%s\"",
-                         i ? ", " : "", names[i]);
-            if (name)
-                k3l_arg_error(L, argn, "field '%s' must be %s or nil; got \"%s\"", field, want,
-                              k3l_push_echo(L, name));
-            k3l_arg_error(L, argn, "field '%s' must be %s or nil; got %s", field, want,
-                          luaL_typename(L, -1));
-        }
-    }
-    lua_pop(L, 1);
-    return kind;
-}
-
-void k3l_fusion_fields(lua_State *L, int idx, int argn, k3_linear_prologue_args *pro,
-                       k3_linear_epilogue_args *epi) {
-    static const char *const prologues[] = {"silu_mul", "rms_norm", NULL};
-    static const char *const epilogues[] = {"silu_mul", "rms_norm", NULL};
-    *pro = (k3_linear_prologue_args){K3_LINEAR_PROLOGUE_NONE, NULL, 1e-5};
-    *epi = (k3_linear_epilogue_args){K3_LINEAR_EPILOGUE_NONE, NULL, 1e-5};
-    if (!idx) return;
-    const int pk = fusion_kind(L, idx, "prologue", prologues, argn);
-    const int ek = fusion_kind(L, idx, "epilogue", epilogues, argn);
-    pro->kind = pk == 1 ? K3_LINEAR_PROLOGUE_SILU_MUL
-                : pk == 2 ? K3_LINEAR_PROLOGUE_RMS_NORM
-                          : K3_LINEAR_PROLOGUE_NONE;
-    epi->kind = ek == 1 ? K3_LINEAR_EPILOGUE_SILU_MUL
-                : ek == 2 ? K3_LINEAR_EPILOGUE_RMS_NORM
-                          : K3_LINEAR_EPILOGUE_NONE;
-    const int pro_norm = pro->kind == K3_LINEAR_PROLOGUE_RMS_NORM;
-    const int epi_norm = epi->kind == K3_LINEAR_EPILOGUE_RMS_NORM;
-    if (pro_norm && epi_norm)
+k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn) {
+    k3_linear_prologue_args p = {K3_LINEAR_PROLOGUE_NONE, NULL, 1e-5};
+    if (!idx) return p;
+    int ty = lua_getfield(L, idx, "prologue");
+    const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (name && strcmp(name, "silu_mul") == 0)
+        p.kind = K3_LINEAR_PROLOGUE_SILU_MUL;
+    else if (name && strcmp(name, "rms_norm") == 0)
+        p.kind = K3_LINEAR_PROLOGUE_RMS_NORM;
+    else if (name)
         k3l_arg_error(L, argn,
-                      "prologue \"rms_norm\" and epilogue \"rms_norm\" in one call would share "
-                      "field 'norm_weight'; run one of the norms as k3.rms_norm");
-    /* norm_weight and eps belong to the rms_norm of either side; given without one, the
-     * weight reaches the op, which names it, and eps is refused here */
-    const k3_tensor *nw = k3l_tensor_field(L, idx, "norm_weight", 0, argn);
-    if (!pro_norm && !epi_norm) {
+                      "field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"%s\"",
+                      k3l_push_echo(L, name));
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s",
+                      luaL_typename(L, -1));
+    lua_pop(L, 1);
+    p.norm_weight = k3l_tensor_field(L, idx, "norm_weight", 0, argn);
+    if (p.kind != K3_LINEAR_PROLOGUE_RMS_NORM) {
         if (lua_getfield(L, idx, "eps") != LUA_TNIL)
-            k3l_arg_error(L, argn, "field 'eps' is for prologue or epilogue \"rms_norm\" only");
+            k3l_arg_error(L, argn, "field 'eps' is for prologue \"rms_norm\" only");
         lua_pop(L, 1);
     }
-    const double eps = k3l_number_field(L, idx, "eps", 1e-5, argn);
-    if (epi_norm) {
-        epi->norm_weight = nw;
-        epi->eps = eps;
-    } else {
-        pro->norm_weight = nw;
-        pro->eps = eps;
-    }
+    p.eps = k3l_number_field(L, idx, "eps", 1e-5, argn);
+    return p;
+}
+
+k3_linear_epilogue k3l_epilogue_field(lua_State *L, int idx, int argn) {
+    if (!idx) return K3_LINEAR_EPILOGUE_NONE;
+    k3_linear_epilogue e = K3_LINEAR_EPILOGUE_NONE;
+    int ty = lua_getfield(L, idx, "epilogue");
+    const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (name && strcmp(name, "silu_mul") == 0)
+        e = K3_LINEAR_EPILOGUE_SILU_MUL;
+    else if (name)
+        k3l_arg_error(L, argn, "field 'epilogue' must be \"silu_mul\" or nil; got \"%s\"",
+                      k3l_push_echo(L, name));
+    else if (ty != LUA_TNIL)
+        k3l_arg_error(L, argn, "field 'epilogue' must be \"silu_mul\" or nil; got %s",
+                      luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return e;
 }
 
 /* k3.linear(x, w, {bias =, residual =, prologue =, norm_weight =, eps =, epilogue =, out =,
@@ -246,14 +225,13 @@ static int linear_impl(lua_State *L, int base, int explain) {
     int opts = opt_table(L, base + 2, keys);
     k3_tensor *bias = opts ? k3l_tensor_field(L, opts, "bias", 0, opts) : NULL;
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, opts) : NULL;
-    k3_linear_prologue_args pro;
-    k3_linear_epilogue_args epi;
-    k3l_fusion_fields(L, opts, opts, &pro, &epi);
+    k3_linear_prologue_args pro = k3l_prologue_field(L, opts, opts);
+    k3_linear_epilogue epi = k3l_epilogue_field(L, opts, opts);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, opts, explain, &c, &out, &y);
     k3_status s;
-    K3L_RUN(s, k3_linear_fused(y, x, w, bias, res, &pro, &epi, out, &c.call));
+    K3L_RUN(s, k3_linear_fused(y, x, w, bias, res, &pro, epi, out, &c.call));
     return k3l_op_finish(L, s, &c, explain);
 }
 

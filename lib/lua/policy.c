@@ -406,14 +406,13 @@ static int method_call(lua_State *L, int explain) {
         k3l_check_option_keys(L, opts, keys, opts);
     }
     k3_tensor *res = opts ? k3l_tensor_field(L, opts, "residual", 0, 5) : NULL;
-    k3_linear_prologue_args pro;
-    k3_linear_epilogue_args epi;
-    k3l_fusion_fields(L, opts, 5, &pro, &epi);
+    k3_linear_prologue_args pro = k3l_prologue_field(L, opts, 5);
+    k3_linear_epilogue epi = k3l_epilogue_field(L, opts, 5);
     k3l_call c;
     k3_tensor *out, **y;
     k3l_op_prepare(L, opts, 5, explain, &c, &out, &y); /* opts has no kernel: its keys say so */
     k3_status s;
-    K3L_RUN(s, k3_method_apply_fused(m, y, x, w, bias, res, &pro, &epi, out, &c.call));
+    K3L_RUN(s, k3_method_apply_fused(m, y, x, w, bias, res, &pro, epi, out, &c.call));
     return k3l_op_finish(L, s, &c, explain ? K3L_EXPLAIN_METHOD : 0);
 }
 static int method_apply(lua_State *L) { return method_call(L, 0); }

@@ -257,10 +257,12 @@ static void fuzz_linear(fz *f) {
     snapshot();
     k3_tensor *y = NULL;
     k3_tensor **yp = fz_u8(f) % 8 ? &y : NULL;
-    const k3_linear_epilogue_args swiglu = {K3_LINEAR_EPILOGUE_SILU_MUL, NULL, 0};
     k3_status st = meth ? k3_method_apply_fused(meth, yp, x, w, bias, res, NULL,
-                                                epi ? &swiglu : NULL, out, &c)
-                   : epi ? k3_linear_fused(yp, x, w, bias, res, NULL, &swiglu, out, &c)
+                                                epi ? K3_LINEAR_EPILOGUE_SILU_MUL
+                                                    : K3_LINEAR_EPILOGUE_NONE,
+                                                out, &c)
+                   : epi ? k3_linear_fused(yp, x, w, bias, res, NULL, K3_LINEAR_EPILOGUE_SILU_MUL,
+                                           out, &c)
                          : k3_linear(yp, x, w, bias, res, out, &c);
     k3_method_free(meth);
     if (st != K3_OK || c.explain_only) {

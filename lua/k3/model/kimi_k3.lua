@@ -21,12 +21,11 @@ end
 -- only to itself, and softmax over one key is exactly 1: attention returns the value. So
 -- the stand-in keeps every projection a decode step runs and replaces the score/softmax
 -- with that identity:
---   a = qkv_a(h)            fused q_a + kv_a down-projection  [T, q_lora + kv_lora + rope],
---                           its q_a columns normalised: a[:, :q_lora] = rms_norm(a[:, :q_lora],
---                           q_a_layernorm), the linear's rms_norm epilogue (on the GPU the
---                           skinny kernel's last CTA computes it: one kernel fewer a layer,
---                           the bits of the separate norm)
---   q = q_b(a[:, :q_lora])  per-head up-projection            [T, heads * (nope + rope)]
+--   a = qkv_a(h)            fused q_a + kv_a down-projection  [T, q_lora + kv_lora + rope]
+--   q = q_b(rms_norm(a[:, :q_lora], q_a_layernorm))
+--                           per-head up-projection            [T, heads * (nope + rope)]
+--                           (the norm is q_b's rms_norm prologue, on one GPU and on the
+--                           tensor-parallel column layer: one kernel fewer, the same bits)
 --   v = q[:, head, :v_head_dim] for each head                 [T, heads * v_head_dim]
 --   o = o_proj(v)                                             [T, hidden]
 M.configs = {
@@ -177,10 +176,10 @@ M.Attention = Attention -- shared by the tensor-parallel stack, built with a ran
 function Attention:__call(h)
   local cfg = self.cfg
   local T = h:size(1)
-  -- qkv_a normalises its q_a columns in its epilogue; q_b (an nn.Linear, or the
-  -- tensor-parallel column layer) reads them in place, rows q_lora + kv_lora + rope apart
-  local a = self.qkv_a(h, {epilogue = "rms_norm", norm_weight = self.q_a_norm, eps = cfg.eps})
-  local qb = self.q_b(a:narrow(2, 1, cfg.q_lora_rank))
+  local a = self.qkv_a(h)
+  -- q_b (an nn.Linear, or the tensor-parallel column layer) takes the norm as its prologue
+  local qb = self.q_b(a:narrow(2, 1, cfg.q_lora_rank),
+                      {prologue = "rms_norm", norm_weight = self.q_a_norm, eps = cfg.eps})
   a:free()
   local hd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
   local v = k3.empty({T, cfg.num_heads * cfg.v_head_dim}, {dtype = qb:dtype(), device = qb:device()})

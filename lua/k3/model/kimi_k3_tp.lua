@@ -73,8 +73,8 @@ end
 -- ---- the stack -------------------------------------------------------------------------------
 
 -- The attention stand-in is the single-GPU one (kimi_k3.Attention) built with this rank's
--- local config: qkv_a replicated (q_a_layernorm its rms_norm epilogue), q_b column-parallel
--- (this rank's heads) and o_proj row-parallel without its reduce, so its output is this rank's partial
+-- local config: q_b is column-parallel (this rank's heads, q_a_layernorm its rms_norm
+-- prologue) and o_proj row-parallel without its reduce, so its output is this rank's partial
 -- sum. The MLP is nn.SwiGLU's forward over a column-parallel gate_up (gate and up parts
 -- sharded alike) and a row-parallel down, again a partial sum; fused (the default) gate_up
 -- runs with the silu_mul epilogue and its fused call's plan and writes this rank's h
