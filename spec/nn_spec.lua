@@ -43,6 +43,22 @@ end
 
 describe("k3.nn", function()
   describe("Linear", function()
+    it("an op's error inside a layer names the caller's line, not the layer's", function()
+      local lin = nn.Linear(k3.randn({4, 8}))
+      -- a caller's chunk of its own: line 2 calls the layer
+      local call = assert(load("local lin, x = ...\nlocal y = lin(x)\nreturn y\n", "@caller.lua"))
+      local ok, err = pcall(call, lin, k3.randn({2, 7}))
+      assert.is_false(ok)
+      assert.equal("caller.lua:2: linear: x dim 2 (7) must match w dim 2 (8)", err)
+      -- a C caller (pcall itself) gives no position, as for the op called directly
+      local _, direct = pcall(lin, k3.randn({2, 7}))
+      assert.equal("linear: x dim 2 (7) must match w dim 2 (8)", direct)
+      -- the swiglu layer's ops too
+      local mlp = nn.SwiGLU(k3.randn({8, 6}), k3.randn({6, 4}))
+      local call2 = assert(load("local mlp, x = ...\nlocal y = mlp(x)\nreturn y\n", "@caller.lua"))
+      local _, e2 = pcall(call2, mlp, k3.randn({3, 5}))
+      assert.matches("^caller%.lua:2: linear: x dim 2 %(5%) must match w dim 2 %(6%)", e2)
+    end)
     for _, dtype in ipairs({"bf16", "f32", "f64"}) do
       it("matches the f64 product in " .. dtype .. ", with and without bias, strided x", function()
         local w = k3.randn({33, 20}, {dtype = dtype, seed = 1})

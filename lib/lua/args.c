@@ -16,7 +16,66 @@ int k3l_arg_error(lua_State *L, int arg, const char *fmt, ...) {
     return luaL_argerror(L, arg, msg);
 }
 
-int k3l_raise(lua_State *L) { return luaL_error(L, "%s", k3_last_error()); }
+/* Pushes the directory of k3's own Lua modules as their chunks name it ("@.../k3/"), where
+ * package.searchpath finds k3's init.lua (asked once per state, kept in the registry), or nil
+ * when it is not found; returns it as a string (NULL for nil). */
+static const char *k3_lua_dir(lua_State *L) {
+    if (lua_getfield(L, LUA_REGISTRYINDEX, "k3.lua_dir") == LUA_TSTRING) return lua_tostring(L, -1);
+    lua_pop(L, 1);
+    const int top = lua_gettop(L);
+    if (lua_getglobal(L, "package") == LUA_TTABLE &&
+        lua_getfield(L, top + 1, "searchpath") == LUA_TFUNCTION) {
+        lua_pushliteral(L, "k3");
+        lua_getfield(L, top + 1, "path");
+        if (lua_pcall(L, 2, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) {
+            const char *file = lua_tostring(L, -1), *slash = strrchr(file, '/');
+            if (slash) {
+                lua_pushliteral(L, "@");
+                lua_pushlstring(L, file, (size_t)(slash - file + 1));
+                lua_concat(L, 2);
+                lua_pushvalue(L, -1);
+                lua_setfield(L, LUA_REGISTRYINDEX, "k3.lua_dir");
+                lua_replace(L, top + 1);
+                lua_settop(L, top + 1);
+                return lua_tostring(L, -1);
+            }
+        }
+    }
+    lua_settop(L, top);
+    lua_pushnil(L);
+    return NULL;
+}
+
+/* Pushes "file:line: " of the first caller outside k3's own Lua modules (a k3.nn layer or a
+ * model that called the op is skipped, so the message points at the caller's line), or "" when
+ * that caller is a C function, as luaL_where(L, 1) does. */
+static void k3l_where(lua_State *L) {
+    const char *dir = k3_lua_dir(L);
+    const size_t n = dir ? strlen(dir) : 0;
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); level++) {
+        if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) break;
+        if (n && strncmp(ar.source, dir, n) == 0) continue;
+        lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+        lua_remove(L, -2);
+        return;
+    }
+    lua_pop(L, 1);
+    lua_pushliteral(L, "");
+}
+
+/* luaL_error with k3l_where's position. */
+static int k3l_error(lua_State *L, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    k3l_where(L);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
+int k3l_raise(lua_State *L) { return k3l_error(L, "%s", k3_last_error()); }
 
 int k3l_raise_as(lua_State *L, const char *fname) {
     const char *msg = k3_last_error();
@@ -24,8 +83,8 @@ int k3l_raise_as(lua_State *L, const char *fname) {
     while (*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
            (p > msg && *p >= '0' && *p <= '9'))
         p++;
-    if (p > msg && p[0] == ':' && p[1] == ' ') return luaL_error(L, "%s: %s", fname, p + 2);
-    return luaL_error(L, "%s", msg);
+    if (p > msg && p[0] == ':' && p[1] == ' ') return k3l_error(L, "%s: %s", fname, p + 2);
+    return k3l_error(L, "%s", msg);
 }
 
 const char *k3l_push_echo(lua_State *L, const char *s) {
