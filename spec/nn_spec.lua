@@ -53,6 +53,29 @@ describe("k3.nn", function()
       -- a C caller (pcall itself) gives no position, as for the op called directly
       local _, direct = pcall(lin, k3.randn({2, 7}))
       assert.equal("linear: x dim 2 (7) must match w dim 2 (8)", direct)
+      -- a constructor's refusals too, and its unknown options and mistyped ones
+      local function at_caller(src, want)
+        local ok2, e = pcall(assert(load("local nn, k3 = ...\nlocal l = " .. src .. "\nreturn l\n", "@caller.lua")), nn, k3)
+        assert.is_false(ok2, src)
+        assert.equal("caller.lua:2: " .. want, e, src)
+      end
+      at_caller("nn.RMSNorm(5)", "RMSNorm: weight must be a tensor (got number)")
+      at_caller("nn.Linear(k3.ones({2, 2}), {bias = 5})", "Linear: bias must be a tensor (got number)")
+      at_caller("nn.Linear(k3.ones({2, 2}), {bais = k3.ones({2})})", "Linear: unknown option 'bais' (expected bias or method)")
+      at_caller("nn.Linear(k3.ones({2, 2}), {method = 5})",
+                "Linear: method must be a k3 method (k3.method.default() or k3.method.low_latency(...)); got number")
+      at_caller("nn.Linear(k3.ones({2, 2}, {dtype = 'bf16'}), {bias = k3.ones({2})})",
+                "Linear: bias (f32 on cpu) must have the weight's dtype and device (bf16 on cpu)")
+      at_caller("nn.SwiGLU(k3.ones({4, 2}), 5)", "SwiGLU: down must be a tensor or a k3.nn.Linear (got number)")
+      at_caller("nn.SwiGLU(k3.ones({4, 2}), k3.ones({2, 2}), {fuse = false})",
+                "SwiGLU: unknown option 'fuse' (expected gate_up_method, down_method or fused)")
+      at_caller("nn.SwiGLU(k3.ones({4, 2}, {dtype = 'bf16'}), k3.ones({2, 2}))",
+                "SwiGLU: gate_up (bf16 on cpu) and down (f32 on cpu) must share dtype and device")
+      -- a freed input is named as the argument it is
+      local xf = k3.randn({2, 8})
+      xf:free()
+      local _, ef = pcall(call, lin, xf)
+      assert.equal("caller.lua:2: bad argument #1 to 'apply' (tensor has been freed)", ef)
       -- the swiglu layer's ops too
       local mlp = nn.SwiGLU(k3.randn({8, 6}), k3.randn({6, 4}))
       local call2 = assert(load("local mlp, x = ...\nlocal y = mlp(x)\nreturn y\n", "@caller.lua"))
@@ -194,6 +217,14 @@ describe("k3.nn", function()
   end)
 
   describe("RMSNorm", function()
+    it("takes k3.rms_norm's options: out and kernel, and refuses others", function()
+      local norm = nn.RMSNorm(k3.randn({4}, {seed = 12}), 1e-6)
+      local x = k3.randn({2, 4}, {seed = 13})
+      local out = H.poisoned({2, 4})
+      assert.is_true(rawequal(norm(x, {out = out, kernel = "cpu.rms_norm.reference"}), out))
+      assert.equal(0, k3.max_abs_diff(out, k3.rms_norm(x, norm.weight, 1e-6)))
+      H.raises(function() norm(x, {bogus = 1}) end, "unknown option 'bogus' (expected out or kernel)")
+    end)
     for _, dtype in ipairs({"bf16", "f32", "f64"}) do
       it("matches x * rsqrt(mean(x^2) + eps) * w in " .. dtype .. " on padded rows", function()
         local base = k3.randn({3, 40}, {dtype = dtype, seed = 10})

@@ -8,12 +8,41 @@
 #include <stdarg.h>
 #include <string.h>
 
+static const char *k3_lua_dir(lua_State *L);
+static void k3l_where(lua_State *L);
+
+/* Whether the caller of the running C function is a chunk of k3's own Lua modules. */
+static int k3l_called_inside(lua_State *L) {
+    lua_Debug ar;
+    if (!lua_getstack(L, 1, &ar) || !lua_getinfo(L, "S", &ar)) return 0;
+    const char *dir = k3_lua_dir(L);
+    const int inside = dir && strncmp(ar.source, dir, strlen(dir)) == 0;
+    lua_pop(L, 1);
+    return inside;
+}
+
 int k3l_arg_error(lua_State *L, int arg, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     const char *msg = lua_pushvfstring(L, fmt, ap);
     va_end(ap);
-    return luaL_argerror(L, arg, msg);
+    if (!k3l_called_inside(L)) return luaL_argerror(L, arg, msg);
+    /* luaL_argerror's wording, placed at the first caller outside k3's Lua modules */
+    lua_Debug ar;
+    const char *name = "?";
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) {
+        if (ar.namewhat && strcmp(ar.namewhat, "method") == 0 && --arg == 0) {
+            k3l_where(L);
+            lua_pushfstring(L, "calling '%s' on bad self (%s)", ar.name ? ar.name : "?", msg);
+            lua_concat(L, 2);
+            return lua_error(L);
+        }
+        if (ar.name) name = ar.name;
+    }
+    k3l_where(L);
+    lua_pushfstring(L, "bad argument #%d to '%s' (%s)", arg, name, msg);
+    lua_concat(L, 2);
+    return lua_error(L);
 }
 
 /* Pushes the directory of k3's own Lua modules as their chunks name it ("@.../k3/"), where

@@ -210,11 +210,15 @@ static int l_save_safetensors(lua_State *L) {
     while (lua_next(L, 2)) {
         if (lua_type(L, -2) != LUA_TSTRING)
             return k3l_arg_error(L, 2, "keys must be tensor names; got %s", luaL_typename(L, -2));
-        if (!luaL_testudata(L, -1, K3L_TENSOR_MT)) {
+        const k3l_tensor_ud *u = luaL_testudata(L, -1, K3L_TENSOR_MT);
+        if (!u) {
             const char *got = luaL_typename(L, -1);
             return k3l_arg_error(L, 2, "field '%s' must be a k3.Tensor; got %s",
                                  k3l_push_echo(L, lua_tostring(L, -2)), got);
         }
+        if (!u->t)
+            return k3l_arg_error(L, 2, "field '%s': tensor has been freed",
+                                 k3l_push_echo(L, lua_tostring(L, -2)));
         k3l_check_tensor(L, lua_gettop(L));
         n++;
         size_t len;

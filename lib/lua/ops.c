@@ -139,8 +139,10 @@ static int opt_out(lua_State *L, int opts, int argn) {
         lua_pop(L, 1);
         return 0;
     }
-    if (!luaL_testudata(L, -1, K3L_TENSOR_MT))
+    const k3l_tensor_ud *u = luaL_testudata(L, -1, K3L_TENSOR_MT);
+    if (!u)
         k3l_arg_error(L, argn, "field 'out' must be a k3.Tensor; got %s", luaL_typename(L, -1));
+    if (!u->t) k3l_arg_error(L, argn, "field 'out': tensor has been freed");
     k3l_check_tensor(L, lua_gettop(L));
     return lua_gettop(L);
 }

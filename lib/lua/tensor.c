@@ -40,7 +40,15 @@ static k3l_tensor_ud *check_tensor_ud(lua_State *L, int idx) {
 
 k3_tensor *k3l_check_tensor(lua_State *L, int idx) {
     k3l_tensor_ud *u = check_tensor_ud(L, idx);
-    if (!u->t) luaL_error(L, "tensor has been freed");
+    if (!u->t) {
+        /* an argument of a function or method: named ("bad argument #2 to 'linear' (tensor has
+         * been freed)"); the operand of a metamethod (t[1], #t, a + b) as is */
+        lua_Debug ar;
+        if (idx > 0 && lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) &&
+            !(ar.namewhat && strcmp(ar.namewhat, "metamethod") == 0))
+            k3l_arg_error(L, idx, "tensor has been freed");
+        luaL_error(L, "tensor has been freed");
+    }
     if (k3_tensor_check(u->t, NULL) != K3_OK) luaL_error(L, "%s", k3_last_error());
     return u->t;
 }
@@ -52,9 +60,11 @@ k3_tensor *k3l_tensor_field(lua_State *L, int idx, const char *field, int requir
         lua_pop(L, 1);
         return NULL;
     }
-    if (!luaL_testudata(L, -1, K3L_TENSOR_MT))
+    k3l_tensor_ud *u = luaL_testudata(L, -1, K3L_TENSOR_MT);
+    if (!u)
         k3l_arg_error(L, argn, "field '%s' must be a k3.Tensor; got %s", field,
                       luaL_typename(L, -1));
+    if (!u->t) k3l_arg_error(L, argn, "field '%s': tensor has been freed", field);
     return k3l_check_tensor(L, lua_gettop(L));
 }
 

@@ -5,9 +5,26 @@ local k3 = require "k3"
 
 local nn = {}
 
+-- The chunk name prefix of k3's own Lua modules ("@.../k3/"), from this file's.
+local K3_DIR = debug.getinfo(1, "S").source:match("^(@.*/)nn/init%.lua$")
+
+-- Raises msg placed at the first caller outside k3's own modules (a model building its layers
+-- is skipped, so the message names the user's line), as the C ops place theirs.
+local function raise(msg)
+  local level = 2 -- raise's caller; levels count as error's do
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info or info.what == "C" or not (K3_DIR and info.source:sub(1, #K3_DIR) == K3_DIR) then
+      break
+    end
+    level = level + 1
+  end
+  error(msg, level)
+end
+
 local function check_tensor(v, what, fn)
   if not k3.is_tensor(v) then
-    error(string.format("%s: %s must be a tensor (got %s)", fn, what, type(v)), 3)
+    raise(string.format("%s: %s must be a tensor (got %s)", fn, what, type(v)))
   end
 end
 
@@ -16,8 +33,31 @@ local function check_vector(v, what, fn, n)
   check_tensor(v, what, fn)
   if v:dim() ~= 1 or (n and v:size(1) ~= n) then
     local sz = v:size()
-    error(string.format("%s: %s must be 1-D%s (got shape [%s])", fn, what,
-                        n and string.format(" [%d]", n) or "", table.concat(sz, ", ")), 3)
+    raise(string.format("%s: %s must be 1-D%s (got shape [%s])", fn, what,
+                        n and string.format(" [%d]", n) or "", table.concat(sz, ", ")))
+  end
+end
+
+-- A constructor's options table: a table (or nil) whose keys are all in `keys` (a list).
+local function check_options(opts, fn, keys)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then raise(string.format("%s: options must be a table (got %s)", fn, type(opts))) end
+  for k in pairs(opts) do
+    local known = false
+    for _, name in ipairs(keys) do known = known or k == name end
+    if not known then
+      raise(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k),
+                          table.concat(keys, ", ", 1, #keys - 1) .. " or " .. keys[#keys]))
+    end
+  end
+  return opts
+end
+
+-- A method option: a k3 method (k3.method.default(), k3.method.low_latency(...)) or nil.
+local function check_method(m, what, fn)
+  if m ~= nil and not (type(m) == "userdata" and getmetatable(m) and getmetatable(m).__name == "k3.Method") then
+    raise(string.format("%s: %s must be a k3 method (k3.method.default() or k3.method.low_latency(...)); got %s",
+                        fn, what, type(m)))
   end
 end
 
@@ -56,10 +96,17 @@ nn.Linear = setmetatable(Linear, {
   __call = function(_, w, opts)
     check_tensor(w, "weight", "Linear")
     if w:dim() ~= 2 then
-      error(string.format("Linear: weight must be 2-D [N, K] (got %d dims)", w:dim()), 2)
+      raise(string.format("Linear: weight must be 2-D [N, K] (got %d dims)", w:dim()))
     end
-    opts = opts or {}
-    if opts.bias ~= nil then check_vector(opts.bias, "bias", "Linear", w:size(1)) end
+    opts = check_options(opts, "Linear", {"bias", "method"})
+    check_method(opts.method, "method", "Linear")
+    if opts.bias ~= nil then
+      check_vector(opts.bias, "bias", "Linear", w:size(1))
+      if opts.bias:dtype() ~= w:dtype() or opts.bias:device() ~= w:device() then
+        raise(string.format("Linear: bias (%s on %s) must have the weight's dtype and device (%s on %s)",
+                            opts.bias:dtype(), opts.bias:device(), w:dtype(), w:device()))
+      end
+    end
     local self = setmetatable({weight = w, bias = opts.bias}, Linear)
     self.method = opts.method or nn.default_method(w)
     return self
@@ -102,13 +149,14 @@ nn.RMSNorm = setmetatable(RMSNorm, {
   __call = function(_, w, eps)
     check_vector(w, "weight", "RMSNorm")
     if eps ~= nil and not (type(eps) == "number" and eps >= 0 and eps < math.huge) then
-      error(string.format("RMSNorm: eps must be a finite number >= 0 (got %s)", tostring(eps)), 2)
+      raise(string.format("RMSNorm: eps must be a finite number >= 0 (got %s)", tostring(eps)))
     end
     return setmetatable({weight = w, eps = eps or 1e-5}, RMSNorm)
   end,
 })
 
-function RMSNorm:__call(x) return k3.rms_norm(x, self.weight, self.eps) end
+-- norm(x[, {out =, kernel =}]): k3.rms_norm's options.
+function RMSNorm:__call(x, opts) return k3.rms_norm(x, self.weight, self.eps, opts) end
 
 function RMSNorm:to(dtype, device)
   return nn.RMSNorm(self.weight:to(device or self.weight:device()):to(dtype), self.eps)
@@ -133,10 +181,17 @@ SwiGLU.__index = SwiGLU
 SwiGLU.__name = "k3.nn.SwiGLU"
 nn.SwiGLU = setmetatable(SwiGLU, {
   __call = function(_, gate_up, down, opts)
-    opts = opts or {}
+    opts = check_options(opts, "SwiGLU", {"gate_up_method", "down_method", "fused"})
     if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
-      error(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)), 2)
+      raise(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)))
     end
+    for _, p in ipairs({{gate_up, "gate_up"}, {down, "down"}}) do
+      if getmetatable(p[1]) ~= Linear and not k3.is_tensor(p[1]) then
+        raise(string.format("SwiGLU: %s must be a tensor or a k3.nn.Linear (got %s)", p[2], type(p[1])))
+      end
+    end
+    check_method(opts.gate_up_method, "gate_up_method", "SwiGLU")
+    check_method(opts.down_method, "down_method", "SwiGLU")
     if getmetatable(gate_up) ~= Linear then
       -- fused (the default): every call carries the silu_mul epilogue, so the plan is the one
       -- measured for that call
@@ -149,12 +204,17 @@ nn.SwiGLU = setmetatable(SwiGLU, {
     if getmetatable(down) ~= Linear then down = nn.Linear(down, {method = opts.down_method}) end
     local two_i, i = gate_up:out_features(), down:in_features()
     if two_i ~= 2 * i then
-      error(string.format("SwiGLU: gate_up has %d output features, expected 2 * down's %d input features = %d",
-                          two_i, i, 2 * i), 2)
+      raise(string.format("SwiGLU: gate_up has %d output features, expected 2 * down's %d input features = %d",
+                          two_i, i, 2 * i))
     end
     if gate_up:in_features() ~= down:out_features() then
-      error(string.format("SwiGLU: gate_up takes %d features but down returns %d",
-                          gate_up:in_features(), down:out_features()), 2)
+      raise(string.format("SwiGLU: gate_up takes %d features but down returns %d",
+                          gate_up:in_features(), down:out_features()))
+    end
+    local gw, dw = gate_up.weight, down.weight
+    if gw:dtype() ~= dw:dtype() or gw:device() ~= dw:device() then
+      raise(string.format("SwiGLU: gate_up (%s on %s) and down (%s on %s) must share dtype and device",
+                          gw:dtype(), gw:device(), dw:dtype(), dw:device()))
     end
     return setmetatable({gate_up = gate_up, down = down, fused = opts.fused ~= false}, SwiGLU)
   end,
