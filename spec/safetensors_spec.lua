@@ -456,6 +456,10 @@ describe("safetensors options and metadata", function()
     H.raises(function() k3.load_safetensors(path, {names = {"nope"}}) end,
              'load_safetensors: ' .. path .. ': no tensor "nope" (the checkpoint holds 3)')
     H.raises(function() k3.load_safetensors(path, {names = {"norm"}, match = "n"}) end, "give names or match, not both")
+    H.raises(function() k3.load_safetensors(path, {match = "[a"}) end,
+             "(match is not a valid Lua pattern (malformed pattern (missing ']')): \"[a\")")
+    H.raises(function() k3.load_safetensors(path, {match = "n%"}) end,
+             "(match is not a valid Lua pattern (malformed pattern (ends with '%')): \"n%\")")
     H.raises(function() k3.load_safetensors(path, {dtype = "i8"}) end, "unknown dtype 'i8'")
     H.raises(function() k3.load_safetensors(path, {device = "tpu"}) end, "unknown device 'tpu'")
     if not k3.backends().cuda.available then -- refused before any tensor is read

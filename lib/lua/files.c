@@ -101,7 +101,13 @@ static int l_load_safetensors(lua_State *L) {
             lua_pushvalue(L, 5);
             lua_pushstring(L, k3_safetensors_name(st, i));
             lua_getfield(L, 2, "match");
-            lua_call(L, 2, 1);
+            if (lua_pcall(L, 2, 1, 0) != LUA_OK) { /* a malformed pattern names itself */
+                const char *why = lua_tostring(L, -1);
+                lua_getfield(L, 2, "match");
+                const char *pat = k3l_push_echo(L, lua_tostring(L, -1));
+                return k3l_arg_error(L, 2, "match is not a valid Lua pattern (%s): \"%s\"",
+                                     why ? why : "error", pat);
+            }
             if (lua_toboolean(L, -1)) which[n++] = i;
             lua_pop(L, 1);
         }
