@@ -164,7 +164,11 @@ exact("device a number", function() return function() k3.empty({1}, {device = 1}
 case("opts not a table", function() return function() k3.empty({2}, "f32") end end,
   "bad argument #2 to 'empty' (table expected, got string)")
 case("non-integer seed", function() return function() k3.randn({2}, {seed = 1.5}) end end,
-  "bad argument #2 to 'randn' (seed must be an integer)")
+  "bad argument #2 to 'randn' (seed must be an integer; got 1.5)")
+case("a numeric string as seed", function() return function() k3.randn({2}, {seed = "1"}) end end,
+  "bad argument #2 to 'randn' (seed must be an integer; got string)")
+case("a numeric string in a shape", function() return function() k3.zeros({"2"}) end end,
+  "bad argument #1 to 'zeros' (shape[1] must be an integer; got string)")
 case("tensor from a string", function() return function() k3.tensor("x") end end,
   "bad argument #1 to 'tensor' (table expected, got string)")
 exact("tensor ragged", function() return function() k3.tensor({{1, 2}, {3}}) end end,

@@ -135,6 +135,14 @@ const char *k3l_not_integer(lua_State *L, int idx) {
     return v != v ? "nan" : lua_pushfstring(L, "%f", v);
 }
 
+/* The integer at idx: a Lua number with an integer value (a numeric string is not one: an
+ * options table or a shape holds numbers, as its number fields do); *ok says whether it is. */
+static lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok) {
+    *ok = 0;
+    if (lua_type(L, idx) != LUA_TNUMBER) return 0;
+    return lua_tointegerx(L, idx, ok);
+}
+
 void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn) {
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -168,7 +176,7 @@ int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, in
         if (required) k3l_arg_error(L, argn, "field '%s' must be an integer; got nil", field);
     } else {
         int isnum;
-        lua_Integer i = lua_tointegerx(L, -1, &isnum);
+        lua_Integer i = k3l_to_integer(L, -1, &isnum);
         if (!isnum)
             k3l_arg_error(L, argn, "field '%s' must be an integer; got %s", field,
                           k3l_not_integer(L, -1));
@@ -226,7 +234,7 @@ int k3l_check_shape(lua_State *L, int idx, int64_t *shape, int allow_neg) {
     for (int i = 1; i <= n; i++) {
         lua_geti(L, idx, i);
         int isnum = 0;
-        lua_Integer v = lua_tointegerx(L, -1, &isnum);
+        lua_Integer v = k3l_to_integer(L, -1, &isnum);
         if (!isnum)
             k3l_arg_error(L, idx, "shape[%d] must be an integer; got %s", i, k3l_not_integer(L, -1));
         lua_pop(L, 1);
@@ -273,8 +281,8 @@ k3l_create_opts k3l_check_create_opts(lua_State *L, int idx) {
     k3l_device_field(L, idx, &o.device, idx);
     if (lua_getfield(L, idx, "seed") != LUA_TNIL) {
         int isnum;
-        lua_Integer s = lua_tointegerx(L, -1, &isnum);
-        if (!isnum) k3l_arg_error(L, idx, "seed must be an integer");
+        lua_Integer s = k3l_to_integer(L, -1, &isnum);
+        if (!isnum) k3l_arg_error(L, idx, "seed must be an integer; got %s", k3l_not_integer(L, -1));
         o.seed = (uint64_t)s;
     }
     lua_pop(L, 1);
