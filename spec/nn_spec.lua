@@ -144,7 +144,7 @@ describe("k3.nn", function()
       end
       assert.matches("bad argument #2 to 'plan_for' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")",
                      msg(w, {epilogue = "gelu"}), 1, true)
-      assert.matches("bad argument #2 to 'plan_for' (unknown option 'prologue'; the option is epilogue)",
+      assert.matches("bad argument #2 to 'plan_for' (unknown option 'prologue' (expected epilogue))",
                      msg(w, {prologue = "silu_mul"}), 1, true)
       assert.matches("bad argument #2 to 'plan_for' (table or nil expected, got number)", msg(w, 5), 1, true)
     end)
@@ -178,7 +178,7 @@ describe("k3.nn", function()
     it("nn.default_method refuses an options value or name it does not know, naming its own argument", function()
       local w = k3.randn({16, 8}, {seed = 6})
       H.raises(function() nn.default_method(w, nil, {epilog = "silu_mul"}) end,
-               "bad argument #3 to 'default_method' (unknown option 'epilog'; the option is epilogue)")
+               "bad argument #3 to 'default_method' (unknown option 'epilog' (expected epilogue))")
       H.raises(function() nn.default_method(w, nil, "silu_mul") end,
                "bad argument #3 to 'default_method' (table or nil expected, got string)")
       H.raises(function() nn.default_method(w, nil, {epilogue = "gelu"}) end,

@@ -12,7 +12,7 @@ return function(opts, fname, argn, level)
   end
   for k in pairs(opts) do
     if k ~= "epilogue" then
-      error(string.format("bad argument #%d to '%s' (unknown option '%s'; the option is epilogue)",
+      error(string.format("bad argument #%d to '%s' (unknown option '%s' (expected epilogue))",
                           argn, fname, tostring(k)), level)
     end
   end
