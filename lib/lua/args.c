@@ -135,9 +135,7 @@ const char *k3l_not_integer(lua_State *L, int idx) {
     return v != v ? "nan" : lua_pushfstring(L, "%f", v);
 }
 
-/* The integer at idx: a Lua number with an integer value (a numeric string is not one: an
- * options table or a shape holds numbers, as its number fields do); *ok says whether it is. */
-static lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok) {
+lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok) {
     *ok = 0;
     if (lua_type(L, idx) != LUA_TNUMBER) return 0;
     return lua_tointegerx(L, idx, ok);

@@ -78,6 +78,10 @@ const char *k3l_push_echo(lua_State *L, const char *s);
 /* What an "integer" argument at idx got, for its error: the number as Lua prints it (NaN as
  * "nan"; the text is pushed on the stack) or the Lua type's name. */
 const char *k3l_not_integer(lua_State *L, int idx);
+/* The integer at idx: a Lua number with an integer value (a numeric string is not one: an
+ * options table, a shape or an index holds numbers, as number options do); *ok says whether
+ * it is (0 is returned when not). */
+lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok);
 /* A value for a tensor of dtype dt: a Lua integer rounded once to dt (k3_int64_to_dtype:
  * through a double it would round twice above 2^53), a float as it is (the core rounds it
  * once). Anything else is a bad argument. */

@@ -135,16 +135,8 @@ int k3l_op_finish(lua_State *L, k3_status s, k3l_call *c, int explain) {
 /* The stack index of opts.out (left on the stack), or 0. */
 static int opt_out(lua_State *L, int opts, int argn) {
     if (!opts || !lua_istable(L, opts)) return 0;
-    if (lua_getfield(L, opts, "out") == LUA_TNIL) {
-        lua_pop(L, 1);
-        return 0;
-    }
-    const k3l_tensor_ud *u = luaL_testudata(L, -1, K3L_TENSOR_MT);
-    if (!u)
-        k3l_arg_error(L, argn, "field 'out' must be a k3.Tensor; got %s", luaL_typename(L, -1));
-    if (!u->t) k3l_arg_error(L, argn, "field 'out': tensor has been freed");
-    k3l_check_tensor(L, lua_gettop(L));
-    return lua_gettop(L);
+    /* a tensor leaves the value on the stack: its index is returned */
+    return k3l_tensor_field(L, opts, "out", 0, argn) ? lua_gettop(L) : 0;
 }
 
 void k3l_op_prepare(lua_State *L, int opts, int argn, int explain, k3l_call *c, k3_tensor **out,

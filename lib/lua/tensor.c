@@ -558,7 +558,7 @@ static int m_set(lua_State *L) {
  * 'newindex'), the index and the size. */
 static int64_t check_row_key(lua_State *L, int idx, const k3_tensor *t) {
     int isint = 0;
-    lua_Integer i = lua_type(L, idx) == LUA_TNUMBER ? lua_tointegerx(L, idx, &isint) : 0;
+    lua_Integer i = k3l_to_integer(L, idx, &isint);
     if (!isint)
         k3l_arg_error(L, idx, "a tensor is indexed by an integer or a method name; got %s",
                       k3l_not_integer(L, idx));
