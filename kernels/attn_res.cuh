@@ -23,13 +23,15 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. */
+ * prefill sizes. K3_ATTN_RES_STREAM_RING: "0" runs cuda.attn_res.stream's register-staged
+ * body instead of its row ring (a comparison switch while both exist). */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
+    int stream_ring;
 };
-inline knobs g_knobs = {1, 0, 64};
+inline knobs g_knobs = {1, 0, 64, 1};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -45,6 +47,8 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
+    const char *r = getenv("K3_ATTN_RES_STREAM_RING");
+    g_knobs.stream_ring = !(r && r[0] == '0' && !r[1]);
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

@@ -395,6 +395,361 @@ __global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_par
     cp_async_wait_all(); /* nothing outstanding at exit */
 }
 
+
+/* ---- the row ring ------------------------------------------------------------------------ */
+
+/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192),
+ * block slots per call, ring slots per CTA, and the shared memory (bytes) counted per CTA
+ * beside the ring: the SM's reserve of 1 KB and the static arrays below. */
+const int kRingV = 4;
+const int kRingMaxThreads = 256;
+const int kRingMaxBlocks = 16;
+const int kRingMaxSlots = 16;
+const int kRingMinSlots = 3;
+const int kRingSideSmem = 1024 + 512;
+
+struct ring_params : row_args {
+    int64_t T;
+    int pdl;
+    int slots;
+    uint32_t row_bytes;
+};
+
+/* One bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
+ * this CTA's shared memory, completing that many bytes of barrier bar's phase (PTX ISA
+ * "cp.async.bulk"). */
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst), b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
+        "l"(src), "r"(bytes), "r"(b)
+        : "memory");
+}
+
+/* Issues row r of this CTA's sequence into slot r % slots: the CTA's tokens blockIdx.x +
+ * i gridDim.x in order, each as R = 2 + num_blocks rows: prefix, delta, blocks 0..nb-1. */
+__device__ __forceinline__ void ring_issue(const ring_params &p, uint8_t *ring, uint64_t *full,
+                                           int64_t r, int R) {
+    const int64_t i = r / R;
+    const int q = (int)(r - i * R);
+    const int64_t t = blockIdx.x + i * gridDim.x;
+    const uint16_t *src = q == 0   ? (const uint16_t *)p.prefix + t * p.H
+                          : q == 1 ? (const uint16_t *)p.delta + t * p.H
+                                   : (const uint16_t *)p.blocks + t * p.sbt + (int64_t)(q - 2) * p.sbs;
+    const int slot = (int)(r % p.slots);
+    mbar_arrive_expect(&full[slot], p.row_bytes);
+    bulk_g2s(ring + (size_t)slot * p.row_bytes, src, p.row_bytes, &full[slot]);
+}
+
+/* Waits for row r's slot and returns its address. */
+__device__ __forceinline__ const uint4 *ring_row(const ring_params &p, const uint8_t *ring,
+                                                 uint64_t *full, int64_t r) {
+    const int slot = (int)(r % p.slots);
+    mbar_wait(&full[slot], (uint32_t)((r / p.slots) & 1));
+    return (const uint4 *)(ring + (size_t)slot * p.row_bytes);
+}
+
+/* The rare path of one source's logit (its sum of squares overflowed or underflowed): the
+ * dot and sum of squares again on the source's values scaled by 2^-e, e from its max
+ * magnitude over the CTA; two barriers. Every thread has read the arrays since their last
+ * write (a barrier of the main path lies between). */
+template <class T, int V>
+__device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const float (&w)[V][8],
+                                                     const ring_params &p, float *redm,
+                                                     float2 *redx) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    float am = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float v[8];
+        vec8<T>::unpack(v4[k], v); /* idle vectors hold zeros */
+#pragma unroll
+        for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
+    }
+    am = k3c_warp_max(am);
+    if (lane == 0) redm[warp] = am;
+    __syncthreads();
+    float m = 0.0f;
+    for (int q = 0; q < nwarps; q++) m = fmaxf(m, redm[q]);
+    const int ex = scale_exp(m);
+    const pow2_scale ps(ex);
+    float dot = 0.0f, ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float v[8];
+        vec8<T>::unpack(v4[k], v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float z = ps(v[e]);
+            dot = fmaf(z, w[k][e], dot);
+            ss = fmaf(z, z, ss);
+        }
+    }
+    dot = k3c_warp_sum(dot);
+    ss = k3c_warp_sum(ss);
+    if (lane == 0) redx[warp] = make_float2(dot, ss);
+    __syncthreads();
+    float D = 0.0f, S = 0.0f;
+    for (int q = 0; q < nwarps; q++) {
+        const float2 x = redx[q];
+        D += x.x;
+        S += x.y;
+    }
+    return D * rms_factor_scaled(S, p.invH, p.eps, ex);
+}
+
+/*
+ * The row ring. A persistent grid of a few CTAs per SM, each striding over tokens. Every row a
+ * CTA reads (a token's prefix, delta and block rows, token after token) is one bulk copy into
+ * the next slot of a ring in shared memory, completing that slot's mbarrier; thread 0 keeps
+ * every free slot filled, so up to `slots` rows (across token boundaries) are in flight while
+ * the CTA works. A token is reduced one source at a time with an online softmax: source 0 is
+ * prefix + delta (rounded, written back), then the blocks; each source costs one CTA barrier
+ * (its dot with nw * qw and its sum of squares, reduced per warp, summed over the warps in
+ * warp order by every thread: the same bits everywhere), after which its slot is free and the
+ * mix accumulates it. The output norm is one more barrier. So no per-source register array
+ * exists: one instance serves num_blocks 0..16, and the work per token grows with the sources.
+ */
+template <class T, class W, bool FULL>
+__global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const ring_params p) {
+    constexpr int V = kRingV;
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ uint64_t full[kRingMaxSlots];
+    __shared__ float2 red[2][kRingMaxThreads / 32];
+    __shared__ float red2[kRingMaxThreads / 32];
+    __shared__ float redm[kRingMaxThreads / 32];
+    __shared__ float2 redx[kRingMaxThreads / 32];
+
+    const int NT = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5,
+              nwarps = NT >> 5;
+    const int nb = p.nb, R = 2 + nb;
+    const int64_t ntok =
+        p.T > (int64_t)blockIdx.x ? (p.T - 1 - (int64_t)blockIdx.x) / gridDim.x + 1 : 0;
+    const int64_t rows = ntok * R;
+    int vi[V];
+    bool ok[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        vi[k] = k * NT + tid;
+        ok[k] = FULL || vi[k] < p.vecs; /* FULL: the host checked H == 8 * V * NT */
+    }
+    if (tid == 0) {
+        for (int s = 0; s < p.slots; s++) mbar_init(&full[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (p.pdl) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    int64_t issued = 0; /* thread 0's count of rows issued */
+    if (tid == 0)
+        for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, issued, R);
+    float w[V][8]; /* nw * qw of this thread's vectors */
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float x[8], y[8];
+        if (ok[k]) {
+            wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
+            wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[k][e] = ok[k] ? x[e] * y[e] : 0.0f;
+    }
+    int64_t r = 0; /* rows consumed */
+    int buf = 0;
+    for (int64_t i = 0; i < ntok; i++) {
+        const int64_t t = blockIdx.x + i * gridDim.x;
+        float acc[V][8];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
+        float mx = -INFINITY, l = 0.0f;
+        for (int j = 0; j <= nb; j++) {
+            uint4 v4[V];
+            if (j == 0) {
+                /* prefix += delta, rounded to T and written back: source 0 */
+                const uint4 *a = ring_row(p, ring, full, r), *b = ring_row(p, ring, full, r + 1);
+                T *prefix = (T *)p.prefix + t * p.H;
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    v4[k] = make_uint4(0, 0, 0, 0);
+                    if (!ok[k]) continue;
+                    float x[8], y[8];
+                    vec8<T>::unpack(a[vi[k]], x);
+                    vec8<T>::unpack(b[vi[k]], y);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) x[e] += y[e];
+                    v4[k] = pack8<T>(x);
+                    *(uint4 *)(prefix + (int64_t)vi[k] * 8) = v4[k];
+                }
+                r += 2;
+            } else {
+                const uint4 *a = ring_row(p, ring, full, r);
+#pragma unroll
+                for (int k = 0; k < V; k++) v4[k] = ok[k] ? a[vi[k]] : make_uint4(0, 0, 0, 0);
+                r += 1;
+            }
+            float part[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float v[8];
+                vec8<T>::unpack(v4[k], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    part[0] = fmaf(v[e], w[k][e], part[0]);
+                    part[1] = fmaf(v[e], v[e], part[1]);
+                }
+            }
+            /* lane 0 ends with the warp's dot, lane 16 with its sum of squares */
+            int id[2] = {0, 1};
+            spread_step<2, 16, false>(part, id, lane);
+            if (lane == 0) red[buf][warp].x = part[0];
+            if (lane == 16) red[buf][warp].y = part[0];
+            __syncthreads();
+            float D = 0.0f, S = 0.0f;
+            for (int q = 0; q < nwarps; q++) {
+                const float2 x = red[buf][q];
+                D += x.x;
+                S += x.y;
+            }
+            buf ^= 1;
+            const float z = !ss_needs_rescale(S) ? D * rsqrtf(S * p.invH + p.eps)
+                                                 : ring_rescaled_logit<T, V>(v4, w, p, redm, redx);
+            /* Every thread is past the reads of rows < r: their slots take the next rows. */
+            if (tid == 0)
+                for (; issued < rows && issued < r + p.slots; issued++)
+                    ring_issue(p, ring, full, issued, R);
+            /* online softmax: acc and l are scaled to the running max */
+            if (z > mx) {
+                const float c = __expf(mx - z);
+                l *= c;
+#pragma unroll
+                for (int k = 0; k < V; k++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[k][e] *= c;
+                mx = z;
+            }
+            const float ez = __expf(z - mx);
+            l += ez;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float v[8];
+                vec8<T>::unpack(v4[k], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[k][e] = fmaf(ez, v[e], acc[k][e]);
+            }
+        }
+        /* the mix and its RMS norm */
+        const float il = 1.0f / l;
+        float sq = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                acc[k][e] *= il;
+                sq = fmaf(acc[k][e], acc[k][e], sq);
+            }
+        sq = k3c_warp_sum(sq);
+        if (lane == 0) red2[warp] = sq;
+        __syncthreads();
+        const float total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
+        float rf;
+        if (!ss_needs_rescale(total)) {
+            rf = rsqrtf(total * p.invH + p.oeps);
+        } else {
+            float mm = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(acc[k][e]));
+            mm = block_max_sum(k3c_warp_max(mm), red2, true);
+            const int eo = scale_exp(mm);
+            const pow2_scale ps(eo);
+            float s2 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    acc[k][e] = ps(acc[k][e]);
+                    s2 = fmaf(acc[k][e], acc[k][e], s2);
+                }
+            s2 = block_max_sum(k3c_warp_sum(s2), red2, false);
+            rf = rms_factor_scaled(s2, p.invH, p.oeps, eo);
+        }
+        T *out = (T *)p.out + t * p.H;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            if (!ok[k]) continue;
+            float on[8], o[8];
+            wload<T, W>(p.onw, (int64_t)vi[k] * 8, on);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = acc[k][e] * rf * on[e];
+            *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(o);
+        }
+    }
+}
+
+/* The ring's launch shape for hidden size H on device dev: threads (H / 8 vectors, 4 a
+ * thread), CTAs per SM (about 512 threads an SM, at least 2, so one CTA's barriers overlap
+ * another's work) and slots (as many rows as the SM's shared memory holds for that many CTAs,
+ * at most kRingMaxSlots; fewer CTAs when fewer than kRingMinSlots would fit). False when H
+ * needs more than kRingMaxThreads threads. */
+struct ring_shape {
+    int nt, cps, slots;
+};
+bool ring_pick(int64_t H, int dev, ring_shape *sh) {
+    const int nt = threads_for(H / 8, 1, kRingV, kRingMaxThreads);
+    if (!nt) return false;
+    static int sm_smem[64];
+    int smem = dev >= 0 && dev < 64 ? sm_smem[dev] : 0;
+    if (!smem) {
+        if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+                cudaSuccess ||
+            smem <= 0) {
+            (void)cudaGetLastError();
+            smem = 228 * 1024;
+        }
+        if (dev >= 0 && dev < 64) sm_smem[dev] = smem;
+    }
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        optin <= 0) {
+        (void)cudaGetLastError();
+        optin = 227 * 1024;
+    }
+    const int64_t row = H * 2;
+    int cps = 512 / nt < 2 ? 2 : 512 / nt;
+    for (;; cps--) {
+        int64_t per = smem / cps - kRingSideSmem;
+        if (per > optin - 512) per = optin - 512;
+        int64_t slots = per / row;
+        if (slots > kRingMaxSlots) slots = kRingMaxSlots;
+        if (slots >= kRingMinSlots || cps == 1) {
+            if (slots < 2) return false;
+            *sh = ring_shape{nt, cps, (int)slots};
+            return true;
+        }
+    }
+}
+
+template <class T, class W>
+k3_status ring_launch(const ring_params &p, const ring_shape &sh, int dev, cudaStream_t stream) {
+    static size_t raised[2][64];
+    const bool full = p.vecs == kRingV * sh.nt;
+    auto kern = full ? attn_res_ring_kernel<T, W, true> : attn_res_ring_kernel<T, W, false>;
+    const size_t smem = (size_t)sh.slots * p.row_bytes;
+    K3_TRY(raise_smem(kern, dev, smem, raised[full ? 0 : 1]));
+    int sms = k3c_sm_count(dev);
+    if (sms <= 0) sms = 132;
+    const int64_t most = (int64_t)sms * sh.cps;
+    const int64_t grid = p.T < most ? p.T : most;
+    K3_TRY(launch(kern, p, dim3((unsigned)grid), dim3((unsigned)sh.nt), smem, 1, p.pdl, stream));
+    K3_CHECK_LAUNCH(attn_res_ring_kernel);
+    return K3_OK;
+}
+
 /* Dynamic shared memory: the stage, 2 + NB rows of V vectors per thread, and the weights, 4 V
  * float4 per thread: (2 + 8 + 4) * 2 * NT * 16 B, 196 KB at H = 7168 (NT = 448), 224 KB at
  * H = 8192 (NT = 512), plus 1920 B static, under the 227 KB a CTA may hold: one CTA per SM.
@@ -431,6 +786,15 @@ k3_status stream_launch(const stream_params &p, int nt, int dev, cudaStream_t st
 k3_status stream_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
     const char *K = k3_cuda_attn_res_stream_name;
+    if (get_knobs().stream_ring) {
+        K3_TRY(check_rules(K, oa, call_rules{kStreamMinT, 0, true, 0, kRingMaxBlocks}, reason, n));
+        if (a->prefix->size[1] > 8 * kRingV * kRingMaxThreads) {
+            snprintf(reason, n, "%s supports hidden sizes up to %d; got %lld", K,
+                     8 * kRingV * kRingMaxThreads, (long long)a->prefix->size[1]);
+            return K3_ESHAPE;
+        }
+        return K3_OK;
+    }
     K3_TRY(check_rules(K, oa, call_rules{kStreamMinT, 0, true, 1, kStreamNB}, reason, n));
     if (!stream_threads(a->prefix->size[1])) {
         /* the least H: H / 8 vectors over more than 32 threads, rounded up to 64 of them */
@@ -449,6 +813,22 @@ k3_status stream_run(const k3_op_args *oa) {
     int dev = k3c_dev(a->prefix);
     k3c_ctx *ctx = nullptr;
     K3_TRY(k3c_context(dev, &ctx));
+    if (get_knobs().stream_ring) {
+        ring_params q;
+        fill_row_args(q, oa);
+        q.T = a->prefix->size[0];
+        q.pdl = get_knobs().pdl;
+        q.row_bytes = (uint32_t)(q.H * 2);
+        ring_shape sh;
+        if (!ring_pick(q.H, dev, &sh))
+            return k3_error(K3_ESHAPE, "attn_res: %s finds no ring shape for hidden_size %lld",
+                            k3_cuda_attn_res_stream_name, (long long)q.H);
+        q.slots = sh.slots;
+        return by_types(a, [&](auto t, auto w) {
+            return ring_launch<typename decltype(t)::type, typename decltype(w)::type>(q, sh, dev,
+                                                                                      ctx->stream);
+        });
+    }
     stream_params q;
     fill_row_args(q, oa);
     q.T = a->prefix->size[0];

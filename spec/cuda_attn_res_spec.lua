@@ -460,11 +460,18 @@ describe("cuda.attn_res.decode #gpu", function()
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 1})) end)
     assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
       kernels_of(tr), "T=300 num_blocks 1")
+    -- num_blocks 9..16 and 0 at prefill sizes: the stream kernel's ring has no per-source arrays
+    for _, nb in ipairs({0, 12, 16}) do
+      tr = k3.trace(function() k3.attn_res(inputs(300, 16, 7168, {num_blocks = nb})) end)
+      local want = nb == 0 and (k3.has_kernel(K) and K or k3.has_kernel(S) and S) or
+        k3.has_kernel(S) and S or "cuda.attn_res.generic"
+      assert.same({want or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks " .. nb)
+    end
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4, delta = false})) end)
     assert.same({k3.has_kernel(K) and K or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4 no delta")
     for _, case in ipairs({
       {T = 2, o = {dtype = "f32"}, why = "supports bf16 and f16"},
-      {T = 300, o = {num_blocks = 16, S = 16}, why = "requires num_blocks in 1..8"},
+      {T = 300, o = {num_blocks = 17, S = 17}, why = "requires num_blocks in 0..16"},
       {T = 300, o = {num_blocks = 6, S = 8, write_block = 2}, why = "does not write blocks"},
     }) do
       local tr = k3.trace(function() k3.attn_res(inputs(case.T, case.o.S or 4, 64, case.o)) end)
@@ -541,7 +548,7 @@ describe("cuda.attn_res.stream #gpu", function()
     return
   end
 
-  it("prefill shapes: T 64, 300, 4097; num_blocks 1, 4, 8; padded blocks; f16; f32 weights", function()
+  it("prefill shapes: T 64, 300, 4097; num_blocks 0..16; padded blocks; f16; f32 weights", function()
     for _, T in ipairs({64, 300}) do
       for _, nb in ipairs({1, 4, 8}) do
         check(inputs(T, nb, 7168, {num_blocks = nb, seed = 500 + T + nb}), K,
@@ -557,6 +564,12 @@ describe("cuda.attn_res.stream #gpu", function()
     check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 607}), K, "T=4097 nb=1")
     check(inputs(4097, 8, 1024, {num_blocks = 8, seed = 608}), K, "T=4097 H=1024 nb=8")
     check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
+    for _, nb in ipairs({0, 2, 9, 12, 16}) do
+      check(inputs(300, 16, 7168, {num_blocks = nb, seed = 620 + nb}), K, "T=300 nb=" .. nb .. " of 16 slots")
+    end
+    check(inputs(4097, 16, 7168, {num_blocks = 16, seed = 640}), K, "T=4097 nb=16")
+    check(inputs(300, 16, 4096, {num_blocks = 11, dtype = "f16", wdtype = "f32", seed = 641}), K,
+      "f16 T=300 H=4096 nb=11, f32 weights")
   end)
 
   it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
@@ -581,19 +594,16 @@ describe("cuda.attn_res.stream #gpu", function()
       "attn_res: cuda.attn_res.stream requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
   end)
 
-  -- stream_threads: H / 8 vectors, two a thread, over 64..512 threads: H = 520 (65 vectors,
-  -- 64 threads) is the least it takes, 8192 the most; the decode kernel leaves it T >= 256 at
-  -- num_blocks 2..4 for every such H
-  it("hidden sizes 520..8192: the ends served, 512 and 8200 declined by name", function()
-    for _, hd in ipairs({520, 8192}) do
+  -- H / 8 vectors, four a thread, over at most 256 threads: 8192 is the most it takes, and
+  -- the decode kernel leaves it T >= 256 at num_blocks 2..4 for every such H
+  it("hidden sizes 8..8192: both ends and sizes between served, 8200 declined by name", function()
+    for _, hd in ipairs({8, 64, 512, 520, 8192}) do
       check(inputs(300, 4, hd, {num_blocks = 3, seed = 700 + hd}), K, "T=300 nb=3 H=" .. hd)
     end
-    for _, hd in ipairs({512, 8200}) do
-      local a = inputs(300, 4, hd, {num_blocks = 3})
-      a.kernel = K
-      H.raises(function() k3.attn_res(a) end,
-        "attn_res: cuda.attn_res.stream supports hidden sizes 520..8192; got " .. hd)
-    end
+    local a = inputs(300, 4, 8200, {num_blocks = 3})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.stream supports hidden sizes up to 8192; got 8200")
     local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
     assert.same({K}, kernels_of(tr), "T=300 nb=3 H=520 goes to the stream kernel")
   end)
