@@ -437,6 +437,14 @@ describe("printing", function()
 end)
 
 describe("freeing", function()
+  it("is_freed tells a freed tensor or view from a live one, and never raises", function()
+    local t = k3.zeros({4, 4})
+    local v, other = t:narrow(1, 1, 2), k3.zeros({2})
+    assert.same({false, false}, {t:is_freed(), v:is_freed()})
+    v:free() -- a view frees the storage it shares
+    assert.same({true, true, false}, {t:is_freed(), v:is_freed(), other:is_freed()})
+  end)
+
   it("free releases the storage; any later use raises", function()
     local t = k3.zeros({4, 4})
     local v = t:narrow(1, 1, 2)
@@ -447,6 +455,7 @@ describe("freeing", function()
     H.raises(function() k3.zeros({2, 4}):copy(v) end, "tensor has been freed")
     t:free() -- twice is harmless
     assert.equal("k3.Tensor (freed)", tostring(t))
+    assert.equal("k3.Tensor (freed)", tostring(v))
   end)
 
   it("__close frees the handle at scope end and __gc is safe afterwards", function()

@@ -325,6 +325,14 @@ static int m_mark_static(lua_State *L) {
     lua_settop(L, 1);
     return 1;
 }
+/* t:is_freed() -> boolean: whether t, or the storage it views, has been freed (t:free() on it
+ * or on any view of its storage). Never raises for a k3.Tensor. */
+static int m_is_freed(lua_State *L) {
+    k3l_tensor_ud *u = check_tensor_ud(L, 1);
+    lua_pushboolean(L, !u->t || k3_tensor_check(u->t, NULL) != K3_OK);
+    return 1;
+}
+
 static int m_is_static(lua_State *L) {
     lua_pushboolean(L, k3_tensor_is_static(k3l_check_tensor(L, 1)));
     return 1;
@@ -735,6 +743,7 @@ static const luaL_Reg tensor_methods[] = {
     {"numel", m_numel},       {"offset", m_offset},       {"dtype", m_dtype},
     {"device", m_device},     {"is_contiguous", m_is_contiguous},
     {"mark_static", m_mark_static}, {"is_static", m_is_static},
+    {"is_freed", m_is_freed},
     {"narrow", m_narrow},     {"select", m_select},       {"transpose", m_transpose},
     {"t", m_t},               {"view", m_view},           {"expand", m_expand},
     {"reshape", m_reshape},   {"permute", m_permute},     {"squeeze", m_squeeze},

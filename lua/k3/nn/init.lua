@@ -137,6 +137,7 @@ function Linear:free()
 end
 
 function Linear:__tostring()
+  if self.weight:is_freed() then return "Linear(freed)" end
   return string.format("Linear(%d -> %d, %s%s)", self:in_features(), self:out_features(),
                        self.weight:dtype(), self.bias and ", bias" or "")
 end
@@ -165,6 +166,7 @@ end
 function RMSNorm:free() self.weight:free() end
 
 function RMSNorm:__tostring()
+  if self.weight:is_freed() then return "RMSNorm(freed)" end
   return string.format("RMSNorm(%d, eps=%g, %s)", self.weight:size(1), self.eps,
                        self.weight:dtype())
 end
@@ -251,6 +253,7 @@ function SwiGLU:free()
 end
 
 function SwiGLU:__tostring()
+  if self.gate_up.weight:is_freed() or self.down.weight:is_freed() then return "SwiGLU(freed)" end
   return string.format("SwiGLU(%d -> %d -> %d)", self.gate_up:in_features(),
                        self.down:in_features(), self.down:out_features())
 end
