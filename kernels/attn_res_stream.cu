@@ -426,27 +426,44 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t by
         : "memory");
 }
 
-/* Issues row r of this CTA's sequence into slot r % slots: the CTA's tokens blockIdx.x +
- * i gridDim.x in order, each as R = 2 + num_blocks rows: prefix, delta, blocks 0..nb-1. */
+/* The ring's two cursors. The consumer's (every thread's): the slot of the next row to read
+ * and the parity of that slot's current phase. The producer's (thread 0's): the slot, token
+ * and row within the token of the next row to issue. All advance by one row at a time, so no
+ * division runs per row. */
+struct ring_cursor {
+    int slot = 0;
+    uint32_t parity = 0;
+    __device__ __forceinline__ void next(int slots) {
+        if (++slot == slots) slot = 0, parity ^= 1u;
+    }
+};
+struct ring_producer {
+    int slot = 0, q = 0; /* q: 0 prefix, 1 delta, 2 + s block s */
+    int64_t t;
+};
+
+/* Issues the producer's next row into its slot and advances it: the CTA's tokens
+ * blockIdx.x + i gridDim.x in order, each as R = 2 + num_blocks rows: prefix, delta, blocks
+ * 0..nb-1. */
 __device__ __forceinline__ void ring_issue(const ring_params &p, uint8_t *ring, uint64_t *full,
-                                           int64_t r, int R) {
-    const int64_t i = r / R;
-    const int q = (int)(r - i * R);
-    const int64_t t = blockIdx.x + i * gridDim.x;
-    const uint16_t *src = q == 0   ? (const uint16_t *)p.prefix + t * p.H
-                          : q == 1 ? (const uint16_t *)p.delta + t * p.H
-                                   : (const uint16_t *)p.blocks + t * p.sbt + (int64_t)(q - 2) * p.sbs;
-    const int slot = (int)(r % p.slots);
-    mbar_arrive_expect(&full[slot], p.row_bytes);
-    bulk_g2s(ring + (size_t)slot * p.row_bytes, src, p.row_bytes, &full[slot]);
+                                           ring_producer &w, int R) {
+    const uint16_t *src = w.q == 0   ? (const uint16_t *)p.prefix + w.t * p.H
+                          : w.q == 1 ? (const uint16_t *)p.delta + w.t * p.H
+                                     : (const uint16_t *)p.blocks + w.t * p.sbt +
+                                           (int64_t)(w.q - 2) * p.sbs;
+    mbar_arrive_expect(&full[w.slot], p.row_bytes);
+    bulk_g2s(ring + (size_t)w.slot * p.row_bytes, src, p.row_bytes, &full[w.slot]);
+    if (++w.slot == p.slots) w.slot = 0;
+    if (++w.q == R) w.q = 0, w.t += gridDim.x;
 }
 
-/* Waits for row r's slot and returns its address. */
+/* Waits for the consumer's next row, returns its address and advances the cursor. */
 __device__ __forceinline__ const uint4 *ring_row(const ring_params &p, const uint8_t *ring,
-                                                 uint64_t *full, int64_t r) {
-    const int slot = (int)(r % p.slots);
-    mbar_wait(&full[slot], (uint32_t)((r / p.slots) & 1));
-    return (const uint4 *)(ring + (size_t)slot * p.row_bytes);
+                                                 uint64_t *full, ring_cursor &c) {
+    mbar_wait(&full[c.slot], c.parity);
+    const uint4 *row = (const uint4 *)(ring + (size_t)c.slot * p.row_bytes);
+    c.next(p.slots);
+    return row;
 }
 
 /* The rare path of one source's logit (its sum of squares overflowed or underflowed): the
@@ -543,8 +560,10 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
         pdl_launch_dependents();
     }
     int64_t issued = 0; /* thread 0's count of rows issued */
+    ring_producer prod;
+    prod.t = blockIdx.x;
     if (tid == 0)
-        for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, issued, R);
+        for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, prod, R);
     float w[V][8]; /* nw * qw of this thread's vectors */
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -557,6 +576,7 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
         for (int e = 0; e < 8; e++) w[k][e] = ok[k] ? x[e] * y[e] : 0.0f;
     }
     int64_t r = 0; /* rows consumed */
+    ring_cursor cur;
     int buf = 0;
     for (int64_t i = 0; i < ntok; i++) {
         const int64_t t = blockIdx.x + i * gridDim.x;
@@ -570,7 +590,8 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
             uint4 v4[V];
             if (j == 0) {
                 /* prefix += delta, rounded to T and written back: source 0 */
-                const uint4 *a = ring_row(p, ring, full, r), *b = ring_row(p, ring, full, r + 1);
+                const uint4 *a = ring_row(p, ring, full, cur);
+                const uint4 *b = ring_row(p, ring, full, cur);
                 T *prefix = (T *)p.prefix + t * p.H;
 #pragma unroll
                 for (int k = 0; k < V; k++) {
@@ -586,7 +607,7 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
                 }
                 r += 2;
             } else {
-                const uint4 *a = ring_row(p, ring, full, r);
+                const uint4 *a = ring_row(p, ring, full, cur);
 #pragma unroll
                 for (int k = 0; k < V; k++) v4[k] = ok[k] ? a[vi[k]] : make_uint4(0, 0, 0, 0);
                 r += 1;
@@ -620,7 +641,7 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
             /* Every thread is past the reads of rows < r: their slots take the next rows. */
             if (tid == 0)
                 for (; issued < rows && issued < r + p.slots; issued++)
-                    ring_issue(p, ring, full, issued, R);
+                    ring_issue(p, ring, full, prod, R);
             /* online softmax: acc and l are scaled to the running max */
             if (z > mx) {
                 const float c = __expf(mx - z);
@@ -740,6 +761,10 @@ k3_status ring_launch(const ring_params &p, const ring_shape &sh, int dev, cudaS
     const bool full = p.vecs == kRingV * sh.nt;
     auto kern = full ? attn_res_ring_kernel<T, W, true> : attn_res_ring_kernel<T, W, false>;
     const size_t smem = (size_t)sh.slots * p.row_bytes;
+    if (raised[full ? 0 : 1][dev < 64 ? dev : 0] == 0)
+        /* all of the SM's unified data cache as shared memory, so sh.cps CTAs fit */
+        K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
     K3_TRY(raise_smem(kern, dev, smem, raised[full ? 0 : 1]));
     int sms = k3c_sm_count(dev);
     if (sms <= 0) sms = 132;
