@@ -23,15 +23,13 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. K3_ATTN_RES_STREAM_RING: "0" runs cuda.attn_res.stream's register-staged
- * body instead of its row ring (a comparison switch while both exist). */
+ * prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int stream_ring;
 };
-inline knobs g_knobs = {1, 0, 64, 1};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -47,8 +45,6 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
-    const char *r = getenv("K3_ATTN_RES_STREAM_RING");
-    g_knobs.stream_ring = !(r && r[0] == '0' && !r[1]);
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover
@@ -141,6 +137,27 @@ template <class T> struct wvec<T, float> {
         f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
     }
 };
+
+/* 8 weights at element offset e as f32. */
+template <class T, class W>
+__device__ __forceinline__ void wload(const void *p, int64_t e, float (&f)[8]) {
+    wvec<T, W> w;
+    w.load(p, e);
+    w.get(f);
+}
+
+/* The block reduction of one value per warp (lane 0's v) of a rare path: a barrier first (every
+ * thread has read buf since its last write), then the sum or max over the warps, the same bits
+ * in every thread. */
+__device__ __forceinline__ float block_max_sum(float v, float *buf, bool max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int q = 0; q < nwarps; q++) r = max ? fmaxf(r, buf[q]) : r + buf[q];
+    return r;
+}
 
 /* ---- warps, clusters, programmatic dependent launch ----------------------------------------- */
 
@@ -498,6 +515,9 @@ k3_status raise_smem(void (*kern)(P), int dev, size_t bytes, size_t (&set)[64]) 
  * kStreamMaxThreads threads. stream_threads: its threads for hidden size H (a multiple of 32),
  * or 0 when H / 8 vectors do not fit 64..512 of them; the decode kernel's dispatch rule asks it
  * too (attn_res_decode.cu). */
+/* The largest hidden size cuda.attn_res.ring serves (4 vectors a thread, 256 threads); the
+ * decode kernel's dispatch rule asks it too. */
+const int64_t kRingMaxHidden = 8192;
 const int kStreamMaxThreads = 512;
 const int kStreamV = 2;
 inline int stream_threads(int64_t H) {

@@ -519,39 +519,37 @@ bool decode_pick(int64_t H, int64_t nb, decode_shape *out, char *reason, size_t 
     return false;
 }
 
-/* Token counts. num_blocks <= kAnyTBlocks: any T (one token per cluster with every load in
- * flight beats the stream kernel's pipeline at every T measured, 256..16384). num_blocks
- * 2..kStreamBlocksFrom - 1: any T, except that T >= kStreamFromT goes to the stream kernel where
- * it takes the call (a delta, the output norm, no block write, a hidden size stream_threads
- * covers): at H = 7168 it is 3-9% faster there at T = 256, 4096 and 16384 and slower at
- * T = 96 and 192, where its persistent grid runs a second round of tokens on part of the SMs
- * (notes/PERF.md, 2026-12-01). Above that, T <= decode_max_t (64 unless
- * K3_ATTN_RES_DECODE_MAX_T says otherwise). */
-const int kAnyTBlocks = 1;
-const int kStreamBlocksFrom = 5;
-const int64_t kStreamFromT = 256;
+/* Token counts. num_blocks 0: any T. num_blocks 1..kPrefillBlocksFrom - 1: any T, except
+ * that T >= kPrefillFromT goes to cuda.attn_res.ring where it takes the call (a delta, the
+ * output norm, no block write, H <= 8192): at H = 7168 it is 5-20% faster there at T = 256,
+ * 4096 and 16384 (notes/PERF.md, 2026-12-03 night). From kPrefillBlocksFrom on, T <=
+ * decode_max_t (64 unless K3_ATTN_RES_DECODE_MAX_T says otherwise); the ring or the stream
+ * kernel takes the rest. */
+const int kAnyTBlocks = 0;
+const int kPrefillBlocksFrom = 5;
+const int64_t kPrefillFromT = 256;
 k3_status decode_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
     const int64_t T_ = a->prefix->size[0], maxt = get_knobs().decode_max_t, nb = a->num_blocks;
-    const bool stream_takes = a->delta && a->output_norm_weight && a->write_block < 0 &&
-                              stream_threads(a->prefix->size[1]);
-    /* the least T left to the stream kernel at 2..4: kStreamFromT, or past a larger decode_max_t */
-    const int64_t from = maxt >= kStreamFromT ? maxt + 1 : kStreamFromT;
-    if (nb > kAnyTBlocks && nb < kStreamBlocksFrom && stream_takes && T_ >= from) {
+    const bool ring_takes = a->delta && a->output_norm_weight && a->write_block < 0 &&
+                            a->prefix->size[1] <= kRingMaxHidden;
+    /* the least T left to the ring at 1..4: kPrefillFromT, or past a larger decode_max_t */
+    const int64_t from = maxt >= kPrefillFromT ? maxt + 1 : kPrefillFromT;
+    if (nb > kAnyTBlocks && nb < kPrefillBlocksFrom && ring_takes && T_ >= from) {
         snprintf(reason, n,
                  "%s leaves T >= %lld tokens at num_blocks %d..%d to %s (faster there); got T = "
                  "%lld at num_blocks %lld",
                  k3_cuda_attn_res_decode_name, (long long)from, kAnyTBlocks + 1,
-                 kStreamBlocksFrom - 1, k3_cuda_attn_res_stream_name, (long long)T_,
+                 kPrefillBlocksFrom - 1, k3_cuda_attn_res_ring_name, (long long)T_,
                  (long long)nb);
         return K3_ESHAPE;
     }
-    if (nb >= kStreamBlocksFrom && nb <= kMaxBlocks && T_ > maxt) {
+    if (nb >= kPrefillBlocksFrom && nb <= kMaxBlocks && T_ > maxt) {
         snprintf(reason, n,
                  "%s serves T <= %lld tokens at num_blocks %d..%d (at num_blocks <= %d any T, "
                  "below %lld where %s takes the call); got T = %lld at num_blocks %lld",
-                 k3_cuda_attn_res_decode_name, (long long)maxt, kStreamBlocksFrom, kMaxBlocks,
-                 kStreamBlocksFrom - 1, (long long)from, k3_cuda_attn_res_stream_name,
+                 k3_cuda_attn_res_decode_name, (long long)maxt, kPrefillBlocksFrom, kMaxBlocks,
+                 kPrefillBlocksFrom - 1, (long long)from, k3_cuda_attn_res_ring_name,
                  (long long)T_, (long long)nb);
         return K3_ESHAPE;
     }

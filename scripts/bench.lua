@@ -22,7 +22,7 @@ options:
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
   --bw GBPS         use this copy bandwidth for the floors instead of the measured one
   --ts 1,16         attn_res: only these token counts;  --nbs 1,8  only these num_blocks
-  --kernels a,b     attn_res: only these kernels (decode, stream, generic)
+  --kernels a,b     attn_res: only these kernels (decode, ring, stream, generic)
   --graph-only      attn_res: no eager figures
   --independent-delta  attn_res: each call's delta is its own input, not the previous output
   --no-triton       attn_res: do not run scripts/bench-peers.py --only attn_res_triton first
@@ -62,8 +62,8 @@ local function parse(args)
     elseif key == "--kernels" then
       local list = {}
       for v in value():gmatch("[^,]+") do
-        if v ~= "decode" and v ~= "stream" and v ~= "generic" then
-          die("--kernels: unknown kernel '" .. v .. "' (decode, stream, generic)")
+        if v ~= "decode" and v ~= "ring" and v ~= "stream" and v ~= "generic" then
+          die("--kernels: unknown kernel '" .. v .. "' (decode, ring, stream, generic)")
         end
         list[#list + 1] = v
       end

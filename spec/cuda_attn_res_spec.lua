@@ -362,23 +362,23 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
-  it("T > 64 at num_blocks 5..16 and T >= 256 at 2..4 where the stream kernel takes the call are declined by name; other T are served", function()
+  it("T > 64 at num_blocks 5..16 and T >= 256 at 1..4 where the ring kernel takes the call are declined by name; other T are served", function()
     if not have_decode() then return end
     local a = inputs(65, 8, 7168, {num_blocks = 5})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 65 at num_blocks 5")
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.ring takes the call); got T = 65 at num_blocks 5")
     a = inputs(256, 8, 7168, {num_blocks = 4})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode leaves T >= 256 tokens at num_blocks 2..4 to cuda.attn_res.stream (faster there); got T = 256 at num_blocks 4")
-    -- beside the stream kernel (no delta, no output norm, a block write, a hidden size it does
-    -- not take) the decode kernel keeps every T up to num_blocks 4
+      "attn_res: cuda.attn_res.decode leaves T >= 256 tokens at num_blocks 1..4 to cuda.attn_res.ring (faster there); got T = 256 at num_blocks 4")
+    -- beside the ring kernel (no delta, no output norm, a block write, a hidden size it does
+    -- not take) the decode kernel keeps every T up to num_blocks 4, and at num_blocks 0 always
     a = inputs(65, 8, 64, {num_blocks = 5, delta = false})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 65 at num_blocks 5")
-    for _, c in ipairs({{nb = 1, o = {}}, {nb = 4, o = {delta = false}}, {nb = 4, o = {onorm = false}},
+      "attn_res: cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks <= 4 any T, below 256 where cuda.attn_res.ring takes the call); got T = 65 at num_blocks 5")
+    for _, c in ipairs({{nb = 0, o = {}}, {nb = 4, o = {delta = false}}, {nb = 4, o = {onorm = false}},
                         {nb = 3, o = {write_block = 4}}, {nb = 4, o = {}, H = 16384},
                         {nb = 2, o = {}, T = 255}, {nb = 4, o = {}, T = 192}}) do
       c.o.num_blocks, c.o.seed = c.nb, 910 + c.nb
@@ -430,8 +430,8 @@ describe("cuda.attn_res.decode #gpu", function()
     assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
   end)
 
-  it("dispatch: decode reads run decode, prefill runs stream, the rest go to generic", function()
-    local S = "cuda.attn_res.stream"
+  it("dispatch: decode reads run decode, prefill runs ring or stream, the rest go to generic", function()
+    local S, R = "cuda.attn_res.stream", "cuda.attn_res.ring"
     for _, case in ipairs({
       {T = 1, o = {num_blocks = 8}, k = K}, {T = 16, o = {num_blocks = 4}, k = K},
       {T = 64, o = {num_blocks = 16, S = 16}, k = K},
@@ -446,26 +446,23 @@ describe("cuda.attn_res.decode #gpu", function()
     assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
     if k3.has_kernel(K) then
       assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks " ..
-        "<= 4 any T, below 256 where cuda.attn_res.stream takes the call); got T = 300 at " ..
+        "<= 4 any T, below 256 where cuda.attn_res.ring takes the call); got T = 300 at " ..
         "num_blocks 8", tr[1].declined[1].reason)
     end
-    -- prefill at num_blocks 2..4 runs stream at T >= 256 (faster than decode there) and decode
-    -- below (T = 192: faster than stream's second round of tokens), at num_blocks 1 decode
-    -- (faster than stream), and decode where stream declines (no delta)
+    -- prefill at num_blocks 1..4 runs the ring at T >= 256 (faster than decode and stream
+    -- there) and decode below (T = 192), at 9..16 the ring from T = 65, at 0 decode
+    local ring = k3.has_kernel(R) and R or nil
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4})) end)
-    assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4")
+    assert.same({ring or k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4")
     tr = k3.trace(function() k3.attn_res(inputs(192, 8, 7168, {num_blocks = 4})) end)
     assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
       kernels_of(tr), "T=192 num_blocks 4")
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 1})) end)
-    assert.same({k3.has_kernel(K) and K or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
-      kernels_of(tr), "T=300 num_blocks 1")
-    -- num_blocks 9..16 and 0 at prefill sizes: the stream kernel's ring has no per-source arrays
+    assert.same({ring or k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 1")
     for _, nb in ipairs({0, 12, 16}) do
       tr = k3.trace(function() k3.attn_res(inputs(300, 16, 7168, {num_blocks = nb})) end)
-      local want = nb == 0 and (k3.has_kernel(K) and K or k3.has_kernel(S) and S) or
-        k3.has_kernel(S) and S or "cuda.attn_res.generic"
-      assert.same({want or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks " .. nb)
+      local want = nb == 0 and k3.has_kernel(K) and K or ring or "cuda.attn_res.generic"
+      assert.same({want}, kernels_of(tr), "T=300 num_blocks " .. nb)
     end
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4, delta = false})) end)
     assert.same({k3.has_kernel(K) and K or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4 no delta")
@@ -548,7 +545,7 @@ describe("cuda.attn_res.stream #gpu", function()
     return
   end
 
-  it("prefill shapes: T 64, 300, 4097; num_blocks 0..16; padded blocks; f16; f32 weights", function()
+  it("prefill shapes: T 64, 300, 4097; num_blocks 1, 4, 8; padded blocks; f16; f32 weights", function()
     for _, T in ipairs({64, 300}) do
       for _, nb in ipairs({1, 4, 8}) do
         check(inputs(T, nb, 7168, {num_blocks = nb, seed = 500 + T + nb}), K,
@@ -564,12 +561,6 @@ describe("cuda.attn_res.stream #gpu", function()
     check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 607}), K, "T=4097 nb=1")
     check(inputs(4097, 8, 1024, {num_blocks = 8, seed = 608}), K, "T=4097 H=1024 nb=8")
     check(inputs(4097, 8, 1024, {num_blocks = 8, dtype = "f16", bpad = 8, seed = 609}), K, "f16 T=4097 H=1024 nb=8 padded")
-    for _, nb in ipairs({0, 2, 9, 12, 16}) do
-      check(inputs(300, 16, 7168, {num_blocks = nb, seed = 620 + nb}), K, "T=300 nb=" .. nb .. " of 16 slots")
-    end
-    check(inputs(4097, 16, 7168, {num_blocks = 16, seed = 640}), K, "T=4097 nb=16")
-    check(inputs(300, 16, 4096, {num_blocks = 11, dtype = "f16", wdtype = "f32", seed = 641}), K,
-      "f16 T=300 H=4096 nb=11, f32 weights")
   end)
 
   it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
@@ -594,17 +585,93 @@ describe("cuda.attn_res.stream #gpu", function()
       "attn_res: cuda.attn_res.stream requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
   end)
 
-  -- H / 8 vectors, four a thread, over at most 256 threads: 8192 is the most it takes, and
-  -- the decode kernel leaves it T >= 256 at num_blocks 2..4 for every such H
-  it("hidden sizes 8..8192: both ends and sizes between served, 8200 declined by name", function()
-    for _, hd in ipairs({8, 64, 512, 520, 8192}) do
+  -- stream_threads: H / 8 vectors, two a thread, over 64..512 threads: H = 520 (65 vectors,
+  -- 64 threads) is the least it takes, 8192 the most; the decode kernel leaves it T >= 256 at
+  -- num_blocks 2..4 for every such H
+  it("hidden sizes 520..8192: the ends served, 512 and 8200 declined by name", function()
+    for _, hd in ipairs({520, 8192}) do
       check(inputs(300, 4, hd, {num_blocks = 3, seed = 700 + hd}), K, "T=300 nb=3 H=" .. hd)
+    end
+    for _, hd in ipairs({512, 8200}) do
+      local a = inputs(300, 4, hd, {num_blocks = 3})
+      a.kernel = K
+      H.raises(function() k3.attn_res(a) end,
+        "attn_res: cuda.attn_res.stream supports hidden sizes 520..8192; got " .. hd)
+    end
+    -- by dispatch the ring kernel takes it where it is registered (faster at 1..4 blocks)
+    local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
+    local R = "cuda.attn_res.ring"
+    assert.same({k3.has_kernel(R) and R or K}, kernels_of(tr), "T=300 nb=3 H=520")
+  end)
+end)
+
+describe("cuda.attn_res.ring #gpu", function()
+  if not H.require_gpu() then return end
+  local K = "cuda.attn_res.ring"
+  if not k3.has_kernel(K) then
+    it("is not registered, and a call forced to it raises", function()
+      assert.is_false(have_kernel(K))
+    end)
+    return
+  end
+
+  it("prefill shapes: T 64, 300, 4097; num_blocks 0..4 and 9..16; padded blocks; f16; f32 weights", function()
+    for _, T in ipairs({64, 300}) do
+      for _, nb in ipairs({0, 1, 4, 9, 16}) do
+        check(inputs(T, 16, 7168, {num_blocks = nb, seed = 800 + T + nb}), K,
+          string.format("bf16 H=7168 T=%d nb=%d of 16 slots", T, nb))
+      end
+    end
+    check(inputs(300, 12, 7168, {num_blocks = 11, bpad = 8, seed = 901}), K, "T=300 11 of 12 blocks, padded block rows")
+    check(inputs(300, 8, 7168, {num_blocks = 3, dtype = "f16", bpad = 16, seed = 902}), K, "f16 T=300 nb=3 padded")
+    check(inputs(300, 8, 7168, {num_blocks = 2, wdtype = "f32", seed = 903}), K, "T=300 f32 weights")
+    check(inputs(300, 16, 4096, {num_blocks = 13, dtype = "f16", wdtype = "f32", seed = 904}), K,
+      "f16 T=300 H=4096 nb=13, f32 weights")
+    check(inputs(64, 4, 8192, {num_blocks = 4, seed = 905}), K, "T=64 H=8192 (256 threads)")
+    check(inputs(300, 4, 7176, {num_blocks = 4, seed = 906}), K, "T=300 H=7176 (idle vectors)")
+    check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 907}), K, "T=4097 nb=1")
+    check(inputs(4097, 16, 7168, {num_blocks = 16, seed = 908}), K, "T=4097 nb=16")
+    check(inputs(4097, 12, 1024, {num_blocks = 10, dtype = "f16", bpad = 8, seed = 909}), K,
+      "f16 T=4097 H=1024 nb=10 padded (more CTAs an SM)")
+  end)
+
+  it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
+    for _, scale in ipairs({1e20, 1e-25, 3e36}) do
+      for _, c in ipairs({{4, 7168, 1}, {12, 1000, 2}}) do
+        local a = inputs(64, 12, c[2], {num_blocks = c[1], seed = 930 + c[3]})
+        a.prefix:copy(a.prefix * scale)
+        a.delta:copy(a.delta * scale)
+        a.blocks:copy(a.blocks * scale)
+        a.eps, a.output_eps = 0, 0
+        check(a, K, string.format("scale %g num_blocks %d H=%d", scale, c[1], c[2]))
+      end
+    end
+  end)
+
+  it("row-padded rows raise its own layout error by name", function()
+    local a = inputs(65, 4, 7168, {pad = 7, opad = 0})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end,
+      "attn_res: cuda.attn_res.ring requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
+  end)
+
+  it("hidden sizes 8..8192 served, 8200 declined by name; num_blocks 5..8 left to the stream kernel where it takes them", function()
+    for _, hd in ipairs({8, 64, 520, 8192}) do
+      check(inputs(300, 4, hd, {num_blocks = 3, seed = 940 + hd}), K, "T=300 nb=3 H=" .. hd)
     end
     local a = inputs(300, 4, 8200, {num_blocks = 3})
     a.kernel = K
+    H.raises(function() k3.attn_res(a) end, "attn_res: cuda.attn_res.ring supports hidden sizes up to 8192; got 8200")
+    a = inputs(300, 8, 7168, {num_blocks = 6})
+    a.kernel = K
     H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.stream supports hidden sizes up to 8192; got 8200")
-    local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
-    assert.same({K}, kernels_of(tr), "T=300 nb=3 H=520 goes to the stream kernel")
+      "attn_res: cuda.attn_res.ring leaves num_blocks 5..8 to cuda.attn_res.stream (faster there) at hidden sizes 520..8192; got num_blocks 6")
+    -- below the stream kernel's hidden sizes the ring serves 5..8 too
+    check(inputs(300, 8, 64, {num_blocks = 8, seed = 950}), K, "T=300 nb=8 H=64")
+    local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 64, {num_blocks = 8})) end)
+    assert.same({K}, kernels_of(tr), "T=300 nb=8 H=64 goes to the ring")
+    a = inputs(63, 4, 7168, {num_blocks = 2})
+    a.kernel = K
+    H.raises(function() k3.attn_res(a) end, "attn_res: cuda.attn_res.ring serves T >= 64 tokens; got T = 63")
   end)
 end)

@@ -299,8 +299,8 @@ describe("policy", function()
     local file = dofile("lua/k3/policy/default.lua")
     assert.same(file, plain(k3.policy))
     assert.equal("error", k3.policy.on_layout_mismatch)
-    assert.same({"cuda.attn_res.decode", "cuda.attn_res.stream", "cuda.attn_res.generic",
-                 "cpu.attn_res.reference"}, k3.policy.attn_res)
+    assert.same({"cuda.attn_res.decode", "cuda.attn_res.ring", "cuda.attn_res.stream",
+                 "cuda.attn_res.generic", "cpu.attn_res.reference"}, k3.policy.attn_res)
   end)
 
   it("every default list ends in a CPU kernel; linear falls back to cpu.linear.reference", function()
@@ -351,7 +351,7 @@ describe("policy", function()
     assert.same({"abs", "attn_res", "batch_invariant", "exp", "linear", "max", "mean", "min",
                  "on_layout_mismatch", "rms_norm", "silu_mul", "sqrt", "sum"}, keys)
     local function pair(op) return op .. ' = {"cuda.' .. op .. '.generic", "cpu.' .. op .. '.reference"}' end
-    assert.equal('{' .. pair("abs") .. ', attn_res = {"cuda.attn_res.decode", ' ..
+    assert.equal('{' .. pair("abs") .. ', attn_res = {"cuda.attn_res.decode", "cuda.attn_res.ring", ' ..
       '"cuda.attn_res.stream", "cuda.attn_res.generic", "cpu.attn_res.reference"}, ' ..
       'batch_invariant = {linear = {"cuda.linear.batch_invariant", "cpu.linear.batch_invariant"}}, ' ..
       pair("exp") .. ', linear = {"cpu.linear.reference", "cpu.linear.blas"}, ' ..

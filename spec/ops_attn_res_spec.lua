@@ -215,6 +215,7 @@ describe("attn_res", function()
     assert.equal("cpu.attn_res.reference", e.chosen)
     if not k3.backends().cuda.available then
       assert.same({{kernel = "cuda.attn_res.decode", reason = H.cuda_absent_reason()},
+                   {kernel = "cuda.attn_res.ring", reason = H.cuda_absent_reason()},
                    {kernel = "cuda.attn_res.stream", reason = H.cuda_absent_reason()},
                    {kernel = "cuda.attn_res.generic", reason = H.cuda_absent_reason()}}, e.declined)
     end
@@ -551,8 +552,8 @@ describe("attn_res edge values on the CUDA kernels #gpu", function()
     edge_attn_res("cuda", "cuda.attn_res.generic", {"f32", "bf16", "f64"})
     edge_attn_res("cuda", "cuda.attn_res.generic", {"f32"}, {write_block = 2})
   end)
-  it("cuda.attn_res.decode and cuda.attn_res.stream: the same cases in bf16 and f16", function()
-    for _, kern in ipairs({"cuda.attn_res.decode", "cuda.attn_res.stream"}) do
+  it("cuda.attn_res.decode, ring and stream: the same cases in bf16 and f16", function()
+    for _, kern in ipairs({"cuda.attn_res.decode", "cuda.attn_res.ring", "cuda.attn_res.stream"}) do
       if not k3.has_kernel(kern) then
         pending(kern .. " is not registered in this build")
         return
@@ -562,6 +563,7 @@ describe("attn_res edge values on the CUDA kernels #gpu", function()
     edge_attn_res("cuda", "cuda.attn_res.decode", {"bf16"}, {write_block = 4})
     -- the stream kernel's smallest prefill shape: T 64, H 1024
     edge_attn_res("cuda", "cuda.attn_res.stream", {"bf16", "f16"}, {T = 64, H = 1024})
+    edge_attn_res("cuda", "cuda.attn_res.ring", {"bf16", "f16"}, {T = 64, H = 64})
   end)
 end)
 

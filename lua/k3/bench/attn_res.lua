@@ -29,6 +29,7 @@ A.TARGETS = {t1_us = 2.5, t1_nb1_us = 2.0, t16_us = 3.5, t256_us = 12.0, big_t =
 
 -- The kernels timed, as {short name, kernel}.
 A.KERNELS = {{"decode", "cuda.attn_res.decode"},
+             {"ring", "cuda.attn_res.ring"},
              {"stream", "cuda.attn_res.stream"},
              {"generic", "cuda.attn_res.generic"}}
 
@@ -172,10 +173,12 @@ function A.run(env, peers, opts)
         if not row.fast_name and env:kernel(kk[2]) == row.fast then row.fast_name = kk[1] end
       end
       -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick (these
-      -- rows carry a delta and the output norm, so the stream kernel takes what the decode kernel
-      -- leaves: kernels/attn_res_decode.cu decode_supports).
+      -- rows carry a delta and the output norm at H = 7168, so the ring kernel takes what the
+      -- decode kernel leaves at 1..4 blocks and the stream kernel at 5..8:
+      -- kernels/attn_res_decode.cu decode_supports, attn_res_ring.cu ring_supports).
       if env.dry then
-        row.fast_name = (T <= 64 or nb <= 1 or (nb <= 4 and T < 256)) and "decode" or "stream"
+        row.fast_name = (T <= 64 or nb == 0 or (nb <= 4 and T < 256)) and "decode" or
+                        nb <= 4 and "ring" or "stream"
       end
       if row.fast_name then
         row.fast_graph_us = row[row.fast_name .. "_graph_us"]

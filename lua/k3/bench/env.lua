@@ -26,6 +26,7 @@ local CPU_KERNEL = {
   ["cuda.attn_res.decode"] = "cpu.attn_res.reference",
   ["cuda.attn_res.generic"] = "cpu.attn_res.reference",
   ["cuda.attn_res.stream"] = "cpu.attn_res.reference",
+  ["cuda.attn_res.ring"] = "cpu.attn_res.reference",
 }
 
 -- Env.new{dry = bool, quick = bool, shrink = 16, bw = GB/s override}

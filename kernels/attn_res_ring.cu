@@ -1,0 +1,458 @@
+/*
+ * attn_res_ring.cu — cuda.attn_res.ring, the prefill AttnRes read (T >= 64 tokens) on densely
+ * packed bf16/f16 rows with delta and output norm, num_blocks 0..4 and 9..16 (5..8 are
+ * cuda.attn_res.stream's where it takes the call: faster there), hidden sizes up to 8192.
+ *
+ * A persistent grid of a few CTAs per SM, each striding over tokens. Every row a CTA reads (a
+ * token's prefix, delta and block rows, token after token) is one bulk copy (cp.async.bulk)
+ * into the next slot of a ring in shared memory, completing that slot's mbarrier; thread 0
+ * keeps every free slot filled, so up to `slots` rows, across token boundaries, are in flight
+ * while the CTA works. A token is reduced one source at a time with an online softmax: source
+ * 0 is prefix + delta (rounded to the dtype and written back), then the block rows; each
+ * source costs one CTA barrier (its dot with nw * qw and its sum of squares, reduced per warp,
+ * then summed over the warps in warp order by every thread: the same bits everywhere), after
+ * which its slot takes the next row and the mix accumulates it. The output norm is one more
+ * barrier. No array is sized by the source count, so one instance serves every num_blocks, and
+ * a token's work grows with its sources: at 1..4 blocks this is faster than the stream
+ * kernel's register stages, at 8 slower (its per-source barrier and reduction cost more than
+ * the stream kernel's one reduction for all sources; notes/PERF.md, 2026-12-03 night).
+ *
+ * Thread tid owns the 16-byte vectors k * NT + tid (k < 4) of every row; the product of the
+ * key norm and query weights (nw * qw) of its vectors stays in its registers as f32, the output
+ * norm weight is read at the output (an L1 hit after the first token). Scale: a source's sum of
+ * squares that overflowed or underflowed is recomputed on its values scaled by a power of two
+ * (ring_rescaled_logit), the output norm's likewise (block_max_sum).
+ *
+ * Registers: at most 128 a thread (__launch_bounds__(256, 2)), so two CTAs of up to 8 warps
+ * share an SM's register file and each partition holds its warps (4 x 32 x 128 = 16384).
+ * nvcc 13.0, sm_90a: every instance 128 registers, 384 B of static shared memory, no spills but
+ * one instance's 8 B.
+ */
+#include "attn_res.cuh"
+
+using namespace k3ar;
+
+namespace {
+
+const int64_t kRingMinT = 64;
+
+/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192),
+ * block slots per call, ring slots per CTA, and the shared memory (bytes) counted per CTA
+ * beside the ring: the SM's reserve of 1 KB and the static arrays below. */
+const int kRingV = 4;
+const int kRingMaxThreads = 256;
+const int kRingMaxBlocks = 16;
+const int kRingMaxSlots = 16;
+const int kRingMinSlots = 3;
+const int kRingSideSmem = 1024 + 512;
+static_assert(8 * kRingV * kRingMaxThreads == kRingMaxHidden, "the largest H fills the largest CTA");
+/* num_blocks the stream kernel serves faster, where it takes the call */
+const int kRingStreamFrom = 5, kRingStreamTo = 8;
+
+struct ring_params : row_args {
+    int64_t T;
+    int pdl;
+    int slots;
+    uint32_t row_bytes;
+};
+
+/* One bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
+ * this CTA's shared memory, completing that many bytes of barrier bar's phase (PTX ISA
+ * "cp.async.bulk"). */
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst), b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
+        "l"(src), "r"(bytes), "r"(b)
+        : "memory");
+}
+
+/* The ring's two cursors. The consumer's (every thread's): the slot of the next row to read
+ * and the parity of that slot's current phase. The producer's (thread 0's): the slot, token
+ * and row within the token of the next row to issue. All advance by one row at a time, so no
+ * division runs per row. */
+struct ring_cursor {
+    int slot = 0;
+    uint32_t parity = 0;
+    __device__ __forceinline__ void next(int slots) {
+        if (++slot == slots) slot = 0, parity ^= 1u;
+    }
+};
+struct ring_producer {
+    int slot = 0, q = 0; /* q: 0 prefix, 1 delta, 2 + s block s */
+    int64_t t;
+};
+
+/* Issues the producer's next row into its slot and advances it: the CTA's tokens
+ * blockIdx.x + i gridDim.x in order, each as R = 2 + num_blocks rows: prefix, delta, blocks
+ * 0..nb-1. */
+__device__ __forceinline__ void ring_issue(const ring_params &p, uint8_t *ring, uint64_t *full,
+                                           ring_producer &w, int R) {
+    const uint16_t *src = w.q == 0   ? (const uint16_t *)p.prefix + w.t * p.H
+                          : w.q == 1 ? (const uint16_t *)p.delta + w.t * p.H
+                                     : (const uint16_t *)p.blocks + w.t * p.sbt +
+                                           (int64_t)(w.q - 2) * p.sbs;
+    mbar_arrive_expect(&full[w.slot], p.row_bytes);
+    bulk_g2s(ring + (size_t)w.slot * p.row_bytes, src, p.row_bytes, &full[w.slot]);
+    if (++w.slot == p.slots) w.slot = 0;
+    if (++w.q == R) w.q = 0, w.t += gridDim.x;
+}
+
+/* Waits for the consumer's next row, returns its address and advances the cursor. */
+__device__ __forceinline__ const uint4 *ring_row(const ring_params &p, const uint8_t *ring,
+                                                 uint64_t *full, ring_cursor &c) {
+    mbar_wait(&full[c.slot], c.parity);
+    const uint4 *row = (const uint4 *)(ring + (size_t)c.slot * p.row_bytes);
+    c.next(p.slots);
+    return row;
+}
+
+/* The rare path of one source's logit (its sum of squares overflowed or underflowed): the
+ * dot and sum of squares again on the source's values scaled by 2^-e, e from its max
+ * magnitude over the CTA; two barriers. Every thread has read the arrays since their last
+ * write (a barrier of the main path lies between). */
+template <class T, int V>
+__device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const float (&w)[V][8],
+                                                     const ring_params &p, float *redm,
+                                                     float2 *redx) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    float am = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float v[8];
+        vec8<T>::unpack(v4[k], v); /* idle vectors hold zeros */
+#pragma unroll
+        for (int e = 0; e < 8; e++) am = fmaxf(am, fabsf(v[e]));
+    }
+    am = k3c_warp_max(am);
+    if (lane == 0) redm[warp] = am;
+    __syncthreads();
+    float m = 0.0f;
+    for (int q = 0; q < nwarps; q++) m = fmaxf(m, redm[q]);
+    const int ex = scale_exp(m);
+    const pow2_scale ps(ex);
+    float dot = 0.0f, ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float v[8];
+        vec8<T>::unpack(v4[k], v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float z = ps(v[e]);
+            dot = fmaf(z, w[k][e], dot);
+            ss = fmaf(z, z, ss);
+        }
+    }
+    dot = k3c_warp_sum(dot);
+    ss = k3c_warp_sum(ss);
+    if (lane == 0) redx[warp] = make_float2(dot, ss);
+    __syncthreads();
+    float D = 0.0f, S = 0.0f;
+    for (int q = 0; q < nwarps; q++) {
+        const float2 x = redx[q];
+        D += x.x;
+        S += x.y;
+    }
+    return D * rms_factor_scaled(S, p.invH, p.eps, ex);
+}
+
+/* The kernel (the file's header says how it works). FULL: every thread's 4 vectors are in the
+ * row (H == 32 * NT), so the idle-vector predicates are compile-time facts. */
+template <class T, class W, bool FULL>
+__global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const ring_params p) {
+    constexpr int V = kRingV;
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ uint64_t full[kRingMaxSlots];
+    __shared__ float2 red[2][kRingMaxThreads / 32];
+    __shared__ float red2[kRingMaxThreads / 32];
+    __shared__ float redm[kRingMaxThreads / 32];
+    __shared__ float2 redx[kRingMaxThreads / 32];
+
+    const int NT = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5,
+              nwarps = NT >> 5;
+    const int nb = p.nb, R = 2 + nb;
+    const int64_t ntok =
+        p.T > (int64_t)blockIdx.x ? (p.T - 1 - (int64_t)blockIdx.x) / gridDim.x + 1 : 0;
+    const int64_t rows = ntok * R;
+    int vi[V];
+    bool ok[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        vi[k] = k * NT + tid;
+        ok[k] = FULL || vi[k] < p.vecs; /* FULL: the host checked H == 8 * V * NT */
+    }
+    if (tid == 0) {
+        for (int s = 0; s < p.slots; s++) mbar_init(&full[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (p.pdl) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    int64_t issued = 0; /* thread 0's count of rows issued */
+    ring_producer prod;
+    prod.t = blockIdx.x;
+    if (tid == 0)
+        for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, prod, R);
+    float w[V][8]; /* nw * qw of this thread's vectors */
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float x[8], y[8];
+        if (ok[k]) {
+            wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
+            wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[k][e] = ok[k] ? x[e] * y[e] : 0.0f;
+    }
+    int64_t r = 0; /* rows consumed */
+    ring_cursor cur;
+    int buf = 0;
+    for (int64_t i = 0; i < ntok; i++) {
+        const int64_t t = blockIdx.x + i * gridDim.x;
+        float acc[V][8];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
+        float mx = -INFINITY, l = 0.0f;
+        for (int j = 0; j <= nb; j++) {
+            uint4 v4[V];
+            if (j == 0) {
+                /* prefix += delta, rounded to T and written back: source 0 */
+                const uint4 *a = ring_row(p, ring, full, cur);
+                const uint4 *b = ring_row(p, ring, full, cur);
+                T *prefix = (T *)p.prefix + t * p.H;
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    v4[k] = make_uint4(0, 0, 0, 0);
+                    if (!ok[k]) continue;
+                    float x[8], y[8];
+                    vec8<T>::unpack(a[vi[k]], x);
+                    vec8<T>::unpack(b[vi[k]], y);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) x[e] += y[e];
+                    v4[k] = pack8<T>(x);
+                    *(uint4 *)(prefix + (int64_t)vi[k] * 8) = v4[k];
+                }
+                r += 2;
+            } else {
+                const uint4 *a = ring_row(p, ring, full, cur);
+#pragma unroll
+                for (int k = 0; k < V; k++) v4[k] = ok[k] ? a[vi[k]] : make_uint4(0, 0, 0, 0);
+                r += 1;
+            }
+            float part[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float v[8];
+                vec8<T>::unpack(v4[k], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    part[0] = fmaf(v[e], w[k][e], part[0]);
+                    part[1] = fmaf(v[e], v[e], part[1]);
+                }
+            }
+            /* lane 0 ends with the warp's dot, lane 16 with its sum of squares */
+            int id[2] = {0, 1};
+            spread_step<2, 16, false>(part, id, lane);
+            if (lane == 0) red[buf][warp].x = part[0];
+            if (lane == 16) red[buf][warp].y = part[0];
+            __syncthreads();
+            float D = 0.0f, S = 0.0f;
+            for (int q = 0; q < nwarps; q++) {
+                const float2 x = red[buf][q];
+                D += x.x;
+                S += x.y;
+            }
+            buf ^= 1;
+            const float z = !ss_needs_rescale(S) ? D * rsqrtf(S * p.invH + p.eps)
+                                                 : ring_rescaled_logit<T, V>(v4, w, p, redm, redx);
+            /* Every thread is past the reads of rows < r: their slots take the next rows. */
+            if (tid == 0)
+                for (; issued < rows && issued < r + p.slots; issued++)
+                    ring_issue(p, ring, full, prod, R);
+            /* online softmax: acc and l are scaled to the running max */
+            if (z > mx) {
+                const float c = __expf(mx - z);
+                l *= c;
+#pragma unroll
+                for (int k = 0; k < V; k++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[k][e] *= c;
+                mx = z;
+            }
+            const float ez = __expf(z - mx);
+            l += ez;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float v[8];
+                vec8<T>::unpack(v4[k], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[k][e] = fmaf(ez, v[e], acc[k][e]);
+            }
+        }
+        /* the mix and its RMS norm */
+        const float il = 1.0f / l;
+        float sq = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                acc[k][e] *= il;
+                sq = fmaf(acc[k][e], acc[k][e], sq);
+            }
+        sq = k3c_warp_sum(sq);
+        if (lane == 0) red2[warp] = sq;
+        __syncthreads();
+        const float total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
+        float rf;
+        if (!ss_needs_rescale(total)) {
+            rf = rsqrtf(total * p.invH + p.oeps);
+        } else {
+            float mm = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(acc[k][e]));
+            mm = block_max_sum(k3c_warp_max(mm), red2, true);
+            const int eo = scale_exp(mm);
+            const pow2_scale ps(eo);
+            float s2 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    acc[k][e] = ps(acc[k][e]);
+                    s2 = fmaf(acc[k][e], acc[k][e], s2);
+                }
+            s2 = block_max_sum(k3c_warp_sum(s2), red2, false);
+            rf = rms_factor_scaled(s2, p.invH, p.oeps, eo);
+        }
+        T *out = (T *)p.out + t * p.H;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            if (!ok[k]) continue;
+            float on[8], o[8];
+            wload<T, W>(p.onw, (int64_t)vi[k] * 8, on);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = acc[k][e] * rf * on[e];
+            *(uint4 *)(out + (int64_t)vi[k] * 8) = pack8<T>(o);
+        }
+    }
+}
+
+/* The ring's launch shape for hidden size H on device dev: threads (H / 8 vectors, 4 a
+ * thread), CTAs per SM (about 512 threads an SM, at least 2, so one CTA's barriers overlap
+ * another's work) and slots (as many rows as the SM's shared memory holds for that many CTAs,
+ * at most kRingMaxSlots; fewer CTAs when fewer than kRingMinSlots would fit). False when H
+ * needs more than kRingMaxThreads threads. */
+struct ring_shape {
+    int nt, cps, slots;
+};
+bool ring_pick(int64_t H, int dev, ring_shape *sh) {
+    const int nt = threads_for(H / 8, 1, kRingV, kRingMaxThreads);
+    if (!nt) return false;
+    static int sm_smem[64];
+    int smem = dev >= 0 && dev < 64 ? sm_smem[dev] : 0;
+    if (!smem) {
+        if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+                cudaSuccess ||
+            smem <= 0) {
+            (void)cudaGetLastError();
+            smem = 228 * 1024;
+        }
+        if (dev >= 0 && dev < 64) sm_smem[dev] = smem;
+    }
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        optin <= 0) {
+        (void)cudaGetLastError();
+        optin = 227 * 1024;
+    }
+    const int64_t row = H * 2;
+    int cps = 512 / nt < 2 ? 2 : 512 / nt;
+    for (;; cps--) {
+        int64_t per = smem / cps - kRingSideSmem;
+        if (per > optin - 512) per = optin - 512;
+        int64_t slots = per / row;
+        if (slots > kRingMaxSlots) slots = kRingMaxSlots;
+        if (slots >= kRingMinSlots || cps == 1) {
+            if (slots < 2) return false;
+            *sh = ring_shape{nt, cps, (int)slots};
+            return true;
+        }
+    }
+}
+
+template <class T, class W>
+k3_status ring_launch(const ring_params &p, const ring_shape &sh, int dev, cudaStream_t stream) {
+    static size_t raised[2][64];
+    const bool full = p.vecs == kRingV * sh.nt;
+    auto kern = full ? attn_res_ring_kernel<T, W, true> : attn_res_ring_kernel<T, W, false>;
+    const size_t smem = (size_t)sh.slots * p.row_bytes;
+    if (raised[full ? 0 : 1][dev < 64 ? dev : 0] == 0)
+        /* all of the SM's unified data cache as shared memory, so sh.cps CTAs fit */
+        K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+    K3_TRY(raise_smem(kern, dev, smem, raised[full ? 0 : 1]));
+    int sms = k3c_sm_count(dev);
+    if (sms <= 0) sms = 132;
+    const int64_t most = (int64_t)sms * sh.cps;
+    const int64_t grid = p.T < most ? p.T : most;
+    K3_TRY(launch(kern, p, dim3((unsigned)grid), dim3((unsigned)sh.nt), smem, 1, p.pdl, stream));
+    K3_CHECK_LAUNCH(attn_res_ring_kernel);
+    return K3_OK;
+}
+
+
+k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    const char *K = k3_cuda_attn_res_ring_name;
+    K3_TRY(check_rules(K, oa, call_rules{kRingMinT, 0, true, 0, kRingMaxBlocks}, reason, n));
+    const int64_t H = a->prefix->size[1], nb = a->num_blocks;
+    if (H > kRingMaxHidden) {
+        snprintf(reason, n, "%s supports hidden sizes up to %lld; got %lld", K,
+                 (long long)kRingMaxHidden, (long long)H);
+        return K3_ESHAPE;
+    }
+    if (nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
+        snprintf(reason, n,
+                 "%s leaves num_blocks %d..%d to %s (faster there) at hidden sizes %d..%d; got "
+                 "num_blocks %lld",
+                 K, kRingStreamFrom, kRingStreamTo, k3_cuda_attn_res_stream_name,
+                 8 * (kStreamV * 32 + 1), 8 * kStreamV * kStreamMaxThreads, (long long)nb);
+        return K3_EINVAL;
+    }
+    return K3_OK;
+}
+
+k3_status ring_run(const k3_op_args *oa) {
+    char reason[256] = "";
+    k3_status s = ring_supports(oa, reason, sizeof reason);
+    if (s != K3_OK) return k3_error(s, "attn_res: %s", reason);
+    const k3_attn_res_args *a = &oa->u.attn_res.p;
+    int dev = k3c_dev(a->prefix);
+    k3c_ctx *ctx = nullptr;
+    K3_TRY(k3c_context(dev, &ctx));
+    ring_params q;
+    fill_row_args(q, oa);
+    q.T = a->prefix->size[0];
+    q.pdl = get_knobs().pdl;
+    q.row_bytes = (uint32_t)(q.H * 2);
+    ring_shape sh;
+    if (!ring_pick(q.H, dev, &sh))
+        return k3_error(K3_ESHAPE, "attn_res: %s finds no shared memory for %d ring slots of %lld bytes",
+                        k3_cuda_attn_res_ring_name, kRingMinSlots, (long long)(q.H * 2));
+    q.slots = sh.slots;
+    return by_types(a, [&](auto t, auto w) {
+        return ring_launch<typename decltype(t)::type, typename decltype(w)::type>(q, sh, dev,
+                                                                                  ctx->stream);
+    });
+}
+
+} // namespace
+
+extern "C" const k3_kernel k3_cuda_attn_res_ring =
+    K3_KERNEL_RECORD(k3_cuda_attn_res_ring, ring_supports, ring_run);
