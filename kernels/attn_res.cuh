@@ -17,13 +17,13 @@ namespace k3ar {
 
 /* ---- launch knobs (read once when the backend loads: k3c_attn_res_knobs_init) ----------- */
 
-/* K3_ATTN_RES_PDL: "0" launches the decode, stream and generic kernels without programmatic
+/* K3_ATTN_RES_PDL: "0" launches the decode, ring, stream and generic kernels without programmatic
  * dependent launch; anything else (or unset) launches them with it. K3_ATTN_RES_DECODE_CTAS:
  * CTAs per token (a cluster when > 1) of cuda.attn_res.decode, 1..8; unset or 0: the kernel's
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
- * above 4 and, from 256 on, at 2..4 where cuda.attn_res.stream takes the call (1..2^30; unset
- * or out of range: 64), so one benchmark run can time it beside cuda.attn_res.stream at
- * prefill sizes. */
+ * above 4 and, from 256 on, at 1..4 where cuda.attn_res.ring takes the call (1..2^30; unset
+ * or out of range: 64), so one benchmark run can time it beside the ring and stream kernels
+ * at prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
