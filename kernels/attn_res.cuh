@@ -313,6 +313,41 @@ __device__ __forceinline__ float rms_factor_scaled(float ss_scaled, float invH, 
     return 1.0f / sqrtf(ss_scaled * invH + ldexpf(eps, -2 * e));
 }
 
+/* The output norm's factor for the mix m (V vectors of 8 a thread, idle ones zero), given
+ * this thread's sum of squares sq of m: rsqrt(total / H + oeps), total over the CTA. One
+ * barrier (buf: one float a warp, read by every thread since its last write); lane q reads
+ * warp q's sum, one load and five shuffles, the same bits in every lane of every warp. Rare (the
+ * total overflowed or underflowed): m is scaled in place by 2^-e and the factor returned is the
+ * scaled values' (out = m' * r' * w). */
+template <int V>
+__device__ __forceinline__ float block_rms_factor(float (&m)[V][8], float sq, float *buf,
+                                                  float invH, float oeps) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    sq = k3c_warp_sum(sq);
+    if (lane == 0) buf[warp] = sq;
+    __syncthreads();
+    const float total = k3c_warp_sum(lane < nwarps ? buf[lane] : 0.0f);
+    if (!ss_needs_rescale(total)) return rsqrtf(total * invH + oeps);
+    float mm = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[k][e]));
+    mm = block_max_sum(k3c_warp_max(mm), buf, true);
+    const int eo = scale_exp(mm);
+    const pow2_scale ps(eo);
+    float s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            m[k][e] = ps(m[k][e]);
+            s2 = fmaf(m[k][e], m[k][e], s2);
+        }
+    s2 = block_max_sum(k3c_warp_sum(s2), buf, false);
+    return rms_factor_scaled(s2, invH, oeps, eo);
+}
+
 /* ---- host ------------------------------------------------------------------------------------ */
 
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }

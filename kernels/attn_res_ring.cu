@@ -303,33 +303,7 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
                 acc[k][e] *= il;
                 sq = fmaf(acc[k][e], acc[k][e], sq);
             }
-        sq = k3c_warp_sum(sq);
-        if (lane == 0) red2[warp] = sq;
-        __syncthreads();
-        const float total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
-        float rf;
-        if (!ss_needs_rescale(total)) {
-            rf = rsqrtf(total * p.invH + p.oeps);
-        } else {
-            float mm = 0.0f;
-#pragma unroll
-            for (int k = 0; k < V; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(acc[k][e]));
-            mm = block_max_sum(k3c_warp_max(mm), red2, true);
-            const int eo = scale_exp(mm);
-            const pow2_scale ps(eo);
-            float s2 = 0.0f;
-#pragma unroll
-            for (int k = 0; k < V; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    acc[k][e] = ps(acc[k][e]);
-                    s2 = fmaf(acc[k][e], acc[k][e], s2);
-                }
-            s2 = block_max_sum(k3c_warp_sum(s2), red2, false);
-            rf = rms_factor_scaled(s2, p.invH, p.oeps, eo);
-        }
+        const float rf = block_rms_factor<V>(acc, sq, red2, p.invH, p.oeps);
         T *out = (T *)p.out + t * p.H;
 #pragma unroll
         for (int k = 0; k < V; k++) {

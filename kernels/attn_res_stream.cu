@@ -330,36 +330,7 @@ __global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_par
 #pragma unroll
             for (int e = 0; e < 8; e++) sq = fmaf(m[k][e], m[k][e], sq);
         }
-        sq = k3c_warp_sum(sq);
-        if (lane == 0) red2[warp] = sq;
-        __syncthreads();
-        /* Lane q reads warp q's sum: one load and five shuffles, the same bits in every lane
-         * of every warp (warp.cuh). */
-        const float total = k3c_warp_sum(lane < nwarps ? red2[lane] : 0.0f);
-        float r;
-        if (!ss_needs_rescale(total)) {
-            r = rsqrtf(total * p.invH + p.oeps);
-        } else {
-            /* Rare: the same on the mix scaled by 2^-e; out = m' * r' * w. */
-            float mm = 0.0f;
-#pragma unroll
-            for (int k = 0; k < V; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) mm = fmaxf(mm, fabsf(m[k][e]));
-            mm = block_max_sum(k3c_warp_max(mm), red2, true);
-            const int eo = scale_exp(mm);
-            const pow2_scale ps(eo);
-            float s2 = 0.0f;
-#pragma unroll
-            for (int k = 0; k < V; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    m[k][e] = ps(m[k][e]);
-                    s2 = fmaf(m[k][e], m[k][e], s2);
-                }
-            s2 = block_max_sum(k3c_warp_sum(s2), red2, false);
-            r = rms_factor_scaled(s2, p.invH, p.oeps, eo);
-        }
+        const float r = block_rms_factor<V>(m, sq, red2, p.invH, p.oeps);
         T *out = (T *)p.out + t * p.H;
 #pragma unroll
         for (int k = 0; k < V; k++) {

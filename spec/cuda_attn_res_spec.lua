@@ -534,6 +534,31 @@ describe("cuda.attn_res.decode #gpu", function()
   end)
 end)
 
+-- The prefill kernels' scale cases: inputs near 1e20, 1e-25 and 3e36 with eps = 0, where every
+-- sum of squares overflows or underflows f32 (the rare paths of the key norms and the output
+-- norm); cases are {num_blocks, H, seed offset} over S block slots at T = 64.
+local function check_scales(K, cases, S, seed)
+  for _, scale in ipairs({1e20, 1e-25, 3e36}) do
+    for _, c in ipairs(cases) do
+      local a = inputs(64, S, c[2], {num_blocks = c[1], seed = seed + c[3]})
+      a.prefix:copy(a.prefix * scale)
+      a.delta:copy(a.delta * scale)
+      a.blocks:copy(a.blocks * scale)
+      a.eps, a.output_eps = 0, 0
+      check(a, K, string.format("scale %g num_blocks %d H=%d", scale, c[1], c[2]))
+    end
+  end
+end
+
+-- Row-padded prefix and delta ([65, 7168] views of [65, 7175]) called by name: kernel K's layout
+-- error.
+local function raises_padded_rows(K, nb)
+  local a = inputs(65, nb, 7168, {pad = 7, opad = 0})
+  a.kernel = K
+  H.raises(function() k3.attn_res(a) end,
+    "attn_res: " .. K .. " requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
+end
+
 describe("cuda.attn_res.stream #gpu", function()
   if not H.require_gpu() then return end
   local K = "cuda.attn_res.stream"
@@ -564,26 +589,11 @@ describe("cuda.attn_res.stream #gpu", function()
   end)
 
   it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
-    -- Every sum of squares overflows or underflows f32: the rare paths (scaled partials of
-    -- the key norms, the scaled output norm) of both the full-token and the general shape.
-    for _, scale in ipairs({1e20, 1e-25, 3e36}) do
-      for _, c in ipairs({{8, 7168, 1}, {5, 1000, 2}}) do
-        local a = inputs(64, 8, c[2], {num_blocks = c[1], seed = 910 + c[3]})
-        a.prefix:copy(a.prefix * scale)
-        a.delta:copy(a.delta * scale)
-        a.blocks:copy(a.blocks * scale)
-        a.eps, a.output_eps = 0, 0
-        check(a, K, string.format("scale %g num_blocks %d H=%d", scale, c[1], c[2]))
-      end
-    end
+    -- both the full-token and the general shape
+    check_scales(K, {{8, 7168, 1}, {5, 1000, 2}}, 8, 910)
   end)
 
-  it("row-padded rows raise its own layout error by name", function()
-    local a = inputs(65, 5, 7168, {pad = 7, opad = 0})
-    a.kernel = K
-    H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.stream requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
-  end)
+  it("row-padded rows raise its own layout error by name", function() raises_padded_rows(K, 5) end)
 
   -- stream_threads: H / 8 vectors, two a thread, over 64..512 threads: H = 520 (65 vectors,
   -- 64 threads) is the least it takes, 8192 the most; the decode kernel leaves it T >= 256 at
@@ -636,24 +646,10 @@ describe("cuda.attn_res.ring #gpu", function()
   end)
 
   it("key and output norms hold for inputs near 1e20, 1e-25 and 3e36 (eps = 0: scale-invariant)", function()
-    for _, scale in ipairs({1e20, 1e-25, 3e36}) do
-      for _, c in ipairs({{4, 7168, 1}, {12, 1000, 2}}) do
-        local a = inputs(64, 12, c[2], {num_blocks = c[1], seed = 930 + c[3]})
-        a.prefix:copy(a.prefix * scale)
-        a.delta:copy(a.delta * scale)
-        a.blocks:copy(a.blocks * scale)
-        a.eps, a.output_eps = 0, 0
-        check(a, K, string.format("scale %g num_blocks %d H=%d", scale, c[1], c[2]))
-      end
-    end
+    check_scales(K, {{4, 7168, 1}, {12, 1000, 2}}, 12, 930)
   end)
 
-  it("row-padded rows raise its own layout error by name", function()
-    local a = inputs(65, 4, 7168, {pad = 7, opad = 0})
-    a.kernel = K
-    H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.ring requires densely packed rows; got strides 7175, 7175, 7168 for hidden_size 7168")
-  end)
+  it("row-padded rows raise its own layout error by name", function() raises_padded_rows(K, 4) end)
 
   it("hidden sizes 8..8192 served, 8200 declined by name; num_blocks 5..8 left to the stream kernel where it takes them", function()
     for _, hd in ipairs({8, 64, 520, 8192}) do
