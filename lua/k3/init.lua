@@ -277,6 +277,7 @@ local HELP = {
   {"t:contiguous() t:clone() t:to(device_or_dtype)", "copies"},
   {"t:copy(src) t:fill(v) t:get(i...) t:set(i..., v) t:totable()", "element access"},
   {"t:free()  local t <close> = ...", "release the storage now / the handle at scope end"},
+  {"t:is_freed()", "whether t (or the storage it views) has been freed; never raises"},
   {"tostring(t)", "header (strides when not contiguous, offset when not 0) and values; rows wrap at 80 columns, over 1000 elements 3 at each end and ..."},
   {"t + u, t - u, t * u, -t, t * 2", "elementwise, new tensor"},
   {"k3.max_abs_diff(a, b) k3.allclose(a, b, {atol, rtol}) k3.cosine(a, b)", "comparisons (f64)"},
