@@ -7,20 +7,30 @@
  * A token is a cluster of C CTAs (1..8; no cluster when 1) that split the hidden dim: thread
  * tid of CTA r owns the 16-byte vectors r * lv + k * NT + tid (tile k < tiles) of every row,
  * so it reads back exactly what it wrote. Sources are taken G at a time (G = 2, 5, 9 or 17 by
- * num_blocks; source 0 is p, source 1 + b block slot b): a group's vectors sit in registers,
- * every load of a group issued before any is used. When the slice is one tile and the sources
- * one group (hidden sizes up to 8 x 256 vectors at num_blocks <= 16, 8 x 512 at <= 8) the
- * rows are read once and stay in registers through the mix; otherwise each pass reads them
- * again (L1 / L2 hits). Rows whose start and stride are 16-byte aligned (decided per tensor on
- * the host) move as 16-byte vectors; others element by element into the same registers.
- * Per group one exchange gives every source's dot and sum of squares (warp shuffles, each
- * CTA's totals pushed into every CTA's shared memory, one cluster barrier); one more gives the
- * output norm. Launched with PDL: the weights (static_weights) and the slots below
- * static_blocks are loaded before the wait, everything else after it. The scale-safe norms
+ * num_blocks; source 0 is p, source 1 + b block slot b). Rows whose start and stride are
+ * 16-byte aligned (decided per tensor on the host) move as 16-byte vectors; others element
+ * by element into the same registers. Two kernels share that layout:
+ *  - the one-tile kernel (one tile and one group: hidden sizes up to 8 x 256 vectors at
+ *    num_blocks <= 16, 8 x 512 at <= 8, so every shape the decode kernel serves): a
+ *    straight-line body with the token's vectors in registers from the loads to the store.
+ *    One exchange gives every source's dot and sum of squares, every warp turns them into
+ *    the softmax, one more gives the output norm; each exchange is the decode kernel's
+ *    one-way notification (st.async into every CTA, each CTA waiting on its own mbarrier).
+ *    What the common path does not need (the scale-safe recomputations, the element paths)
+ *    sits in uniform branches of whole blocks, so its instruction stream stays short: a
+ *    decode launch runs each instruction once per warp, fetched cold (notes/PERF.md);
+ *  - the general kernel (longer rows, num_blocks >= 17): runtime tile, group and step loops,
+ *    a group's vectors in registers, every load of a group issued before any is used, and
+ *    the rows read again per pass (L1 / L2 hits); per group one exchange (each CTA's totals
+ *    pushed into every CTA's shared memory, one cluster barrier), one more for the output
+ *    norm.
+ * Both take the same operations in the same order for every item (the xor butterfly over a
+ * warp's lanes, the warps in order, the CTAs in rank order), so their bits agree. Launched
+ * with PDL: the one-tile kernel loads the weights (static_weights) and the slots below
+ * static_blocks before the wait, the general one everything after it. The scale-safe norms
  * are the CPU reference's: a sum of squares that overflowed or underflowed is summed again
- * over the values scaled by 2^-e (e from their max magnitude), in the same loops as steps
- * that the common path only tests for. p and out are rounded once, as lib/cpu/attn_res.c
- * rounds them.
+ * over the values scaled by 2^-e (e from their max magnitude). p and out are rounded once,
+ * as lib/cpu/attn_res.c rounds them.
  */
 #include "attn_res.cuh"
 
@@ -54,7 +64,9 @@ struct generic_params {
 };
 
 /* Threads per CTA at most for G sources a group: the 17-source instances hold twice the
- * registers. */
+ * registers. Both kernels declare one CTA per SM as their minimum (__launch_bounds__), so
+ * ptxas gives them the registers their rows need (up to 65536 / threads) instead of
+ * spilling to fit two. */
 __host__ __device__ constexpr int generic_max_threads(int G) { return G > 9 ? 256 : 512; }
 
 __device__ __forceinline__ float k3c_rsqrt(float x) { return 1.0f / sqrtf(x); }
@@ -82,6 +94,9 @@ __device__ __forceinline__ double scale2(double v, int e) { return ldexp(v, e); 
 
 /* ---- one 16-byte vector of a row ------------------------------------------------------------ */
 
+/* The rare paths' tests below carry __builtin_expect, so the compiler lays their code out of
+ * the common path's instruction stream (a decode launch fetches that stream cold). */
+
 /* The V = 16 / sizeof(T) elements of a vector, as bits and as elements. */
 template <class T> union vec_bits {
     uint4 u;
@@ -100,8 +115,17 @@ template <class T, class A, int V> __device__ __forceinline__ void unpack(uint4 
     }
 }
 
-/* x rounded to T element by element, as the CPU rounds (k3c_store_acc). */
+/* x rounded to T element by element, as the CPU rounds (k3c_store_acc). For bf16 and f16
+ * the conversion instructions round to nearest even with subnormals and overflow to infinity,
+ * the CPU's bits for every value but NaN (they return a canonical NaN, the CPU keeps the
+ * payload's top): a vector holding a NaN takes the CPU's conversion. */
 template <class T, class A, int V> __device__ __forceinline__ uint4 pack_round(const A (&x)[V]) {
+    if constexpr (sizeof(T) == 2) {
+        bool nan = false;
+#pragma unroll
+        for (int i = 0; i < V; i++) nan = nan || x[i] != x[i];
+        if (__builtin_expect(!nan, 1)) return pack8<T>(x);
+    }
     vec_bits<T> b;
 #pragma unroll
     for (int i = 0; i < V; i++) b.e[i] = k3c_store_acc<T>(x[i]);
@@ -124,7 +148,7 @@ template <class T> __device__ __forceinline__ uint4 add_round(uint4 a, uint4 b) 
  * n read as 0). A plain coherent load: prefix, delta and unsealed slots may have been written
  * by the kernel before, and prefix and slot wb by this thread. */
 template <class T> __device__ __forceinline__ uint4 load_vec(const T *q, bool vec, int64_t n) {
-    if (vec) return ld_plain(q);
+    if (__builtin_expect(vec, 1)) return ld_plain(q);
     vec_bits<T> b;
 #pragma unroll
     for (int i = 0; i < 16 / (int)sizeof(T); i++) b.e[i] = i < n ? q[i] : T{};
@@ -133,7 +157,7 @@ template <class T> __device__ __forceinline__ uint4 load_vec(const T *q, bool ve
 
 /* Stores the vector u at q: one 16-byte store when vec, else its first n elements. */
 template <class T> __device__ __forceinline__ void store_vec(T *q, uint4 u, bool vec, int64_t n) {
-    if (vec) {
+    if (__builtin_expect(vec, 1)) {
         *(uint4 *)q = u;
         return;
     }
@@ -150,7 +174,7 @@ template <class A, int V, class R, class F>
 __device__ __forceinline__ void weights_from(const R *q, int64_t n, A (&w)[V], F conv) {
     constexpr int B = V * (int)sizeof(R);
     if constexpr (B % 16 == 0) {
-        if (n >= V && ((uintptr_t)q & 15u) == 0) {
+        if (__builtin_expect(n >= V && ((uintptr_t)q & 15u) == 0, 1)) {
             union {
                 uint4 u[B / 16];
                 R r[V];
@@ -275,6 +299,28 @@ __device__ __forceinline__ A total(const A *buf, int i, int C, bool use_max) {
     for (int c = 1; c < C; c++) s = use_max ? fmax(s, buf[c * NP + i]) : s + buf[c * NP + i];
     return s;
 }
+/* total() with the C loads issued at once (the one-tile kernel: on its chain, and registers
+ * to spare). */
+template <class A, int NP>
+__device__ __forceinline__ A total_at_once(const A *buf, int i, int C, bool use_max) {
+    A r[kGenericMaxCtas];
+#pragma unroll
+    for (int c = 0; c < kGenericMaxCtas; c++) r[c] = buf[c * NP + i]; /* past C: unused */
+    A s = r[0];
+#pragma unroll
+    for (int c = 1; c < kGenericMaxCtas; c++)
+        if (c < C) s = use_max ? fmax(s, r[c]) : s + r[c];
+    return s;
+}
+
+/* A source's logit from its dot with nw * qw and its sum of squares over the token, both
+ * taken over the values scaled by 2^-es (es = 0: unscaled). eps * 2^-2es past the range: eps
+ * outweighs the squares, the reference's 1 / sqrt(eps) on the unscaled dot (lib/cpu/rms.h). */
+template <class A> __device__ __forceinline__ A logit(A dot, A ss, int es, A eps, A invH) {
+    const A te = es ? scale2(eps, -2 * es) : eps;
+    const bool past = isinf(te);
+    return (past && es ? scale2(dot, es) : dot) * k3c_rsqrt(past ? eps : ss * invH + te);
+}
 
 /* Softmax of prob[0..nsrc) in place, by one warp (every lane calls it). */
 template <class A> __device__ __forceinline__ void softmax_warp(A *prob, int nsrc, int lane) {
@@ -287,21 +333,24 @@ template <class A> __device__ __forceinline__ void softmax_warp(A *prob, int nsr
 }
 
 /*
- * One token per cluster of p.ctas CTAs, grid-striding over tokens. Per token:
+ * The general kernel (several tiles or several groups; one of each takes the one-tile kernel
+ * below). One token per cluster of p.ctas CTAs, grid-striding over tokens, everything loaded
+ * after the PDL wait. Per token:
  *  1. per group of G sources: load every source's vector of each tile (group 0 first forms
  *     p = round(prefix + delta), writes it back and into slot wb; a source equal to slot wb
  *     takes p), accumulate dot with nw * qw and sum of squares, one exchange; warp 0 turns
  *     the totals into logits. Steps 1 (max |v|) and 2 (the sums over v * 2^-e) run only for a
  *     group whose sum of squares needs the rescale; after the last group warp 0 takes the
  *     softmax;
- *  2. the mix of the sources, its sum of squares, one exchange (steps 1 and 2 again for the
- *     rare rescale), then out = round(mix * r * output_norm_weight), or round(mix).
- * `single` (one tile, one group): the vectors stay in registers from 1 to 2, and the weights
- * across tokens. Every barrier is reached by every thread of the cluster: idle threads (past
- * the slice) hold nothing and add nothing.
+ *  2. the mix of the sources (their rows read again, group by group), its sum of squares, one
+ *     exchange (steps 1 and 2 again for the rare rescale), then out = round(mix * r *
+ *     output_norm_weight), or round(mix).
+ * Every barrier is reached by every thread of the cluster: idle threads (past the slice) hold
+ * nothing and add nothing.
  */
 template <class T, int G>
-__global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kernel(const generic_params p) {
+__global__ void __launch_bounds__(generic_max_threads(G), 1)
+    attn_res_generic_kernel(const generic_params p) {
     typedef typename k3c_acc<T>::type A;
     constexpr int V = 16 / sizeof(T);
     constexpr int N = 2 * G;
@@ -320,7 +369,6 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
     if (C > 1) cluster_arrive_relaxed();
 
     const int nsrc = p.nb + 1, ngroups = (nsrc + G - 1) / G;
-    const bool single = p.tiles == 1 && ngroups == 1;
     /* The source that is the slot this call writes (it reads p), or -1. */
     const int alias = p.wb >= 0 && p.wb < p.nb ? 1 + p.wb : -1;
     const int64_t v_lo = (int64_t)rank * p.lv;
@@ -337,29 +385,13 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
     A w[V], on[V];
 #pragma unroll
     for (int i = 0; i < V; i++) w[i] = on[i] = 0;
-    const bool ok0 = tid < nvec;
-    const int64_t e0 = e_lo + (int64_t)tid * V, n0 = len - (int64_t)tid * V;
-    /* Before the wait only what the call's contract makes static (k3.h). */
-    if (single && ok0 && p.wstatic) {
-        key_weights<A, V>(p, e0, n0, w);
-        if (p.onw) load_weights<A, V>(p.onw, p.onw_dt, e0, n0, on);
-    }
-    unsigned pre = 0; /* sources of the first token loaded before the wait */
-    if (single && ok0 && t < p.T && p.nstatic > 0) {
-        pre = ((2u << p.nstatic) - 1u) & ~1u; /* sources 1..nstatic: slots below static_blocks */
-        load_group<T, G>(p, t, 0, pre, e0, n0, src);
-    }
     if (p.pdl) {
         pdl_wait();
         pdl_launch_dependents();
     }
-    if (single && ok0 && !p.wstatic) {
-        key_weights<A, V>(p, e0, n0, w);
-        if (p.onw) load_weights<A, V>(p.onw, p.onw_dt, e0, n0, on);
-    }
 
 #pragma unroll 1
-    for (; t < p.T; t += nclusters, pre = 0) {
+    for (; t < p.T; t += nclusters) {
         T *prow = (T *)p.prefix + t * p.sp;
         const T *drow = p.delta ? (const T *)p.delta + t * p.sd : nullptr;
         T *brow = (T *)p.blocks + t * p.sbt;
@@ -385,25 +417,23 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
                 for (int64_t k = 0; k < p.tiles; k++) {
                     const int64_t vi = k * NT + tid, e = e_lo + vi * V, n = len - vi * V;
                     if (vi >= nvec) continue;
-                    if (!single || step == 0) {
-                        load_group<T, G>(p, t, s0, lmask & ~pre, e, n, src);
-                        if (s0 == 0 && step == 0) {
-                            uint4 pv = src[0];
-                            if (drow) {
-                                pv = add_round<T>(pv, load_vec(drow + e, p.vec & kVecDelta, n));
-                                store_vec(prow + e, pv, p.vec & kVecPrefix, n);
-                            }
-                            if (p.wb >= 0)
-                                store_vec(brow + (int64_t)p.wb * p.sbs + e, pv, p.vec & kVecBlocks, n);
-                            src[0] = pv;
+                    load_group<T, G>(p, t, s0, lmask, e, n, src);
+                    if (s0 == 0 && step == 0) {
+                        uint4 pv = src[0];
+                        if (drow) {
+                            pv = add_round<T>(pv, load_vec(drow + e, p.vec & kVecDelta, n));
+                            store_vec(prow + e, pv, p.vec & kVecPrefix, n);
                         }
-                        if (s0 == 0)
-#pragma unroll
-                            for (int j = 1; j < G; j++)
-                                if (j == alias) src[j] = src[0];
+                        if (p.wb >= 0)
+                            store_vec(brow + (int64_t)p.wb * p.sbs + e, pv, p.vec & kVecBlocks, n);
+                        src[0] = pv;
                     }
+                    if (s0 == 0)
+#pragma unroll
+                        for (int j = 1; j < G; j++)
+                            if (j == alias) src[j] = src[0];
                     if (p.nb == 0) continue; /* one source: its weight is exactly 1 */
-                    if (!single && step != 1) key_weights<A, V>(p, e, n, w);
+                    if (step != 1) key_weights<A, V>(p, e, n, w);
 #pragma unroll
                     for (int j = 0; j < G; j++) {
                         if (j >= gn) break;
@@ -440,11 +470,7 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
 #pragma unroll
                         for (int j = 0; j < G; j++)
                             if (j == lane) es = esc[j];
-                        /* eps * 2^-2e past the range: eps outweighs the squares, the
-                         * reference's 1 / sqrt(eps) on the unscaled dot (lib/cpu/rms.h). */
-                        const A te = es ? scale2(eps, -2 * es) : eps;
-                        prob[s0 + lane] = isinf(te) ? scale2(dot, es) * k3c_rsqrt(eps)
-                                                    : dot * k3c_rsqrt(ss * invH + te);
+                        prob[s0 + lane] = logit(dot, ss, es, eps, invH);
                         bad = step == 0 && needs_rescale(ss);
                     }
                     const unsigned m = __ballot_sync(0xffffffffu, bad);
@@ -465,7 +491,6 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
          * scaled sum of squares), then 3 (the store). */
         int eo = 0;
         A r = 1, m[V];
-        bool have_m = false;
 #pragma unroll 1
         for (int step = p.onw ? 0 : 3;;) {
             A acc[1] = {0};
@@ -473,33 +498,28 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
             for (int64_t k = 0; k < p.tiles; k++) {
                 const int64_t vi = k * NT + tid, e = e_lo + vi * V, n = len - vi * V;
                 if (vi >= nvec) continue;
-                if (!single || !have_m) {
 #pragma unroll
-                    for (int i = 0; i < V; i++) m[i] = 0;
+                for (int i = 0; i < V; i++) m[i] = 0;
 #pragma unroll 1
-                    for (int g = 0; g < ngroups; g++) {
-                        const int s0 = g * G, gn = min(G, nsrc - s0);
-                        if (!single) {
-                            const unsigned gmask = (1u << gn) - 1u;
-                            load_group<T, G>(p, t, s0,
-                                             s0 == 0 && alias >= 0 && alias < G ? gmask & ~(1u << alias) : gmask,
-                                             e, n, src);
-                            if (s0 == 0)
+                for (int g = 0; g < ngroups; g++) {
+                    const int s0 = g * G, gn = min(G, nsrc - s0);
+                    const unsigned gmask = (1u << gn) - 1u;
+                    load_group<T, G>(p, t, s0,
+                                     s0 == 0 && alias >= 0 && alias < G ? gmask & ~(1u << alias) : gmask,
+                                     e, n, src);
+                    if (s0 == 0)
 #pragma unroll
-                                for (int j = 1; j < G; j++)
-                                    if (j == alias) src[j] = src[0];
-                        }
+                        for (int j = 1; j < G; j++)
+                            if (j == alias) src[j] = src[0];
 #pragma unroll
-                        for (int j = 0; j < G; j++) {
-                            if (j >= gn) break;
-                            const A pr = p.nb == 0 ? (A)1 : prob[s0 + j];
-                            A x[V];
-                            unpack<T>(src[j], x);
+                    for (int j = 0; j < G; j++) {
+                        if (j >= gn) break;
+                        const A pr = p.nb == 0 ? (A)1 : prob[s0 + j];
+                        A x[V];
+                        unpack<T>(src[j], x);
 #pragma unroll
-                            for (int i = 0; i < V; i++) m[i] += pr * x[i];
-                        }
+                        for (int i = 0; i < V; i++) m[i] += pr * x[i];
                     }
-                    have_m = true;
                 }
                 if (step == 0) {
 #pragma unroll
@@ -516,7 +536,7 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
                 } else {
                     A o[V];
                     if (p.onw) {
-                        if (!single) load_weights<A, V>(p.onw, p.onw_dt, e, n, on);
+                        load_weights<A, V>(p.onw, p.onw_dt, e, n, on);
 #pragma unroll
                         for (int i = 0; i < V; i++) o[i] = (eo ? scale2(m[i], -eo) : m[i]) * r * on[i];
                     } else {
@@ -544,6 +564,383 @@ __global__ void __launch_bounds__(generic_max_threads(G)) attn_res_generic_kerne
                 step = 3;
             }
         }
+    }
+    /* No exchange ran (num_blocks 0 without an output norm): complete the entry's phase. */
+    if (C > 1 && phase == 0) cluster_wait();
+}
+
+/* ---- the one-tile kernel --------------------------------------------------------------------- */
+
+/* attn_res.cuh's spread_step for f32 or f64 values: a warp reduction of the N values of every
+ * lane in about N shuffles instead of 5 N. Each item is summed over the same lane pairs in the
+ * same order as k3c_warp_sum / k3c_warp_max (offsets 16, 8, 4, 2, 1; a + b == b + a), so it
+ * gives their bits. */
+template <int Cn, int O, bool MAX, class A, int N>
+__device__ __forceinline__ void spread(A (&v)[N], int (&id)[N], int lane) {
+    if constexpr (O > 0) {
+        constexpr int Hn = Cn / 2;
+        const bool up = (lane & O) != 0;
+#pragma unroll
+        for (int j = 0; j < Hn; j++) {
+            const A send = up ? v[j] : v[j + Hn], keep = up ? v[j + Hn] : v[j];
+            const A r = __shfl_xor_sync(0xffffffffu, send, O);
+            v[j] = MAX ? fmax(keep, r) : keep + r;
+            id[j] = up ? id[j + Hn] : id[j];
+        }
+        if constexpr (Cn % 2 == 1) {
+            const A r = __shfl_xor_sync(0xffffffffu, v[Cn - 1], O);
+            v[Hn] = MAX ? fmax(v[Cn - 1], r) : v[Cn - 1] + r;
+            id[Hn] = id[Cn - 1];
+        }
+        spread<Hn + Cn % 2, O / 2, MAX>(v, id, lane);
+    }
+}
+
+/* Stores v into the shared variable `local` of CTA `rank` and completes sizeof(v) bytes of that
+ * CTA's barrier `bar` (attn_res.cuh's st_async, and its f64 form). */
+__device__ __forceinline__ void push_async(float *local, uint64_t *bar, uint32_t rank, float v) {
+    st_async(local, bar, rank, v);
+}
+__device__ __forceinline__ void push_async(double *local, uint64_t *bar, uint32_t rank, double v) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(local);
+    uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f64 [%0], %1, [%2];"
+                 ::"r"(ra), "d"(v), "r"(rb)
+                 : "memory");
+}
+
+/*
+ * The one-tile kernel's exchange: the sums (MAX: maxima) of the N values v over every thread
+ * of the token's C CTAs, in exchange()'s order (so its bits): the xor butterfly over a warp's
+ * lanes (spread), the warps in order, then total_at_once() adds the CTAs in rank order. Each
+ * CTA's totals reach every CTA of the cluster by st.async, each store completing sizeof(A)
+ * bytes of the receiver's mbarrier bars[phase & 1], and each CTA waits on its own barrier for
+ * its C x N totals: a one-way notification instead of a cluster barrier, as in the decode
+ * kernel. Warp partials, receive buffers and barriers alternate: a CTA writes buffer b again
+ * only after every CTA has read it (a CTA sends its next totals only after the __syncthreads
+ * that follows its reads; callers read a buffer before their next exchange). The first
+ * exchange completes the cluster barrier phase the kernel opened at entry, so no remote store
+ * reaches a CTA that has not started and initialised its barriers. C = 1 (bars NULL): shared
+ * memory and a __syncthreads. Returns the buffer holding CTA c's total of item i at
+ * [c * NP + i].
+ */
+template <bool MAX, class A, int N, int NP, int MW>
+__device__ __forceinline__ const A *exchange_one(A (&v)[N], A (&reds)[2][MW][NP],
+                                                 A (&recv)[2][kGenericMaxCtas][NP], uint64_t *bars,
+                                                 int &phase, int C, uint32_t rank) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
+    if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * sizeof(A)));
+    A(*red)[NP] = reds[phase & 1];
+    int id[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) id[i] = i;
+    spread<N, 16, MAX>(v, id, lane);
+    /* Lanes holding the same item hold the same bits. */
+#pragma unroll
+    for (int j = 0; j < spread_count(N, 16); j++) red[warp][id[j]] = v[j];
+    __syncthreads();
+    A(*buf)[NP] = recv[phase & 1];
+    if (bar && phase == 0) cluster_wait();
+    /* Thread j adds item j % N over the warps and sends it to CTA j / N. */
+    for (int j = tid; j < N * C; j += blockDim.x) {
+        const int i = j % N, c = j / N;
+        /* Every warp's slot loaded at once (those past nwarps unused), then added in order. */
+        A r[MW];
+#pragma unroll
+        for (int q = 0; q < MW; q++) r[q] = red[q][i];
+        A s = r[0];
+#pragma unroll
+        for (int q = 1; q < MW; q++)
+            if (q < nwarps) s = MAX ? fmax(s, r[q]) : s + r[q];
+        if (bar)
+            push_async(&buf[rank][i], bar, (uint32_t)c, s);
+        else
+            buf[0][i] = s;
+    }
+    if (bar)
+        mbar_wait(bar, (uint32_t)(phase >> 1) & 1u);
+    else
+        __syncthreads();
+    phase++;
+    return &buf[0][0];
+}
+
+/* Loads block source j (slot j - 1; brow: slot 0 at this thread's element) into src[j] for
+ * every bit j of mask: one branch for the tensor's 16-byte or element path. */
+template <class T, int G>
+__device__ __forceinline__ void load_blocks(const T *brow, int64_t sbs, bool vec, unsigned mask,
+                                            int64_t n, uint4 (&src)[G]) {
+    if (__builtin_expect(vec, 1)) {
+#pragma unroll
+        for (int j = 1; j < G; j++)
+            if (mask >> j & 1u) src[j] = ld_plain(brow + (int64_t)(j - 1) * sbs);
+    } else {
+#pragma unroll
+        for (int j = 1; j < G; j++)
+            if (mask >> j & 1u) src[j] = load_vec(brow + (int64_t)(j - 1) * sbs, false, n);
+    }
+}
+
+/*
+ * One tile, one group (p.tiles == 1, num_blocks + 1 <= G): thread tid of CTA `rank` owns the
+ * vector at element e = (rank * lv + tid) * V of every row, one token per cluster, grid-striding
+ * over tokens (the weights stay in registers across them). Per token the arithmetic is the
+ * general kernel's, operation for operation, so both give the same bits:
+ *  1. before the PDL wait, what the call's contract makes static (k3.h): the weights
+ *     (static_weights), the first token's slots below static_blocks; after it, the prefix,
+ *     delta, the other slots (and the weights), every load issued before any is used;
+ *  2. p = round(prefix + delta), written back and into slot wb (a source equal to slot wb
+ *     takes p); every source's dot with nw * qw and sum of squares, one exchange;
+ *  3. every warp turns the totals into the logits (lane s: source s) and the softmax, and
+ *     passes the probabilities to its lanes by shuffles (no shared memory, no barrier);
+ *  4. the mix, its sum of squares, one exchange, out = round(mix * r * output_norm_weight), or
+ *     round(mix).
+ * The rare steps (a sum of squares that needs the rescale: maxima, an exchange, the sums over
+ * the scaled values, another) run in uniform branches: every CTA holds the same totals and
+ * takes the same ones. Idle threads (past the slice) load and store nothing and add zeros.
+ */
+template <class T, int G>
+__global__ void __launch_bounds__(generic_max_threads(G), 1)
+    attn_res_generic_one_kernel(const generic_params p) {
+    typedef typename k3c_acc<T>::type A;
+    constexpr int V = 16 / sizeof(T);
+    constexpr int N = 2 * G;
+    constexpr int NP = (N + 3) & ~3;
+    constexpr int MW = generic_max_threads(G) / 32;
+    __shared__ __align__(16) A red[2][MW][NP];
+    __shared__ __align__(16) A recv[2][kGenericMaxCtas][NP];
+    __shared__ __align__(8) uint64_t mbars[2];
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int C = p.ctas;
+    const uint32_t rank = C > 1 ? cluster_rank() : 0;
+    int phase = 0;
+    uint64_t *bars = nullptr;
+    if (C > 1) {
+        bars = mbars;
+        if (tid == 0) {
+            mbar_init(&mbars[0]);
+            mbar_init(&mbars[1]);
+            mbar_init_fence();
+        }
+        __syncthreads(); /* before the PDL wait: off the chain */
+        cluster_arrive_relaxed();
+    }
+
+    const int nsrc = p.nb + 1; /* <= G */
+    /* The source that is the slot this call writes (it reads p), or -1; the block sources
+     * loaded: all but that one. */
+    const int alias = p.wb >= 0 && p.wb < p.nb ? 1 + p.wb : -1;
+    const unsigned bmask = ((1u << nsrc) - 2u) & ~(alias >= 0 ? 1u << alias : 0u);
+    const int64_t v_lo = (int64_t)rank * p.lv;
+    const int64_t nvec = min(p.lv, p.hv - v_lo); /* >= 1: the host sizes C so */
+    const int64_t e_lo = v_lo * V;
+    const int64_t len = min(nvec * V, p.H - e_lo); /* elements of this CTA's slice */
+    const bool ok = tid < nvec;
+    const int64_t e = e_lo + (int64_t)tid * V, n = len - (int64_t)tid * V;
+    const bool vp = p.vec & kVecPrefix, vd = p.vec & kVecDelta, vb = p.vec & kVecBlocks,
+               vo = p.vec & kVecOut;
+    const A eps = (A)p.eps, oeps = (A)p.oeps, invH = (A)1 / (A)p.H;
+    const int64_t nclusters = gridDim.x / C;
+    int64_t t = blockIdx.x / C;
+
+    uint4 src[G];
+#pragma unroll
+    for (int j = 0; j < G; j++) src[j] = make_uint4(0, 0, 0, 0);
+    A w[V], on[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) w[i] = on[i] = 0;
+    /* 1. Side 0, before the PDL wait: only what the call's contract makes static; side 1,
+     * after it: the weights otherwise (one copy of their loads for both sides). */
+    unsigned pre = 0; /* sources of the first token loaded before the wait */
+#pragma unroll 1
+    for (int side = 0; side < 2; side++) {
+        if (side == 1 && p.pdl) {
+            pdl_wait();
+            pdl_launch_dependents();
+        }
+        if (ok && side == (p.wstatic ? 0 : 1)) {
+            key_weights<A, V>(p, e, n, w);
+            if (p.onw) load_weights<A, V>(p.onw, p.onw_dt, e, n, on);
+        }
+        if (side == 0 && ok && t < p.T && p.nstatic > 0) {
+            pre = ((2u << p.nstatic) - 1u) & ~1u; /* sources 1..nstatic: slots below static_blocks */
+            load_blocks<T, G>((const T *)p.blocks + t * p.sbt + e, p.sbs, vb, pre, n, src);
+        }
+    }
+
+#pragma unroll 1
+    for (; t < p.T; t += nclusters, pre = 0) {
+        T *prow = (T *)p.prefix + t * p.sp + e;
+        T *brow = (T *)p.blocks + t * p.sbt + e;
+        uint4 pv = make_uint4(0, 0, 0, 0);
+        if (ok) {
+            pv = load_vec(prow, vp, n);
+            uint4 dv = pv;
+            if (p.delta) dv = load_vec((const T *)p.delta + t * p.sd + e, vd, n);
+            load_blocks<T, G>(brow, p.sbs, vb, bmask & ~pre, n, src);
+            /* 2. p, rounded once, written back; then slot wb. */
+            if (p.delta) {
+                pv = add_round<T>(pv, dv);
+                store_vec(prow, pv, vp, n);
+            }
+            if (p.wb >= 0) store_vec(brow + (int64_t)p.wb * p.sbs, pv, vb, n);
+        }
+        src[0] = pv;
+#pragma unroll
+        for (int j = 1; j < G; j++)
+            if (j == alias) src[j] = pv;
+
+        /* 2-3. The logits and their softmax; with one source its weight is exactly 1. */
+        A prob[G];
+#pragma unroll
+        for (int j = 0; j < G; j++) prob[j] = 1;
+        if (p.nb > 0) {
+            A part[N];
+#pragma unroll
+            for (int i = 0; i < N; i++) part[i] = 0;
+            if (ok)
+#pragma unroll
+                for (int j = 0; j < G; j++)
+                    if (j < nsrc) {
+                        A x[V];
+                        unpack<T>(src[j], x);
+#pragma unroll
+                        for (int i = 0; i < V; i++) {
+                            part[2 * j] += x[i] * w[i];
+                            part[2 * j + 1] += x[i] * x[i];
+                        }
+                    }
+            const A *buf = exchange_one<false>(part, red, recv, bars, phase, C, rank);
+            A dot = 0, ss = 0;
+            if (lane < nsrc) {
+                dot = total_at_once<A, NP>(buf, 2 * lane, C, false);
+                ss = total_at_once<A, NP>(buf, 2 * lane + 1, C, false);
+            }
+            A lg = logit(dot, ss, 0, eps, invH);
+            const unsigned need = __ballot_sync(0xffffffffu, lane < nsrc && needs_rescale(ss));
+            if (__builtin_expect(need != 0, 0)) {
+                /* Rare: every source's max magnitude over the token; then the sums again over
+                 * its values scaled by 2^-e (e = 0, the same sums, where they were fine). */
+                A mx[G];
+#pragma unroll
+                for (int j = 0; j < G; j++) mx[j] = 0;
+                if (ok)
+#pragma unroll
+                    for (int j = 0; j < G; j++)
+                        if (j < nsrc) {
+                            A x[V];
+                            unpack<T>(src[j], x);
+#pragma unroll
+                            for (int i = 0; i < V; i++) mx[j] = fmax(mx[j], fabs(x[i]));
+                        }
+                const A *bm = exchange_one<true>(mx, red, recv, bars, phase, C, rank);
+                int esc[G];
+#pragma unroll
+                for (int j = 0; j < G; j++)
+                    esc[j] = need >> j & 1u ? exp_of(total_at_once<A, NP>(bm, j, C, true)) : 0;
+#pragma unroll
+                for (int i = 0; i < N; i++) part[i] = 0;
+                if (ok)
+#pragma unroll
+                    for (int j = 0; j < G; j++)
+                        if (j < nsrc) {
+                            A x[V];
+                            unpack<T>(src[j], x);
+#pragma unroll
+                            for (int i = 0; i < V; i++) {
+                                const A v = esc[j] ? scale2(x[i], -esc[j]) : x[i];
+                                part[2 * j] += v * w[i];
+                                part[2 * j + 1] += v * v;
+                            }
+                        }
+                const A *b2 = exchange_one<false>(part, red, recv, bars, phase, C, rank);
+                int es = 0;
+#pragma unroll
+                for (int j = 0; j < G; j++)
+                    if (j == lane) es = esc[j];
+                if (lane < nsrc) {
+                    dot = total_at_once<A, NP>(b2, 2 * lane, C, false);
+                    ss = total_at_once<A, NP>(b2, 2 * lane + 1, C, false);
+                }
+                lg = logit(dot, ss, es, eps, invH);
+            }
+            /* softmax_warp's operations with lane s holding source s (nsrc <= 17). */
+            A mxl = -INFINITY, sum = 0, ex = 0;
+            if (lane < nsrc) mxl = fmax(mxl, lg);
+            mxl = k3c_warp_max(mxl);
+            if (lane < nsrc) {
+                ex = k3c_exp(lg - mxl);
+                sum += ex;
+            }
+            sum = k3c_warp_sum(sum);
+            const A pl = ex / sum;
+#pragma unroll
+            for (int j = 0; j < G; j++) prob[j] = __shfl_sync(0xffffffffu, pl, j);
+        }
+
+        /* 4. The mix, the output norm and the store. */
+        A m[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) m[i] = 0;
+        if (ok)
+#pragma unroll
+            for (int j = 0; j < G; j++)
+                if (j < nsrc) {
+                    const A pr = prob[j];
+                    A x[V];
+                    unpack<T>(src[j], x);
+#pragma unroll
+                    for (int i = 0; i < V; i++) m[i] += pr * x[i];
+                }
+        A o[V];
+        if (p.onw) {
+            A acc[1] = {0};
+            if (ok)
+#pragma unroll
+                for (int i = 0; i < V; i++) acc[0] += m[i] * m[i];
+            const A *bo = exchange_one<false>(acc, red, recv, bars, phase, C, rank);
+            const A tot = total_at_once<A, NP>(bo, 0, C, false);
+            A r;
+            int eo = 0;
+            if (__builtin_expect(!needs_rescale(tot), 1)) {
+                r = k3c_rsqrt(tot * invH + oeps);
+            } else {
+                /* Rare: the max magnitude of the mix over the token, then its sum of squares
+                 * over the values scaled by 2^-eo (past the range: as for the logits). */
+                A mm[1] = {0};
+                if (ok)
+#pragma unroll
+                    for (int i = 0; i < V; i++) mm[0] = fmax(mm[0], fabs(m[i]));
+                const A *bm = exchange_one<true>(mm, red, recv, bars, phase, C, rank);
+                eo = exp_of(total_at_once<A, NP>(bm, 0, C, true));
+                A s2[1] = {0};
+                if (ok)
+#pragma unroll
+                    for (int i = 0; i < V; i++) {
+                        const A v = scale2(m[i], -eo);
+                        s2[0] += v * v;
+                    }
+                const A *b2 = exchange_one<false>(s2, red, recv, bars, phase, C, rank);
+                const A tot2 = total_at_once<A, NP>(b2, 0, C, false);
+                const A te = scale2(oeps, -2 * eo);
+                r = k3c_rsqrt(isinf(te) ? oeps : tot2 * invH + te);
+                if (isinf(te)) eo = 0;
+                if (eo)
+#pragma unroll
+                    for (int i = 0; i < V; i++) m[i] = scale2(m[i], -eo);
+            }
+#pragma unroll
+            for (int i = 0; i < V; i++) o[i] = m[i] * r * on[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < V; i++) o[i] = m[i];
+        }
+        if (ok) store_vec((T *)p.out + t * p.so + e, pack_round<T>(o), vo, n);
     }
     /* No exchange ran (num_blocks 0 without an output norm): complete the entry's phase. */
     if (C > 1 && phase == 0) cluster_wait();
@@ -606,13 +1003,20 @@ bool generic_clusters(int dev) {
     return cl != 0;
 }
 
+/* One tile and one group (every source's vector of a thread in registers at once): the
+ * one-tile kernel; otherwise the general one. */
 template <class T, int G>
 k3_status generic_launch_g(const generic_params &p, const generic_shape &sh, cudaStream_t stream) {
     typedef typename k3c_acc<T>::type A;
-    const size_t smem = (size_t)(p.nb + 1) * sizeof(A); /* <= 32 KB: no opt-in needed */
     const int64_t clusters = p.T < kGenericMaxClusters ? p.T : kGenericMaxClusters;
-    K3_TRY(launch(attn_res_generic_kernel<T, G>, p, dim3((unsigned)(clusters * sh.ctas)),
-                  dim3((unsigned)sh.threads), smem, sh.ctas, p.pdl, stream));
+    const dim3 grid((unsigned)(clusters * sh.ctas)), block((unsigned)sh.threads);
+    if (p.tiles == 1 && p.nb + 1 <= G) {
+        K3_TRY(launch(attn_res_generic_one_kernel<T, G>, p, grid, block, 0, sh.ctas, p.pdl, stream));
+        K3_CHECK_LAUNCH(attn_res_generic_one_kernel);
+        return K3_OK;
+    }
+    const size_t smem = (size_t)(p.nb + 1) * sizeof(A); /* <= 32 KB: no opt-in needed */
+    K3_TRY(launch(attn_res_generic_kernel<T, G>, p, grid, block, smem, sh.ctas, p.pdl, stream));
     K3_CHECK_LAUNCH(attn_res_generic_kernel);
     return K3_OK;
 }
