@@ -183,6 +183,17 @@ describe("cuda.attn_res.generic #gpu", function()
     end
   end)
 
+  it("rows of several tiles, sources of several groups, f64 across a cluster", function()
+    check(inputs(3, 2, 40000, {dtype = "f32", num_blocks = 1, seed = 210}), K, "f32 H=40000 (3 tiles)")
+    check(inputs(2, 3, 40000, {dtype = "bf16", num_blocks = 3, write_block = 1, pad = 3, seed = 211}), K,
+      "bf16 H=40000 padded, a seal")
+    check(inputs(5, 21, 7168, {num_blocks = 20, seed = 212}), K, "num_blocks 20 (two groups)")
+    check(inputs(3, 40, 1000, {num_blocks = 37, write_block = 37, dtype = "f16", seed = 213}), K,
+      "num_blocks 37 (three groups), sealing the last")
+    check(inputs(2, 8, 7168, {dtype = "f64", num_blocks = 8, seed = 214}), K, "f64 H=7168 (a cluster)")
+    check(inputs(16, 4, 7168, {dtype = "f64", num_blocks = 1, delta = false, seed = 215}), K, "f64 H=7168 no delta")
+  end)
+
   it("many tokens and one", function()
     check(inputs(1, 2, 96, {num_blocks = 2}), K, "T=1")
     check(inputs(1100, 3, 256, {num_blocks = 3, write_block = 3, pad = 8}), K, "T=1100")
