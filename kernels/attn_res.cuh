@@ -208,6 +208,21 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
                      : "memory");
     } while (!done);
 }
+/* The two phases' mbarriers of a cluster exchange (mbars: this CTA's pair), initialised by
+ * thread 0 and made visible to the cluster, then this CTA's relaxed arrival at the cluster
+ * barrier whose wait precedes the first remote store; before the PDL wait, off the chain.
+ * Returns mbars when the token spans C > 1 CTAs, else NULL (no exchange). Every thread calls it. */
+__device__ __forceinline__ uint64_t *exchange_init(uint64_t (&mbars)[2], int C) {
+    if (C <= 1) return nullptr;
+    if (threadIdx.x == 0) {
+        mbar_init(&mbars[0]);
+        mbar_init(&mbars[1]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    cluster_arrive_relaxed();
+    return mbars;
+}
 /* Stores v into the shared variable `local` of CTA `rank` and completes 4 bytes of that CTA's
  * barrier `bar` (the same variable's address in every CTA). */
 __device__ __forceinline__ void st_async(float *local, uint64_t *bar, uint32_t rank, float v) {

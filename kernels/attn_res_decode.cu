@@ -221,17 +221,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     const uint32_t rank = C > 1 ? cluster_rank() : 0;
     const int64_t t = blockIdx.x / C;
     int phase = 0;
-    uint64_t *bars = nullptr;
-    if (C > 1) {
-        bars = mbars;
-        if (tid == 0) {
-            mbar_init(&mbars[0]);
-            mbar_init(&mbars[1]);
-            mbar_init_fence();
-        }
-        __syncthreads(); /* before the PDL wait: off the chain */
-        cluster_arrive_relaxed();
-    }
+    uint64_t *bars = exchange_init(mbars, C);
 
     const int vi = (int)rank * NT + tid;
     const bool ok = vi < p.vecs;

@@ -719,17 +719,7 @@ __global__ void __launch_bounds__(generic_max_threads(G), 1)
     const int C = p.ctas;
     const uint32_t rank = C > 1 ? cluster_rank() : 0;
     int phase = 0;
-    uint64_t *bars = nullptr;
-    if (C > 1) {
-        bars = mbars;
-        if (tid == 0) {
-            mbar_init(&mbars[0]);
-            mbar_init(&mbars[1]);
-            mbar_init_fence();
-        }
-        __syncthreads(); /* before the PDL wait: off the chain */
-        cluster_arrive_relaxed();
-    }
+    uint64_t *bars = exchange_init(mbars, C);
 
     const int nsrc = p.nb + 1; /* <= G */
     /* The source that is the slot this call writes (it reads p), or -1; the block sources
