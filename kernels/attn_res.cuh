@@ -227,22 +227,30 @@ __device__ __forceinline__ uint64_t *exchange_init(uint64_t (&mbars)[2], int C) 
     cluster_arrive_relaxed();
     return mbars;
 }
-/* Stores v into the shared variable `local` of CTA `rank` and completes 4 bytes of that CTA's
- * barrier `bar` (the same variable's address in every CTA). */
+/* The address in CTA `rank` of this cluster of the shared variable at `local` in this CTA. */
+__device__ __forceinline__ uint32_t cluster_addr(const void *local, uint32_t rank) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(local), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+/* Stores v into the shared variable `local` of CTA `rank` and completes sizeof(v) bytes of that
+ * CTA's barrier `bar` (the same variable's address in every CTA); f32 and f64. */
 __device__ __forceinline__ void st_async(float *local, uint64_t *bar, uint32_t rank, float v) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(local), b = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t ra, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(rank));
+    const uint32_t ra = cluster_addr(local, rank), rb = cluster_addr(bar, rank);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(ra),
                  "f"(v), "r"(rb)
+                 : "memory");
+}
+__device__ __forceinline__ void st_async(double *local, uint64_t *bar, uint32_t rank, double v) {
+    const uint32_t ra = cluster_addr(local, rank), rb = cluster_addr(bar, rank);
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f64 [%0], %1, [%2];" ::"r"(ra),
+                 "d"(v), "r"(rb)
                  : "memory");
 }
 
 /* Stores v into the shared variable `local` of CTA `rank` of this cluster. */
 __device__ __forceinline__ void st_cluster(float *local, uint32_t rank, float v) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(local), r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    const uint32_t r = cluster_addr(local, rank);
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
 }
 
@@ -254,22 +262,24 @@ __host__ __device__ constexpr int spread_count(int c, int o) { return o == 0 ? c
  * partners swap halves (lane & O keeps the upper half) and add, so each value is summed over
  * both lanes and each lane keeps half; an odd last value is added whole. After the step at
  * offset 1, value j of a lane is the warp's total of item id[j] (id follows the same swaps).
+ * Each item is summed over the same lane pairs in the same order as k3c_warp_sum / k3c_warp_max
+ * (offsets 16, 8, 4, 2, 1; a + b == b + a), so it gives their bits. A: f32 or f64.
  */
-template <int C, int O, bool MAX, int N>
-__device__ __forceinline__ void spread_step(float (&v)[N], int (&id)[N], int lane) {
+template <int C, int O, bool MAX, class A, int N>
+__device__ __forceinline__ void spread_step(A (&v)[N], int (&id)[N], int lane) {
     if constexpr (O > 0) {
         constexpr int H = C / 2;
         const bool up = (lane & O) != 0;
 #pragma unroll
         for (int j = 0; j < H; j++) {
-            float send = up ? v[j] : v[j + H], keep = up ? v[j + H] : v[j];
-            float r = __shfl_xor_sync(0xffffffffu, send, O);
-            v[j] = MAX ? fmaxf(keep, r) : keep + r;
+            const A send = up ? v[j] : v[j + H], keep = up ? v[j + H] : v[j];
+            const A r = __shfl_xor_sync(0xffffffffu, send, O);
+            v[j] = MAX ? fmax(keep, r) : keep + r;
             id[j] = up ? id[j + H] : id[j];
         }
         if constexpr (C % 2 == 1) {
-            float r = __shfl_xor_sync(0xffffffffu, v[C - 1], O);
-            v[H] = MAX ? fmaxf(v[C - 1], r) : v[C - 1] + r;
+            const A r = __shfl_xor_sync(0xffffffffu, v[C - 1], O);
+            v[H] = MAX ? fmax(v[C - 1], r) : v[C - 1] + r;
             id[H] = id[C - 1];
         }
         spread_step<H + C % 2, O / 2, MAX>(v, id, lane);

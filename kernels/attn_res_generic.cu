@@ -571,51 +571,10 @@ __global__ void __launch_bounds__(generic_max_threads(G), 1)
 
 /* ---- the one-tile kernel --------------------------------------------------------------------- */
 
-/* attn_res.cuh's spread_step for f32 or f64 values: a warp reduction of the N values of every
- * lane in about N shuffles instead of 5 N. Each item is summed over the same lane pairs in the
- * same order as k3c_warp_sum / k3c_warp_max (offsets 16, 8, 4, 2, 1; a + b == b + a), so it
- * gives their bits. */
-template <int Cn, int O, bool MAX, class A, int N>
-__device__ __forceinline__ void spread(A (&v)[N], int (&id)[N], int lane) {
-    if constexpr (O > 0) {
-        constexpr int Hn = Cn / 2;
-        const bool up = (lane & O) != 0;
-#pragma unroll
-        for (int j = 0; j < Hn; j++) {
-            const A send = up ? v[j] : v[j + Hn], keep = up ? v[j + Hn] : v[j];
-            const A r = __shfl_xor_sync(0xffffffffu, send, O);
-            v[j] = MAX ? fmax(keep, r) : keep + r;
-            id[j] = up ? id[j + Hn] : id[j];
-        }
-        if constexpr (Cn % 2 == 1) {
-            const A r = __shfl_xor_sync(0xffffffffu, v[Cn - 1], O);
-            v[Hn] = MAX ? fmax(v[Cn - 1], r) : v[Cn - 1] + r;
-            id[Hn] = id[Cn - 1];
-        }
-        spread<Hn + Cn % 2, O / 2, MAX>(v, id, lane);
-    }
-}
-
-/* Stores v into the shared variable `local` of CTA `rank` and completes sizeof(v) bytes of that
- * CTA's barrier `bar` (attn_res.cuh's st_async, and its f64 form). */
-__device__ __forceinline__ void push_async(float *local, uint64_t *bar, uint32_t rank, float v) {
-    st_async(local, bar, rank, v);
-}
-__device__ __forceinline__ void push_async(double *local, uint64_t *bar, uint32_t rank, double v) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(local);
-    uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t ra, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(rank));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f64 [%0], %1, [%2];"
-                 ::"r"(ra), "d"(v), "r"(rb)
-                 : "memory");
-}
-
 /*
  * The one-tile kernel's exchange: the sums (MAX: maxima) of the N values v over every thread
  * of the token's C CTAs, in exchange()'s order (so its bits): the xor butterfly over a warp's
- * lanes (spread), the warps in order, then total_at_once() adds the CTAs in rank order. Each
+ * lanes (spread_step), the warps in order, then total_at_once() adds the CTAs in rank order. Each
  * CTA's totals reach every CTA of the cluster by st.async, each store completing sizeof(A)
  * bytes of the receiver's mbarrier bars[phase & 1], and each CTA waits on its own barrier for
  * its C x N totals: a one-way notification instead of a cluster barrier, as in the decode
@@ -638,7 +597,7 @@ __device__ __forceinline__ const A *exchange_one(A (&v)[N], A (&reds)[2][MW][NP]
     int id[N];
 #pragma unroll
     for (int i = 0; i < N; i++) id[i] = i;
-    spread<N, 16, MAX>(v, id, lane);
+    spread_step<N, 16, MAX>(v, id, lane);
     /* Lanes holding the same item hold the same bits. */
 #pragma unroll
     for (int j = 0; j < spread_count(N, 16); j++) red[warp][id[j]] = v[j];
@@ -657,7 +616,7 @@ __device__ __forceinline__ const A *exchange_one(A (&v)[N], A (&reds)[2][MW][NP]
         for (int q = 1; q < MW; q++)
             if (q < nwarps) s = MAX ? fmax(s, r[q]) : s + r[q];
         if (bar)
-            push_async(&buf[rank][i], bar, (uint32_t)c, s);
+            st_async(&buf[rank][i], bar, (uint32_t)c, s);
         else
             buf[0][i] = s;
     }

@@ -36,18 +36,23 @@ namespace {
 
 const int64_t kRingMinT = 64;
 
-/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192),
- * block slots per call, ring slots per CTA, and the shared memory (bytes) counted per CTA
- * beside the ring: the SM's reserve of 1 KB and the static arrays below. */
+/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192)
+ * and of a three-CTA instance's, block slots per call, ring slots per CTA. */
 const int kRingV = 4;
 const int kRingMaxThreads = 256;
-const int kRingWsMaxThreads = 224; /* the three-CTA instances: H <= 7168 */
+const int kRingWsMaxThreads = 224; /* H <= 8 * 4 * 224 = 7168 */
 const int kRingMaxBlocks = 16;
 const int kRingMaxSlots = 16;
 const int kRingMinSlots = 3;
 static_assert(8 * kRingV * kRingMaxThreads == kRingMaxHidden, "the largest H fills the largest CTA");
 /* num_blocks the stream kernel serves faster, where it takes the call */
 const int kRingStreamFrom = 5, kRingStreamTo = 8;
+
+/* Whether a call at hidden size H takes the three-CTA instances (K3_ATTN_RES_RING_CTAS=3 and
+ * their threads fit: H <= 7168). */
+inline bool ring_three_ctas(int64_t H) {
+    return get_knobs().ring_ctas == 3 && H <= 8 * kRingV * kRingWsMaxThreads;
+}
 
 struct ring_params : row_args {
     int64_t T;
@@ -198,7 +203,8 @@ __device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const
 
 /* The kernel (the file's header says how it works). FULL: every thread's 4 vectors are in the
  * row (H == 32 * NT), so the idle-vector predicates are compile-time facts. WS: the weights'
- * product in shared memory, three CTAs of at most kRingWsMaxThreads an SM (96 registers). */
+ * product in shared memory, three CTAs of at most kRingWsMaxThreads an SM: at most 85
+ * registers, an SM partition holding 6 of the 21 warps (nvcc 13.0 gives 80, 12-64 B of spills). */
 template <class T, class W, bool FULL, bool WS>
 __global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ? 3 : 2)
     attn_res_ring_kernel(const ring_params p) {
@@ -414,7 +420,7 @@ bool ring_pick(int64_t H, int dev, ring_shape *sh) {
     if (!nt) return false;
     const smem_limits L = ring_smem(dev);
     const int64_t row = H * 2;
-    if (get_knobs().ring_ctas == 3 && nt <= kRingWsMaxThreads) {
+    if (ring_three_ctas(H)) {
         const int64_t slots = ring_slots(L, 3, row, kRingStatic + H * 4);
         if (slots >= kRingMinSlots) {
             *sh = ring_shape{nt, 3, (int)slots, true};
@@ -467,8 +473,7 @@ k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
         return K3_ESHAPE;
     }
     /* (the three-CTA instances take 5..8 too, so one benchmark run times them there) */
-    const bool ws3 = get_knobs().ring_ctas == 3 && H <= 8 * kRingV * kRingWsMaxThreads;
-    if (!ws3 && nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
+    if (!ring_three_ctas(H) && nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
         snprintf(reason, n,
                  "%s leaves num_blocks %d..%d to %s (faster there) at hidden sizes %d..%d; got "
                  "num_blocks %lld",
