@@ -286,6 +286,18 @@ __device__ __forceinline__ void spread_step(A (&v)[N], int (&id)[N], int lane) {
     }
 }
 
+/* The warp's totals of the N values every lane holds (spread_step), item i stored at row[i]:
+ * lanes holding the same item hold the same bits (a + b == b + a), so any of them may store it. */
+template <bool MAX, class A, int N>
+__device__ __forceinline__ void warp_totals(A (&v)[N], A *row, int lane) {
+    int id[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) id[i] = i;
+    spread_step<N, 16, MAX>(v, id, lane);
+#pragma unroll
+    for (int j = 0; j < spread_count(N, 16); j++) row[id[j]] = v[j];
+}
+
 /* Programmatic dependent launch (PTX ISA "griddepcontrol"): both are no-ops in a launch
  * without the programmatic-serialization attribute. wait returns once every prerequisite
  * grid has completed and its memory is visible. The kernels here signal their dependents

@@ -70,13 +70,7 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
      * stores that complete the barrier, but only a __syncthreads orders them for every tool). */
     float(*red)[NP] = reds[phase & 1];
     if (N > 1) {
-        int id[N];
-#pragma unroll
-        for (int i = 0; i < N; i++) id[i] = i;
-        spread_step<N, 16, MAX>(v, id, lane);
-        /* Lanes holding the same item hold the same bits (a + b == b + a). */
-#pragma unroll
-        for (int j = 0; j < spread_count(N, 16); j++) red[warp][id[j]] = v[j];
+        warp_totals<MAX>(v, red[warp], lane);
     } else {
 #pragma unroll
         for (int i = 0; i < N; i++) v[i] = MAX ? k3c_warp_max(v[i]) : k3c_warp_sum(v[i]);

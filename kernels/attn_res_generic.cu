@@ -594,13 +594,7 @@ __device__ __forceinline__ const A *exchange_one(A (&v)[N], A (&reds)[2][MW][NP]
     uint64_t *bar = bars ? &bars[phase & 1] : nullptr;
     if (bar && tid == 0) mbar_arrive_expect(bar, (uint32_t)(C * N * sizeof(A)));
     A(*red)[NP] = reds[phase & 1];
-    int id[N];
-#pragma unroll
-    for (int i = 0; i < N; i++) id[i] = i;
-    spread_step<N, 16, MAX>(v, id, lane);
-    /* Lanes holding the same item hold the same bits. */
-#pragma unroll
-    for (int j = 0; j < spread_count(N, 16); j++) red[warp][id[j]] = v[j];
+    warp_totals<MAX>(v, red[warp], lane);
     __syncthreads();
     A(*buf)[NP] = recv[phase & 1];
     if (bar && phase == 0) cluster_wait();

@@ -263,14 +263,7 @@ __global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_par
         /* The 2 MAXS partials of each warp in ~NV shuffles (spread_step), then lane s of
          * every warp adds source s's dot and sum of squares over the warps, computes its
          * logit, and the softmax runs across those lanes. */
-        {
-            int id[NV];
-#pragma unroll
-            for (int i = 0; i < NV; i++) id[i] = i;
-            spread_step<NV, 16, false>(part, id, lane);
-#pragma unroll
-            for (int j = 0; j < spread_count(NV, 16); j++) red[warp][id[j]] = part[j];
-        }
+        warp_totals<false>(part, red[warp], lane);
         __syncthreads();
         float prob[MAXS];
         {
