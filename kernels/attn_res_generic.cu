@@ -332,6 +332,18 @@ template <class A> __device__ __forceinline__ void softmax_warp(A *prob, int nsr
     for (int s = lane; s < nsrc; s += 32) prob[s] = k3c_exp(prob[s] - mx) / sum;
 }
 
+/* CTA `rank`'s slice of every row: nvec 16-byte vectors of V elements (>= 1: the host sizes C
+ * so) from element e_lo, len elements (the row's last vector may be partial). */
+struct cta_slice {
+    int64_t nvec, e_lo, len;
+    __device__ __forceinline__ cta_slice(const generic_params &p, uint32_t rank, int V) {
+        const int64_t v_lo = (int64_t)rank * p.lv;
+        nvec = min(p.lv, p.hv - v_lo);
+        e_lo = v_lo * V;
+        len = min(nvec * V, p.H - e_lo);
+    }
+};
+
 /*
  * The general kernel (several tiles or several groups; one of each takes the one-tile kernel
  * below). One token per cluster of p.ctas CTAs, grid-striding over tokens, everything loaded
@@ -371,10 +383,8 @@ __global__ void __launch_bounds__(generic_max_threads(G), 1)
     const int nsrc = p.nb + 1, ngroups = (nsrc + G - 1) / G;
     /* The source that is the slot this call writes (it reads p), or -1. */
     const int alias = p.wb >= 0 && p.wb < p.nb ? 1 + p.wb : -1;
-    const int64_t v_lo = (int64_t)rank * p.lv;
-    const int64_t nvec = min(p.lv, p.hv - v_lo); /* >= 1: the host sizes C so */
-    const int64_t e_lo = v_lo * V;
-    const int64_t len = min(nvec * V, p.H - e_lo); /* elements of this CTA's slice */
+    const cta_slice sl(p, rank, V);
+    const int64_t nvec = sl.nvec, e_lo = sl.e_lo, len = sl.len;
     const A eps = (A)p.eps, oeps = (A)p.oeps, invH = (A)1 / (A)p.H;
     const int64_t nclusters = gridDim.x / C;
     int64_t t = blockIdx.x / C;
@@ -679,10 +689,8 @@ __global__ void __launch_bounds__(generic_max_threads(G), 1)
      * loaded: all but that one. */
     const int alias = p.wb >= 0 && p.wb < p.nb ? 1 + p.wb : -1;
     const unsigned bmask = ((1u << nsrc) - 2u) & ~(alias >= 0 ? 1u << alias : 0u);
-    const int64_t v_lo = (int64_t)rank * p.lv;
-    const int64_t nvec = min(p.lv, p.hv - v_lo); /* >= 1: the host sizes C so */
-    const int64_t e_lo = v_lo * V;
-    const int64_t len = min(nvec * V, p.H - e_lo); /* elements of this CTA's slice */
+    const cta_slice sl(p, rank, V);
+    const int64_t nvec = sl.nvec, e_lo = sl.e_lo, len = sl.len;
     const bool ok = tid < nvec;
     const int64_t e = e_lo + (int64_t)tid * V, n = len - (int64_t)tid * V;
     const bool vp = p.vec & kVecPrefix, vd = p.vec & kVecDelta, vb = p.vec & kVecBlocks,
