@@ -23,16 +23,13 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 1..4 where cuda.attn_res.ring takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside the ring and stream kernels
- * at prefill sizes. K3_ATTN_RES_RING_CTAS: "3" runs cuda.attn_res.ring with three CTAs an SM
- * and the weights' product in shared memory (hidden sizes up to 7168; it then takes num_blocks
- * 5..8 too); anything else, its default of two CTAs with the product in registers. */
+ * at prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int ring_ctas;
 };
-inline knobs g_knobs = {1, 0, 64, 0};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -48,7 +45,6 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
-    g_knobs.ring_ctas = read_ctas("K3_ATTN_RES_RING_CTAS");
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

@@ -36,23 +36,18 @@ namespace {
 
 const int64_t kRingMinT = 64;
 
-/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192)
- * and of a three-CTA instance's, block slots per call, ring slots per CTA. */
+/* 16-byte vectors of a row per thread, the most threads of a CTA (H <= 8 * 4 * 256 = 8192),
+ * block slots per call, ring slots per CTA, and the shared memory (bytes) counted per CTA
+ * beside the ring: the SM's reserve of 1 KB and the static arrays below. */
 const int kRingV = 4;
 const int kRingMaxThreads = 256;
-const int kRingWsMaxThreads = 224; /* H <= 8 * 4 * 224 = 7168 */
 const int kRingMaxBlocks = 16;
 const int kRingMaxSlots = 16;
 const int kRingMinSlots = 3;
+const int kRingSideSmem = 1024 + 512;
 static_assert(8 * kRingV * kRingMaxThreads == kRingMaxHidden, "the largest H fills the largest CTA");
 /* num_blocks the stream kernel serves faster, where it takes the call */
 const int kRingStreamFrom = 5, kRingStreamTo = 8;
-
-/* Whether a call at hidden size H takes the three-CTA instances (K3_ATTN_RES_RING_CTAS=3 and
- * their threads fit: H <= 7168). */
-inline bool ring_three_ctas(int64_t H) {
-    return get_knobs().ring_ctas == 3 && H <= 8 * kRingV * kRingWsMaxThreads;
-}
 
 struct ring_params : row_args {
     int64_t T;
@@ -112,51 +107,12 @@ __device__ __forceinline__ const uint4 *ring_row(const ring_params &p, const uin
     return row;
 }
 
-/* Where a thread keeps nw * qw of its V vectors. In registers (two CTAs an SM), or (WS) in
- * this CTA's shared memory after the ring, as two planes of float4 (elements 0..3, then 4..7
- * of every vector: a warp's loads conflict-free), which frees 32 registers so that three CTAs
- * share an SM. Each thread writes and reads only its own vectors, so no barrier orders them.
- * get gives zeros for an idle vector (ok false). */
-template <int V, bool WS> struct ring_weights;
-template <int V> struct ring_weights<V, false> {
-    float w[V][8];
-    __device__ __forceinline__ ring_weights(uint8_t *, int) {}
-    __device__ __forceinline__ void set(int k, int, const float (&f)[8]) {
-#pragma unroll
-        for (int e = 0; e < 8; e++) w[k][e] = f[e];
-    }
-    __device__ __forceinline__ void get(int k, int, bool, float (&f)[8]) const {
-#pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = w[k][e]; /* set() stored zeros for idle vectors */
-    }
-};
-template <int V> struct ring_weights<V, true> {
-    float4 *plane;
-    int vecs;
-    __device__ __forceinline__ ring_weights(uint8_t *at, int n) : plane((float4 *)at), vecs(n) {}
-    __device__ __forceinline__ void set(int k, int vi, const float (&f)[8]) {
-        if (vi >= vecs) return;
-        plane[vi] = make_float4(f[0], f[1], f[2], f[3]);
-        plane[vecs + vi] = make_float4(f[4], f[5], f[6], f[7]);
-    }
-    __device__ __forceinline__ void get(int k, int vi, bool ok, float (&f)[8]) const {
-        float4 a = make_float4(0, 0, 0, 0), b = a;
-        if (ok) {
-            a = plane[vi];
-            b = plane[vecs + vi];
-        }
-        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    }
-};
-
 /* The rare path of one source's logit (its sum of squares overflowed or underflowed): the
  * dot and sum of squares again on the source's values scaled by 2^-e, e from its max
  * magnitude over the CTA; two barriers. Every thread has read the arrays since their last
  * write (a barrier of the main path lies between). */
-template <class T, int V, class Wt>
-__device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const Wt &w,
-                                                     const int (&vi)[V], const bool (&ok)[V],
+template <class T, int V>
+__device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const float (&w)[V][8],
                                                      const ring_params &p, float *redm,
                                                      float2 *redx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -178,13 +134,12 @@ __device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const
     float dot = 0.0f, ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < V; k++) {
-        float v[8], wk[8];
+        float v[8];
         vec8<T>::unpack(v4[k], v);
-        w.get(k, vi[k], ok[k], wk);
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const float z = ps(v[e]);
-            dot = fmaf(z, wk[e], dot);
+            dot = fmaf(z, w[k][e], dot);
             ss = fmaf(z, z, ss);
         }
     }
@@ -202,12 +157,9 @@ __device__ __forceinline__ float ring_rescaled_logit(const uint4 (&v4)[V], const
 }
 
 /* The kernel (the file's header says how it works). FULL: every thread's 4 vectors are in the
- * row (H == 32 * NT), so the idle-vector predicates are compile-time facts. WS: the weights'
- * product in shared memory, three CTAs of at most kRingWsMaxThreads an SM: at most 85
- * registers, an SM partition holding 6 of the 21 warps (nvcc 13.0 gives 80, 12-64 B of spills). */
-template <class T, class W, bool FULL, bool WS>
-__global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ? 3 : 2)
-    attn_res_ring_kernel(const ring_params p) {
+ * row (H == 32 * NT), so the idle-vector predicates are compile-time facts. */
+template <class T, class W, bool FULL>
+__global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const ring_params p) {
     constexpr int V = kRingV;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ uint64_t full[kRingMaxSlots];
@@ -243,18 +195,16 @@ __global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ?
     prod.t = blockIdx.x;
     if (tid == 0)
         for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, prod, R);
-    /* nw * qw of this thread's vectors */
-    ring_weights<V, WS> w(ring + (size_t)p.slots * p.row_bytes, p.vecs);
+    float w[V][8]; /* nw * qw of this thread's vectors */
 #pragma unroll
     for (int k = 0; k < V; k++) {
-        float x[8], y[8], f[8];
+        float x[8], y[8];
         if (ok[k]) {
             wload<T, W>(p.nw, (int64_t)vi[k] * 8, x);
             wload<T, W>(p.qw, (int64_t)vi[k] * 8, y);
         }
 #pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = ok[k] ? x[e] * y[e] : 0.0f;
-        w.set(k, vi[k], f);
+        for (int e = 0; e < 8; e++) w[k][e] = ok[k] ? x[e] * y[e] : 0.0f;
     }
     int64_t r = 0; /* rows consumed */
     ring_cursor cur;
@@ -296,12 +246,11 @@ __global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ?
             float part[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                float v[8], wk[8];
+                float v[8];
                 vec8<T>::unpack(v4[k], v);
-                w.get(k, vi[k], ok[k], wk);
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
-                    part[0] = fmaf(v[e], wk[e], part[0]);
+                    part[0] = fmaf(v[e], w[k][e], part[0]);
                     part[1] = fmaf(v[e], v[e], part[1]);
                 }
             }
@@ -319,7 +268,7 @@ __global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ?
             }
             buf ^= 1;
             const float z = !ss_needs_rescale(S) ? D * rsqrtf(S * p.invH + p.eps)
-                                                 : ring_rescaled_logit<T, V>(v4, w, vi, ok, p, redm, redx);
+                                                 : ring_rescaled_logit<T, V>(v4, w, p, redm, redx);
             /* Every thread is past the reads of rows < r: their slots take the next rows. */
             if (tid == 0)
                 for (; issued < rows && issued < r + p.slots; issued++)
@@ -368,81 +317,55 @@ __global__ void __launch_bounds__(WS ? kRingWsMaxThreads : kRingMaxThreads, WS ?
     }
 }
 
-/* The shared memory of one SM and a CTA's opt-in limit on device dev (bytes; asked once per
- * device, the H200's figures when the query fails). */
-struct smem_limits {
-    int sm, optin;
-};
-smem_limits ring_smem(int dev) {
-    static smem_limits known[64];
-    if (dev >= 0 && dev < 64 && known[dev].sm) return known[dev];
-    smem_limits L = {0, 0};
-    if (cudaDeviceGetAttribute(&L.sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
-            cudaSuccess ||
-        L.sm <= 0) {
-        (void)cudaGetLastError();
-        L.sm = 228 * 1024;
-    }
-    if (cudaDeviceGetAttribute(&L.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess ||
-        L.optin <= 0) {
-        (void)cudaGetLastError();
-        L.optin = 227 * 1024;
-    }
-    if (dev >= 0 && dev < 64) known[dev] = L;
-    return L;
-}
-
-/* Ring slots of `row` bytes for cps CTAs an SM, each with `side` bytes of shared memory beside
- * the ring (its static arrays, the weights where they live there; the SM's reserve of 1 KB
- * counted too), at most kRingMaxSlots. */
-int64_t ring_slots(const smem_limits &L, int cps, int64_t row, int64_t side) {
-    int64_t per = L.sm / cps - 1024 - side;
-    if (per > L.optin - side) per = L.optin - side;
-    const int64_t slots = per / row;
-    return slots > kRingMaxSlots ? kRingMaxSlots : slots;
-}
-
 /* The ring's launch shape for hidden size H on device dev: threads (H / 8 vectors, 4 a
  * thread), CTAs per SM (about 512 threads an SM, at least 2, so one CTA's barriers overlap
  * another's work) and slots (as many rows as the SM's shared memory holds for that many CTAs,
- * at most kRingMaxSlots; fewer CTAs when fewer than kRingMinSlots would fit). With
- * K3_ATTN_RES_RING_CTAS=3 and H <= 7168: three CTAs an SM, the weights' product in shared
- * memory (ws), where kRingMinSlots rows still fit beside it. False when H needs more than
- * kRingMaxThreads threads. */
+ * at most kRingMaxSlots; fewer CTAs when fewer than kRingMinSlots would fit). False when H
+ * needs more than kRingMaxThreads threads. */
 struct ring_shape {
     int nt, cps, slots;
-    bool ws;
 };
-const int kRingStatic = 512; /* the kernel's static shared memory, rounded up */
 bool ring_pick(int64_t H, int dev, ring_shape *sh) {
     const int nt = threads_for(H / 8, 1, kRingV, kRingMaxThreads);
     if (!nt) return false;
-    const smem_limits L = ring_smem(dev);
-    const int64_t row = H * 2;
-    if (ring_three_ctas(H)) {
-        const int64_t slots = ring_slots(L, 3, row, kRingStatic + H * 4);
-        if (slots >= kRingMinSlots) {
-            *sh = ring_shape{nt, 3, (int)slots, true};
-            return true;
+    static int sm_smem[64];
+    int smem = dev >= 0 && dev < 64 ? sm_smem[dev] : 0;
+    if (!smem) {
+        if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+                cudaSuccess ||
+            smem <= 0) {
+            (void)cudaGetLastError();
+            smem = 228 * 1024;
         }
+        if (dev >= 0 && dev < 64) sm_smem[dev] = smem;
     }
-    for (int cps = 512 / nt < 2 ? 2 : 512 / nt;; cps--) {
-        const int64_t slots = ring_slots(L, cps, row, kRingStatic);
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        optin <= 0) {
+        (void)cudaGetLastError();
+        optin = 227 * 1024;
+    }
+    const int64_t row = H * 2;
+    int cps = 512 / nt < 2 ? 2 : 512 / nt;
+    for (;; cps--) {
+        int64_t per = smem / cps - kRingSideSmem;
+        if (per > optin - 512) per = optin - 512;
+        int64_t slots = per / row;
+        if (slots > kRingMaxSlots) slots = kRingMaxSlots;
         if (slots >= kRingMinSlots || cps == 1) {
             if (slots < 2) return false;
-            *sh = ring_shape{nt, cps, (int)slots, false};
+            *sh = ring_shape{nt, cps, (int)slots};
             return true;
         }
     }
 }
 
-template <class T, class W, bool WS>
-k3_status ring_launch_ws(const ring_params &p, const ring_shape &sh, int dev, cudaStream_t stream) {
+template <class T, class W>
+k3_status ring_launch(const ring_params &p, const ring_shape &sh, int dev, cudaStream_t stream) {
     static size_t raised[2][64];
     const bool full = p.vecs == kRingV * sh.nt;
-    auto kern = full ? attn_res_ring_kernel<T, W, true, WS> : attn_res_ring_kernel<T, W, false, WS>;
-    const size_t smem = (size_t)sh.slots * p.row_bytes + (WS ? (size_t)p.H * 4 : 0);
+    auto kern = full ? attn_res_ring_kernel<T, W, true> : attn_res_ring_kernel<T, W, false>;
+    const size_t smem = (size_t)sh.slots * p.row_bytes;
     if (raised[full ? 0 : 1][dev < 64 ? dev : 0] == 0)
         /* all of the SM's unified data cache as shared memory, so sh.cps CTAs fit */
         K3_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -456,11 +379,7 @@ k3_status ring_launch_ws(const ring_params &p, const ring_shape &sh, int dev, cu
     K3_CHECK_LAUNCH(attn_res_ring_kernel);
     return K3_OK;
 }
-template <class T, class W>
-k3_status ring_launch(const ring_params &p, const ring_shape &sh, int dev, cudaStream_t stream) {
-    return sh.ws ? ring_launch_ws<T, W, true>(p, sh, dev, stream)
-                 : ring_launch_ws<T, W, false>(p, sh, dev, stream);
-}
+
 
 k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
@@ -472,8 +391,7 @@ k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
                  (long long)kRingMaxHidden, (long long)H);
         return K3_ESHAPE;
     }
-    /* (the three-CTA instances take 5..8 too, so one benchmark run times them there) */
-    if (!ring_three_ctas(H) && nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
+    if (nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
         snprintf(reason, n,
                  "%s leaves num_blocks %d..%d to %s (faster there) at hidden sizes %d..%d; got "
                  "num_blocks %lld",
