@@ -43,6 +43,11 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
     return r;
 }
 
+/* Items from which a token reduction adds each item on its own thread (every warp's partial
+ * loaded at once) rather than one warp per item: from 8, more items than the 7 warps of a CTA
+ * at H 7168, where a warp per item would take two or more dependent rounds. */
+const int kWideItems = 8;
+
 /*
  * Sums (or maxima) of N values over the token: the warps of this CTA, then the CTAs of the
  * cluster. Each CTA pushes its partials into every CTA's recv[phase & 1][rank], each push an
@@ -56,7 +61,7 @@ __device__ __forceinline__ uint4 ld_coherent(const void *p) {
  * started, and has initialised its mbarriers, before any remote store). C = 1 (bars NULL):
  * shared memory and a __syncthreads.
  */
-template <int N, bool MAX, int NP, bool WIDE = false>
+template <int N, bool MAX, int NP>
 __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxThreads / 32][NP],
                                              float (*recv)[kMaxCtas][NP], int &phase, int C,
                                              uint32_t rank, uint64_t *bars) {
@@ -81,13 +86,19 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
     __syncthreads();
     float(*buf)[NP] = recv[phase & 1];
     if (C > 1 && phase == 0) cluster_wait();
-    if constexpr (WIDE) {
-        /* Many items (the Gram matrix): thread i adds item i (and i + blockDim.x, …) over the
-         * warps in order, its nwarps loads independent, and pushes the total to every CTA of the cluster (one
-         * round, where a warp per item would take ceil(N / nwarps) dependent rounds). */
+    if constexpr (N >= kWideItems) {
+        /* Many items: thread i adds item i (and i + blockDim.x, …) over the warps in order, all
+         * the warps' partials loaded at once, and pushes the total to
+         * every CTA of the cluster: one round, where a warp per item would take
+         * ceil(N / nwarps) dependent rounds. */
         for (int i = tid; i < N; i += blockDim.x) {
-            float s = red[0][i];
-            for (int q = 1; q < nwarps; q++) s = MAX ? fmaxf(s, red[q][i]) : s + red[q][i];
+            float r[kMaxThreads / 32];
+#pragma unroll
+            for (int q = 0; q < kMaxThreads / 32; q++) r[q] = q < nwarps ? red[q][i] : 0.0f;
+            float s = r[0];
+#pragma unroll
+            for (int q = 1; q < kMaxThreads / 32; q++)
+                if (q < nwarps) s = MAX ? fmaxf(s, r[q]) : s + r[q];
             if (bar) {
                 for (int c = 0; c < C; c++) st_async(&buf[rank][i], bar, (uint32_t)c, s);
             } else {
@@ -319,7 +330,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
                 for (int t2 = s + 1; t2 < MAXS; t2++, k++) all[k] = fmaf(x[s], x[t2], all[k]);
         }
-        token_reduce<NV + NX, false, NP, (NV + NX >= 16)>(all, red, recv, phase, C, rank, bars);
+        token_reduce<NV + NX, false, NP>(all, red, recv, phase, C, rank, bars);
 #pragma unroll
         for (int i = 0; i < NV; i++) part[i] = all[i];
 #pragma unroll
