@@ -10,13 +10,17 @@ local Summary = require "k3.bench.summary"
 
 local usage = [[
 usage: scripts/bench linear|attn_res|stack|all ... [options]
+       scripts/bench standing [--summary FILE]
   linear        every Kimi-K3 TP8 projection shape (+7168x7168), M = 1,2,4,8,16: plan vs cuBLAS
   attn_res      T = 1,4,16,256,4096,16384 x num_blocks = 1,4,8: decode, stream and generic,
                 eager and in a graph, beside a plain Triton AttnRes kernel timed in the same command
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
+  standing      the committed record (bench/summary-<gpu>.json, every such file) against the
+                targets, met or missed; runs anywhere, measures nothing
 options:
   --out DIR         where the CSV and JSON copies go (default bench/out)
+  --summary FILE    standing: read this summary file instead of bench/summary-*.json
   --peers FILE      peer figures from scripts/bench-peers.py (default: the 2026-11-29 H200 figures in k3.bench.peers)
   --quick           fewer timing samples (15 graph replays instead of 50; 5 steps instead of 10)
   --dry-run         run every code path on the CPU at shrunk shapes with modelled (fake) times
@@ -48,6 +52,7 @@ local function parse(args)
   for key, value, a in require("k3.cli").options(args, die) do
     if key == "--out" then o.out = value()
     elseif key == "--peers" then o.peers = value()
+    elseif key == "--summary" then o.summary = value()
     elseif key == "--quick" then o.quick = true
     elseif key == "--dry-run" then o.dry = true
     elseif key == "--quiet" then o.quiet = true
@@ -78,10 +83,10 @@ local function parse(args)
     elseif a:sub(1, 1) == "-" then die("unknown option '" .. a .. "'")
     elseif a == "all" then
       for _, s in ipairs({"linear", "attn_res", "stack"}) do o.subs[#o.subs + 1] = s end
-    elseif a == "linear" or a == "attn_res" or a == "stack" then o.subs[#o.subs + 1] = a
+    elseif a == "linear" or a == "attn_res" or a == "stack" or a == "standing" then o.subs[#o.subs + 1] = a
     else die("unknown benchmark '" .. a .. "'") end
   end
-  if #o.subs == 0 then die("name a benchmark: linear, attn_res, stack or all") end
+  if #o.subs == 0 then die("name a benchmark: linear, attn_res, stack or all (or standing)") end
   -- Each benchmark once, in the order given.
   local seen, subs = {}, {}
   for _, s in ipairs(o.subs) do
@@ -95,8 +100,44 @@ local MODULES = {
   linear = "k3.bench.linear", attn_res = "k3.bench.attn_res", stack = "k3.bench.stack",
 }
 
+-- `scripts/bench standing`: each summary file's records against the modules' STANDING tables.
+local function standing(o)
+  local root = repo_root()
+  local paths = {}
+  if o.summary then
+    paths[1] = o.summary
+  else
+    local p = io.popen("ls " .. U.shell_quote(root .. "/bench") .. "/summary-*.json 2>/dev/null")
+    for line in p:lines() do paths[#paths + 1] = line end
+    p:close()
+    if #paths == 0 then
+      error(string.format("bench: standing: no bench/summary-*.json in %s (a GPU run of " ..
+                          "scripts/bench writes it)", root), 0)
+    end
+  end
+  local benches = {}
+  for _, name in ipairs({"linear", "attn_res", "stack"}) do
+    benches[#benches + 1] = {name, require(MODULES[name]).STANDING}
+  end
+  for i, path in ipairs(paths) do
+    local text = U.read_file(path)
+    local ok, doc = pcall(U.json_decode, text)
+    if not ok or type(doc) ~= "table" or doc[1] ~= nil then
+      error(string.format("bench: standing: %s is not a JSON object (%s)", path,
+                          not ok and tostring(doc) or type(doc) == "table" and "an array" or type(doc)), 0)
+    end
+    if i > 1 then print("") end
+    local shown = path:sub(1, #root + 1) == root .. "/" and path:sub(#root + 2) or path
+    for _, line in ipairs((Summary.standing(doc, benches, shown))) do print(line) end
+  end
+end
+
 local function main(args)
   local o = parse(args)
+  if o.subs[1] == "standing" then
+    if #o.subs > 1 then die("standing reads the record: name no other benchmark with it") end
+    return standing(o)
+  end
   U.quiet = o.quiet or false
   local peers = Peers.load(o.peers)
   U.mkdir_p(o.out)

@@ -111,3 +111,86 @@ describe("bench JSON (lua-dkjson)", function()
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+-- `scripts/bench standing`: the committed record against the targets the benchmarks state, on
+-- any machine (it reads a file and measures nothing).
+describe("scripts/bench standing", function()
+  local U = require "k3.bench.util"
+  local S = require "k3.bench.summary"
+  local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$") or "."
+  local sh = H.sh
+  local spec = {{"linear", require("k3.bench.linear").STANDING},
+                {"attn_res", require("k3.bench.attn_res").STANDING},
+                {"stack", require("k3.bench.stack").STANDING}}
+
+  local function line_with(lines, text)
+    for _, l in ipairs(lines) do if l:find(text, 1, true) then return l end end
+  end
+
+  it("compares each figure with its target; a missing record or figure is said and not met", function()
+    local doc = {
+      linear = {date = "2026-12-01T00:00:00Z", commit = "abc1234", machine = "spec GPU", command = "scripts/bench linear",
+                geomean_m1 = 1.31, geomean_m16 = 1.1, worst_ratio = 0.99, read_limit_frac_m1_min = 0.96},
+      attn_res = {date = "2026-12-02T00:00:00Z", commit = "def5678", machine = "spec GPU",
+                  t1_nb1_us = 1.5, t1_nb8_us = 2.6, t16_nb8_us = 3.5, t256_nb8_us = 11, big_floor_frac_min = 0.9,
+                  generic_over_fast_max_t16 = 2.5, peer_rows = 18, peer_wins = 17},
+    }
+    local lines, met, total = S.standing(doc, spec, "spec.json")
+    assert.equal(16, total)
+    -- linear: geomean_m1, worst_ratio, read_m1 met; geomean_m16 missed; read_m16 absent.
+    -- attn_res: t1_nb1, t16 (equal to its target), t256, big met; t1_nb8, generic, peers missed.
+    assert.equal(7, met)
+    assert.equal("targets met: 7 of 16", lines[#lines])
+    assert.truthy(lines[1]:find("where k3 stands: spec.json", 1, true))
+    assert.truthy(line_with(lines, "linear: 2026-12-01T00:00:00Z, commit abc1234, spec GPU"))
+    assert.truthy(line_with(lines, "scripts/bench linear"))
+    assert.truthy(line_with(lines, "speed-up over cuBLAS, geomean, M = 1"):find("1.31x%s+>= 1.30x%s+MET$"))
+    assert.truthy(line_with(lines, "speed-up over cuBLAS, geomean, M = 16"):find("1.10x%s+>= 1.20x%s+MISSED$"))
+    assert.truthy(line_with(lines, "of the read limit, worst shape, M = 16"):find("%-%s+>= 90.0%%%s+n/a$"))
+    assert.truthy(line_with(lines, "T = 16, 8 blocks"):find("3.50 µs%s+<= 3.50 µs%s+MET$"))
+    assert.truthy(line_with(lines, "rows faster than the Triton peer"):find("17 of 18%s+all%s+MISSED$"))
+    assert.truthy(line_with(lines, "stack: no record in this file (run scripts/bench stack on the GPU)"))
+    for _, l in ipairs(lines) do assert.is_nil(l:find("%s$"), l) end
+  end)
+
+  it("prints the committed file's records, every figure as the file holds it", function()
+    local out, code = sh(string.format("cd %q && scripts/bench standing 2>&1", root))
+    assert.equal(0, code, out)
+    local doc = U.json_decode(U.read_file(root .. "/bench/summary-h200.json"))
+    assert.truthy(out:find("where k3 stands: bench/summary-h200.json", 1, true), out)
+    for _, name in ipairs({"linear", "attn_res", "stack"}) do
+      assert.truthy(out:find(string.format("%s: %s, commit %s", name, doc[name].date, doc[name].commit), 1, true), out)
+    end
+    assert.truthy(out:find(string.format("%.2f µs", doc.attn_res.t1_nb8_us), 1, true), out)
+    assert.truthy(out:find(string.format("%.3f ms", doc.stack.step_graph_ms_m1), 1, true), out)
+    assert.truthy(out:find(string.format("%.2fx", doc.linear.geomean_m1), 1, true), out)
+    local _, met, total = S.standing(doc, spec, "x")
+    assert.truthy(out:find(string.format("targets met: %d of %d\n$", met, total)), out)
+  end)
+
+  it("bench/RESULTS.md opens with the same standing as the committed file gives", function()
+    local out, code = sh(string.format("cd %q && scripts/bench standing 2>&1", root))
+    assert.equal(0, code, out)
+    local text = U.read_file(root .. "/bench/RESULTS.md")
+    local block = text:match("## Where k3 stands\n.-```\n(where k3 stands:.-\n)```\n")
+    assert.truthy(block, "bench/RESULTS.md has no standing block under '## Where k3 stands'")
+    assert.equal(out, block)
+  end)
+
+  it("refuses a file that is not a summary, and any benchmark named beside it", function()
+    local bad = os.tmpname()
+    local f = assert(io.open(bad, "w"))
+    f:write("[1, 2]")
+    f:close()
+    local out, code = sh(string.format("cd %q && scripts/bench standing --summary %s 2>&1", root, bad))
+    assert.equal(1, code, out)
+    assert.truthy(out:find("bench: standing: " .. bad .. " is not a JSON object", 1, true), out)
+    os.remove(bad)
+    out, code = sh(string.format("cd %q && scripts/bench standing --summary %s 2>&1", root, bad))
+    assert.equal(1, code, out)
+    assert.truthy(out:find("bench: cannot read " .. bad, 1, true), out)
+    out, code = sh(string.format("cd %q && scripts/bench standing linear 2>&1", root))
+    assert.equal(2, code, out)
+    assert.truthy(out:find("bench: standing reads the record: name no other benchmark with it", 1, true), out)
+  end)
+end)

@@ -27,6 +27,19 @@ A.MAX_COPIES = 4096
 A.TARGETS = {t1_us = 2.5, t1_nb1_us = 2.0, t16_us = 3.5, t256_us = 12.0, big_t = 4096,
              big_floor_frac = 0.90, generic_over_fast = 2.0}
 
+-- The `attn_res` record's figures against A.TARGETS, for `scripts/bench standing`
+-- (k3.bench.summary.standing): {key in the record, label, op, target, format}; "all" compares
+-- the key with the record's field named by the target (every row).
+A.STANDING = {
+  {"t1_nb1_us", "T = 1, 1 block, in a graph", "<=", A.TARGETS.t1_nb1_us, "us"},
+  {"t1_nb8_us", "T = 1, 8 blocks, in a graph", "<=", A.TARGETS.t1_us, "us"},
+  {"t16_nb8_us", "T = 16, 8 blocks, in a graph", "<=", A.TARGETS.t16_us, "us"},
+  {"t256_nb8_us", "T = 256, 8 blocks, in a graph", "<=", A.TARGETS.t256_us, "us"},
+  {"big_floor_frac_min", "of the floor, worst row at T >= " .. A.TARGETS.big_t, ">=", A.TARGETS.big_floor_frac, "pct"},
+  {"generic_over_fast_max_t16", "generic / fast kernel, worst at T <= 16", "<=", A.TARGETS.generic_over_fast, "x"},
+  {"peer_wins", "rows faster than the Triton peer", "all", "peer_rows", "rows"},
+}
+
 -- The kernels timed, as {short name, kernel}.
 A.KERNELS = {{"decode", "cuda.attn_res.decode"},
              {"ring", "cuda.attn_res.ring"},

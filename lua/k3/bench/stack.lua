@@ -40,6 +40,15 @@ S.TARGETS = {
   eager_over_graph_m1 = 1.15,
 }
 
+-- The `stack` record's figures against S.TARGETS, for `scripts/bench standing`
+-- (k3.bench.summary.standing): {key in the record, label, op, target, format}.
+S.STANDING = {
+  {"step_graph_ms_m1", "decode step in a graph, M = 1", "<=", S.TARGETS.step_graph_ms_m1, "ms"},
+  {"step_graph_ms_m16", "decode step in a graph, M = 16", "<=", S.TARGETS.step_graph_ms_m16, "ms"},
+  {"attn_res_share_m1", "AttnRes marginal cost of the step, M = 1", "<=", S.TARGETS.attn_res_share_m1, "pct"},
+  {"eager_over_graph_m1", "eager step / graph step, M = 1", "<=", S.TARGETS.eager_over_graph_m1, "x"},
+}
+
 local function sum(t) local s = 0 for _, v in ipairs(t) do s = s + v end return s end
 
 -- Runs one step with the wrappers in place; returns {linear = {...}, attn = {...}}.
