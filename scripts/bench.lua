@@ -17,7 +17,8 @@ usage: scripts/bench linear|attn_res|stack|all ... [options]
   stack         the kimi-k3-tp8 decode step at M = 1 and 16: time per step, AttnRes/linear/rest shares
   all           linear, attn_res and stack
   standing      the committed record (bench/summary-<gpu>.json, every such file) against the
-                targets, met or missed; runs anywhere, measures nothing
+                targets, met or missed; needs the CPU build only (no GPU), measures nothing,
+                exits 0 whatever the verdicts
 options:
   --out DIR         where the CSV and JSON copies go (default bench/out)
   --summary FILE    standing: read this summary file instead of bench/summary-*.json
@@ -49,7 +50,9 @@ end
 
 local function parse(args)
   local o = {out = "bench/out", subs = {}, sub_opts = {}}
+  local given = {} -- the options given, for standing's check
   for key, value, a in require("k3.cli").options(args, die) do
+    if key and key:sub(1, 1) == "-" and key ~= "-h" and key ~= "--help" then given[#given + 1] = key end
     if key == "--out" then o.out = value()
     elseif key == "--peers" then o.peers = value()
     elseif key == "--summary" then o.summary = value()
@@ -87,6 +90,16 @@ local function parse(args)
     else die("unknown benchmark '" .. a .. "'") end
   end
   if #o.subs == 0 then die("name a benchmark: linear, attn_res, stack or all (or standing)") end
+  for _, sub in ipairs(o.subs) do if sub == "standing" then o.standing = true end end
+  if o.standing then
+    -- standing reads the record and measures nothing: no benchmark and no run option beside it.
+    if #o.subs > 1 then die("standing reads the record: name no other benchmark with it") end
+    for _, k in ipairs(given) do
+      if k ~= "--summary" and k ~= "--quiet" then die("standing takes --summary FILE only; got " .. k) end
+    end
+  elseif o.summary then
+    die("--summary is standing's option (scripts/bench standing --summary FILE)")
+  end
   -- Each benchmark once, in the order given.
   local seen, subs = {}, {}
   for _, s in ipairs(o.subs) do
@@ -107,8 +120,11 @@ local function standing(o)
   if o.summary then
     paths[1] = o.summary
   else
+    -- (a dry run's summary-dry-run.json, written where --out says, is not a record)
     local p = io.popen("ls " .. U.shell_quote(root .. "/bench") .. "/summary-*.json 2>/dev/null")
-    for line in p:lines() do paths[#paths + 1] = line end
+    for line in p:lines() do
+      if not line:match("/summary%-dry%-run%.json$") then paths[#paths + 1] = line end
+    end
     p:close()
     if #paths == 0 then
       error(string.format("bench: standing: no bench/summary-*.json in %s (a GPU run of " ..
@@ -122,10 +138,7 @@ local function standing(o)
   for i, path in ipairs(paths) do
     local text = U.read_file(path)
     local ok, doc = pcall(U.json_decode, text)
-    if not ok or type(doc) ~= "table" or doc[1] ~= nil then
-      error(string.format("bench: standing: %s is not a JSON object (%s)", path,
-                          not ok and tostring(doc) or type(doc) == "table" and "an array" or type(doc)), 0)
-    end
+    if not ok then error(string.format("bench: standing: %s is not a JSON object (%s)", path, tostring(doc)), 0) end
     if i > 1 then print("") end
     local shown = path:sub(1, #root + 1) == root .. "/" and path:sub(#root + 2) or path
     for _, line in ipairs((Summary.standing(doc, benches, shown))) do print(line) end
@@ -134,10 +147,7 @@ end
 
 local function main(args)
   local o = parse(args)
-  if o.subs[1] == "standing" then
-    if #o.subs > 1 then die("standing reads the record: name no other benchmark with it") end
-    return standing(o)
-  end
+  if o.standing then return standing(o) end
   U.quiet = o.quiet or false
   local peers = Peers.load(o.peers)
   U.mkdir_p(o.out)

@@ -46,51 +46,77 @@ function S.update(path, key, obj)
   U.write_file(path, U.json_encode(doc) .. "\n")
 end
 
--- How a figure of kind `fmt` prints (STANDING's last field): "x" a ratio, "pct" a fraction 0..1
--- as a percentage, "us" / "ms" a time, "rows" a count of the record's rows.
-local function show(v, fmt, of)
-  if type(v) ~= "number" or v ~= v then return "-" end
-  if fmt == "x" then return string.format("%.2fx", v) end
-  if fmt == "pct" then return string.format("%.1f%%", 100 * v) end
-  if fmt == "us" then return string.format("%.2f µs", v) end
-  if fmt == "ms" then return string.format("%.3f ms", v) end
-  if fmt == "rows" then return type(of) == "number" and string.format("%d of %d", v, of) or tostring(v) end
-  return tostring(v)
+-- How a figure of kind `fmt` prints (STANDING's fifth field): "x" a ratio, "pct" a fraction
+-- 0..1 as a percentage, "us" / "ms" a time; `digits` more decimals than the usual (so that a
+-- figure next to its target does not print as the target).
+local FORMATS = {x = {"%%.%dfx", 2, 1}, pct = {"%%.%df%%%%", 1, 100}, us = {"%%.%df µs", 2, 1},
+                 ms = {"%%.%df ms", 3, 1}}
+local function show(v, fmt, digits)
+  if math.type(v) == nil or v ~= v then return "-" end
+  local f = FORMATS[fmt]
+  if not f then return tostring(v) end
+  return string.format(string.format(f[1], f[2] + (digits or 0)), f[3] * v)
 end
+
+-- A figure and its target as they print: with two more decimals where the usual ones would
+-- print the figure as its target but the two differ.
+local function show_pair(v, target, fmt)
+  local a, b = show(v, fmt), show(target, fmt)
+  if a == b and v ~= target then a, b = show(v, fmt, 2), show(target, fmt, 2) end
+  return a, b
+end
+
+-- A decoded JSON object (dkjson marks arrays), or a table built in Lua.
+local function is_object(v)
+  local m = type(v) == "table" and getmetatable(v)
+  return type(v) == "table" and not (m and m.__jsontype == "array")
+end
+
+local function text_or(v, default) return type(v) == "string" and v ~= "" and v or default end
 
 -- S.standing(doc, benches, path) -> lines, met, total: each benchmark's record in doc (a decoded
 -- summary file; path names it in the heading) against its targets. benches lists {name, rows}
--- in print order, rows as the modules' STANDING tables: {key, label, op, target, fmt}, op "<=",
--- ">=" or "all" (the figure equals the record's field named by target). A record missing from
--- doc, or a figure missing from a record, prints as such and counts as not met.
+-- in print order, rows as the modules' STANDING tables: {key, label, op, target, fmt, where},
+-- op "<=", ">=" or "all" (the figure, a count, equals the count in the record's field named by
+-- target, and is not 0), where (optional) a record field printed after the figure. A record
+-- missing from doc, or a figure missing from a record (or not a number), prints as such and
+-- counts as not met. Raises "bench: standing: ..." when doc is not an object or a benchmark's
+-- entry in it is not one.
 function S.standing(doc, benches, path)
+  path = path or "the summary"
+  if not is_object(doc) then error(string.format("bench: standing: %s is not a JSON object", path), 0) end
   local lines = {string.format("where k3 stands: %s (each benchmark's last full run, against the " ..
-                               "targets the benchmarks state today)", path or "the summary"), ""}
+                               "targets the benchmarks state today)", path), ""}
   local met, total = 0, 0
   for _, b in ipairs(benches) do
     local name, spec = b[1], b[2]
-    local rec = type(doc) == "table" and doc[name] or nil
+    local rec = doc[name]
     total = total + #spec
-    if type(rec) ~= "table" then
+    if rec == nil then
       lines[#lines + 1] = string.format("%s: no record in this file (run scripts/bench %s on the GPU)", name, name)
+    elseif not is_object(rec) then
+      error(string.format("bench: standing: %s: `%s` is not an object (a %s)", path, name,
+                          type(rec) == "table" and "JSON array" or type(rec)), 0)
     else
-      lines[#lines + 1] = string.format("%s: %s, commit %s, %s", name, tostring(rec.date or "no date"),
-                                        tostring(rec.commit or "unknown"), tostring(rec.machine or "no machine"))
-      if rec.command then lines[#lines + 1] = "  " .. tostring(rec.command) end
+      lines[#lines + 1] = string.format("%s: %s, commit %s, %s", name, text_or(rec.date, "no date"),
+                                        text_or(rec.commit, "unknown"), text_or(rec.machine, "no machine"))
+      if text_or(rec.command) then lines[#lines + 1] = "  " .. rec.command end
       local rows = {}
       for _, t in ipairs(spec) do
-        local key, label, op, target, fmt = t[1], t[2], t[3], t[4], t[5]
-        local v, verdict, want = rec[key], "n/a", nil
+        local key, label, op, target, fmt, where = t[1], t[2], t[3], t[4], t[5], t[6]
+        local v, verdict, measured, want = rec[key], "n/a"
         if op == "all" then
-          local of = rec[target]
+          local n, of = math.tointeger(v), math.tointeger(rec[target])
           want = "all"
-          if type(v) == "number" and type(of) == "number" then verdict = v == of and "MET" or "MISSED" end
-          rows[#rows + 1] = {label = label, measured = show(v, fmt, of), target = want, verdict = verdict}
+          measured = n and of and string.format("%d of %d", n, of) or "-"
+          if n and of and of > 0 then verdict = n == of and "MET" or "MISSED" end
         else
-          if type(v) == "number" then verdict = U.verdict(v, op, target) end
-          want = op .. " " .. show(target, fmt)
-          rows[#rows + 1] = {label = label, measured = show(v, fmt), target = want, verdict = verdict}
+          if math.type(v) and v == v then verdict = U.verdict(v, op, target) end
+          measured, want = show_pair(v, target, fmt)
+          want = op .. " " .. want
         end
+        if where and text_or(rec[where]) and measured ~= "-" then measured = measured .. " (" .. rec[where] .. ")" end
+        rows[#rows + 1] = {label = label, measured = measured, target = want, verdict = verdict}
         if verdict == "MET" then met = met + 1 end
       end
       local cols = {{head = "figure", key = "label", align = "l"}, {head = "measured", key = "measured"},

@@ -105,8 +105,9 @@ end
 function U.read_file(path)
   local f, err = io.open(path, "r")
   if not f then error("bench: cannot read " .. tostring(err), 0) end
-  local s = f:read("a")
+  local s, rerr = f:read("a")
   f:close()
+  if not s then error(string.format("bench: cannot read %s: %s", path, tostring(rerr or "not a file")), 0) end
   return s
 end
 
