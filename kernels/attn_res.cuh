@@ -1,9 +1,9 @@
 /*
  * attn_res.cuh — device and host code shared by the four CUDA AttnRes kernels
- * (attn_res_generic.cu, attn_res_decode.cu, attn_res_stream.cu, attn_res_ring.cu): 16-byte vectors of bf16/f16
- * to and from f32, weight loads, warp and cluster primitives, programmatic dependent launch,
- * the scale-safe RMS factor, the launch knobs read once at backend load, and the host side
- * of the fast kernels (their checks, parameters, dtype instances and launch).
+ * (attn_res_generic.cu, attn_res_decode.cu, attn_res_stream.cu, attn_res_ring.cu): 16-byte
+ * vectors of bf16/f16 to and from f32, weight loads, warp and cluster primitives, programmatic
+ * dependent launch, the scale-safe RMS factor, the launch knobs read once at backend load, and
+ * the host side of the fast kernels (their checks, parameters, dtype instances and launch).
  */
 #ifndef K3_ATTN_RES_CUH
 #define K3_ATTN_RES_CUH
