@@ -220,6 +220,17 @@ describe("scripts/bench standing", function()
     assert.truthy(out:find("bench: --summary is standing's option", 1, true), out)
   end)
 
+  it("a benchmark run refuses to write its record into a summary file that holds an array", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write("[1, 2]")
+    f:close()
+    H.raises(function() S.update(path, "linear", {geomean_m1 = 1}) end,
+      "bench: " .. path .. " is not a JSON object (a JSON array); not overwritten")
+    assert.equal("[1, 2]", U.read_file(path))
+    os.remove(path)
+  end)
+
   it("counts no rows compared as not measured, prints a count only when whole, and more decimals at the target", function()
     local lines, met = S.standing({attn_res = {peer_wins = 0, peer_rows = 0}, stack = {eager_over_graph_m1 = 1.1549},
                                    linear = {worst_ratio = 0.9795, worst_at = "7168x4224 M=16",

@@ -26,6 +26,12 @@ function S.commit(root)
   return s and s ~= "" and s or "unknown"
 end
 
+-- A decoded JSON object (dkjson marks arrays), or a table built in Lua.
+local function is_object(v)
+  local m = type(v) == "table" and getmetatable(v)
+  return type(v) == "table" and not (m and m.__jsontype == "array")
+end
+
 -- S.update(path, key, obj): sets the top-level `key` of the JSON object in `path` (created when
 -- missing) to obj and writes the file back (keys sorted). Raises when the file exists but is
 -- not a JSON object, rather than overwrite what it cannot read.
@@ -36,9 +42,9 @@ function S.update(path, key, obj)
   if f then f:close() end
   if text then
     local ok, v = pcall(U.json_decode, text)
-    if not ok or type(v) ~= "table" then
+    if not ok or not is_object(v) then
       error(string.format("bench: %s is not a JSON object (%s); not overwritten", path,
-                          ok and type(v) or tostring(v)), 0)
+                          not ok and tostring(v) or type(v) == "table" and "a JSON array" or type(v)), 0)
     end
     doc = v
   end
@@ -64,12 +70,6 @@ local function show_pair(v, target, fmt)
   local a, b = show(v, fmt), show(target, fmt)
   if a == b and v ~= target then a, b = show(v, fmt, 2), show(target, fmt, 2) end
   return a, b
-end
-
--- A decoded JSON object (dkjson marks arrays), or a table built in Lua.
-local function is_object(v)
-  local m = type(v) == "table" and getmetatable(v)
-  return type(v) == "table" and not (m and m.__jsontype == "array")
 end
 
 local function text_or(v, default) return type(v) == "string" and v ~= "" and v or default end
