@@ -88,9 +88,8 @@ __device__ __forceinline__ void token_reduce(float (&v)[N], float (*reds)[kMaxTh
     if (C > 1 && phase == 0) cluster_wait();
     if constexpr (N >= kWideItems) {
         /* Many items: thread i adds item i (and i + blockDim.x, …) over the warps in order, all
-         * the warps' partials loaded at once, and pushes the total to
-         * every CTA of the cluster: one round, where a warp per item would take
-         * ceil(N / nwarps) dependent rounds. */
+         * the warps' partials loaded at once, and pushes the total to every CTA of the cluster:
+         * one round, where a warp per item would take ceil(N / nwarps) dependent rounds. */
         for (int i = tid; i < N; i += blockDim.x) {
             float r[kMaxThreads / 32];
 #pragma unroll
