@@ -127,6 +127,15 @@ describe("scripts/bench standing", function()
     for _, l in ipairs(lines) do if l:find(text, 1, true) then return l end end
   end
 
+  -- A temporary file holding text (path given to rewrite one).
+  local function temp_file(text, path)
+    path = path or os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+    return path
+  end
+
   it("compares each figure with its target; a missing record or figure is said and not met", function()
     local doc = {
       linear = {date = "2026-12-01T00:00:00Z", commit = "abc1234", machine = "spec GPU", command = "scripts/bench linear",
@@ -178,10 +187,7 @@ describe("scripts/bench standing", function()
   end)
 
   it("refuses a file that is not a summary, and any benchmark named beside it", function()
-    local bad = os.tmpname()
-    local f = assert(io.open(bad, "w"))
-    f:write("[1, 2]")
-    f:close()
+    local bad = temp_file("[1, 2]")
     local out, code = sh(string.format("cd %q && scripts/bench standing --summary %s 2>&1", root, bad))
     assert.equal(1, code, out)
     assert.truthy(out:find("bench: standing: " .. bad .. " is not a JSON object", 1, true), out)
@@ -198,9 +204,7 @@ describe("scripts/bench standing", function()
     os.execute("rmdir " .. dir)
     for _, bad_doc in ipairs({{"[]", "is not a JSON object"}, {'{"linear": 5}', "`linear` is not an object (a number)"},
                               {'{"stack": [1]}', "`stack` is not an object (a JSON array)"}}) do
-      f = assert(io.open(bad, "w"))
-      f:write(bad_doc[1])
-      f:close()
+      temp_file(bad_doc[1], bad)
       out, code = sh(string.format("cd %q && scripts/bench standing --summary %s 2>&1", root, bad))
       assert.equal(1, code, out)
       assert.truthy(out:find(bad_doc[2], 1, true), out)
@@ -221,10 +225,7 @@ describe("scripts/bench standing", function()
   end)
 
   it("a benchmark run refuses to write its record into a summary file that holds an array", function()
-    local path = os.tmpname()
-    local f = assert(io.open(path, "w"))
-    f:write("[1, 2]")
-    f:close()
+    local path = temp_file("[1, 2]")
     H.raises(function() S.update(path, "linear", {geomean_m1 = 1}) end,
       "bench: " .. path .. " is not a JSON object (a JSON array); not overwritten")
     assert.equal("[1, 2]", U.read_file(path))
