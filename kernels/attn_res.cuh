@@ -189,9 +189,15 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar) {
 __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+/* Opens the barrier's current phase to `bytes` of asynchronous stores (or bulk copies), with
+ * this thread's one arrival. Relaxed: the arrival publishes nothing (the data that completes
+ * the phase carries its own release, st.async's and cp.async.bulk's complete_tx), so it needs
+ * no fence; a release here compiles to a MEMBAR.GPU ahead of it (ptxas, sm_90a), which waits
+ * for every earlier store of the thread to reach L2 and held each token reduction of the decode
+ * kernel, and each row issue of the ring kernel, ~0.3-1 µs (notes/PERF.md, 2026-12-04). */
 __device__ __forceinline__ void mbar_arrive_expect(uint64_t *bar, uint32_t bytes) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a),
+    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a),
                  "r"(bytes)
                  : "memory");
 }
@@ -316,6 +322,24 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 /* ---- the RMS factor, safe at any scale -------------------------------------------------------- */
+
+/* 1 / sqrt(x) for a normal float x, by rsqrt.approx.ftz: the bits rsqrtf gives for it, without
+ * the denormal test and rescaling rsqrtf compiles to around the same MUFU.RSQ (nvcc without
+ * -ftz). For an argument the callers keep normal: a sum of squares that passed
+ * ss_needs_rescale, divided by H, plus eps. */
+__device__ __forceinline__ float rsqrt_normal(float x) {
+    float r;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+/* e^x by ex2.approx.ftz of x log2(e): __expf's bits wherever they are normal, 0 where __expf
+ * gives a denormal (x below about -87.3), which a softmax weight beside the weight 1 of its
+ * largest logit may take. Saves __expf's denormal guard (a compare and two multiplies). */
+__device__ __forceinline__ float exp_flush(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+}
 
 /* A sum of squares needs the scaled recomputation when it overflowed (or is NaN) or when it
  * is so small that squared elements may have fallen below FLT_MIN: below 2^-100 the largest

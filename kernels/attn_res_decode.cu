@@ -12,6 +12,7 @@
  */
 #include "attn_res.cuh"
 
+#include <float.h>
 #include <limits.h>
 #include <type_traits>
 
@@ -351,11 +352,19 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     float epss[MAXS];
 #pragma unroll
     for (int s = 0; s < MAXS; s++) epss[s] = p.eps;
-    bool rescale = false;
+    /* ss_needs_rescale over the read sources at once: a sum of squares is +0, positive or NaN,
+     * whose bits order as unsigned integers, so the test is on the largest and smallest bits
+     * (no branch per source). */
+    uint32_t ss_hi = 0u, ss_lo = ~0u;
 #pragma unroll
     for (int s = 0; s < MAXS; s++)
-        if (s == NB || s < p.nb) rescale = rescale || ss_needs_rescale(part[2 * s + 1]);
-    if (rescale) {
+        if (s == NB || s < p.nb) {
+            const uint32_t b = __float_as_uint(part[2 * s + 1]);
+            ss_hi = max(ss_hi, b);
+            ss_lo = min(ss_lo, b);
+        }
+    const bool rescale = ss_hi > __float_as_uint(3.0e38f) || ss_lo < __float_as_uint(0x1p-100f);
+    if (__builtin_expect(rescale, 0)) {
         /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
          * magnitude; e = 0 for a source whose sum was fine leaves it bit for bit). */
         float amax[MAXS];
@@ -373,6 +382,11 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             int e = (s == NB || s < p.nb) && ss_needs_rescale(part[2 * s + 1]) ? scale_exp(amax[s]) : 0;
             pow2_scale ps(e);
             epss[s] = ldexpf(p.eps, -2 * e);
+            /* An all-zero source's logit is 0 * r: r stays finite for eps > 0, also for a
+             * denormal eps, which rsqrt_normal below would read as 0 (its argument is normal on
+             * every other path: a sum of squares >= 2^-100 over H, or one of values scaled to a
+             * max magnitude in [0.5, 1)). */
+            if (amax[s] == 0.0f && epss[s] > 0.0f) epss[s] = fmaxf(epss[s], FLT_MIN);
             part[2 * s] = part[2 * s + 1] = 0.0f;
             float v[8];
             vec8<T>::unpack(s == NB ? pb : src[s < NB ? s : 0], v);
@@ -383,16 +397,16 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 
     /* Softmax over the nb block sources and p; with no block source p's weight is exactly 1. */
     float prob[MAXS], mx = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < MAXS; s++) {
-        bool active = s == NB || s < p.nb;
-        prob[s] = active ? part[2 * s] * rsqrtf(part[2 * s + 1] * p.invH + epss[s]) : -INFINITY;
-        mx = fmaxf(mx, prob[s]);
-    }
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < MAXS; s++) {
-        prob[s] = (s == NB || s < p.nb) ? __expf(prob[s] - mx) : 0.0f;
+        bool active = s == NB || s < p.nb;
+        prob[s] = active ? part[2 * s] * rsqrt_normal(part[2 * s + 1] * p.invH + epss[s]) : -INFINITY;
+        mx = fmaxf(mx, prob[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) {
+        prob[s] = (s == NB || s < p.nb) ? exp_flush(prob[s] - mx) : 0.0f;
         sum += prob[s];
     }
     const float inv_sum = 1.0f / sum;
@@ -448,7 +462,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
     }
     if (!have_sq) token_reduce<1, false, NP>(sq, red, recv, phase, C, rank, bars);
     float r;
-    if (!ss_needs_rescale(sq[0])) {
+    if (__builtin_expect(!ss_needs_rescale(sq[0]), 1)) {
         r = rsqrtf(sq[0] * p.invH + p.oeps);
     } else {
         /* Rare: the same on the mixed values scaled by 2^-e; out = m' * r' * w. */

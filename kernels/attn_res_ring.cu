@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
                 S += x.y;
             }
             buf ^= 1;
-            const float z = !ss_needs_rescale(S) ? D * rsqrtf(S * p.invH + p.eps)
+            const float z = !ss_needs_rescale(S) ? D * rsqrt_normal(S * p.invH + p.eps)
                                                  : ring_rescaled_logit<T, V>(v4, w, p, redm, redx);
             /* Every thread is past the reads of rows < r: their slots take the next rows. */
             if (tid == 0)

@@ -279,7 +279,7 @@ __global__ void __maxnreg__(kStreamRegs) attn_res_stream_kernel(const stream_par
             const uint32_t needs = __ballot_sync(0xffffffffu, active && ss_needs_rescale(ss));
             float logit;
             if (!needs) {
-                logit = active ? dot * rsqrtf(ss * p.invH + p.eps) : -INFINITY;
+                logit = active ? dot * rsqrt_normal(ss * p.invH + p.eps) : -INFINITY;
             } else {
                 /* Rare: the partials again on scaled values; source s's sums sit at slot s of
                  * the helper's numbering, p's at nb. */
