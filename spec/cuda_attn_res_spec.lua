@@ -356,6 +356,19 @@ describe("cuda.attn_res.decode #gpu", function()
     end
   end)
 
+  it("an all-zero source keeps logit 0 with a denormal eps (its key norm 1/sqrt(eps) stays finite)", function()
+    -- The softmax's rsqrt flushes a denormal argument to 0 (then 0 * inf = NaN); an all-zero
+    -- source is the one whose argument is eps alone, so its eps is raised to FLT_MIN (the
+    -- reference: 0 * 1/sqrt(1e-40) = 0).
+    if not have_decode() then return end
+    for _, nb in ipairs({1, 4, 8}) do
+      local a = inputs(3, 8, 7168, {num_blocks = nb, delta = false, seed = 980 + nb})
+      a.blocks:select(2, nb):fill(0)
+      a.eps = 1e-40
+      check(a, K, string.format("nb=%d, slot %d all zero, eps 1e-40", nb, nb))
+    end
+  end)
+
   it("the output norm holds when the mixed sources nearly cancel (a mix ~1% of its sources)", function()
     -- qk_weight 0 gives every source the same logit, so the mix is the sources' mean; the
     -- blocks hold v and p holds -nb * v + 0.05 noise (above bf16's rounding of nb * v), so the
