@@ -447,3 +447,46 @@ describe("scripts/step-trace.lua", function()
     end
   end)
 end)
+
+-- scripts/gpu-env, sourced in a stand-in checkout: a .gpu/root with an executable lua5.4 (what
+-- scripts/gpu-check unpacks) and, or not, a .gpu/commit.
+describe("scripts/gpu-env", function()
+  local dir
+  before_each(function()
+    dir = mktemp_dir()
+    sh("mkdir -p '" .. dir .. "/.gpu/root/usr/bin'")
+  end)
+  after_each(function()
+    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
+  end)
+
+  local function source(env, after)
+    return sh(("cd %q && %s bash -c '. %q && %s' 2>&1"):format(dir, env or "",
+      root .. "/scripts/gpu-env", after))
+  end
+
+  it("refuses, naming scripts/gpu-check, where .gpu/root is not unpacked", function()
+    local out, code = source("", "echo sourced")
+    assert.are_not.equal(0, code)
+    assert.truthy(out:find("run scripts/gpu-check first", 1, true), out)
+    assert.falsy(out:find("sourced", 1, true), out)
+  end)
+
+  it("exports the build's environment from .gpu/root and K3_COMMIT from .gpu/commit", function()
+    write(dir .. "/.gpu/root/usr/bin/lua5.4", "#!/bin/sh\n")
+    sh("chmod +x '" .. dir .. "/.gpu/root/usr/bin/lua5.4'")
+    write(dir .. "/.gpu/commit", "abc1234\n")
+    local out, code = source("K3_COMMIT=", 'echo "$K3_LUA|$K3_COMMIT|$OPT|${_k3g_root:-unset}"')
+    assert.equal(0, code, out)
+    local real = (sh("cd '" .. dir .. "' && pwd -P")):gsub("%s+$", "")
+    local lua, commit, opt, tmp = out:gsub("%s+$", ""):match("^([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
+    assert.truthy(lua == dir .. "/.gpu/root/usr/bin/lua5.4" or lua == real .. "/.gpu/root/usr/bin/lua5.4", out)
+    assert.equal("abc1234", commit)
+    assert.equal("-O2 -Wno-error", opt)
+    assert.equal("unset", tmp)
+    -- an exported K3_COMMIT is left as it is
+    out, code = source("K3_COMMIT=feed123", 'echo "$K3_COMMIT"')
+    assert.equal(0, code, out)
+    assert.equal("feed123", (out:gsub("%s+$", "")))
+  end)
+end)
