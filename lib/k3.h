@@ -158,10 +158,18 @@ K3_API k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape,
                                 k3_dtype dtype, k3_device device, double value);
 /* Standard normal values from a counter-based generator (Philox-4x32-10 + Box-Muller) on
  * the host: element i (row-major) depends only on (seed, i), so a seed gives the same
- * values on every device and for every dtype before rounding. Arguments and errors as
- * k3_tensor_empty (named "randn:"). */
+ * values on every device, for every dtype before rounding and for every host thread count
+ * (a tensor of 2^20 elements or more is filled by k3_host_threads() threads, started and
+ * joined within the call). Arguments and errors as k3_tensor_empty (named "randn:"). */
 K3_API k3_status k3_tensor_randn(k3_tensor **out, int ndim, const int64_t *shape,
                                  k3_dtype dtype, k3_device device, uint64_t seed);
+/* The host threads that fill a generated tensor of 2^20 elements or more (k3_tensor_randn,
+ * k3_tensor_from_f64): initially K3_HOST_THREADS (a whole number >= 1; 1 keeps the work on
+ * the calling thread), else the online CPUs, at most 64, read once (a malformed value is
+ * reported once through the log hook and ignored). k3_set_host_threads(n) sets it for the
+ * process: 1..64, else K3_EINVAL naming n, and the count is unchanged. Thread-safe. */
+K3_API int k3_host_threads(void);
+K3_API k3_status k3_set_host_threads(int n);
 /* New tensor from `numel` row-major doubles, rounded once to dtype. Arguments and errors as
  * k3_tensor_empty (named "from_f64:"); values may be NULL only when numel is 0
  * ("from_f64: values is NULL" otherwise). */

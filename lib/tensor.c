@@ -6,9 +6,14 @@
  */
 #include "k3_impl.h"
 
+#include <ctype.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 double k3_randn_at(uint64_t seed, uint64_t i); /* random.c */
 
@@ -580,6 +585,98 @@ k3_status k3_tensor_full(k3_tensor **out, int ndim, const int64_t *shape, k3_dty
     return K3_OK;
 }
 
+/* ---- generated values on the host, in parallel ------------------------------------------ */
+
+/* Host threads that fill a generated tensor (randn, from_f64) of at least kGenParallelMin
+ * elements: K3_HOST_THREADS (a whole number >= 1; 1 keeps the work on the calling thread),
+ * else the online CPUs; at most kGenMaxThreads. Read once; another value is reported once
+ * (k3_config_warn) and the online CPUs are used. Element i's value depends only on i, so the
+ * result does not depend on the count. */
+enum { kGenParallelMin = 1 << 20, kGenMaxThreads = 64 };
+static pthread_once_t g_gen_once = PTHREAD_ONCE_INIT;
+static atomic_int g_gen_threads; /* 0 until read or set */
+
+static void read_gen_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("K3_HOST_THREADS");
+    if (env) {
+        while (isspace((unsigned char)*env)) env++;
+        if (*env) {
+            char *end;
+            long v = strtol(env, &end, 10);
+            while (isspace((unsigned char)*end)) end++;
+            if (*end == '\0' && v >= 1)
+                n = v;
+            else
+                k3_config_warn("K3_HOST_THREADS: unrecognised value '%.100s' (expected a whole "
+                               "number >= 1); the online CPUs (%ld) are used",
+                               env, n);
+        }
+    }
+    int expected = 0;
+    atomic_compare_exchange_strong(&g_gen_threads, &expected,
+                                   n < 1 ? 1 : n > kGenMaxThreads ? kGenMaxThreads : (int)n);
+}
+
+int k3_host_threads(void) {
+    pthread_once(&g_gen_once, read_gen_threads);
+    return atomic_load(&g_gen_threads);
+}
+
+k3_status k3_set_host_threads(int n) {
+    if (n < 1 || n > kGenMaxThreads)
+        return k3_error(K3_EINVAL, "set_host_threads: n must be 1..%d; got %d", kGenMaxThreads, n);
+    pthread_once(&g_gen_once, read_gen_threads);
+    atomic_store(&g_gen_threads, n);
+    return K3_OK;
+}
+
+typedef struct gen_job {
+    void *data;
+    k3_dtype dtype;
+    int64_t begin, end;
+    double (*gen)(const void *ud, int64_t i);
+    const void *ud;
+} gen_job;
+
+static void gen_range(const gen_job *j) {
+    for (int64_t i = j->begin; i < j->end; i++) k3_store_f64(j->data, j->dtype, i, j->gen(j->ud, i));
+}
+static void *gen_thread(void *arg) {
+    gen_range((const gen_job *)arg);
+    return NULL;
+}
+
+/* Elements 0..numel-1 of data = gen(ud, i) in dtype: on the calling thread below
+ * kGenParallelMin elements or with one host thread, else in equal ranges over the host
+ * threads (a range whose thread cannot start runs on the calling thread). Never fails. */
+static void generate_values(void *data, k3_dtype dtype, int64_t numel,
+                            double (*gen)(const void *ud, int64_t i), const void *ud) {
+    int nt = k3_host_threads();
+    if (numel < kGenParallelMin || nt <= 1) {
+        gen_job j = {data, dtype, 0, numel, gen, ud};
+        gen_range(&j);
+        return;
+    }
+    if ((int64_t)nt > numel / (kGenParallelMin / 4)) nt = (int)(numel / (kGenParallelMin / 4));
+    gen_job jobs[kGenMaxThreads];
+    pthread_t tids[kGenMaxThreads];
+    int started[kGenMaxThreads];
+    for (int t = 0; t < nt; t++) {
+        const int64_t q = numel / nt, r = numel % nt;
+        const int64_t b = t * q + (t < r ? t : r);
+        jobs[t] = (gen_job){data, dtype, b, b + q + (t < r ? 1 : 0), gen, ud};
+        started[t] = t > 0 && pthread_create(&tids[t], NULL, gen_thread, &jobs[t]) == 0;
+    }
+    gen_range(&jobs[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t])
+            pthread_join(tids[t], NULL);
+        else
+            gen_range(&jobs[t]);
+    }
+}
+
 /* Makes the result on its device, fills a CPU tensor with gen(i) for each row-major i and
  * copies it there. `ud_name` (non-NULL) names ud, which must then be non-NULL unless the
  * tensor is empty. Every argument error is reported under op's name before anything is
@@ -606,8 +703,7 @@ static k3_status tensor_generate(k3_tensor **out, int ndim, const int64_t *shape
             return s;
         }
     }
-    void *p = h->storage->data;
-    for (int64_t i = 0; i < numel; i++) k3_store_f64(p, dtype, i, gen(ud, i));
+    generate_values(h->storage->data, dtype, numel, gen, ud);
     if (h != r) {
         k3_status s = k3_tensor_copy(r, h);
         k3_tensor_free(h);

@@ -175,6 +175,9 @@ local checks = {
     {"attn_res output_eps -nan", "K3_EINVAL", "attn_res: output_eps must be a finite number >= 0; got nan"},
     {"attn_res eps -inf", "K3_EINVAL", "attn_res: eps must be a finite number >= 0; got -inf"},
     {"rms_norm eps nan", "K3_EINVAL", "rms_norm: eps must be a finite number >= 0; got nan"},
+    {"set_host_threads 0", "K3_EINVAL", "set_host_threads: n must be 1..64; got 0"},
+    {"set_host_threads 65", "K3_EINVAL", "set_host_threads: n must be 1..64; got 65"},
+    {"randn on 1 and 5 host threads", "K3_OK", "1 5 0"},
   },
   op_out_names = {
     {"attn_res out of memory", "K3_ENOMEM", "attn_res: out of host memory allocating 1125899906842624 bytes"},
@@ -381,7 +384,8 @@ describe("install and the C API", function()
      function() expect("null") end)
   it("C API: messages count dims, indices and write_block from 0, in C terms (ops too)",
      function() expect("zero_based") end)
-  it("C API: invalid devices, flags and non-finite eps are errors that say so",
+  it("C API: invalid devices, flags, host thread counts and non-finite eps are errors that say so; " ..
+     "randn gives the same values on 1 and 5 host threads",
      function() expect("invalid") end)
   it("C API: an op's output allocation failure names the op", function() expect("op_out_names") end)
   it("C API: overlapping destinations refuse copies and op outputs; fill and set write through",

@@ -75,6 +75,23 @@ describe("creation", function()
     assert.is_true(math.abs(var - 1) < 0.02, "variance " .. var)
     assert.is_true(math.abs(s4 / n - 3) < 0.1, "fourth moment " .. s4 / n)
   end)
+
+  it("randn gives the same values on any number of host threads (K3_HOST_THREADS); a bad count is reported once", function()
+    -- 2^21 + 3 elements: past the size from which the host threads share the work
+    local chunk = [[local x = k3.randn({2097155}, {seed = 5, dtype = "f64"})
+      print(string.format("%.17g %.17g %.17g", k3.sum(x), x[1], x[2097155]))]]
+    local function run(env)
+      local out, code = H.sh(env .. " " .. H.root() .. "/scripts/k3 -e '" .. chunk .. "'")
+      assert.equal(0, code, out)
+      return out
+    end
+    local one = run("K3_HOST_THREADS=1")
+    assert.equal(one, run("K3_HOST_THREADS=3"))
+    assert.equal(one, run("K3_HOST_THREADS=64"))
+    local bad = run("K3_HOST_THREADS=many")
+    assert.truthy(bad:find("^k3: warning: K3_HOST_THREADS: unrecognised value 'many' %(expected a whole number >= 1%)"), bad)
+    assert.truthy(bad:find(one, 1, true), bad)
+  end)
 end)
 
 describe("bf16 and f16 rounding", function()

@@ -9,12 +9,13 @@
 #include <string.h>
 
 /* Configuration typos (an unknown name in K3_DISABLE_KERNELS, a K3_BATCH_INVARIANT that is
- * not a boolean) were sent to the log hook when the core read them; with no hook installed
+ * not a boolean, a K3_HOST_THREADS that is not a count) were sent to the log hook when the core read them; with no hook installed
  * they would vanish, so the first state to open the module writes them to stderr, once per
  * process. Loading never fails over them. */
 static void report_config_warnings(void) {
     (void)k3_kernel_count();    /* sets up the registry: reads K3_DISABLE_KERNELS */
     (void)k3_batch_invariant(); /* reads K3_BATCH_INVARIANT */
+    (void)k3_host_threads();    /* reads K3_HOST_THREADS */
     const char *w = k3_config_warnings_take();
     if (!w || k3_log_hook_set()) return;
     while (*w) {

@@ -387,6 +387,27 @@ int main(void) {
     CASE("silu_mul out of memory", k3_silu_mul(&v, big, NULL, NULL));
     CASE("linear out of memory", k3_linear(&v, big, x, NULL, NULL, NULL, NULL));
     CASE("rms_norm eps nan", k3_rms_norm(&v, x, w, NAN, NULL, NULL));
+    CASE("set_host_threads 0", k3_set_host_threads(0));
+    CASE("set_host_threads 65", k3_set_host_threads(65));
+    {
+        /* A tensor past the parallel threshold (2^20 elements) filled by 1 and by 5 host
+         * threads: the same values, and the count reads back. */
+        int64_t n[1] = {(1 << 21) + 3};
+        k3_tensor *one = NULL, *five = NULL;
+        double diff = -1;
+        k3_status s = k3_set_host_threads(1);
+        int got1 = k3_host_threads();
+        if (s == K3_OK) s = k3_tensor_randn(&one, 1, n, K3_DTYPE_F64, cpu, 99);
+        if (s == K3_OK) s = k3_set_host_threads(5);
+        int got5 = k3_host_threads();
+        if (s == K3_OK) s = k3_tensor_randn(&five, 1, n, K3_DTYPE_F64, cpu, 99);
+        if (s == K3_OK) s = k3_max_abs_diff(one, five, &diff);
+        printf("randn on 1 and 5 host threads\t%s\t%d %d %g\n", k3_status_name(s), got1, got5,
+               diff);
+        fflush(stdout);
+        k3_tensor_free(one);
+        k3_tensor_free(five);
+    }
 
     /* ---- 3. writes through overlapping views ---- */
     {
