@@ -490,3 +490,69 @@ describe("scripts/gpu-env", function()
     assert.equal("feed123", (out:gsub("%s+$", "")))
   end)
 end)
+
+-- scripts/ncu-stalls on a CSV in the shape `ncu --import R --csv --page source --print-source
+-- sass` writes: a "Kernel Name" line, the column header, one row per SASS instruction; each
+-- launch's page printed twice in a row, as ncu does.
+describe("scripts/ncu-stalls", function()
+  local dir
+  before_each(function() dir = mktemp_dir() end)
+  after_each(function()
+    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
+  end)
+  local have_python = select(2, sh("command -v python3")) == 0
+
+  local hdr = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",' ..
+    '"Instructions Executed","stall_barrier","stall_wait","stall_no_inst","stall_wait (Not Issued)"\n'
+  local function page(kernel, rows)
+    local t = {'"Kernel Name","' .. kernel .. '",\n', hdr}
+    for _, r in ipairs(rows) do
+      t[#t + 1] = string.format('"0x7f00%04x","      %s","%d","%d","%d","%d","%d","%d","0"\n',
+        r[1], r[2], r[3], r[3], r[4], r[5], r[6], r[7])
+    end
+    return table.concat(t)
+  end
+  -- {address, SASS, samples, executions, barrier, wait, no_inst}
+  local first = page("void k<9>(p)", {{0x10, "LDC R1, c[0x0][0x28]", 5, 28, 0, 0, 5},
+                                      {0x20, "BAR.SYNC 0x0", 9, 28, 9, 0, 0},
+                                      {0x30, "FFMA R2, R3, R4, R2", 2, 56, 0, 2, 0},
+                                      {0x40, "@P0 BRA 0x7f000010", 0, 0, 0, 0, 0}})
+  local second = page("void k<9>(p)", {{0x10, "LDC R1, c[0x0][0x28]", 1, 28, 0, 0, 1},
+                                       {0x30, "FFMA R2, R3, R4, R2", 7, 56, 0, 7, 0}})
+  local other = page("void other(q)", {{0x10, "EXIT", 3, 4, 0, 3, 0}})
+
+  local function run(flags)
+    local csv = dir .. "/src.csv"
+    write(csv, first .. first .. other .. other .. second .. second)
+    return sh(root .. "/scripts/ncu-stalls --csv '" .. csv .. "' " .. flags)
+  end
+
+  it("reports a launch's samples by reason and its instructions by samples, each launch once", function()
+    if not have_python then pending("python3 not found"); return end
+    local out, code = run("--kernel 'k<' --top 2")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("kernel: void k<9>(p) (launch 1 of 2 matching)", 1, true), out)
+    assert.truthy(out:find("executed: 3 SASS instructions, 112 warp-instructions; 16 stall samples", 1, true), out)
+    assert.truthy(out:find("samples by reason: barrier 9 (56%), no_inst 5 (31%), wait 2 (12%)", 1, true), out)
+    local top = out:match("SASS%):\n(.-)\n*$")
+    assert.truthy(top:find("^%s*000020%s+28%s+9%s+barrier:9%s+BAR.SYNC 0x0\n%s*000010%s+28%s+5%s+no_inst:5%s+LDC R1"), top)
+    out, code = run("--kernel 'k<' --launch 2 --windows 1")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("(launch 2 of 2 matching)", 1, true), out)
+    assert.truthy(out:find("8 stall samples", 1, true), out)
+    assert.truthy(out:find("000030     7      8  FFMA:1", 1, true), out)
+  end)
+
+  it("refuses a launch that is not there and a report it cannot read, naming them", function()
+    if not have_python then pending("python3 not found"); return end
+    local out, code = run("--kernel 'k<' --launch 3")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("--launch 3: the report has 2 matching launch(es)", 1, true), out)
+    out, code = run("--kernel nosuch")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("no launch's kernel matches 'nosuch' (kernels: void k<9>(p), void other(q))", 1, true), out)
+    out, code = sh(root .. "/scripts/ncu-stalls --csv '" .. dir .. "/absent.csv'")
+    assert.equal(2, code, out)
+    assert.truthy(out:find("cannot read " .. dir .. "/absent.csv", 1, true), out)
+  end)
+end)
