@@ -19,16 +19,26 @@ local function write(path, text)
   f:close()
 end
 
+-- A fresh mktemp directory for each test of the enclosing describe, removed after it; set(dir)
+-- receives it before each test (and before the describe's own before_each hooks).
+local function temp_dir_each(set)
+  local d
+  before_each(function()
+    d = mktemp_dir()
+    set(d)
+  end)
+  after_each(function()
+    if d and d:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. d .. "'") end
+  end)
+end
+
 local function last_line(out)
   return out:gsub("%s+$", ""):match("([^\n]*)$")
 end
 
 describe("scripts/run-specs", function()
   local dir
-  before_each(function() dir = mktemp_dir() end)
-  after_each(function()
-    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
-  end)
+  temp_dir_each(function(d) dir = d end)
 
   local function run_specs(name, text)
     write(dir .. "/" .. name, text)
@@ -92,10 +102,7 @@ end)
 
 describe("scripts/k3", function()
   local dir
-  before_each(function() dir = mktemp_dir() end)
-  after_each(function()
-    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
-  end)
+  temp_dir_each(function(d) dir = d end)
   local k3sh = root .. "/scripts/k3"
 
   it("--help and -h print k3's usage, not the interpreter's", function()
@@ -162,16 +169,13 @@ end)
 -- deterministic, the explore run must not be.
 describe("scripts/fuzz-smoke", function()
   local dir
+  temp_dir_each(function(d) dir = d end)
   before_each(function()
-    dir = mktemp_dir()
     for _, t in ipairs({"tensor", "ops", "safetensors"}) do
       write(dir .. "/fuzz_" .. t, "#!/bin/sh\necho \"$@\" >> '" .. dir .. "/args." .. t ..
         "'\necho 'stat::number_of_executed_units: 7' >&2\nexit ${FAKE_FUZZ_RC:-0}\n")
       sh("chmod +x '" .. dir .. "/fuzz_" .. t .. "'")
     end
-  end)
-  after_each(function()
-    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
   end)
 
   local function args(t)
@@ -452,13 +456,8 @@ end)
 -- scripts/gpu-check unpacks) and, or not, a .gpu/commit.
 describe("scripts/gpu-env", function()
   local dir
-  before_each(function()
-    dir = mktemp_dir()
-    sh("mkdir -p '" .. dir .. "/.gpu/root/usr/bin'")
-  end)
-  after_each(function()
-    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
-  end)
+  temp_dir_each(function(d) dir = d end)
+  before_each(function() sh("mkdir -p '" .. dir .. "/.gpu/root/usr/bin'") end)
 
   local function source(env, after)
     return sh(("cd %q && %s bash -c '. %q && %s' 2>&1"):format(dir, env or "",
@@ -496,10 +495,7 @@ end)
 -- launch's page printed twice in a row, as ncu does.
 describe("scripts/ncu-stalls", function()
   local dir
-  before_each(function() dir = mktemp_dir() end)
-  after_each(function()
-    if dir and dir:match("^/tmp/k3%-scripts%-spec%-") then sh("rm -rf '" .. dir .. "'") end
-  end)
+  temp_dir_each(function(d) dir = d end)
   local have_python = select(2, sh("command -v python3")) == 0
 
   local hdr = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",' ..
