@@ -345,9 +345,8 @@ __device__ __forceinline__ float exp_flush(float x) {
  * is so small that squared elements may have fallen below FLT_MIN: below 2^-100 the largest
  * square can be denormal; above it every element whose square is denormal contributes less
  * than 2^-36 of the sum. The caller then checks that max |v| > 0 (an all-zero row is exact). */
-__device__ __forceinline__ bool ss_needs_rescale(float ss) {
-    return !(ss <= 3.0e38f) || ss < 0x1p-100f;
-}
+constexpr float kSsMax = 3.0e38f, kSsMin = 0x1p-100f;
+__device__ __forceinline__ bool ss_needs_rescale(float ss) { return !(ss <= kSsMax) || ss < kSsMin; }
 /* 2^k as a float for -126 <= k <= 127, from its exponent bits (exact). */
 __device__ __forceinline__ float pow2i(int k) { return __int_as_float((k + 127) << 23); }
 /* The binary exponent e with max|v| = f * 2^e, 0.5 <= f < 1, as frexpf gives it, from the

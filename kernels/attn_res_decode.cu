@@ -353,8 +353,8 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
 #pragma unroll
     for (int s = 0; s < MAXS; s++) epss[s] = p.eps;
     /* ss_needs_rescale over the read sources at once: a sum of squares is +0, positive or NaN,
-     * whose bits order as unsigned integers, so the test is on the largest and smallest bits
-     * (no branch per source). */
+     * whose bits order as unsigned integers (NaN and +inf above kSsMax's), so the test is on the
+     * largest and smallest bits (no branch per source). */
     uint32_t ss_hi = 0u, ss_lo = ~0u;
 #pragma unroll
     for (int s = 0; s < MAXS; s++)
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(max_threads(MAXS)) attn_res_decode_kernel(cons
             ss_hi = max(ss_hi, b);
             ss_lo = min(ss_lo, b);
         }
-    const bool rescale = ss_hi > __float_as_uint(3.0e38f) || ss_lo < __float_as_uint(0x1p-100f);
+    const bool rescale = ss_hi > __float_as_uint(kSsMax) || ss_lo < __float_as_uint(kSsMin);
     if (__builtin_expect(rescale, 0)) {
         /* Rare: every source's sums again on its values scaled by 2^-e (e from its max
          * magnitude; e = 0 for a source whose sum was fine leaves it bit for bit). */

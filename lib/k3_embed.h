@@ -63,10 +63,10 @@ K3_API void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud)
 
 /* K3_DISABLE_KERNELS naming an unknown kernel, a K3_BATCH_INVARIANT that is not a boolean and
  * a K3_HOST_THREADS that is not a count are each sent once to the log hook (K3_LOG_WARN) and
- * kept. k3_config_warnings_take returns the
- * kept lines ("...\n" each) the first time it is called in the process, NULL afterwards or when
- * there are none; a front end writes them to stderr when no log hook is set
- * (k3_log_hook_set() is 0), so a user sees a typo once instead of nothing. */
+ * kept. k3_config_warnings_take returns the kept lines ("...\n" each) the first time it is
+ * called in the process, NULL afterwards or when there are none; a front end writes them to
+ * stderr when no log hook is set (k3_log_hook_set() is 0), so a user sees a typo once instead
+ * of nothing. */
 K3_API const char *k3_config_warnings_take(void);
 K3_API int k3_log_hook_set(void);
 

@@ -9,9 +9,9 @@
 #include <string.h>
 
 /* Configuration typos (an unknown name in K3_DISABLE_KERNELS, a K3_BATCH_INVARIANT that is
- * not a boolean, a K3_HOST_THREADS that is not a count) were sent to the log hook when the core read them; with no hook installed
- * they would vanish, so the first state to open the module writes them to stderr, once per
- * process. Loading never fails over them. */
+ * not a boolean, a K3_HOST_THREADS that is not a count) were sent to the log hook when the
+ * core read them; with no hook installed they would vanish, so the first state to open the
+ * module writes them to stderr, once per process. Loading never fails over them. */
 static void report_config_warnings(void) {
     (void)k3_kernel_count();    /* sets up the registry: reads K3_DISABLE_KERNELS */
     (void)k3_batch_invariant(); /* reads K3_BATCH_INVARIANT */
