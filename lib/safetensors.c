@@ -688,7 +688,9 @@ done:
     if (text) k3_host_free(text, (size_t)hlen + 1);
     close(fd);
     f->size = fsize;
-    f->base = 8 + (int64_t)hlen;
+    /* hlen is bounded by the file only once the header was accepted (a rejected length may be
+     * up to 2^64 - 1): no offset from it otherwise. */
+    f->base = s == K3_OK ? 8 + (int64_t)hlen : 0;
     return s;
 }
 
