@@ -391,7 +391,8 @@ k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
                  (long long)kRingMaxHidden, (long long)H);
         return K3_ESHAPE;
     }
-    if (nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H)) {
+    if (nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H) &&
+        !get_knobs().ring_all_blocks) {
         snprintf(reason, n,
                  "%s leaves num_blocks %d..%d to %s (faster there) at hidden sizes %d..%d; got "
                  "num_blocks %lld",

@@ -184,10 +184,14 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     if (!r.unroll) r.unroll = 4;
     if (!r.vec) r.vec = K3_SKINNY_VEC;
     if (!r.rows_per_warp) r.rows_per_warp = 8;
-    if (r.rows_per_warp != 8 && r.rows_per_warp != 16)
-        return snprintf(why, n, "config rows_per_warp = %d; expected 8 or 16", r.rows_per_warp),
+    if (r.rows_per_warp != 8 && r.rows_per_warp != 16 && r.rows_per_warp != 32)
+        return snprintf(why, n, "config rows_per_warp = %d; expected 8, 16 or 32",
+                        r.rows_per_warp),
                K3_EINVAL;
-    const bool rpw16 = r.rows_per_warp == 16;
+    /* 16 or 32 rows per warp: classic tiles only (no split-K across CTAs) */
+    const bool wide = r.rows_per_warp != 8;
+    char rpw[32] = "";
+    if (wide) snprintf(rpw, sizeof rpw, ", rows_per_warp = %d", r.rows_per_warp);
     int sk = k3_skinny_split_k(r.threads, r.rows, r.rows_per_warp);
     if (!r.split_k) r.split_k = sk;
     /* split_k = K-slices per row group in total = sk (warps per row group of a CTA) x kcta
@@ -199,24 +203,23 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s, "
                         "balanced = true} splits K across %d CTAs; the balanced grid needs "
                         "split_k = %d (one CTA along K)",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
-                        rpw16 ? ", rows_per_warp = 16" : "", kcta, sk),
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k, rpw, kcta, sk),
                K3_EINVAL;
-    if (kcta > K3_SKINNY_MAX_KCTA && !rpw16)
+    if (kcta > K3_SKINNY_MAX_KCTA && !wide)
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d} "
                         "asks for %d CTAs along K (split_k / %d); at most %d",
                         r.threads, r.rows, r.unroll, r.vec, r.split_k, kcta, sk,
                         K3_SKINNY_MAX_KCTA),
                K3_EINVAL;
-    if (r.vec != K3_SKINNY_VEC || !sk || !kcta || (rpw16 && kcta > 1) ||
+    if (r.vec != K3_SKINNY_VEC || !sk || !kcta || (wide && kcta > 1) ||
         (kcta == 1 && !k3_skinny_instantiated(r.threads, r.rows, r.unroll, r.rows_per_warp)) ||
         (kcta > 1 && !k3_skinny_split_instantiated(r.threads, r.rows, r.unroll)))
         return snprintf(why, n,
                         "config {threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s%s} "
                         "is not instantiated%s",
-                        r.threads, r.rows, r.unroll, r.vec, r.split_k,
-                        rpw16 ? ", rows_per_warp = 16" : "", r.balanced ? ", balanced = true" : "",
+                        r.threads, r.rows, r.unroll, r.vec, r.split_k, rpw,
+                        r.balanced ? ", balanced = true" : "",
                         kcta > 1 ? " for split-K across CTAs" : ""),
                K3_EINVAL;
     if (K % r.vec)
@@ -355,9 +358,9 @@ static k3_status k3sk_run(const k3_op_args *a) {
                l->norm_weight->dtype != K3_DTYPE_BF16 ||
                (l->norm_weight->size[0] > 1 && l->norm_weight->stride[0] != 1) ||
                (uintptr_t)p.norm_weight % 16 != 0;
-    /* The 16-rows-per-warp and the epilogue instances, and the balanced grid, have no
+    /* The 16- and 32-rows-per-warp and the epilogue instances, and the balanced grid, have no
      * in-kernel prologue. */
-    if (p.prologue && (cfg.rows_per_warp == 16 || p.epilogue || cfg.balanced)) temp = true;
+    if (p.prologue && (cfg.rows_per_warp != 8 || p.epilogue || cfg.balanced)) temp = true;
     if (temp) {
         K3_TRY(k3c_prologue_temp(l, hbuf, ht));
         p.x = k3_tensor_data(&ht.t);

@@ -72,11 +72,12 @@
  *     resets counters[tile] to 0 — so the counters must be zero before the first launch
  *     and stay zero between launches (re-launchable, CUDA-graph safe). Only the triples of
  *     K3_SKINNY_SPLIT_CONFIGS are compiled for this mode, kcta 2..K3_SKINNY_MAX_KCTA.
- * rows_per_warp (8 or 16): with 16 each warp owns two 8-row groups, 8 rows apart, and feeds
- * every x fragment to the MMAs of both (half the x loads per byte of w at M > 8, twice the w
- * loads in flight per lane); then kw = threads / 32 / (rows / 16). Classic kernel only, no
- * in-kernel prologue; only the triples of K3_SKINNY_RPW16_CONFIGS are compiled.
- * spec/skinny_spec.lua uses some of them by value.
+ * rows_per_warp (8, 16 or 32): with 16 (32) each warp owns two (four) 8-row groups, 8 rows
+ * apart, and feeds every x fragment to the MMAs of all of them (half (a quarter of) the x
+ * loads per byte of w, twice (four times) the w loads in flight per lane at the same unroll);
+ * then kw = threads / 32 / (rows / rows_per_warp). Classic kernel only, no in-kernel
+ * prologue; only the triples of K3_SKINNY_RPW16_CONFIGS (K3_SKINNY_RPW32_CONFIGS) are
+ * compiled. spec/skinny_spec.lua uses some of them by value.
  *
  * Balanced grid (k3_skinny_problem.grid = G > 0; classic tiles without prologue or epilogue):
  * instead of ceil(N / rows) tiles of `rows` rows, G = sms * ceil(N / (sms * rows)) CTAs
@@ -112,6 +113,14 @@
 #define K3_SKINNY_RPW16_CONFIGS(X)                                                        \
     X(128, 16, 4) X(256, 16, 4) X(256, 16, 8) X(512, 16, 4) X(512, 16, 8)                 \
     X(256, 32, 4) X(512, 32, 2) X(512, 32, 4) X(256, 64, 4) X(512, 64, 4)
+
+/* X(threads, rows, unroll) instantiated with 32 rows per warp (rows_per_warp = 32: four
+ * 8-row groups share each x fragment, a quarter of the x loads per byte of w of 8 rows per
+ * warp; classic kernel only, no in-kernel prologue). Unroll 2 holds as many bytes of w in
+ * flight per lane (4 x 2 x 16) as 8 rows per warp at unroll 8, with a quarter of x's
+ * registers. */
+#define K3_SKINNY_RPW32_CONFIGS(X)                                                        \
+    X(128, 32, 2) X(256, 32, 2) X(256, 64, 2) X(512, 64, 2) X(512, 128, 2) X(256, 32, 4)
 
 /* X(threads, rows, unroll) instantiated for split-K across CTAs (kcta >= 2). */
 #define K3_SKINNY_SPLIT_CONFIGS(X)                                                        \
@@ -181,7 +190,7 @@ static inline int k3_skinny_l2_prefetch_row(int mb, int64_t rows_w, int64_t row_
  * group, each warp covering rows_per_warp rows, 8 or 16); 0 when the shape is malformed. */
 static inline int k3_skinny_split_k(int threads, int rows, int rows_per_warp = 8) {
     if (threads < 32 || threads % 32 || rows < 8 || rows % 8) return 0;
-    if (rows_per_warp != 8 && rows_per_warp != 16) return 0;
+    if (rows_per_warp != 8 && rows_per_warp != 16 && rows_per_warp != 32) return 0;
     if (rows % rows_per_warp) return 0;
     int warps = threads / 32, groups = rows / rows_per_warp;
     return warps % groups ? 0 : warps / groups;
@@ -193,6 +202,10 @@ static inline bool k3_skinny_instantiated(int threads, int rows, int unroll,
     if (threads == (T) && rows == (R) && unroll == (U)) return true;
     if (rows_per_warp == 16) {
         K3_SKINNY_RPW16_CONFIGS(K3_SK_MATCH)
+        return false;
+    }
+    if (rows_per_warp == 32) {
+        K3_SKINNY_RPW32_CONFIGS(K3_SK_MATCH)
         return false;
     }
     K3_SKINNY_CONFIGS(K3_SK_MATCH)
@@ -481,8 +494,8 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = ROWS / 8;
     /* RW 8-row groups per warp (rows_per_warp / 8) */
-    static_assert(RW == 1 || (RW == 2 && GROUPS % 2 == 0 && !SPLIT && PRO == 0),
-                  "16 rows per warp: an even number of row groups, classic, no prologue");
+    static_assert(RW == 1 || ((RW == 2 || RW == 4) && GROUPS % RW == 0 && !SPLIT && PRO == 0),
+                  "16 or 32 rows per warp: whole warps' rows per CTA, classic, no prologue");
     constexpr int KW = WARPS / (GROUPS / RW);
     static_assert(THREADS % 32 == 0 && ROWS % 8 == 0, "bad skinny configuration");
     static_assert(WARPS % (GROUPS / RW) == 0 && KW >= 1, "warps must cover the row groups");
@@ -505,14 +518,17 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
     const int64_t n1 = balanced ? (int64_t)N * (blockIdx.x + 1) / gridDim.x
                                 : (n0 + ROWS < N ? n0 + ROWS : (int64_t)N);
     /* EPI: the local row's gate or up row of w (k3sk_epi_row), N is h's columns. */
+    /* The warp's RW row groups: group j is local row lrow + 8 j (row 0 of the group is
+     * lane 4 g's row g). */
     const int lrow = group * RW * 8 + g;
-    const int64_t row = EPI ? k3sk_epi_row<ROWS>(lrow, N) : n0 + lrow;
-    const bool row_ok = EPI ? k3sk_epi_col<ROWS>(lrow) < N : row < n1;
-    const uint4 *wr = w + (row_ok ? row : 0) * (int64_t)nvec;
-    /* RW == 2: the warp's second row group, 8 rows further */
-    const int64_t row2 = EPI ? k3sk_epi_row<ROWS>(lrow + 8, N) : row + 8;
-    const bool row2_ok = RW == 2 && (EPI ? k3sk_epi_col<ROWS>(lrow + 8) < N : row + 8 < n1);
-    const uint4 *wr2 = w + (row2_ok ? row2 : 0) * (int64_t)nvec;
+    const uint4 *wr[RW];
+    bool row_ok[RW];
+#pragma unroll
+    for (int j = 0; j < RW; ++j) {
+        const int64_t r = EPI ? k3sk_epi_row<ROWS>(lrow + 8 * j, N) : n0 + lrow + 8 * j;
+        row_ok[j] = EPI ? k3sk_epi_col<ROWS>(lrow + 8 * j) < N : r < n1;
+        wr[j] = w + (row_ok[j] ? r : 0) * (int64_t)nvec;
+    }
     const bool x0_ok = g < M;
     const bool x1_ok = MT == 2 && g + 8 < M;
     /* x's row in vectors */
@@ -531,14 +547,15 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
      * loaded before the wait for the previous kernel, everything else after it. */
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int cfirst = cbeg + kw * UNROLL;
-    uint4 wv[UNROLL], wv2[RW == 2 ? UNROLL : 1];
+    uint4 wv[RW][UNROLL];
     if (static_w && cfirst < cend) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = (cfirst + u) * 4 + t;
             const bool kin = v < nvec && (!SPLIT || cfirst + u < cend);
-            wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
-            if constexpr (RW == 2) wv2[u] = k3sk_load_w_v(wr2 + (kin ? v : 0), row2_ok && kin);
+#pragma unroll
+            for (int j = 0; j < RW; ++j)
+                wv[j][u] = k3sk_load_w_v(wr[j] + (kin ? v : 0), row_ok[j] && kin);
         }
     }
     /* L2 prefetch (pf > 0): local row lr's thread asks L2 for pf bytes of that row's share of
@@ -600,7 +617,9 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
         __syncthreads();
     }
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[RW][4];
+#pragma unroll
+    for (int j = 0; j < RW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int c0 = cfirst; c0 < cend; c0 += KW * UNROLL) {
         uint4 xa[UNROLL], xb[UNROLL];
         const bool have_w = static_w && c0 == cfirst;
@@ -613,23 +632,24 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
             if (PRO != 0) {
                 /* kin puts v in [vbeg, vend): h's own row; tokens >= M read zeros. */
                 if (!have_w) {
-                    if (SPLIT) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
-                    else wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
+                    if (SPLIT) wv[0][u] = k3sk_load_w_v(wr[0] + (kin ? v : 0), row_ok[0] && kin);
+                    else wv[0][u] = k3sk_load_w(wr[0] + (kin ? v : 0), row_ok[0] && kin);
                 }
                 xa[u] = x0_ok && kin ? k3sk_h[g * hrow + (v - vbeg)] : zero;
                 xb[u] = MT == 2 && x1_ok && kin ? k3sk_h[(g + 8) * hrow + (v - vbeg)] : zero;
             } else if (SPLIT) {
-                if (!have_w) wv[u] = k3sk_load_w_v(wr + (kin ? v : 0), row_ok && kin);
+                if (!have_w) wv[0][u] = k3sk_load_w_v(wr[0] + (kin ? v : 0), row_ok[0] && kin);
                 xa[u] = k3sk_load_x_v(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x_v(x1 + (kin ? v : 0), x1_ok && kin);
                 else
                     xb[u] = zero;
             } else {
-                if (!have_w) wv[u] = k3sk_load_w(wr + (kin ? v : 0), row_ok && kin);
-                /* RW == 2 (classic tiles, no prologue: the static_assert above) */
-                if constexpr (RW == 2)
-                    if (!have_w) wv2[u] = k3sk_load_w(wr2 + (kin ? v : 0), row2_ok && kin);
+                /* RW > 1: classic tiles, no prologue (the static_assert above) */
+                if (!have_w)
+#pragma unroll
+                    for (int j = 0; j < RW; ++j)
+                        wv[j][u] = k3sk_load_w(wr[j] + (kin ? v : 0), row_ok[j] && kin);
                 xa[u] = k3sk_load_x(x0 + (kin ? v : 0), x0_ok && kin);
                 if (MT == 2)
                     xb[u] = k3sk_load_x(x1 + (kin ? v : 0), x1_ok && kin);
@@ -640,20 +660,18 @@ static __device__ __forceinline__ void k3_skinny_body(K3SK_PARAMS) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             /* k pairs (8t, 8t+1), (8t+2, 8t+3) form the first MMA's k, the rest the second. */
-            k3sk_mma(acc, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
-            k3sk_mma(acc, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
-            if constexpr (RW == 2) {
-                k3sk_mma(acc2, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv2[u].x, wv2[u].y);
-                k3sk_mma(acc2, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv2[u].z, wv2[u].w);
+#pragma unroll
+            for (int j = 0; j < RW; ++j) {
+                k3sk_mma(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[j][u].x, wv[j][u].y);
+                k3sk_mma(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[j][u].z, wv[j][u].w);
             }
         }
     }
 
 #pragma unroll
-    for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
-    if constexpr (RW == 2)
+    for (int j = 0; j < RW; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) partial[warp][4 + r][lane] = acc2[r];
+        for (int r = 0; r < 4; ++r) partial[warp][4 * j + r][lane] = acc[j][r];
     __syncthreads();
 
     /* Output (token m, row r of group): acc[2*(m/8) + r%2] of lane 4*(m%8) + r/2. */
@@ -741,7 +759,7 @@ template <int THREADS, int ROWS, int UNROLL, int MT, bool SPLIT, int PRO>
 __global__ void __launch_bounds__(THREADS, 1024 / THREADS) k3_skinny_pro_kernel(K3SK_PARAMS) {
     k3_skinny_body<THREADS, ROWS, UNROLL, MT, SPLIT, PRO, 1>(K3SK_ARGS);
 }
-/* The silu_mul epilogue (classic tiles, rows_per_warp 8 or 16): the plain kernel's live set
+/* The silu_mul epilogue (classic tiles, rows_per_warp 8, 16 or 32): the plain kernel's live set
  * during the stream and its launch bounds, except where ptxas then spilled (it gave the
  * epilogue fewer registers than the plain kernel takes): with 512 threads, 16 tokens, 8 rows per
  * warp and unroll <= 4 (the plain kernel: 64 registers, two CTAs per SM) k3_skinny_epi_mb_kernel
@@ -813,13 +831,15 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
                               p.l2_prefetch > 0 ? p.l2_prefetch / 16 * 16 : 0))
     if (RW != 1 && p.prologue) return cudaErrorInvalidValue; /* no prologue instances */
     if (p.epilogue && (SPLIT || p.prologue)) return cudaErrorInvalidValue; /* none either */
+    /* (compile-time branches: an instance of 16 or 32 rows per warp instantiates no kernel of
+     * 8 rows per warp, and a split one no epilogue) */
     if (p.epilogue) {
         if constexpr (SPLIT) return cudaErrorInvalidValue;
         else if (p.M <= 8)
             e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 1, RW>()));
         else
             e = K3_SK_EX((k3sk_epi_instance<THREADS, ROWS, UNROLL, 2, RW>()));
-    } else if (RW != 1)
+    } else if constexpr (RW != 1)
         e = p.M <= 8 ? K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 1, false, RW>))
                      : K3_SK_EX((k3_skinny_kernel<THREADS, ROWS, UNROLL, 2, false, RW>));
     else if (p.prologue == 1)
@@ -835,8 +855,8 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 for the
- * K3_SKINNY_RPW16_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
+/* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 and 32 for the
+ * K3_SKINNY_RPW16_CONFIGS and K3_SKINNY_RPW32_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
  * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
  * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
 static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
@@ -846,19 +866,20 @@ static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
         ((uintptr_t)p.x & 15) || ((uintptr_t)p.w & 15) || !p.y)
         return cudaErrorInvalidValue;
     if (p.N == 0) return cudaSuccess;
-    if (rows_per_warp == 16) {
-#define K3_SK_LAUNCH16(T, R, U)                                                            \
-    if (threads == (T) && rows == (R) && unroll == (U))                                    \
-        return k3_skinny_launch_t<T, R, U, false, 2>(p, 1, nullptr, nullptr, stream);
-        K3_SKINNY_RPW16_CONFIGS(K3_SK_LAUNCH16)
-#undef K3_SK_LAUNCH16
-        return cudaErrorInvalidValue;
-    }
-    if (rows_per_warp != 8) return cudaErrorInvalidValue;
+    /* RW: 8-row groups per warp (rows_per_warp / 8) of the configuration list searched */
 #define K3_SK_LAUNCH(T, R, U)                                                              \
     if (threads == (T) && rows == (R) && unroll == (U))                                    \
-        return k3_skinny_launch_t<T, R, U, false>(p, 1, nullptr, nullptr, stream);
-    K3_SKINNY_CONFIGS(K3_SK_LAUNCH)
+        return k3_skinny_launch_t<T, R, U, false, RW>(p, 1, nullptr, nullptr, stream);
+    if (rows_per_warp == 16) {
+        constexpr int RW = 2;
+        K3_SKINNY_RPW16_CONFIGS(K3_SK_LAUNCH)
+    } else if (rows_per_warp == 32) {
+        constexpr int RW = 4;
+        K3_SKINNY_RPW32_CONFIGS(K3_SK_LAUNCH)
+    } else if (rows_per_warp == 8) {
+        constexpr int RW = 1;
+        K3_SKINNY_CONFIGS(K3_SK_LAUNCH)
+    }
 #undef K3_SK_LAUNCH
     return cudaErrorInvalidValue;
 }

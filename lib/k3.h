@@ -660,8 +660,8 @@ typedef struct k3_plan_entry {
      * kernel may load w before it waits for the previous kernel (programmatic dependent
      * launch); 0: w is read only after that wait, like every other input. */
     int static_weights;
-    /* Rows of w each warp streams: 8 (0 = 8), or 16 (two 8-row groups sharing each x load;
-     * kernels/linear_skinny.cuh lists the configurations compiled that way). */
+    /* Rows of w each warp streams: 8 (0 = 8), 16 or 32 (two or four 8-row groups sharing
+     * each x load; kernels/linear_skinny.cuh lists the configurations compiled that way). */
     int rows_per_warp;
     /* 1: the balanced grid (a multiple of the device's multiprocessor count of CTAs, each
      * taking an equal share of at most `rows` rows of w, so every SM streams the same bytes;

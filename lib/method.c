@@ -81,10 +81,11 @@ k3_status k3_method_low_latency(k3_method **out, const k3_plan_entry *plan, int 
                             "method.low_latency: plan entry for M = %d has a negative config "
                             "value",
                             e->m);
-        if (e->rows_per_warp != 0 && e->rows_per_warp != 8 && e->rows_per_warp != 16)
+        if (e->rows_per_warp != 0 && e->rows_per_warp != 8 && e->rows_per_warp != 16 &&
+            e->rows_per_warp != 32)
             return k3_error(K3_EINVAL,
                             "method.low_latency: plan entry for M = %d has rows_per_warp %d; "
-                            "expected 8 or 16",
+                            "expected 8, 16 or 32",
                             e->m, e->rows_per_warp);
         if (e->balanced != 0 && e->balanced != 1)
             return k3_error(K3_EINVAL,

@@ -793,8 +793,8 @@ plan_case("plan config a number", {[1] = {kernel = "skinny", config = 5}},
   "bad argument #1 to 'low_latency' (plan[1].config must be a table; got number)")
 plan_case("plan negative config", {[1] = {kernel = "skinny", config = {threads = -1}}},
   "method.low_latency: plan entry for M = 1 has a negative config value")
-plan_case("plan rows_per_warp neither 8 nor 16", {[1] = {kernel = "skinny", config = {rows_per_warp = 4}}},
-  "method.low_latency: plan entry for M = 1 has rows_per_warp 4; expected 8 or 16")
+plan_case("plan rows_per_warp neither 8, 16 nor 32", {[1] = {kernel = "skinny", config = {rows_per_warp = 4}}},
+  "method.low_latency: plan entry for M = 1 has rows_per_warp 4; expected 8, 16 or 32")
 plan_case("plan balanced a number", {[4] = {kernel = "skinny", config = {rows = 16, balanced = 1}}},
   "bad argument #1 to 'low_latency' (field 'balanced' must be a boolean; got number)")
 plan_case("plan balanced a string", {[1] = {kernel = "skinny", config = {balanced = "yes"}}},

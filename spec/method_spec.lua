@@ -142,9 +142,9 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     H.raises(function() k3.method.low_latency({[2] = {kernel = "skinny", config = {threads = -1}}}) end,
       "method.low_latency: plan entry for M = 2 has a negative config value")
     H.raises(function() k3.method.low_latency({[3] = {kernel = "skinny", config = {rows_per_warp = 12}}}) end,
-      "method.low_latency: plan entry for M = 3 has rows_per_warp 12; expected 8 or 16")
-    -- 8 and 16 are accepted (what a machine runs is the kernel's own decision)
-    for _, rpw in ipairs({8, 16}) do
+      "method.low_latency: plan entry for M = 3 has rows_per_warp 12; expected 8, 16 or 32")
+    -- 8, 16 and 32 are accepted (what a machine runs is the kernel's own decision)
+    for _, rpw in ipairs({8, 16, 32}) do
       k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw}}}):free()
     end
     H.raises(function() k3.method.low_latency({[5] = {kernel = "skinny", config = {balanced = 0}}}) end,
@@ -154,7 +154,7 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     -- true and false are accepted, with either rows_per_warp (the kernel's supports() says
     -- which configurations it runs on that grid)
     for _, bal in ipairs({true, false}) do
-      for _, rpw in ipairs({8, 16}) do
+      for _, rpw in ipairs({8, 16, 32}) do
         k3.method.low_latency({[1] = {kernel = "skinny", config = {rows = 16, rows_per_warp = rpw, balanced = bal}}}):free()
       end
     end

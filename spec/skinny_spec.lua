@@ -31,8 +31,12 @@ local CONFIGS16 = {
   {128, 16, 4}, {256, 16, 4}, {256, 16, 8}, {512, 16, 4}, {512, 16, 8}, {256, 32, 4},
   {512, 32, 2}, {512, 32, 4}, {256, 64, 4}, {512, 64, 4},
 }
+-- kernels/linear_skinny.cuh's K3_SKINNY_RPW32_CONFIGS: 32 rows of w per warp.
+local CONFIGS32 = {
+  {128, 32, 2}, {256, 32, 2}, {256, 64, 2}, {512, 64, 2}, {512, 128, 2}, {256, 32, 4},
+}
 
--- A plan config for a classic triple {threads, rows, unroll} (rows_per_warp 8 or 16) on the
+-- A plan config for a classic triple {threads, rows, unroll} (rows_per_warp 8, 16 or 32) on the
 -- balanced grid.
 local function balanced_config(c, rows_per_warp)
   return {threads = c[1], rows = c[2], unroll = c[3], vec = 8, rows_per_warp = rows_per_warp, balanced = true}
@@ -143,19 +147,24 @@ describe("cuda.linear.skinny #gpu", function()
     end
   end)
 
-  it("every 16-rows-per-warp configuration matches the reference (through plans)", function()
+  it("every 16- and 32-rows-per-warp configuration matches the reference (through plans)", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
-    -- N = 200 ends inside a warp's second 8-row group for rows 16 and 32 (N % 16 = 8)
-    for _, shape in ipairs({{200, 4104}, {7168, 1536}}) do
+    -- N = 200 ends inside a warp's second 8-row group for rows 16 and 32 (N % 16 = 8), and
+    -- inside a 32-row warp's second group (N % 32 = 8); N = 7168 + 24 inside its fourth
+    for _, shape in ipairs({{200, 4104}, {7168, 1536}, {7192, 520}}) do
       local N, K = shape[1], shape[2]
       local w = bf16({N, K}, 510 + N)
-      for _, c in ipairs(CONFIGS16) do
-        local config = {threads = c[1], rows = c[2], unroll = c[3], vec = 8, rows_per_warp = 16}
+      local configs = {}
+      for _, c in ipairs(CONFIGS16) do configs[#configs + 1] = {c, 16} end
+      for _, c in ipairs(CONFIGS32) do configs[#configs + 1] = {c, 32} end
+      for _, cr in ipairs(configs) do
+        local c, rpw = cr[1], cr[2]
+        local config = {threads = c[1], rows = c[2], unroll = c[3], vec = 8, rows_per_warp = rpw}
         local ll = k3.method.low_latency(all_plan(config))
         for _, M in ipairs({1, 8, 9, 16}) do
           local x = bf16({M, K}, 610 + M)
-          local what = string.format("N=%d threads=%d rows=%d unroll=%d rows_per_warp=16 M=%d",
-            N, c[1], c[2], c[3], M)
+          local what = string.format("N=%d threads=%d rows=%d unroll=%d rows_per_warp=%d M=%d",
+            N, c[1], c[2], c[3], rpw, M)
           assert.equal(SKINNY, ll:explain(x, w).chosen, what)
           check_ref(ll:apply(x, w, nil, {out = H.poisoned({M, N}, {dtype = "bf16", device = "cuda"})}),
             x, w, nil, what)
@@ -164,7 +173,7 @@ describe("cuda.linear.skinny #gpu", function()
     end
   end)
 
-  it("rows_per_warp = 16: a configuration not compiled that way is declined by name; a prologue call runs", function()
+  it("rows_per_warp = 16 and 32: a configuration not compiled that way is declined by name; a prologue call runs", function()
     if not H.need_gpu(pending) or not need_kernel(SKINNY) then return end
     local K = 1536
     local w = bf16({64, K}, 520)
@@ -175,6 +184,12 @@ describe("cuda.linear.skinny #gpu", function()
     assert.equal(CUBLAS, e.chosen)
     assert.equal("config {threads = 256, rows = 16, unroll = 2, vec = 8, split_k = 8, " ..
       "rows_per_warp = 16} is not instantiated", skinny_decline(e))
+    local ll32 = k3.method.low_latency(all_plan({threads = 256, rows = 32, unroll = 8, vec = 8,
+                                                 rows_per_warp = 32}))
+    e = ll32:explain(x, w)
+    assert.equal(CUBLAS, e.chosen)
+    assert.equal("config {threads = 256, rows = 32, unroll = 8, vec = 8, split_k = 8, " ..
+      "rows_per_warp = 32} is not instantiated", skinny_decline(e))
     -- SwiGLU prologue: h through the temporary, then the 16-rows-per-warp kernel
     local ll16 = k3.method.low_latency(all_plan({threads = 512, rows = 16, unroll = 8, vec = 8,
                                                  rows_per_warp = 16}))
@@ -194,6 +209,7 @@ describe("cuda.linear.skinny #gpu", function()
     local configs = {}
     for _, c in ipairs(CONFIGS) do configs[#configs + 1] = balanced_config(c) end
     for _, c in ipairs(CONFIGS16) do configs[#configs + 1] = balanced_config(c, 16) end
+    for _, c in ipairs(CONFIGS32) do configs[#configs + 1] = balanced_config(c, 32) end
     for si, shape in ipairs({{200, 4104}, {9004, 520}}) do
       local N, K = shape[1], shape[2]
       local w = bf16({N, K}, 530 + si)

@@ -14,9 +14,10 @@
  * graph of the candidate, and is kept only when both passes give cuBLAS / candidate >= the
  * margin. Every candidate is timed as k3's layers launch it: PDL, weights static (the first
  * step of w loaded before griddepcontrol.wait). Kinds (--kinds): classic (8 rows per warp),
- * classic16 (16), split (split-K across CTAs) and balanced (each classic candidate again on the
+ * classic16 (16), classic32 (32), split (split-K across CTAs) and balanced (each classic
+ * candidate again on the
  * balanced grid of kernels/linear_skinny.cuh, where that grid is not its row tiling; named with
- * classic or classic16). Another name is an error.
+ * classic, classic16 or classic32). Another name is an error.
  *
  * L2 prefetch (--l2-prefetch, MiB, default 8,16,32; 0 for none): the search's fastest candidate
  * is timed again with each budget (plan config l2_prefetch_mb: the kernel asks L2 for the head of
@@ -50,15 +51,18 @@ static const Shape KIMI[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304, 
                              {7168, 4224}, {7168, 8448},  {8448, 7168},  {16896, 7168},
                              {7168, 14336}, {20480, 7168}, {7168, 7168}};
 
-/* The classic candidates: 8 rows per warp, and (classic16) 16 rows per warp. */
-static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen) {
+/* The classic candidates: 8 rows per warp, (classic16) 16 and (classic32) 32 rows per warp. */
+static std::vector<k3t_cand> classic_cands(bool eight, bool sixteen, bool thirtytwo) {
     std::vector<k3t_cand> v;
 #define K3_AT_ADD(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC, T, R, U, 1, K3T_PDL_STATIC, 0});
 #define K3_AT_ADD16(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC16, T, R, U, 1, K3T_PDL_STATIC, 0});
+#define K3_AT_ADD32(T, R, U) v.push_back(k3t_cand{K3T_CLASSIC32, T, R, U, 1, K3T_PDL_STATIC, 0});
     if (eight) K3_SKINNY_CONFIGS(K3_AT_ADD)
     if (sixteen) K3_SKINNY_RPW16_CONFIGS(K3_AT_ADD16)
+    if (thirtytwo) K3_SKINNY_RPW32_CONFIGS(K3_AT_ADD32)
 #undef K3_AT_ADD
 #undef K3_AT_ADD16
+#undef K3_AT_ADD32
     return v;
 }
 
@@ -162,7 +166,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: autotune [--shapes NxK,...] [--m 1-16] [--out FILE.lua] [--table FILE]\n"
             "                [--csv FILE] [--device N] [--reps R] [--min-speedup 1.05]\n"
-            "                [--kinds classic,classic16,split,balanced] [--epilogue silu_mul] [--all-m]\n"
+            "                [--kinds classic,classic16,classic32,split,balanced] [--epilogue silu_mul]\n"
+            "                [--all-m]\n"
             "                [--l2-prefetch 8,16,32] [--dry-run]\n"
             "Defaults: the Kimi-K3 TP8 shapes of DESIGN.md and 7168x7168, M = 1..16, every kind,\n"
             "--out lua/k3/policy/sm<cc>.lua, --table build/autotune.txt, --csv build/autotune.csv,\n"
@@ -175,7 +180,7 @@ int main(int argc, char **argv) {
     std::vector<int> ms = parse_ms("1-16");
     std::vector<int> prefetch = parse_prefetch("8,16,32");
     std::string out_path, table_path = "build/autotune.txt", csv_path = "build/autotune.csv";
-    std::string kinds = "classic,classic16,split,balanced";
+    std::string kinds = "classic,classic16,classic32,split,balanced";
     std::string epilogue; /* "" or "silu_mul" */
     int device = 0, reps = 15;
     double min_speedup = 1.05;
@@ -212,15 +217,16 @@ int main(int argc, char **argv) {
         }
     }
     const std::string kl = "," + kinds + ",";
-    /* every kind named is one of the four; balanced re-runs the classic kinds' candidates, so
+    /* every kind named is one of the five; balanced re-runs the classic kinds' candidates, so
      * it needs one of them (alone it would measure nothing and write a plan without skinny
      * entries over the policy file) */
     for (size_t a = 0; a < kinds.size();) {
         size_t e = kinds.find(',', a);
         if (e == std::string::npos) e = kinds.size();
         const std::string k = kinds.substr(a, e - a);
-        if (k != "classic" && k != "classic16" && k != "split" && k != "balanced") {
-            fprintf(stderr, "autotune: --kinds: unknown kind '%s' (expected classic, classic16, "
+        if (k != "classic" && k != "classic16" && k != "classic32" && k != "split" &&
+            k != "balanced") {
+            fprintf(stderr, "autotune: --kinds: unknown kind '%s' (expected classic, classic16, classic32, "
                             "split or balanced)\n", k.c_str());
             return 2;
         }
@@ -228,9 +234,12 @@ int main(int argc, char **argv) {
     }
     const bool use_classic = kl.find(",classic,") != std::string::npos;
     const bool use_classic16 = kl.find(",classic16,") != std::string::npos;
-    if (kl.find(",balanced,") != std::string::npos && !use_classic && !use_classic16) {
+    const bool use_classic32 = kl.find(",classic32,") != std::string::npos;
+    if (kl.find(",balanced,") != std::string::npos && !use_classic && !use_classic16 &&
+        !use_classic32) {
         fprintf(stderr, "autotune: --kinds balanced runs the classic candidates on the balanced "
-                        "grid: name classic or classic16 with it (got '%s')\n", kinds.c_str());
+                        "grid: name classic, classic16 or classic32 with it (got '%s')\n",
+                kinds.c_str());
         return 2;
     }
     /* the balanced grid carries no epilogue */
@@ -274,7 +283,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "autotune: %s\n", machine);
     k3t_scratch scr;
     k3t_scratch_init(scr);
-    const std::vector<k3t_cand> classic = classic_cands(use_classic, use_classic16);
+    const std::vector<k3t_cand> classic = classic_cands(use_classic, use_classic16, use_classic32);
 
     std::vector<Result> results;
     FILE *csv = fopen(csv_path.c_str(), "w");

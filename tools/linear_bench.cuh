@@ -33,11 +33,16 @@
 
 #include <string>
 
-/* A skinny candidate: classic (one CTA per row tile), classic with 16 rows per warp
- * (rows_per_warp = 16) or split (split-K across kcta CTAs), in a launch mode: plain, PDL, or
+/* A skinny candidate: classic (one CTA per row tile), classic with 16 or 32 rows per warp
+ * (rows_per_warp = 16, 32) or split (split-K across kcta CTAs), in a launch mode: plain, PDL, or
  * PDL with static weights (the first step of w before the wait); a classic one may run on the
  * balanced grid (balanced: k3_skinny_problem.grid = k3_skinny_balanced_grid). */
-enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_CLASSIC16 };
+enum k3t_kind { K3T_CLASSIC, K3T_SPLIT, K3T_CLASSIC16, K3T_CLASSIC32 };
+
+/* Rows per warp of a candidate's kind. */
+static inline int k3t_rows_per_warp(int kind) {
+    return kind == K3T_CLASSIC32 ? 32 : kind == K3T_CLASSIC16 ? 16 : 8;
+}
 enum k3t_mode { K3T_PLAIN, K3T_PDL, K3T_PDL_STATIC };
 static const char *const K3T_MODE_NAME[3] = {"plain", "pdl", "pdl-static"};
 
@@ -57,7 +62,10 @@ static inline std::string k3t_cand_name(const k3t_cand &c) {
                  K3T_MODE_NAME[c.mode], pf);
     else
         snprintf(b, sizeof b, "%s%s t%dr%du%d %s%s",
-                 c.kind == K3T_CLASSIC16 ? "classic16" : "classic", c.balanced ? "b" : "",
+                 c.kind == K3T_CLASSIC32   ? "classic32"
+                 : c.kind == K3T_CLASSIC16 ? "classic16"
+                                           : "classic",
+                 c.balanced ? "b" : "",
                  c.threads, c.rows, c.unroll, K3T_MODE_NAME[c.mode], pf);
     return b;
 }
@@ -69,11 +77,12 @@ static inline std::string k3t_cand_config(const k3t_cand &c) {
     if (c.l2_prefetch_mb > 0)
         snprintf(bal + strlen(bal), sizeof bal - strlen(bal), ", l2_prefetch_mb = %d",
                  c.l2_prefetch_mb);
-    if (c.kind == K3T_CLASSIC16)
+    const int rpw = k3t_rows_per_warp(c.kind);
+    if (rpw != 8)
         snprintf(b, sizeof b,
-                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = 16%s}",
-                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, 16),
-                 bal);
+                 "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d, rows_per_warp = %d%s}",
+                 c.threads, c.rows, c.unroll, K3_SKINNY_VEC, k3_skinny_split_k(c.threads, c.rows, rpw),
+                 rpw, bal);
     else
         snprintf(b, sizeof b, "{threads = %d, rows = %d, unroll = %d, vec = %d, split_k = %d%s}",
                  c.threads, c.rows, c.unroll, K3_SKINNY_VEC,
@@ -134,8 +143,7 @@ static inline cudaError_t k3t_launch(const k3t_cand &c, const k3t_scratch &s, co
     if (c.kind == K3T_SPLIT)
         return k3_skinny_launch_split(c.threads, c.rows, c.unroll, c.kcta, q, s.split_ws,
                                       s.split_counters, stream);
-    return k3_skinny_launch(c.threads, c.rows, c.unroll, q, stream,
-                            c.kind == K3T_CLASSIC16 ? 16 : 8);
+    return k3_skinny_launch(c.threads, c.rows, c.unroll, q, stream, k3t_rows_per_warp(c.kind));
 }
 
 /* One shape's buffers (see the file comment). */

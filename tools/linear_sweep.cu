@@ -34,7 +34,7 @@ static const Shape SHAPES[] = {{1536, 7168}, {3072, 7168},  {2112, 7168},  {2304
 
 struct PlanEntry {
     int threads, rows, unroll, vec, split_k;
-    int rows_per_warp; /* 8 or 16 */
+    int rows_per_warp; /* 8, 16 or 32 */
     int balanced;      /* the balanced grid */
     int l2_prefetch_mb; /* MiB of w prefetched into L2 before the wait */
 };
@@ -58,7 +58,8 @@ static std::map<std::string, std::map<int, PlanEntry>> parse_plan(const char *pa
                           " [%d] = {kernel = \"skinny\", config = {threads = %d, rows = %d, "
                           "unroll = %d, vec = %d, split_k = %d}",
                           &m, &e.threads, &e.rows, &e.unroll, &e.vec, &e.split_k) == 6) {
-            e.rows_per_warp = strstr(line, "rows_per_warp = 16") ? 16 : 8;
+            const char *rw = strstr(line, "rows_per_warp = ");
+            e.rows_per_warp = rw ? atoi(rw + strlen("rows_per_warp = ")) : 8;
             e.balanced = strstr(line, "balanced = true") != nullptr;
             const char *pf = strstr(line, "l2_prefetch_mb = ");
             e.l2_prefetch_mb = pf ? atoi(pf + strlen("l2_prefetch_mb = ")) : 0;
@@ -114,7 +115,10 @@ struct Row {
 static std::string cfg_name(const k3t_cand &c) {
     char b[64];
     snprintf(b, sizeof b, "k%dr%du%d%s%s", c.threads, c.rows, c.unroll,
-             c.kind == K3T_CLASSIC16 ? "w16" : "", c.balanced ? "b" : "");
+             c.kind == K3T_CLASSIC32   ? "w32"
+             : c.kind == K3T_CLASSIC16 ? "w16"
+                                       : "",
+             c.balanced ? "b" : "");
     return b;
 }
 
@@ -197,10 +201,15 @@ int main(int argc, char **argv) {
 #define K3_SW_ADD16(T_, R_, U_)                                                            \
     for (int b = 0; b < 2; b++)                                                            \
         for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC16, T_, R_, U_, 1, m, b});
+#define K3_SW_ADD32(T_, R_, U_)                                                            \
+    for (int b = 0; b < 2; b++)                                                            \
+        for (int m = 0; m < 3; m++) cands.push_back(k3t_cand{K3T_CLASSIC32, T_, R_, U_, 1, m, b});
     K3_SKINNY_CONFIGS(K3_SW_ADD)
     K3_SKINNY_RPW16_CONFIGS(K3_SW_ADD16)
+    K3_SKINNY_RPW32_CONFIGS(K3_SW_ADD32)
 #undef K3_SW_ADD
 #undef K3_SW_ADD16
+#undef K3_SW_ADD32
     k3t_scratch scr;
     k3t_scratch_init(scr);
     int64_t out_words = 0;
@@ -302,9 +311,10 @@ int main(int argc, char **argv) {
                 const int kw = k3_skinny_split_k(e.threads, e.rows, e.rows_per_warp);
                 const int kcta = kw ? e.split_k / kw : 0;
                 for (int mode = 0; mode < 3; mode++) {
-                    const k3t_cand c = {e.rows_per_warp == 16 ? K3T_CLASSIC16
-                                        : kcta > 1            ? K3T_SPLIT
-                                                              : K3T_CLASSIC,
+                    const k3t_cand c = {e.rows_per_warp == 32   ? K3T_CLASSIC32
+                                        : e.rows_per_warp == 16 ? K3T_CLASSIC16
+                                        : kcta > 1              ? K3T_SPLIT
+                                                                : K3T_CLASSIC,
                                         e.threads, e.rows, e.unroll, kcta, mode, e.balanced,
                                         e.l2_prefetch_mb};
                     if (!k3t_cand_fits(c, scr, M, s.N)) continue;

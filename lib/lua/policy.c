@@ -314,7 +314,7 @@ static int plan_int_field(lua_State *L, int cfg, const char *field, lua_Integer 
 }
 
 /* k3.method.low_latency(plan[, opts]): plan = {[M] = {kernel = "skinny", config = {threads =,
- * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16, balanced = true | false,
+ * rows =, unroll =, vec =, split_k =, rows_per_warp = 8 | 16 | 32, balanced = true | false,
  * l2_prefetch_mb = 0..40}}, ...};
  * opts.static_weights = true promises that no kernel in flight writes the weights
  * (k3_plan_entry.static_weights). Declined calls run the owned default method. */
