@@ -23,16 +23,13 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 1..4 where cuda.attn_res.ring takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside the ring and stream kernels
- * at prefill sizes. K3_ATTN_RES_RING_ALL_BLOCKS: "1" makes cuda.attn_res.ring take num_blocks
- * 5..8 too, which it otherwise leaves to cuda.attn_res.stream, so one benchmark run can time
- * both kernels there. */
+ * at prefill sizes. */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
-    int ring_all_blocks;
 };
-inline knobs g_knobs = {1, 0, 64, 0};
+inline knobs g_knobs = {1, 0, 64};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -48,8 +45,6 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
-    const char *ra = getenv("K3_ATTN_RES_RING_ALL_BLOCKS");
-    g_knobs.ring_all_blocks = ra && ra[0] == '1' && !ra[1];
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

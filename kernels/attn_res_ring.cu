@@ -1,7 +1,6 @@
 /*
  * attn_res_ring.cu — cuda.attn_res.ring, the prefill AttnRes read (T >= 64 tokens) on densely
- * packed bf16/f16 rows with delta and output norm, num_blocks 0..4 and 9..16 (5..8 are
- * cuda.attn_res.stream's where it takes the call: faster there), hidden sizes up to 8192.
+ * packed bf16/f16 rows with delta and output norm, num_blocks 0..16, hidden sizes up to 8192.
  *
  * A persistent grid of a few CTAs per SM, each striding over tokens. Every row a CTA reads (a
  * token's prefix, delta and block rows, token after token) is one bulk copy (cp.async.bulk)
@@ -13,9 +12,10 @@
  * then summed over the warps in warp order by every thread: the same bits everywhere), after
  * which its slot takes the next row and the mix accumulates it. The output norm is one more
  * barrier. No array is sized by the source count, so one instance serves every num_blocks, and
- * a token's work grows with its sources: at 1..4 blocks this is faster than the stream
- * kernel's register stages, at 8 slower (its per-source barrier and reduction cost more than
- * the stream kernel's one reduction for all sources; notes/PERF.md, 2026-12-03 night).
+ * a token's work grows with its sources. Since its mbarrier arrivals were relaxed it is faster
+ * than the stream kernel's register stages at every num_blocks from T = 4096 on (at 8 blocks
+ * 246 against 279 us at T = 4096 on an H100) and within 2% at T = 256 (notes/PERF.md,
+ * 2026-12-07), so it takes every prefill read the decode kernel leaves.
  *
  * Thread tid owns the 16-byte vectors k * NT + tid (k < 4) of every row; the product of the
  * key norm and query weights (nw * qw) of its vectors stays in its registers as f32, the output
@@ -46,8 +46,6 @@ const int kRingMaxSlots = 16;
 const int kRingMinSlots = 3;
 const int kRingSideSmem = 1024 + 512;
 static_assert(8 * kRingV * kRingMaxThreads == kRingMaxHidden, "the largest H fills the largest CTA");
-/* num_blocks the stream kernel serves faster, where it takes the call */
-const int kRingStreamFrom = 5, kRingStreamTo = 8;
 
 struct ring_params : row_args {
     int64_t T;
@@ -385,20 +383,11 @@ k3_status ring_supports(const k3_op_args *oa, char *reason, size_t n) {
     const k3_attn_res_args *a = &oa->u.attn_res.p;
     const char *K = k3_cuda_attn_res_ring_name;
     K3_TRY(check_rules(K, oa, call_rules{kRingMinT, 0, true, 0, kRingMaxBlocks}, reason, n));
-    const int64_t H = a->prefix->size[1], nb = a->num_blocks;
+    const int64_t H = a->prefix->size[1];
     if (H > kRingMaxHidden) {
         snprintf(reason, n, "%s supports hidden sizes up to %lld; got %lld", K,
                  (long long)kRingMaxHidden, (long long)H);
         return K3_ESHAPE;
-    }
-    if (nb >= kRingStreamFrom && nb <= kRingStreamTo && stream_threads(H) &&
-        !get_knobs().ring_all_blocks) {
-        snprintf(reason, n,
-                 "%s leaves num_blocks %d..%d to %s (faster there) at hidden sizes %d..%d; got "
-                 "num_blocks %lld",
-                 K, kRingStreamFrom, kRingStreamTo, k3_cuda_attn_res_stream_name,
-                 8 * (kStreamV * 32 + 1), 8 * kStreamV * kStreamMaxThreads, (long long)nb);
-        return K3_EINVAL;
     }
     return K3_OK;
 }

@@ -1,7 +1,9 @@
 /*
  * attn_res_stream.cu — cuda.attn_res.stream, the prefill AttnRes read (T >= 64 tokens) on
  * densely packed bf16/f16 rows with delta and output norm, num_blocks 1..8, hidden sizes up
- * to 8192 (64..512 threads of two 16-byte vectors each: stream_threads).
+ * to 8192 (64..512 threads of two 16-byte vectors each: stream_threads). In the default
+ * policy it follows cuda.attn_res.ring, which takes the same calls faster (notes/PERF.md,
+ * 2026-12-07): it serves them where the ring is not registered, and by name.
  *
  * A persistent grid of one CTA per SM, grid-striding over tokens, one token per CTA at a time,
  * no clusters. Thread tid owns the vectors vi = k * NT + tid (k < 2) of every row.

@@ -95,7 +95,7 @@ describe("bench JSON (lua-dkjson)", function()
   -- A dry run maps every kernel to the CPU reference, so it names the kernel a GPU's dispatch
   -- would pick (kernels/attn_res_decode.cu decode_supports, the bench's rows carry a delta and
   -- the output norm at H = 7168): the decode kernel at T <= 64 and at 1..4 blocks below 256
-  -- tokens, the ring kernel at 1..4 blocks from T = 256, the stream kernel at 8 blocks from 65.
+  -- tokens, the ring kernel at 1..4 blocks from T = 256 and at 8 blocks from 65.
   it("scripts/bench attn_res --dry-run names the fast kernel a GPU's dispatch picks per row", function()
     local dir = os.tmpname()
     os.remove(dir)
@@ -105,7 +105,7 @@ describe("bench JSON (lua-dkjson)", function()
     local rows = dkjson.decode(read(dir .. "/attn_res.json")).rows
     assert.equal(18, #rows)
     for _, r in ipairs(rows) do
-      local want = (r.T <= 64 or r.num_blocks == 0) and "decode" or r.num_blocks <= 4 and "ring" or "stream"
+      local want = (r.T <= 64 or r.num_blocks == 0) and "decode" or "ring"
       assert.equal(want, r.fast_name, string.format("T=%d num_blocks=%d", r.T, r.num_blocks))
     end
     os.execute("rm -rf " .. dir)

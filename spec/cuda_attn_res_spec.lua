@@ -454,7 +454,7 @@ describe("cuda.attn_res.decode #gpu", function()
     assert.equal(0, k3.max_abs_diff(a.blocks, b0)) -- no write_block: every slot untouched
   end)
 
-  it("dispatch: decode reads run decode, prefill runs ring or stream, the rest go to generic", function()
+  it("dispatch: decode reads run decode, prefill runs the ring (the stream kernel where it is absent), the rest go to generic", function()
     local S, R = "cuda.attn_res.stream", "cuda.attn_res.ring"
     for _, case in ipairs({
       {T = 1, o = {num_blocks = 8}, k = K}, {T = 16, o = {num_blocks = 4}, k = K},
@@ -467,14 +467,15 @@ describe("cuda.attn_res.decode #gpu", function()
       assert.same({want}, kernels_of(tr), string.format("T=%d %s", case.T, case.k))
     end
     local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 8})) end)
-    assert.same({k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300")
+    assert.same({k3.has_kernel(R) and R or k3.has_kernel(S) and S or "cuda.attn_res.generic"},
+      kernels_of(tr), "T=300")
     if k3.has_kernel(K) then
       assert.equal("cuda.attn_res.decode serves T <= 64 tokens at num_blocks 5..16 (at num_blocks " ..
         "<= 4 any T, below 256 where cuda.attn_res.ring takes the call); got T = 300 at " ..
         "num_blocks 8", tr[1].declined[1].reason)
     end
     -- prefill at num_blocks 1..4 runs the ring at T >= 256 (faster than decode and stream
-    -- there) and decode below (T = 192), at 9..16 the ring from T = 65, at 0 decode
+    -- there) and decode below (T = 192), at 5..16 the ring from T = 65, at 0 decode
     local ring = k3.has_kernel(R) and R or nil
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 4})) end)
     assert.same({ring or k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 4")
@@ -483,7 +484,7 @@ describe("cuda.attn_res.decode #gpu", function()
       kernels_of(tr), "T=192 num_blocks 4")
     tr = k3.trace(function() k3.attn_res(inputs(300, 8, 7168, {num_blocks = 1})) end)
     assert.same({ring or k3.has_kernel(S) and S or "cuda.attn_res.generic"}, kernels_of(tr), "T=300 num_blocks 1")
-    for _, nb in ipairs({0, 12, 16}) do
+    for _, nb in ipairs({0, 5, 12, 16}) do
       tr = k3.trace(function() k3.attn_res(inputs(300, 16, 7168, {num_blocks = nb})) end)
       local want = nb == 0 and k3.has_kernel(K) and K or ring or "cuda.attn_res.generic"
       assert.same({want}, kernels_of(tr), "T=300 num_blocks " .. nb)
@@ -632,7 +633,7 @@ describe("cuda.attn_res.stream #gpu", function()
       H.raises(function() k3.attn_res(a) end,
         "attn_res: cuda.attn_res.stream supports hidden sizes 520..8192; got " .. hd)
     end
-    -- by dispatch the ring kernel takes it where it is registered (faster at 1..4 blocks)
+    -- by dispatch the ring kernel takes it where it is registered (faster)
     local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
     local R = "cuda.attn_res.ring"
     assert.same({k3.has_kernel(R) and R or K}, kernels_of(tr), "T=300 nb=3 H=520")
@@ -649,9 +650,9 @@ describe("cuda.attn_res.ring #gpu", function()
     return
   end
 
-  it("prefill shapes: T 64, 300, 4097; num_blocks 0..4 and 9..16; padded blocks; f16; f32 weights", function()
+  it("prefill shapes: T 64, 300, 4097; num_blocks 0..16; padded blocks; f16; f32 weights", function()
     for _, T in ipairs({64, 300}) do
-      for _, nb in ipairs({0, 1, 4, 9, 16}) do
+      for _, nb in ipairs({0, 1, 4, 5, 8, 9, 16}) do
         check(inputs(T, 16, 7168, {num_blocks = nb, seed = 800 + T + nb}), K,
           string.format("bf16 H=7168 T=%d nb=%d of 16 slots", T, nb))
       end
@@ -664,6 +665,7 @@ describe("cuda.attn_res.ring #gpu", function()
     check(inputs(64, 4, 8192, {num_blocks = 4, seed = 905}), K, "T=64 H=8192 (256 threads)")
     check(inputs(300, 4, 7176, {num_blocks = 4, seed = 906}), K, "T=300 H=7176 (idle vectors)")
     check(inputs(4097, 1, 7168, {num_blocks = 1, seed = 907}), K, "T=4097 nb=1")
+    check(inputs(4097, 8, 7168, {num_blocks = 8, seed = 910}), K, "T=4097 nb=8")
     check(inputs(4097, 16, 7168, {num_blocks = 16, seed = 908}), K, "T=4097 nb=16")
     check(inputs(4097, 12, 1024, {num_blocks = 10, dtype = "f16", bpad = 8, seed = 909}), K,
       "f16 T=4097 H=1024 nb=10 padded (more CTAs an SM)")
@@ -685,21 +687,19 @@ describe("cuda.attn_res.ring #gpu", function()
 
   it("row-padded rows raise its own layout error by name", function() raises_padded_rows(K, 4) end)
 
-  it("hidden sizes 8..8192 served, 8200 declined by name; num_blocks 5..8 left to the stream kernel where it takes them", function()
+  it("hidden sizes 8..8192 served, 8200 declined by name; num_blocks 5..8 taken from the stream kernel", function()
     for _, hd in ipairs({8, 64, 520, 8192}) do
       check(inputs(300, 4, hd, {num_blocks = 3, seed = 940 + hd}), K, "T=300 nb=3 H=" .. hd)
     end
     local a = inputs(300, 4, 8200, {num_blocks = 3})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end, "attn_res: cuda.attn_res.ring supports hidden sizes up to 8192; got 8200")
-    a = inputs(300, 8, 7168, {num_blocks = 6})
-    a.kernel = K
-    H.raises(function() k3.attn_res(a) end,
-      "attn_res: cuda.attn_res.ring leaves num_blocks 5..8 to cuda.attn_res.stream (faster there) at hidden sizes 520..8192; got num_blocks 6")
-    -- below the stream kernel's hidden sizes the ring serves 5..8 too
-    check(inputs(300, 8, 64, {num_blocks = 8, seed = 950}), K, "T=300 nb=8 H=64")
-    local tr = k3.trace(function() k3.attn_res(inputs(300, 8, 64, {num_blocks = 8})) end)
-    assert.same({K}, kernels_of(tr), "T=300 nb=8 H=64 goes to the ring")
+    -- 5..8 at the stream kernel's hidden sizes (520..8192) and below them: the ring by dispatch
+    for _, hd in ipairs({64, 7168}) do
+      check(inputs(300, 8, hd, {num_blocks = 6, seed = 950 + hd}), K, "T=300 nb=6 H=" .. hd)
+      local tr = k3.trace(function() k3.attn_res(inputs(300, 8, hd, {num_blocks = 8})) end)
+      assert.same({K}, kernels_of(tr), "T=300 nb=8 H=" .. hd .. " goes to the ring")
+    end
     a = inputs(63, 4, 7168, {num_blocks = 2})
     a.kernel = K
     H.raises(function() k3.attn_res(a) end, "attn_res: cuda.attn_res.ring serves T >= 64 tokens; got T = 63")

@@ -187,11 +187,10 @@ function A.run(env, peers, opts)
       end
       -- A dry run maps every kernel to the CPU reference: name the one a GPU would pick (these
       -- rows carry a delta and the output norm at H = 7168, so the ring kernel takes what the
-      -- decode kernel leaves at 1..4 blocks and the stream kernel at 5..8:
-      -- kernels/attn_res_decode.cu decode_supports, attn_res_ring.cu ring_supports).
+      -- decode kernel leaves: kernels/attn_res_decode.cu decode_supports, attn_res_ring.cu
+      -- ring_supports).
       if env.dry then
-        row.fast_name = (T <= 64 or nb == 0 or (nb <= 4 and T < 256)) and "decode" or
-                        nb <= 4 and "ring" or "stream"
+        row.fast_name = (T <= 64 or nb == 0 or (nb <= 4 and T < 256)) and "decode" or "ring"
       end
       if row.fast_name then
         row.fast_graph_us = row[row.fast_name .. "_graph_us"]
