@@ -187,7 +187,7 @@ static inline int k3_skinny_l2_prefetch_row(int mb, int64_t rows_w, int64_t row_
 }
 
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
- * group, each warp covering rows_per_warp rows, 8 or 16); 0 when the shape is malformed. */
+ * group, each warp covering rows_per_warp rows, 8, 16 or 32); 0 when the shape is malformed. */
 static inline int k3_skinny_split_k(int threads, int rows, int rows_per_warp = 8) {
     if (threads < 32 || threads % 32 || rows < 8 || rows % 8) return 0;
     if (rows_per_warp != 8 && rows_per_warp != 16 && rows_per_warp != 32) return 0;

@@ -429,7 +429,8 @@ int main(int argc, char **argv) {
                 "-- kernel, the faster of cuBLAS), launched with PDL and static weights as k3.nn runs\n"
                 "-- it. config.split_k = K-slices per row group = kw * kcta (kw = threads / 32 /\n"
                 "-- (rows / rows_per_warp) warps of a CTA, kcta CTAs along K; kcta >= 2: split-K\n"
-                "-- across CTAs); rows_per_warp = 16: each warp streams two 8-row groups;\n"
+                "-- across CTAs); rows_per_warp = 16 or 32: each warp streams two or four 8-row\n"
+                "-- groups;\n"
                 "-- balanced = true: the grid is a multiple of the SM count, each CTA taking an\n"
                 "-- equal share of at most `rows` rows (kernels/linear_skinny.cuh).\n%s",
                 epi ? (std::string(arch) + "_silu_mul").c_str() : arch, arch,
