@@ -184,7 +184,7 @@ static k3_status k3sk_check(const k3_linear_args *l, bool for_run, k3_skinny_con
     if (!r.unroll) r.unroll = 4;
     if (!r.vec) r.vec = K3_SKINNY_VEC;
     if (!r.rows_per_warp) r.rows_per_warp = 8;
-    if (r.rows_per_warp != 8 && r.rows_per_warp != 16 && r.rows_per_warp != 32)
+    if (!k3_skinny_rows_per_warp_valid(r.rows_per_warp))
         return snprintf(why, n, "config rows_per_warp = %d; expected 8, 16 or 32",
                         r.rows_per_warp),
                K3_EINVAL;

@@ -186,11 +186,16 @@ static inline int k3_skinny_l2_prefetch_row(int mb, int64_t rows_w, int64_t row_
     return (int)(per / 16 * 16);
 }
 
+/* Whether the kernel has instances of this many rows of w per warp (8, 16 or 32). */
+static inline bool k3_skinny_rows_per_warp_valid(int rows_per_warp) {
+    return rows_per_warp == 8 || rows_per_warp == 16 || rows_per_warp == 32;
+}
+
 /* split_k of a configuration (K-slices per row group: the warps of a CTA that share a row
  * group, each warp covering rows_per_warp rows, 8, 16 or 32); 0 when the shape is malformed. */
 static inline int k3_skinny_split_k(int threads, int rows, int rows_per_warp = 8) {
     if (threads < 32 || threads % 32 || rows < 8 || rows % 8) return 0;
-    if (rows_per_warp != 8 && rows_per_warp != 16 && rows_per_warp != 32) return 0;
+    if (!k3_skinny_rows_per_warp_valid(rows_per_warp)) return 0;
     if (rows % rows_per_warp) return 0;
     int warps = threads / 32, groups = rows / rows_per_warp;
     return warps % groups ? 0 : warps / groups;
@@ -855,9 +860,9 @@ static cudaError_t k3_skinny_launch_t(const k3_skinny_problem &p, int kcta, floa
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 and 32 for the
- * K3_SKINNY_RPW16_CONFIGS and K3_SKINNY_RPW32_CONFIGS, which take no prologue). cudaErrorInvalidValue when the
- * configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
+/* Launches one instantiated configuration on `stream` (rows_per_warp 8, or 16 and 32 for
+ * the K3_SKINNY_RPW16_CONFIGS and K3_SKINNY_RPW32_CONFIGS, which take no prologue).
+ * cudaErrorInvalidValue when the configuration is not instantiated or the problem is out of range (M 1..16, K % 8, sizes
  * non-negative, x and w 16-byte aligned); the caller checks these first and names them. */
 static cudaError_t k3_skinny_launch(int threads, int rows, int unroll,
                                     const k3_skinny_problem &p, cudaStream_t stream,

@@ -87,6 +87,33 @@ local function kernels_of(trace)
   return k
 end
 
+-- In a child process under environment `env`, T = 300 prefill reads at each of `nbs` blocks,
+-- run by dispatch (kernel nil) or by name, against cuda.attn_res.generic: per read the kernel
+-- that ran, whether out matches generic's and whether the written-back prefix is bitwise
+-- equal ("<kernel> true true " each, then a newline).
+local function child_vs_generic(env, kernel, nbs)
+  local chunk = string.format([[
+    local function r(shape, seed) return k3.randn(shape, {device = "cuda", dtype = "bf16", seed = seed}) end
+    for _, nb in ipairs({%s}) do
+      local a = {prefix = r({300, 7168}, 10 + nb), delta = r({300, 7168}, 20 + nb),
+        blocks = r({300, 8, 7168}, 30 + nb), num_blocks = nb, norm_weight = r({7168}, 40),
+        qk_weight = r({7168}, 41), output_norm_weight = r({7168}, 42), eps = 1e-5, output_eps = 1e-5}
+      local b = {}
+      for k, v in pairs(a) do b[k] = v end
+      b.prefix = a.prefix:clone()
+      a.kernel, b.kernel = %s, "cuda.attn_res.generic"
+      local tr = k3.trace(function() a.out = k3.attn_res(a) end)
+      b.out = k3.attn_res(b)
+      local ok = k3.allclose(a.out:to("f64"), b.out:to("f64"), {atol = 8e-2, rtol = 3e-2})
+      io.write(tr[1].kernel, " ", tostring(ok), " ", tostring(k3.max_abs_diff(a.prefix, b.prefix) == 0), " ")
+    end
+    print()]], table.concat(nbs, ", "), kernel and string.format("%q", kernel) or "nil")
+  local f = assert(io.popen(env .. " scripts/k3 -e '" .. chunk .. "' 2>&1"))
+  local out = f:read("a")
+  f:close()
+  return out
+end
+
 -- Whether kernel K is registered; where it is not (a device without cluster launch, or
 -- K3_DISABLE_KERNELS), a direct call must name it in its error.
 local function have_kernel(K)
@@ -536,26 +563,8 @@ describe("cuda.attn_res.decode #gpu", function()
 
   it("K3_ATTN_RES_DECODE_MAX_T=1000 lets the decode kernel serve T = 300 at num_blocks 5 and 8", function()
     if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
-    local chunk = [[
-      local function r(shape, seed) return k3.randn(shape, {device = "cuda", dtype = "bf16", seed = seed}) end
-      for _, nb in ipairs({5, 8}) do
-        local a = {prefix = r({300, 7168}, 10 + nb), delta = r({300, 7168}, 20 + nb),
-          blocks = r({300, 8, 7168}, 30 + nb), num_blocks = nb, norm_weight = r({7168}, 40),
-          qk_weight = r({7168}, 41), output_norm_weight = r({7168}, 42), eps = 1e-5, output_eps = 1e-5}
-        local b = {}
-        for k, v in pairs(a) do b[k] = v end
-        b.prefix = a.prefix:clone()
-        a.kernel, b.kernel = "cuda.attn_res.decode", "cuda.attn_res.generic"
-        local tr = k3.trace(function() a.out = k3.attn_res(a) end)
-        b.out = k3.attn_res(b)
-        local ok = k3.allclose(a.out:to("f64"), b.out:to("f64"), {atol = 8e-2, rtol = 3e-2})
-        io.write(tr[1].kernel, " ", tostring(ok), " ", tostring(k3.max_abs_diff(a.prefix, b.prefix) == 0), " ")
-      end
-      print()]]
-    local f = assert(io.popen("K3_ATTN_RES_DECODE_MAX_T=1000 scripts/k3 -e '" .. chunk .. "' 2>&1"))
-    local out = f:read("a")
-    f:close()
-    assert.equal("cuda.attn_res.decode true true cuda.attn_res.decode true true \n", out)
+    assert.equal("cuda.attn_res.decode true true cuda.attn_res.decode true true \n",
+      child_vs_generic("K3_ATTN_RES_DECODE_MAX_T=1000", "cuda.attn_res.decode", {5, 8}))
   end)
 end)
 
@@ -637,6 +646,12 @@ describe("cuda.attn_res.stream #gpu", function()
     local tr = k3.trace(function() k3.attn_res(inputs(300, 4, 520, {num_blocks = 3})) end)
     local R = "cuda.attn_res.ring"
     assert.same({k3.has_kernel(R) and R or K}, kernels_of(tr), "T=300 nb=3 H=520")
+  end)
+
+  it("K3_DISABLE_KERNELS=cuda.attn_res.ring: dispatch runs it at T = 300, num_blocks 4 and 8, with generic's results", function()
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    assert.equal("cuda.attn_res.stream true true cuda.attn_res.stream true true \n",
+      child_vs_generic("K3_DISABLE_KERNELS=cuda.attn_res.ring", nil, {4, 8}))
   end)
 end)
 
