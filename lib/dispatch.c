@@ -249,6 +249,14 @@ int k3_batch_invariant(void) {
     return v;
 }
 
+/* Copies src into dst[n], cut to n - 1 bytes and always terminated: snprintf's "%s" without
+ * its format parser, which every dispatch would otherwise pay for each name it records. */
+static void copy_str(char *dst, size_t n, const char *src) {
+    size_t len = strnlen(src, n - 1);
+    memcpy(dst, src, len);
+    dst[len] = '\0';
+}
+
 /* ---- counters -------------------------------------------------------------------------- */
 
 /* The process-wide totals (k3_stats) and the per-context sinks (k3_stats_sink, one per
@@ -263,8 +271,11 @@ typedef struct decline_stat {
 /* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most). */
 static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
     for (int d = 0; d < rec->ndeclined; d++) {
-        char key[sizeof tab[0].key];
-        snprintf(key, sizeof key, "%s: %s", rec->declined[d].kernel, rec->declined[d].reason);
+        char key[sizeof tab[0].key]; /* "kernel: reason"; both parts fit by its size */
+        size_t kl = strnlen(rec->declined[d].kernel, sizeof rec->declined[d].kernel - 1);
+        memcpy(key, rec->declined[d].kernel, kl);
+        memcpy(key + kl, ": ", 2);
+        copy_str(key + kl + 2, sizeof key - kl - 2, rec->declined[d].reason);
         int i;
         for (i = 0; i < *n; i++)
             if (strcmp(tab[i].key, key) == 0) break;
@@ -279,7 +290,7 @@ static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
                     (*n)++;
                 }
             } else {
-                memcpy(tab[i].key, key, sizeof key);
+                copy_str(tab[i].key, sizeof tab[i].key, key);
                 tab[i].count = 0;
                 (*n)++;
             }
@@ -376,8 +387,8 @@ static const char *device_type_name(k3_device_type t) {
 static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason) {
     if (rec->ndeclined >= K3_MAX_DECLINES) return;
     k3_decline *d = &rec->declined[rec->ndeclined++];
-    snprintf(d->kernel, sizeof d->kernel, "%s", kernel);
-    snprintf(d->reason, sizeof d->reason, "%s", reason);
+    copy_str(d->kernel, sizeof d->kernel, kernel);
+    copy_str(d->reason, sizeof d->reason, reason);
 }
 
 static void finish_record(const k3_call *call, const k3_dispatch *rec) {
@@ -462,7 +473,8 @@ static bool runs_on(const k3_kernel *k, k3_device dev, char *why, size_t n) {
  * registered and run on the call's device), else the first candidate whose supports() takes
  * the call, every other one recorded as a decline in rec. */
 static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
-                        const k3_dispatch_ext *ext, k3_dispatch *rec, const k3_kernel **out) {
+                        const k3_dispatch_ext *ext, k3_dispatch *rec, const k3_kernel **out,
+                        int *out_idx) {
     const k3_policy *pol = call && call->policy ? call->policy : default_policy();
     const char *opn = k3_op_name(a->op);
     char dn[32];
@@ -492,6 +504,7 @@ static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
             return k3_error(K3_EDEVICE, "%s: kernel %s runs on %s tensors; got tensors on %s",
                             opn, k->name, device_type_name(kdev), dn);
         *out = k;
+        *out_idx = idx;
         return K3_OK;
     }
     /* Batch-invariant mode walks the op's batch-invariant list instead, when the policy has
@@ -522,6 +535,7 @@ static k3_status choose(k3_op_args *a, k3_device dev, const k3_call *call,
         k3_status s = k->supports(a, reason, sizeof reason);
         if (s == K3_OK) {
             *out = k;
+            *out_idx = list[i];
             return K3_OK;
         }
         if (!reason[0]) snprintf(reason, sizeof reason, "%s", k3_status_name(s));
@@ -548,7 +562,7 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     rec.ndeclined = 0;
     rec.chosen[0] = '\0';
     rec.captured = k3_graph_capturing();
-    snprintf(rec.op, sizeof rec.op, "%s", k3_op_name(a->op));
+    copy_str(rec.op, sizeof rec.op, k3_op_name(a->op));
     if (ext)
         for (int i = 0; i < ext->ndeclined; i++)
             add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
@@ -560,13 +574,14 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     prepared p;
     p.fresh = p.handle = NULL;
     const k3_kernel *k = NULL;
+    int idx = -1; /* k's catalogue index */
     k3_status s = prologue(a, y, call, &p);
     bool forced_refused = false;
     if (s == K3_OK) {
-        s = choose(a, p.device, call, ext, &rec, &k);
+        s = choose(a, p.device, call, ext, &rec, &k, &idx);
         forced_refused = s != K3_OK && call && call->kernel;
     }
-    if (k) snprintf(rec.chosen, sizeof rec.chosen, "%s", k->name);
+    if (k) copy_str(rec.chosen, sizeof rec.chosen, k->name);
     /* A forced kernel that cannot run is the caller's error, not a decision: no record. */
     if (!forced_refused) finish_record(call, &rec);
     if (s == K3_OK && !(call && call->explain_only)) s = k3_graph_note_op(a, p.device);
@@ -577,7 +592,6 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
         return s;
     }
     if (call && call->explain_only) return K3_OK;
-    int idx = k3_known_lookup(k->name, NULL, NULL);
     if (idx >= 0 && idx < K3_MAX_STAT_KERNELS) {
         atomic_fetch_add(&g_kernel_calls[idx], 1);
         if (rec.captured) atomic_fetch_add(&g_captured_calls[idx], 1);
