@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <stdio.h>
+#include <string.h>
 #include <unordered_map>
 #include <vector>
 
@@ -19,7 +20,9 @@ namespace {
 
 /* A freed block. It may be handed out again on `stream` at once (stream order protects it)
  * and on another stream once `event` (recorded at free time on the freeing thread's
- * stream) has completed. */
+ * stream) has completed. While one stream is all a pool has seen, frees record no event
+ * (a cudaEventRecord on every free is a driver call per op for nothing): such a block is
+ * reused only on its own stream, or returned to the driver by release_cached. */
 struct cached_block {
     void *ptr;
     cudaStream_t stream;
@@ -34,6 +37,9 @@ struct device_pool {
      * them on every replay, so they are reused only by later work of the same capture (stream
      * order inside the graph protects them) and handed to the graph when the capture ends. */
     std::vector<k3c_held_block> captured;
+    /* Every stream that has allocated or freed through this pool (one per thread context);
+     * while there is one, frees record no event. */
+    std::vector<cudaStream_t> streams;
     size_t cached_bytes = 0;
     size_t live_bytes = 0;
 };
@@ -44,6 +50,13 @@ device_pool *g_pools = nullptr;
 int g_ndev = 0;
 
 void cache_insert(device_pool &p, void *ptr, size_t cls, cudaStream_t stream);
+
+/* Adds `stream` to p.streams when it is new. Caller holds p.mu. */
+void note_stream(device_pool &p, cudaStream_t stream) {
+    for (cudaStream_t s : p.streams)
+        if (s == stream) return;
+    p.streams.push_back(stream);
+}
 
 /* Size classes: 512-byte granules up to 4 KiB, then eight classes per power of two (at most
  * 12.5% waste). */
@@ -105,6 +118,7 @@ k3_status k3c_alloc(int dev, size_t bytes, void **ptr) {
     size_t cls = size_class(bytes);
     device_pool &p = g_pools[dev];
     std::lock_guard<std::mutex> lock(p.mu);
+    note_stream(p, ctx->stream);
 
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     K3_CHECK(cudaStreamIsCapturing(ctx->stream, &cap));
@@ -195,12 +209,16 @@ void k3c_free(int dev, void *ptr, size_t bytes) {
     /* free cannot report errors: on any failure the block is dropped from the cache (the
      * memory stays with the process) and the thread's message is left as it was. */
     char saved[1024];
-    snprintf(saved, sizeof saved, "%s", k3_last_error());
+    const char *last = k3_last_error();
+    size_t len = strnlen(last, sizeof saved - 1);
+    memcpy(saved, last, len);
+    saved[len] = '\0';
     if (k3c_context(dev, &ctx) != K3_OK) {
         k3_error(K3_OK, "%s", saved);
         return;
     }
     std::lock_guard<std::mutex> lock(p.mu);
+    note_stream(p, ctx->stream);
     p.live_bytes -= cls < p.live_bytes ? cls : p.live_bytes;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess) {
@@ -237,10 +255,13 @@ void k3c_memory_give_back(int dev, const std::vector<k3c_held_block> &blocks) {
 
 namespace {
 /* Puts a freed block in the cache with an event recorded on `stream` now (its last use was
- * queued there). Caller holds p.mu. */
+ * queued there), or none while `stream` is the only one the pool has seen. Caller holds
+ * p.mu. */
 void cache_insert(device_pool &p, void *ptr, size_t cls, cudaStream_t stream) {
     cudaEvent_t ev = nullptr;
-    if (!p.spare_events.empty()) {
+    if (p.streams.size() <= 1) {
+        /* no other stream could take it yet */
+    } else if (!p.spare_events.empty()) {
         ev = p.spare_events.back();
         p.spare_events.pop_back();
     } else if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
