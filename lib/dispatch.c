@@ -265,8 +265,16 @@ static void copy_str(char *dst, size_t n, const char *src) {
 #define K3_MAX_STAT_DECLINES 256
 typedef struct decline_stat {
     char key[sizeof(((k3_decline *)0)->kernel) + sizeof(((k3_decline *)0)->reason) + 2];
+    uint64_t hash; /* fnv1a(key): most lookups compare only this */
     uint64_t count;
 } decline_stat;
+
+/* FNV-1a, 64-bit (Fowler, Noll, Vo): the decline table's cheap first comparison. */
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
 
 /* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most). */
 static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
@@ -276,9 +284,10 @@ static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
         memcpy(key, rec->declined[d].kernel, kl);
         memcpy(key + kl, ": ", 2);
         copy_str(key + kl + 2, sizeof key - kl - 2, rec->declined[d].reason);
+        uint64_t h = fnv1a(key);
         int i;
         for (i = 0; i < *n; i++)
-            if (strcmp(tab[i].key, key) == 0) break;
+            if (tab[i].hash == h && strcmp(tab[i].key, key) == 0) break;
         if (i == *n) {
             /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
             /* The last slot is reserved for "(other declines)" once the others are taken. */
@@ -286,11 +295,13 @@ static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
                 i = K3_MAX_STAT_DECLINES - 1;
                 if (*n == K3_MAX_STAT_DECLINES - 1) {
                     snprintf(tab[i].key, sizeof tab[i].key, "(other declines)");
+                    tab[i].hash = 0; /* matched by falling through, never by hash */
                     tab[i].count = 0;
                     (*n)++;
                 }
             } else {
                 copy_str(tab[i].key, sizeof tab[i].key, key);
+                tab[i].hash = h;
                 tab[i].count = 0;
                 (*n)++;
             }
