@@ -265,29 +265,26 @@ static void copy_str(char *dst, size_t n, const char *src) {
 #define K3_MAX_STAT_DECLINES 256
 typedef struct decline_stat {
     char key[sizeof(((k3_decline *)0)->kernel) + sizeof(((k3_decline *)0)->reason) + 2];
-    uint64_t hash; /* fnv1a(key): most lookups compare only this */
     uint64_t count;
 } decline_stat;
 
-/* FNV-1a, 64-bit (Fowler, Noll, Vo): the decline table's cheap first comparison. */
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 14695981039346656037ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
+/* Whether key is "kernel: reason". */
+static bool key_is(const char *key, const char *kernel, const char *reason) {
+    size_t kl = strlen(kernel);
+    return strncmp(key, kernel, kl) == 0 && key[kl] == ':' && key[kl + 1] == ' ' &&
+           strcmp(key + kl + 2, reason) == 0;
 }
 
-/* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most). */
-static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
+/* Adds rec's declines to tab (*n entries in use, K3_MAX_STAT_DECLINES at most), keyed
+ * "kernel: reason"; a key is built only when it is new. *hint: the entry after the last one
+ * counted, tried first (calls repeat their declines in order, so it is usually the match). */
+static void declines_add(decline_stat *tab, int *n, int *hint, const k3_dispatch *rec) {
     for (int d = 0; d < rec->ndeclined; d++) {
-        char key[sizeof tab[0].key]; /* "kernel: reason"; both parts fit by its size */
-        size_t kl = strnlen(rec->declined[d].kernel, sizeof rec->declined[d].kernel - 1);
-        memcpy(key, rec->declined[d].kernel, kl);
-        memcpy(key + kl, ": ", 2);
-        copy_str(key + kl + 2, sizeof key - kl - 2, rec->declined[d].reason);
-        uint64_t h = fnv1a(key);
-        int i;
-        for (i = 0; i < *n; i++)
-            if (tab[i].hash == h && strcmp(tab[i].key, key) == 0) break;
+        const char *kernel = rec->declined[d].kernel, *reason = rec->declined[d].reason;
+        int i = *hint;
+        if (i >= *n || !key_is(tab[i].key, kernel, reason))
+            for (i = 0; i < *n; i++)
+                if (key_is(tab[i].key, kernel, reason)) break;
         if (i == *n) {
             /* Reasons carry shapes, so distinct keys are bounded by a cap, not by design. */
             /* The last slot is reserved for "(other declines)" once the others are taken. */
@@ -295,18 +292,21 @@ static void declines_add(decline_stat *tab, int *n, const k3_dispatch *rec) {
                 i = K3_MAX_STAT_DECLINES - 1;
                 if (*n == K3_MAX_STAT_DECLINES - 1) {
                     snprintf(tab[i].key, sizeof tab[i].key, "(other declines)");
-                    tab[i].hash = 0; /* matched by falling through, never by hash */
                     tab[i].count = 0;
                     (*n)++;
                 }
             } else {
-                copy_str(tab[i].key, sizeof tab[i].key, key);
-                tab[i].hash = h;
+                /* both parts fit: the key's size is theirs plus ": " */
+                size_t kl = strnlen(kernel, sizeof rec->declined[d].kernel - 1);
+                memcpy(tab[i].key, kernel, kl);
+                memcpy(tab[i].key + kl, ": ", 2);
+                copy_str(tab[i].key + kl + 2, sizeof tab[i].key - kl - 2, reason);
                 tab[i].count = 0;
                 (*n)++;
             }
         }
         tab[i].count++;
+        *hint = i + 1;
     }
 }
 
@@ -314,12 +314,12 @@ static atomic_uint_fast64_t g_kernel_calls[K3_MAX_STAT_KERNELS];
 static atomic_uint_fast64_t g_captured_calls[K3_MAX_STAT_KERNELS]; /* kind "captured" */
 static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static decline_stat g_declines[K3_MAX_STAT_DECLINES];
-static int g_ndeclines;
+static int g_ndeclines, g_decline_hint;
 
 static void count_declines(const k3_dispatch *rec) {
     if (rec->ndeclined == 0) return;
     pthread_mutex_lock(&g_stats_lock);
-    declines_add(g_declines, &g_ndeclines, rec);
+    declines_add(g_declines, &g_ndeclines, &g_decline_hint, rec);
     pthread_mutex_unlock(&g_stats_lock);
 }
 
@@ -355,7 +355,7 @@ void k3_stats_reset(void) {
 struct k3_stats_sink {
     uint64_t kernel_calls[K3_MAX_STAT_KERNELS];
     uint64_t captured_calls[K3_MAX_STAT_KERNELS];
-    int ndeclines;
+    int ndeclines, decline_hint;
     decline_stat declines[K3_MAX_STAT_DECLINES];
 };
 
@@ -366,6 +366,7 @@ void k3_stats_sink_reset(k3_stats_sink *s) {
     memset(s->kernel_calls, 0, sizeof s->kernel_calls);
     memset(s->captured_calls, 0, sizeof s->captured_calls);
     s->ndeclines = 0;
+    s->decline_hint = 0;
 }
 
 void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec) {
@@ -377,7 +378,7 @@ void k3_stats_sink_count(k3_stats_sink *s, const k3_dispatch *rec) {
             if (rec->captured) s->captured_calls[idx]++;
         }
     }
-    declines_add(s->declines, &s->ndeclines, rec);
+    declines_add(s->declines, &s->ndeclines, &s->decline_hint, rec);
 }
 
 void k3_stats_sink_read(const k3_stats_sink *s, k3_stats_fn fn, void *ud) {
