@@ -23,10 +23,15 @@
  * squares that overflowed or underflowed is recomputed on its values scaled by a power of two
  * (ring_rescaled_logit), the output norm's likewise (block_max_sum).
  *
+ * Measurement switches (K3_ATTN_RES_RING_L2_AHEAD, _L2_EARLY, _CPS, read once; off by default):
+ * thread 0 also asks L2 for the rows `ahead` past its copies (cp.async.bulk.prefetch.L2), so a
+ * row whose slot frees late is an L2 hit; the first window's block rows may be asked for before
+ * the PDL wait; and the CTAs an SM may be fixed. None changes a result bit.
+ *
  * Registers: at most 128 a thread (__launch_bounds__(256, 2)), so two CTAs of up to 8 warps
  * share an SM's register file and each partition holds its warps (4 x 32 x 128 = 16384).
  * nvcc 13.0, sm_90a: every instance 128 registers, 384 B of static shared memory, no spills but
- * one instance's 8 B.
+ * two instances' 16 B (thread 0's prefetch cursor).
  */
 #include "attn_res.cuh"
 
@@ -51,6 +56,8 @@ struct ring_params : row_args {
     int64_t T;
     int pdl;
     int slots;
+    int ahead; /* rows the producer's L2 prefetch runs ahead of its copies (0: none) */
+    int early; /* the first window's block rows prefetched into L2 before the PDL wait */
     uint32_t row_bytes;
 };
 
@@ -63,6 +70,13 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t by
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
         "l"(src), "r"(bytes), "r"(b)
         : "memory");
+}
+
+/* Asks L2 for `bytes` (a multiple of 16) from src (16-byte aligned) and does not wait (PTX ISA
+ * "cp.async.bulk.prefetch.L2"): a hint, correct whoever writes the lines later, since L2 is the
+ * point of coherence and a later load sees the write. */
+__device__ __forceinline__ void bulk_prefetch_l2(const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
 /* The ring's two cursors. The consumer's (every thread's): the slot of the next row to read
@@ -84,16 +98,29 @@ struct ring_producer {
 /* Issues the producer's next row into its slot and advances it: the CTA's tokens
  * blockIdx.x + i gridDim.x in order, each as R = 2 + num_blocks rows: prefix, delta, blocks
  * 0..nb-1. */
-__device__ __forceinline__ void ring_issue(const ring_params &p, uint8_t *ring, uint64_t *full,
-                                           ring_producer &w, int R) {
-    const uint16_t *src = w.q == 0   ? (const uint16_t *)p.prefix + w.t * p.H
-                          : w.q == 1 ? (const uint16_t *)p.delta + w.t * p.H
-                                     : (const uint16_t *)p.blocks + w.t * p.sbt +
-                                           (int64_t)(w.q - 2) * p.sbs;
-    mbar_arrive_expect(&full[w.slot], p.row_bytes);
-    bulk_g2s(ring + (size_t)w.slot * p.row_bytes, src, p.row_bytes, &full[w.slot]);
+__device__ __forceinline__ const uint16_t *ring_src(const ring_params &p, const ring_producer &w) {
+    return w.q == 0   ? (const uint16_t *)p.prefix + w.t * p.H
+           : w.q == 1 ? (const uint16_t *)p.delta + w.t * p.H
+                      : (const uint16_t *)p.blocks + w.t * p.sbt + (int64_t)(w.q - 2) * p.sbs;
+}
+__device__ __forceinline__ void ring_advance(const ring_params &p, ring_producer &w, int R) {
     if (++w.slot == p.slots) w.slot = 0;
     if (++w.q == R) w.q = 0, w.t += gridDim.x;
+}
+__device__ __forceinline__ void ring_issue(const ring_params &p, uint8_t *ring, uint64_t *full,
+                                           ring_producer &w, int R) {
+    mbar_arrive_expect(&full[w.slot], p.row_bytes);
+    bulk_g2s(ring + (size_t)w.slot * p.row_bytes, ring_src(p, w), p.row_bytes, &full[w.slot]);
+    ring_advance(p, w, R);
+}
+/* Thread 0's L2 prefetch cursor: rows up to `ahead` past the copies issued, each prefetched
+ * once (*done counts them). */
+__device__ __forceinline__ void ring_prefetch(const ring_params &p, ring_producer &w,
+                                              int64_t &done, int64_t issued, int64_t rows, int R) {
+    for (; done < rows && done < issued + p.ahead; done++) {
+        bulk_prefetch_l2(ring_src(p, w), p.row_bytes);
+        ring_advance(p, w, R);
+    }
 }
 
 /* Waits for the consumer's next row, returns its address and advances the cursor. */
@@ -185,6 +212,16 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
     }
     __syncthreads();
     if (p.pdl) {
+        if (p.early && tid == 0) {
+            /* block rows are read, never written, by this call: ask for the first window's
+             * while the kernel before drains */
+            ring_producer e;
+            e.t = blockIdx.x;
+            for (int64_t j = 0; j < rows && j < p.slots + p.ahead; j++) {
+                if (e.q >= 2) bulk_prefetch_l2(ring_src(p, e), p.row_bytes);
+                ring_advance(p, e, R);
+            }
+        }
         pdl_wait();
         pdl_launch_dependents();
     }
@@ -193,6 +230,9 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
     prod.t = blockIdx.x;
     if (tid == 0)
         for (; issued < rows && issued < p.slots; issued++) ring_issue(p, ring, full, prod, R);
+    ring_producer pf = prod; /* thread 0's: the row after the last prefetched */
+    int64_t pfd = issued;
+    if (tid == 0 && p.ahead > 0) ring_prefetch(p, pf, pfd, issued, rows, R);
     float w[V][8]; /* nw * qw of this thread's vectors */
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -268,9 +308,11 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
             const float z = !ss_needs_rescale(S) ? D * rsqrt_normal(S * p.invH + p.eps)
                                                  : ring_rescaled_logit<T, V>(v4, w, p, redm, redx);
             /* Every thread is past the reads of rows < r: their slots take the next rows. */
-            if (tid == 0)
+            if (tid == 0) {
                 for (; issued < rows && issued < r + p.slots; issued++)
                     ring_issue(p, ring, full, prod, R);
+                if (p.ahead > 0) ring_prefetch(p, pf, pfd, issued, rows, R);
+            }
             /* online softmax: acc and l are scaled to the running max */
             if (z > mx) {
                 const float c = __expf(mx - z);
@@ -323,28 +365,51 @@ __global__ void __launch_bounds__(kRingMaxThreads, 2) attn_res_ring_kernel(const
 struct ring_shape {
     int nt, cps, slots;
 };
+
+/* Measurement switches, read once: K3_ATTN_RES_RING_L2_AHEAD rows (0..64; -1: the ring's slots),
+ * K3_ATTN_RES_RING_L2_EARLY (1: the first window's block rows before the PDL wait), K3_ATTN_RES_RING_CPS (CTAs
+ * an SM, 1..4). */
+struct ring_knob_values {
+    int ahead, early, cps;
+};
+const ring_knob_values &ring_knobs() {
+    static const ring_knob_values v = [] {
+        ring_knob_values r{0, 0, 0};
+        const char *a = getenv("K3_ATTN_RES_RING_L2_AHEAD"), *e = getenv("K3_ATTN_RES_RING_L2_EARLY"),
+                   *c = getenv("K3_ATTN_RES_RING_CPS");
+        if (a && *a) r.ahead = atoi(a);
+        if (r.ahead < -1 || r.ahead > 64) r.ahead = 0;
+        r.early = e && e[0] == '1';
+        if (c && *c) r.cps = atoi(c);
+        if (r.cps < 1 || r.cps > 4) r.cps = 0;
+        return r;
+    }();
+    return v;
+}
+/* Device attribute `a` of dev, asked once per device (cache[dev]); `fallback` when the driver
+ * does not answer. */
+int device_attr(cudaDeviceAttr a, int dev, int (&cache)[64], int fallback) {
+    int v = dev >= 0 && dev < 64 ? cache[dev] : 0;
+    if (v > 0) return v;
+    if (cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) {
+        (void)cudaGetLastError();
+        return fallback;
+    }
+    if (dev >= 0 && dev < 64) cache[dev] = v;
+    return v;
+}
+
 bool ring_pick(int64_t H, int dev, ring_shape *sh) {
     const int nt = threads_for(H / 8, 1, kRingV, kRingMaxThreads);
     if (!nt) return false;
-    static int sm_smem[64];
-    int smem = dev >= 0 && dev < 64 ? sm_smem[dev] : 0;
-    if (!smem) {
-        if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
-                cudaSuccess ||
-            smem <= 0) {
-            (void)cudaGetLastError();
-            smem = 228 * 1024;
-        }
-        if (dev >= 0 && dev < 64) sm_smem[dev] = smem;
-    }
-    int optin = 0;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        optin <= 0) {
-        (void)cudaGetLastError();
-        optin = 227 * 1024;
-    }
+    static int sm_smem[64], sm_optin[64];
+    const int smem = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev, sm_smem,
+                                 228 * 1024);
+    const int optin = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev, sm_optin,
+                                  227 * 1024);
     const int64_t row = H * 2;
     int cps = 512 / nt < 2 ? 2 : 512 / nt;
+    if (ring_knobs().cps) cps = ring_knobs().cps;
     for (;; cps--) {
         int64_t per = smem / cps - kRingSideSmem;
         if (per > optin - 512) per = optin - 512;
@@ -410,6 +475,8 @@ k3_status ring_run(const k3_op_args *oa) {
         return k3_error(K3_ESHAPE, "attn_res: %s finds no shared memory for %d ring slots of %lld bytes",
                         k3_cuda_attn_res_ring_name, kRingMinSlots, (long long)(q.H * 2));
     q.slots = sh.slots;
+    q.ahead = ring_knobs().ahead < 0 ? sh.slots : ring_knobs().ahead;
+    q.early = ring_knobs().early;
     return by_types(a, [&](auto t, auto w) {
         return ring_launch<typename decltype(t)::type, typename decltype(w)::type>(q, sh, dev,
                                                                                   ctx->stream);

@@ -719,4 +719,12 @@ describe("cuda.attn_res.ring #gpu", function()
     a.kernel = K
     H.raises(function() k3.attn_res(a) end, "attn_res: cuda.attn_res.ring serves T >= 64 tokens; got T = 63")
   end)
+
+  it("its L2 prefetch ahead of the copies, before the PDL wait, and one CTA an SM: the generic kernel's results", function()
+    if os.getenv("K3_UNDER_SANITIZER") then return end -- a child process would share its log
+    local want = "cuda.attn_res.ring true true cuda.attn_res.ring true true \n"
+    assert.equal(want, child_vs_generic("K3_ATTN_RES_RING_L2_AHEAD=-1 K3_ATTN_RES_RING_L2_EARLY=1",
+                                        K, {4, 8}))
+    assert.equal(want, child_vs_generic("K3_ATTN_RES_RING_CPS=1 K3_ATTN_RES_RING_L2_AHEAD=3", K, {4, 8}))
+  end)
 end)
