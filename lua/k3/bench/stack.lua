@@ -4,7 +4,9 @@
 --
 -- Method (printed with the table):
 --   1. step: Stack:forward(x) timed with CUDA events around the whole step, eager, exactly as
---      a user runs it (median of several steps after a warm-up step).
+--      a user runs it (median of several steps after a warm-up step); and the host's part of
+--      it: the clock from the call of Stack:forward to its return, the device drained before
+--      (best of three), so an eager step slower than its graph shows whether the host is why.
 --   2. one step is run with nn.Linear's call and k3.attn_res wrapped, recording every linear
 --      call (its method, weight, M, K) and every AttnRes read (its num_blocks, write_block,
 --      weights); k3.trace of a step counts the other ops.
@@ -205,6 +207,22 @@ function S.run(env, peers, opts)
       local y = stack:forward(x)
       y:free()
     end, {graph = false, iters = steps, warmup = 2}, m_step)
+    -- The host's share of the eager step: the best of three enqueues of Stack:forward (clock
+    -- from the call to its return, the device drained before each), against the device time.
+    local t_host
+    if env.dry then
+      t_host = 5.5 * nops
+    else
+      for _ = 1, 3 do
+        k3.synchronize()
+        local c0 = k3.clock()
+        local y = stack:forward(x)
+        local us = (k3.clock() - c0) * 1e6
+        y:free()
+        k3.synchronize()
+        t_host = t_host and math.min(t_host, us) or us
+      end
+    end
     local gi = env.quick and 8 or 20
     U.progress("stack M=%d: replaying %d linear calls (graph, eager)", M, #rec.linear)
     local tag = string.format("M=%d", M)
@@ -225,6 +243,7 @@ function S.run(env, peers, opts)
       step_bytes = lin_bytes + attn_bytes,
       linear_calls = #rec.linear, attn_res_calls = #rec.attn, linear_unpacked_x = unpacked,
       step_us = t_step, step_min_us = s_step.min, step_p90_us = s_step.p90,
+      step_host_us = t_host, host_us_per_op = t_host / nops,
       linear_graph_us = t_lin_g, linear_eager_us = t_lin_e,
       attn_res_graph_us = t_attn_g, attn_res_eager_us = t_attn_e,
       linear_bytes = lin_bytes, attn_res_bytes = attn_bytes,
@@ -330,6 +349,7 @@ function S.summarize(rows)
     if r.M == 1 then
       s.step_graph_ms_m1 = ms(r.step_graph_us)
       s.step_eager_ms_m1 = ms(r.step_us)
+      s.step_host_ms_m1 = ms(r.step_host_us)
       s.kernels_per_step = r.kernels_per_step
       s.read_limit_ms = ms(r.read_limit_us)
       s.read_limit_frac_m1 = r.read_limit_frac
@@ -367,6 +387,7 @@ function S.format(env, res)
   p("replaced by a plain copy of its prefix) / graph; 'linear'/'attn_res' = every linear call / AttnRes")
   p("read of one recorded step replayed back to back in a CUDA graph, shares of the graph step;")
   p("rest = graph - linear - attn_res (norms, SwiGLU gate, copies, launch gaps). floor = bytes / copy bw.")
+  p("'host enqueues' = the clock from calling Stack:forward to its return, device drained before (best of 3).")
   p("")
   local cols = {
     {head = "M", key = "M", fmt = "%d"},
@@ -395,8 +416,9 @@ function S.format(env, res)
     local parts = {}
     for _, k in ipairs(names) do parts[#parts + 1] = string.format("%s %d", k, r.ops[k]) end
     local function msu(v) return v and string.format("%.3f ms", v / 1000) or "-" end
-    p("M=%d: dispatches per step: %s (%d); eager replays: linear %s, attn_res %s; graph with copies for the reads %s (%s kernels)%s",
-      r.M, table.concat(parts, ", "), r.ops_total, msu(r.linear_eager_us), msu(r.attn_res_eager_us),
+    p("M=%d: dispatches per step: %s (%d); the host enqueues the eager step in %s (%.1f µs a dispatch); eager replays: linear %s, attn_res %s; graph with copies for the reads %s (%s kernels)%s",
+      r.M, table.concat(parts, ", "), r.ops_total, msu(r.step_host_us), r.host_us_per_op,
+      msu(r.linear_eager_us), msu(r.attn_res_eager_us),
       msu(r.step_graph_copy_us), r.kernels_copy_reads or "-",
       r.linear_unpacked_x > 0 and string.format("; %d linear calls had a strided x (replayed packed)", r.linear_unpacked_x) or "")
     if r.step_graph_error then p("M=%d: step not captured in a graph: %s", r.M, r.step_graph_error) end
@@ -417,14 +439,15 @@ function S.format(env, res)
     f3(s.step_graph_ms_m16), T.step_graph_ms_m16, v.step_graph_ms_m16, U.pct(s.read_limit_frac_m16))
   p("  AttnRes marginal cost, M = 1: %s of the graph step   target <= %.0f%%   %s   (replayed alone: %s)",
     pct1(s.attn_res_share_m1), 100 * T.attn_res_share_m1, v.attn_res_share_m1, pct1(s.attn_res_replay_share_m1))
-  p("  eager step / graph step, M = 1: %s   target <= %.2fx   %s   (eager %s ms, %s kernels per step)",
+  p("  eager step / graph step, M = 1: %s   target <= %.2fx   %s   (eager %s ms, its host enqueue %s ms, %s kernels per step)",
     s.eager_over_graph_m1 and string.format("%.2fx", s.eager_over_graph_m1) or "-", T.eager_over_graph_m1,
-    v.eager_over_graph_m1, f3(s.step_eager_ms_m1), s.kernels_per_step or "-")
+    v.eager_over_graph_m1, f3(s.step_eager_ms_m1), f3(s.step_host_ms_m1), s.kernels_per_step or "-")
   return out
 end
 
 S.CSV_KEYS = {"M", "config", "layers", "ops_total", "kernels_per_step", "linear_calls",
               "attn_res_calls", "linear_unpacked_x", "step_us", "step_min_us", "step_p90_us",
+              "step_host_us", "host_us_per_op",
               "step_graph_us", "step_graph_error", "eager_over_graph",
               "step_bytes", "read_limit_us",
               "read_limit_frac", "step_graph_copy_us", "kernels_copy_reads", "attn_res_marginal_us",
@@ -441,7 +464,8 @@ function S.summary_object(res, cmd, commit)
   return {
     date = U.date(), machine = res.machine, commit = commit, command = cmd,
     step_graph_ms_m1 = s.step_graph_ms_m1, step_graph_ms_m16 = s.step_graph_ms_m16,
-    step_eager_ms_m1 = s.step_eager_ms_m1, kernels_per_step = s.kernels_per_step,
+    step_eager_ms_m1 = s.step_eager_ms_m1, step_host_ms_m1 = s.step_host_ms_m1,
+    kernels_per_step = s.kernels_per_step,
     read_limit_ms = s.read_limit_ms, read_limit_frac_m1 = s.read_limit_frac_m1,
     read_limit_frac_m16 = s.read_limit_frac_m16, attn_res_share_m1 = s.attn_res_share_m1,
     eager_over_graph_m1 = s.eager_over_graph_m1,
