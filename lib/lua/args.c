@@ -141,14 +141,34 @@ lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok) {
     return lua_tointegerx(L, idx, ok);
 }
 
+/* Pushes the set {name = true} of allowed's names, made once per state and array: the registry
+ * holds it under the array's address, so allowed must be a static array. */
+static void push_key_set(lua_State *L, const char *const *allowed) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, allowed) == LUA_TTABLE) return;
+    lua_pop(L, 1);
+    lua_newtable(L);
+    for (const char *const *a = allowed; *a; a++) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, *a);
+    }
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, allowed);
+}
+
 void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn) {
+    idx = lua_absindex(L, idx);
+    luaL_checkstack(L, 4, "k3: too many arguments");
+    push_key_set(L, allowed);
+    const int set = lua_gettop(L);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         lua_pop(L, 1);
         int ok = 0;
-        if (lua_type(L, -1) == LUA_TSTRING)
-            for (const char *const *a = allowed; *a && !ok; a++)
-                ok = strcmp(lua_tostring(L, -1), *a) == 0;
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            lua_pushvalue(L, -1);
+            ok = lua_rawget(L, set) != LUA_TNIL;
+            lua_pop(L, 1);
+        }
         if (!ok) {
             luaL_Buffer b;
             luaL_buffinit(L, &b);
@@ -164,6 +184,7 @@ void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, in
                           expected);
         }
     }
+    lua_pop(L, 1); /* the set */
 }
 
 int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,

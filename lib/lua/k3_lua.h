@@ -89,7 +89,8 @@ double k3l_check_value(lua_State *L, int idx, k3_dtype dt);
 
 /* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated): a
  * misspelt option ({dtyp = "f64"}) must not silently fall back to a default. argn is the
- * argument reported. */
+ * argument reported. allowed must be a static array: its names' set is made once per state
+ * and kept in the registry under its address, so a call costs a hash lookup per key. */
 void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn);
 /* Field `field` of the table at idx as an integer: nil gives dflt (or raises when required). */
 int64_t k3l_int_field(lua_State *L, int idx, const char *field, int64_t dflt, int required,
