@@ -349,6 +349,7 @@ void k3_stats_reset(void) {
     }
     pthread_mutex_lock(&g_stats_lock);
     g_ndeclines = 0;
+    g_decline_hint = 0;
     pthread_mutex_unlock(&g_stats_lock);
 }
 
