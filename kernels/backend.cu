@@ -137,14 +137,7 @@ k3_status k3c_context(int dev, k3c_ctx **out) {
     if (dev < 0 || dev >= g_ndev)
         return k3_error(K3_EDEVICE, "cuda:%d: no such device (%d CUDA device%s)", dev, g_ndev,
                         g_ndev == 1 ? "" : "s");
-    /* cudaGetDevice costs half of cudaSetDevice (0.05 against 0.11 us on an H100 host), and
-     * the device is almost always current already */
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not left for a later launch check to find */
-        cur = -1;
-    }
-    if (cur != dev) K3_CHECK(cudaSetDevice(dev));
+    K3_CHECK(cudaSetDevice(dev));
     k3c_ctx *c = t_ctx.per_dev[dev];
     if (!c) {
         {
