@@ -137,6 +137,8 @@ k3_status k3c_context(int dev, k3c_ctx **out) {
     if (dev < 0 || dev >= g_ndev)
         return k3_error(K3_EDEVICE, "cuda:%d: no such device (%d CUDA device%s)", dev, g_ndev,
                         g_ndev == 1 ? "" : "s");
+    /* Every call, even when dev is already the current device: it also makes dev's primary
+     * context current, which k3's streams belong to, whatever context a host left current. */
     K3_CHECK(cudaSetDevice(dev));
     k3c_ctx *c = t_ctx.per_dev[dev];
     if (!c) {
