@@ -23,13 +23,17 @@ namespace k3ar {
  * rule. K3_ATTN_RES_DECODE_MAX_T: the most tokens cuda.attn_res.decode serves at num_blocks
  * above 4 and, from 256 on, at 1..4 where cuda.attn_res.ring takes the call (1..2^30; unset
  * or out of range: 64), so one benchmark run can time it beside the ring and stream kernels
- * at prefill sizes. */
+ * at prefill sizes. cuda.attn_res.ring's measurement switches: K3_ATTN_RES_RING_L2_AHEAD, rows
+ * its L2 prefetch runs ahead of its copies (0..64, -1: its slots; default 0: none);
+ * K3_ATTN_RES_RING_L2_EARLY "1": the first window's block rows before the PDL wait;
+ * K3_ATTN_RES_RING_CPS: its CTAs an SM, 1..4 (unset or 0: its own choice). */
 struct knobs {
     int pdl;
     int decode_ctas;
     int64_t decode_max_t;
+    int ring_l2_ahead, ring_l2_early, ring_cps;
 };
-inline knobs g_knobs = {1, 0, 64};
+inline knobs g_knobs = {1, 0, 64, 0, 0, 0};
 inline const knobs &get_knobs() { return g_knobs; }
 /* The CTAs per token in variable `name`: 1..8, else 0 (unset or out of range). */
 inline int read_ctas(const char *name) {
@@ -45,6 +49,14 @@ inline void read_knobs() {
     const char *mt = getenv("K3_ATTN_RES_DECODE_MAX_T");
     const long long v = mt && *mt ? atoll(mt) : 0;
     g_knobs.decode_max_t = v >= 1 && v <= (1LL << 30) ? (int64_t)v : 64;
+    const char *a = getenv("K3_ATTN_RES_RING_L2_AHEAD");
+    const int ahead = a && *a ? atoi(a) : 0;
+    g_knobs.ring_l2_ahead = ahead >= -1 && ahead <= 64 ? ahead : 0;
+    const char *ea = getenv("K3_ATTN_RES_RING_L2_EARLY");
+    g_knobs.ring_l2_early = ea && ea[0] == '1' && !ea[1];
+    const char *c = getenv("K3_ATTN_RES_RING_CPS");
+    const int cps = c && *c ? atoi(c) : 0;
+    g_knobs.ring_cps = cps >= 1 && cps <= 4 ? cps : 0;
 }
 
 /* Threads per CTA (a multiple of 32) for `ctas` CTAs of v 16-byte vectors per thread to cover

@@ -23,7 +23,7 @@
  * squares that overflowed or underflowed is recomputed on its values scaled by a power of two
  * (ring_rescaled_logit), the output norm's likewise (block_max_sum).
  *
- * Measurement switches (K3_ATTN_RES_RING_L2_AHEAD, _L2_EARLY, _CPS, read once; off by default):
+ * Measurement switches (K3_ATTN_RES_RING_L2_AHEAD, _L2_EARLY, _CPS, read at load; off by default):
  * thread 0 also asks L2 for the rows `ahead` past its copies (cp.async.bulk.prefetch.L2), so a
  * row whose slot frees late is an L2 hit; the first window's block rows may be asked for before
  * the PDL wait; and the CTAs an SM may be fixed. None changes a result bit.
@@ -366,50 +366,14 @@ struct ring_shape {
     int nt, cps, slots;
 };
 
-/* Measurement switches, read once: K3_ATTN_RES_RING_L2_AHEAD rows (0..64; -1: the ring's slots),
- * K3_ATTN_RES_RING_L2_EARLY (1: the first window's block rows before the PDL wait), K3_ATTN_RES_RING_CPS (CTAs
- * an SM, 1..4). */
-struct ring_knob_values {
-    int ahead, early, cps;
-};
-const ring_knob_values &ring_knobs() {
-    static const ring_knob_values v = [] {
-        ring_knob_values r{0, 0, 0};
-        const char *a = getenv("K3_ATTN_RES_RING_L2_AHEAD"), *e = getenv("K3_ATTN_RES_RING_L2_EARLY"),
-                   *c = getenv("K3_ATTN_RES_RING_CPS");
-        if (a && *a) r.ahead = atoi(a);
-        if (r.ahead < -1 || r.ahead > 64) r.ahead = 0;
-        r.early = e && e[0] == '1';
-        if (c && *c) r.cps = atoi(c);
-        if (r.cps < 1 || r.cps > 4) r.cps = 0;
-        return r;
-    }();
-    return v;
-}
-/* Device attribute `a` of dev, asked once per device (cache[dev]); `fallback` when the driver
- * does not answer. */
-int device_attr(cudaDeviceAttr a, int dev, int (&cache)[64], int fallback) {
-    int v = dev >= 0 && dev < 64 ? cache[dev] : 0;
-    if (v > 0) return v;
-    if (cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) {
-        (void)cudaGetLastError();
-        return fallback;
-    }
-    if (dev >= 0 && dev < 64) cache[dev] = v;
-    return v;
-}
-
 bool ring_pick(int64_t H, int dev, ring_shape *sh) {
     const int nt = threads_for(H / 8, 1, kRingV, kRingMaxThreads);
     if (!nt) return false;
-    static int sm_smem[64], sm_optin[64];
-    const int smem = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev, sm_smem,
-                                 228 * 1024);
-    const int optin = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev, sm_optin,
-                                  227 * 1024);
+    const int smem = k3c_smem_per_sm(dev) > 0 ? k3c_smem_per_sm(dev) : 228 * 1024;
+    const int optin = k3c_smem_optin(dev) > 0 ? k3c_smem_optin(dev) : 227 * 1024;
     const int64_t row = H * 2;
     int cps = 512 / nt < 2 ? 2 : 512 / nt;
-    if (ring_knobs().cps) cps = ring_knobs().cps;
+    if (get_knobs().ring_cps) cps = get_knobs().ring_cps;
     for (;; cps--) {
         int64_t per = smem / cps - kRingSideSmem;
         if (per > optin - 512) per = optin - 512;
@@ -475,8 +439,8 @@ k3_status ring_run(const k3_op_args *oa) {
         return k3_error(K3_ESHAPE, "attn_res: %s finds no shared memory for %d ring slots of %lld bytes",
                         k3_cuda_attn_res_ring_name, kRingMinSlots, (long long)(q.H * 2));
     q.slots = sh.slots;
-    q.ahead = ring_knobs().ahead < 0 ? sh.slots : ring_knobs().ahead;
-    q.early = ring_knobs().early;
+    q.ahead = get_knobs().ring_l2_ahead < 0 ? sh.slots : get_knobs().ring_l2_ahead;
+    q.early = get_knobs().ring_l2_early;
     return by_types(a, [&](auto t, auto w) {
         return ring_launch<typename decltype(t)::type, typename decltype(w)::type>(q, sh, dev,
                                                                                   ctx->stream);

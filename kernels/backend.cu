@@ -21,6 +21,7 @@ namespace {
 struct device_props {
     char name[256];
     int major, minor, sms;
+    int smem_per_sm, smem_optin; /* shared memory bytes: an SM's, a block's opt-in limit */
 };
 
 int g_ndev = 0;
@@ -164,6 +165,8 @@ k3_status k3c_stream(int dev, cudaStream_t *out) {
 }
 
 int k3c_sm_count(int dev) { return dev >= 0 && dev < g_ndev ? g_props[dev].sms : 1; }
+int k3c_smem_per_sm(int dev) { return dev >= 0 && dev < g_ndev ? g_props[dev].smem_per_sm : 0; }
+int k3c_smem_optin(int dev) { return dev >= 0 && dev < g_ndev ? g_props[dev].smem_optin : 0; }
 
 static int g_pdl_l2_prefetch = 1;
 void k3c_pdl_l2_prefetch_init(void) {
@@ -359,6 +362,8 @@ k3_cuda_backend_open(int core_abi, k3_backend *out, char *reason, size_t n) {
         g_props[d].major = p.major;
         g_props[d].minor = p.minor;
         g_props[d].sms = p.multiProcessorCount;
+        g_props[d].smem_per_sm = (int)p.sharedMemPerMultiprocessor;
+        g_props[d].smem_optin = (int)p.sharedMemPerBlockOptin;
     }
     g_ndev = count;
     g_ctx_pools = new (std::nothrow) ctx_pool[count];

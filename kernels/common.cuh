@@ -37,6 +37,10 @@ k3_status k3c_context(int dev, k3c_ctx **out);
 k3_status k3c_stream(int dev, cudaStream_t *out);
 /* Multiprocessor count of dev (cached at open). */
 int k3c_sm_count(int dev);
+/* Shared memory bytes of dev (cached at open; 0 for no such device): an SM's, and the most a
+ * block may opt in to (cudaFuncAttributeMaxDynamicSharedMemorySize plus static). */
+int k3c_smem_per_sm(int dev);
+int k3c_smem_optin(int dev);
 
 /* Device memory through the caching allocator (memory.cu). K3_ENOMEM is recoverable: the
  * cache is emptied and the allocation retried before it is reported. */

@@ -83,17 +83,8 @@ static int k3sk_prologue_max_m(void) {
 /* Whether this launch's h fits the device's shared memory per block beside the kernel's own
  * partial sums (at most 16 warps x 512 bytes, and the split flag). */
 static bool k3sk_silu_fits(int dev, size_t bytes) {
-    static int optin[K3SK_MAX_DEVICES];
-    if (dev < 0 || dev >= K3SK_MAX_DEVICES) return false;
-    if (!optin[dev]) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        optin[dev] = v;
-    }
-    return bytes + 16u * 512u + 64u <= (size_t)optin[dev];
+    const int optin = k3c_smem_optin(dev);
+    return optin > 0 && bytes + 16u * 512u + 64u <= (size_t)optin;
 }
 
 static const char *k3sk_dims(char *buf, size_t n, const int64_t *v) {
