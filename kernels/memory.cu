@@ -12,7 +12,6 @@
 #include <mutex>
 #include <new>
 #include <stdio.h>
-#include <string.h>
 #include <unordered_map>
 #include <vector>
 
@@ -209,10 +208,7 @@ void k3c_free(int dev, void *ptr, size_t bytes) {
     /* free cannot report errors: on any failure the block is dropped from the cache (the
      * memory stays with the process) and the thread's message is left as it was. */
     char saved[1024];
-    const char *last = k3_last_error();
-    size_t len = strnlen(last, sizeof saved - 1);
-    memcpy(saved, last, len);
-    saved[len] = '\0';
+    k3_copy_str(saved, sizeof saved, k3_last_error());
     if (k3c_context(dev, &ctx) != K3_OK) {
         k3_error(K3_OK, "%s", saved);
         return;

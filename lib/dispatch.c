@@ -249,14 +249,6 @@ int k3_batch_invariant(void) {
     return v;
 }
 
-/* Copies src into dst[n], cut to n - 1 bytes and always terminated: snprintf's "%s" without
- * its format parser, which every dispatch would otherwise pay for each name it records. */
-static void copy_str(char *dst, size_t n, const char *src) {
-    size_t len = strnlen(src, n - 1);
-    memcpy(dst, src, len);
-    dst[len] = '\0';
-}
-
 /* ---- counters -------------------------------------------------------------------------- */
 
 /* The process-wide totals (k3_stats) and the per-context sinks (k3_stats_sink, one per
@@ -300,7 +292,7 @@ static void declines_add(decline_stat *tab, int *n, int *hint, const k3_dispatch
                 size_t kl = strnlen(kernel, sizeof rec->declined[d].kernel - 1);
                 memcpy(tab[i].key, kernel, kl);
                 memcpy(tab[i].key + kl, ": ", 2);
-                copy_str(tab[i].key + kl + 2, sizeof tab[i].key - kl - 2, reason);
+                k3_copy_str(tab[i].key + kl + 2, sizeof tab[i].key - kl - 2, reason);
                 tab[i].count = 0;
                 (*n)++;
             }
@@ -400,8 +392,8 @@ static const char *device_type_name(k3_device_type t) {
 static void add_decline(k3_dispatch *rec, const char *kernel, const char *reason) {
     if (rec->ndeclined >= K3_MAX_DECLINES) return;
     k3_decline *d = &rec->declined[rec->ndeclined++];
-    copy_str(d->kernel, sizeof d->kernel, kernel);
-    copy_str(d->reason, sizeof d->reason, reason);
+    k3_copy_str(d->kernel, sizeof d->kernel, kernel);
+    k3_copy_str(d->reason, sizeof d->reason, reason);
 }
 
 static void finish_record(const k3_call *call, const k3_dispatch *rec) {
@@ -575,7 +567,7 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
     rec.ndeclined = 0;
     rec.chosen[0] = '\0';
     rec.captured = k3_graph_capturing();
-    copy_str(rec.op, sizeof rec.op, k3_op_name(a->op));
+    k3_copy_str(rec.op, sizeof rec.op, k3_op_name(a->op));
     if (ext)
         for (int i = 0; i < ext->ndeclined; i++)
             add_decline(&rec, ext->declined[i].kernel, ext->declined[i].reason);
@@ -594,7 +586,7 @@ k3_status k3_dispatch_call(k3_op_args *a, k3_tensor **y, const k3_call *call,
         s = choose(a, p.device, call, ext, &rec, &k, &idx);
         forced_refused = s != K3_OK && call && call->kernel;
     }
-    if (k) copy_str(rec.chosen, sizeof rec.chosen, k->name);
+    if (k) k3_copy_str(rec.chosen, sizeof rec.chosen, k->name);
     /* A forced kernel that cannot run is the caller's error, not a decision: no record. */
     if (!forced_refused) finish_record(call, &rec);
     if (s == K3_OK && !(call && call->explain_only)) s = k3_graph_note_op(a, p.device);

@@ -12,6 +12,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -98,6 +99,16 @@ static inline bool k3_mul_ok(int64_t a, int64_t b, int64_t *out) {
 }
 static inline bool k3_add_ok(int64_t a, int64_t b, int64_t *out) {
     return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---- strings ------------------------------------------------------------------------------ */
+
+/* Copies src into dst[n] (n >= 1), cut to n - 1 bytes and always terminated: snprintf's "%s"
+ * without its format parser, for names copied on every dispatch and free. */
+static inline void k3_copy_str(char *dst, size_t n, const char *src) {
+    size_t len = strnlen(src, n - 1);
+    memcpy(dst, src, len);
+    dst[len] = '\0';
 }
 
 /* ---- tensor helpers used across the core ------------------------------------------------ */
