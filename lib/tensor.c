@@ -605,9 +605,14 @@ static void read_gen_threads(void) {
             char *end;
             long v = strtol(env, &end, 10);
             while (isspace((unsigned char)*end)) end++;
-            if (*end == '\0' && v >= 1)
+            if (*end == '\0' && v >= 1 && v <= kGenMaxThreads)
                 n = v;
-            else
+            else if (*end == '\0' && v > kGenMaxThreads) {
+                k3_config_warn("K3_HOST_THREADS: %ld is more than the %d threads k3 runs; %d are "
+                               "used",
+                               v, kGenMaxThreads, kGenMaxThreads);
+                n = kGenMaxThreads;
+            } else
                 k3_config_warn("K3_HOST_THREADS: unrecognised value '%.100s' (expected a whole "
                                "number >= 1); the online CPUs (%ld) are used",
                                env, n);

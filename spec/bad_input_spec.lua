@@ -978,6 +978,50 @@ ops_case("arange NaN end", function() k3.arange(0, 0 / 0) end,
 ops_case("linspace negative n", function() k3.linspace(0, 1, -2) end,
   "bad argument #3 to 'linspace' (n must be >= 0; got -2)")
 
+-- ---- values past the last argument, NUL bytes in names, keys that are not names ----------------
+ops_case("rms_norm options after an eps table", function(x, y)
+  k3.rms_norm(x, k3.ones({3}), {eps = 1e-5}, {out = y})
+end, "bad argument #4 to 'rms_norm' (nothing expected here, past the last argument; got table)")
+ops_case("linear options one place late", function(x, y)
+  k3.linear(x, k3.ones({2, 3}), nil, {out = y})
+end, "bad argument #4 to 'linear' (nothing expected here, past the last argument; got table)")
+ops_case("silu_mul options after a nil", function(x, y)
+  k3.silu_mul(x, nil, {out = y})
+end, "bad argument #3 to 'silu_mul' (nothing expected here, past the last argument; got table)")
+ops_case("sum options after the options", function(x) x:sum(1, {}, 5) end,
+  "bad argument #3 to 'sum' (nothing expected here, past the last argument; got number)")
+ops_case("attn_res with a second argument", function(x)
+  k3.attn_res({prefix = x}, {})
+end, "bad argument #2 to 'attn_res' (nothing expected here, past the last argument; got table)")
+ops_case("cat with a third argument", function(x) k3.cat({x}, 1, 2) end,
+  "bad argument #3 to 'cat' (nothing expected here, past the last argument; got number)")
+ops_case("cat of a list with a named field", function(x) k3.cat({x, dim = 2}) end,
+  "bad argument #1 to 'cat' (expected a list of tensors; got key [dim] (a string))")
+ops_case("dtype holding a NUL byte", function() k3.zeros({2}, {dtype = "f32\0x"}) end,
+  "bad argument #2 to 'zeros' (dtype must not contain a NUL byte (one follows 'f32'))")
+ops_case("device holding a NUL byte", function(x) x:to{device = "cpu\0"} end,
+  "bad argument #1 to 'to' (device must not contain a NUL byte (one follows 'cpu'))")
+ops_case("kernel name holding a NUL byte", function(x)
+  k3.linear(x, k3.ones({2, 3}), {kernel = "cpu.linear.blas\0x"})
+end, "bad argument #3 to 'linear' (field 'kernel' must not contain a NUL byte (one follows 'cpu.linear.blas'))")
+ops_case("a policy list's name holding a NUL byte", function()
+  k3.set_policy({linear = {"cpu.linear.blas\0x"}})
+end, "bad argument #1 to 'set_policy' (a kernel name must not contain a NUL byte (one follows 'cpu.linear.blas'))")
+ops_case("an options key that is a number", function() k3.tensor({1}, {[1] = 2}) end,
+  "bad argument #2 to 'tensor' (unknown option [1] (a number key; expected dtype, device or seed))")
+ops_case("to with a creation-only option", function(x) x:to{seed = 1} end,
+  "bad argument #1 to 'to' (unknown option 'seed' (expected dtype or device))")
+ops_case("index a freed tensor", function()
+  local t = k3.ones({3})
+  t:free()
+  return t[1]
+end, "tensor has been freed (the operand of t[i])")
+ops_case("stack with a freed element", function(x)
+  local t = k3.ones({2, 3})
+  t:free()
+  k3.stack({x, t})
+end, "bad argument #1 to 'stack' (element 2: tensor has been freed)")
+
 local function deep_copy(v)
   if type(v) ~= "table" then return v end
   local r = {}
@@ -1035,6 +1079,13 @@ describe("options tables", function()
       "bad argument #2 to 'zeros' (unknown option 'dtyp' (expected dtype, device or seed))")
     H.raises(function() k3.linear(k3.ones({1, 2}), k3.ones({1, 2}), {bais = k3.ones({1})}) end,
       "unknown option 'bais'")
+    -- rms_norm(x, w, nil, opts): eps defaults and the options are read, not dropped
+    local x, buf = k3.randn({2, 4}, {seed = 3}), k3.zeros({2, 4})
+    local y = k3.rms_norm(x, k3.ones({4}), nil, {out = buf, eps = 0.5})
+    assert.equal(buf, y)
+    assert.is_true(k3.equal(k3.rms_norm(x, k3.ones({4}), 0.5), buf))
+    H.raises(function() k3.rms_norm(x, k3.ones({4}), nil, {kernel = "cpu.rms_norm.none"}) end,
+      "cpu.rms_norm.none")
     H.raises(function() k3.method.low_latency({[1] = {kernel = "skinny", config = {thread = 128}}}) end,
       "unknown option 'thread' (expected threads, rows, unroll, vec, split_k, rows_per_warp, balanced or l2_prefetch_mb)")
   end)

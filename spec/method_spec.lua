@@ -182,9 +182,12 @@ describe("method.low_latency fallback (CPU, real inputs)", function()
     local x, w = bf16({M, K}, 1), bf16({N, K}, 2)
     x:free()
     H.raises(function() ll:apply(x, w) end, "tensor has been freed")
+    assert.truthy(tostring(ll):find("^k3%.Method: 0x%x+$"), tostring(ll))
     ll:free()
     ll:free() -- twice is harmless
-    H.raises(function() ll:apply(bf16({M, K}, 1), w) end, "method has been freed")
+    assert.equal("k3.Method (freed)", tostring(ll))
+    H.raises(function() ll:apply(bf16({M, K}, 1), w) end,
+      "calling 'apply' on bad self (method has been freed)")
   end)
 end)
 

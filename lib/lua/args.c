@@ -155,6 +155,22 @@ static void push_key_set(lua_State *L, const char *const *allowed) {
     lua_rawsetp(L, LUA_REGISTRYINDEX, allowed);
 }
 
+void k3l_check_last_arg(lua_State *L, int last) {
+    for (int i = lua_gettop(L); i > last; i--)
+        if (!lua_isnil(L, i))
+            k3l_arg_error(L, i, "nothing expected here, past the last argument; got %s",
+                          luaL_typename(L, i));
+}
+
+const char *k3l_check_cstring(lua_State *L, int idx, int argn, const char *what) {
+    size_t len;
+    const char *s = lua_tolstring(L, idx, &len);
+    if (s && strlen(s) != len)
+        k3l_arg_error(L, argn, "%s must not contain a NUL byte (one follows '%s')", what,
+                      k3l_push_echo(L, s));
+    return s;
+}
+
 void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, int argn) {
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "k3: too many arguments");
@@ -177,11 +193,15 @@ void k3l_check_option_keys(lua_State *L, int idx, const char *const *allowed, in
                 luaL_addstring(&b, *a);
             }
             luaL_pushresult(&b);
-            const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2)
-                                                             : luaL_typename(L, -2);
             const char *expected = lua_tostring(L, -1);
-            k3l_arg_error(L, argn, "unknown option '%s' (expected %s)", k3l_push_echo(L, key),
-                          expected);
+            if (lua_type(L, -2) != LUA_TSTRING) {
+                const char *type = luaL_typename(L, -2);
+                const char *key = luaL_tolstring(L, -2, NULL);
+                k3l_arg_error(L, argn, "unknown option [%s] (a %s key; expected %s)", key, type,
+                              expected);
+            }
+            k3l_arg_error(L, argn, "unknown option '%s' (expected %s)",
+                          k3l_push_echo(L, lua_tostring(L, -2)), expected);
         }
     }
     lua_pop(L, 1); /* the set */
@@ -230,6 +250,7 @@ int k3l_bool_field(lua_State *L, int idx, const char *field, int dflt, int argn)
 int k3l_check_name(lua_State *L, int arg, const char *def, const char *const names[],
                    const char *what) {
     const char *got = def ? luaL_optstring(L, arg, def) : luaL_checkstring(L, arg);
+    if (got != def) k3l_check_cstring(L, arg, arg, what);
     int n = 0;
     for (; names[n]; n++)
         if (strcmp(names[n], got) == 0) return n;
@@ -269,7 +290,7 @@ int k3l_dtype_field(lua_State *L, int idx, k3_dtype *out, int argn) {
     if (present) {
         if (lua_type(L, -1) != LUA_TSTRING)
             k3l_arg_error(L, argn, "dtype must be a string; got %s", luaL_typename(L, -1));
-        if (k3_dtype_parse(lua_tostring(L, -1), out) != K3_OK)
+        if (k3_dtype_parse(k3l_check_cstring(L, -1, argn, "dtype"), out) != K3_OK)
             k3l_arg_error(L, argn, "unknown dtype '%s'; expected bf16, f16, f32 or f64",
                           k3l_push_echo(L, lua_tostring(L, -1)));
     }
@@ -282,7 +303,7 @@ int k3l_device_field(lua_State *L, int idx, k3_device *out, int argn) {
     if (present) {
         if (lua_type(L, -1) != LUA_TSTRING)
             k3l_arg_error(L, argn, "device must be a string; got %s", luaL_typename(L, -1));
-        if (k3_device_parse(lua_tostring(L, -1), out) != K3_OK)
+        if (k3_device_parse(k3l_check_cstring(L, -1, argn, "device"), out) != K3_OK)
             k3l_arg_error(L, argn, "unknown device '%s'; expected cpu, cuda or cuda:N",
                           k3l_push_echo(L, lua_tostring(L, -1)));
     }

@@ -87,6 +87,13 @@ lua_Integer k3l_to_integer(lua_State *L, int idx, int *ok);
  * once). Anything else is a bad argument. */
 double k3l_check_value(lua_State *L, int idx, k3_dtype dt);
 
+/* Raises for a value past argument `last` (the options table, or where it would be): a table
+ * passed one place too late ({out =} after a nil) must not be dropped silently. nil is
+ * accepted. */
+void k3l_check_last_arg(lua_State *L, int last);
+/* The string at idx, refused (bad argument argn) when it holds a NUL byte: a name that C would
+ * read cut short ("f32\0x" as "f32"). what names the value in the message. */
+const char *k3l_check_cstring(lua_State *L, int idx, int argn, const char *what);
 /* Raises for a key of the options table at idx that is not in `allowed` (NULL-terminated): a
  * misspelt option ({dtyp = "f64"}) must not silently fall back to a default. argn is the
  * argument reported. allowed must be a static array: its names' set is made once per state

@@ -93,7 +93,8 @@ static const char *opt_kernel(lua_State *L, int idx, int argn) {
     if (idx == 0 || !lua_istable(L, idx)) return NULL;
     luaL_checkstack(L, 2, "k3: too many arguments");
     int ty = lua_getfield(L, idx, "kernel");
-    if (ty == LUA_TSTRING) return lua_tostring(L, -1); /* left on the stack: stays alive */
+    if (ty == LUA_TSTRING) /* left on the stack: stays alive */
+        return k3l_check_cstring(L, -1, argn, "field 'kernel'");
     if (ty != LUA_TNIL)
         k3l_arg_error(L, argn, "field 'kernel' must be a string; got %s", luaL_typename(L, -1));
     lua_pop(L, 1);
@@ -152,6 +153,7 @@ void k3l_op_prepare(lua_State *L, int opts, int argn, int explain, k3l_call *c, 
 
 /* The options table at idx (checked against keys), or 0 when it is absent. */
 static int opt_table(lua_State *L, int idx, const char *const *keys) {
+    k3l_check_last_arg(L, idx);
     if (lua_isnoneornil(L, idx)) return 0;
     luaL_checktype(L, idx, LUA_TTABLE);
     k3l_check_option_keys(L, idx, keys, idx);
@@ -164,7 +166,7 @@ k3_linear_prologue_args k3l_prologue_field(lua_State *L, int idx, int argn) {
     k3_linear_prologue_args p = {K3_LINEAR_PROLOGUE_NONE, NULL, 1e-5};
     if (!idx) return p;
     int ty = lua_getfield(L, idx, "prologue");
-    const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    const char *name = ty == LUA_TSTRING ? k3l_check_cstring(L, -1, argn, "field 'prologue'") : NULL;
     if (name && strcmp(name, "silu_mul") == 0)
         p.kind = K3_LINEAR_PROLOGUE_SILU_MUL;
     else if (name && strcmp(name, "rms_norm") == 0)
@@ -191,7 +193,7 @@ k3_linear_epilogue k3l_epilogue_field(lua_State *L, int idx, int argn) {
     if (!idx) return K3_LINEAR_EPILOGUE_NONE;
     k3_linear_epilogue e = K3_LINEAR_EPILOGUE_NONE;
     int ty = lua_getfield(L, idx, "epilogue");
-    const char *name = ty == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    const char *name = ty == LUA_TSTRING ? k3l_check_cstring(L, -1, argn, "field 'epilogue'") : NULL;
     if (name && strcmp(name, "silu_mul") == 0)
         e = K3_LINEAR_EPILOGUE_SILU_MUL;
     else if (name)
@@ -230,7 +232,8 @@ static int linear_impl(lua_State *L, int base, int explain) {
 }
 
 /* k3.rms_norm(x, w, eps) or k3.rms_norm(x, w, {eps =, out =, kernel =}) or
- * k3.rms_norm(x, w, eps, {out =, kernel =}). */
+ * k3.rms_norm(x, w, eps, {out =, kernel =}); eps nil: the default 1e-5 (then the options may
+ * name eps). */
 static int rms_norm_impl(lua_State *L, int base, int explain) {
     static const char *const keys[] = {"eps", "out", "kernel", NULL};
     k3_tensor *x = k3l_check_tensor(L, base), *w = k3l_check_tensor(L, base + 1);
@@ -239,7 +242,10 @@ static int rms_norm_impl(lua_State *L, int base, int explain) {
     if (lua_type(L, base + 2) == LUA_TNUMBER) {
         eps = lua_tonumber(L, base + 2);
         opts = opt_table(L, base + 3, keys + 1);
-    } else if (!lua_isnoneornil(L, base + 2)) {
+    } else if (lua_isnil(L, base + 2)) {
+        opts = opt_table(L, base + 3, keys);
+        if (opts) eps = k3l_number_field(L, opts, "eps", eps, opts);
+    } else if (!lua_isnone(L, base + 2)) {
         if (!lua_istable(L, base + 2))
             return k3l_arg_error(L, base + 2, "eps (a number) or an options table expected; got %s",
                                  luaL_typename(L, base + 2));
@@ -285,6 +291,7 @@ static int attn_res_impl(lua_State *L, int base, int explain) {
                                        "output_eps", "static_weights", "static_blocks", "out",
                                        "kernel", NULL};
     luaL_checktype(L, base, LUA_TTABLE);
+    k3l_check_last_arg(L, base);
     k3l_check_option_keys(L, base, keys, base);
     k3_attn_res_args a;
     memset(&a, 0, sizeof a);
@@ -568,13 +575,15 @@ static int l_kernels(lua_State *L) {
 
 /* k3.has_kernel(name) -> whether it is registered now. */
 static int l_has_kernel(lua_State *L) {
-    lua_pushboolean(L, k3_has_kernel(luaL_checkstring(L, 1)));
+    luaL_checkstring(L, 1);
+    lua_pushboolean(L, k3_has_kernel(k3l_check_cstring(L, 1, 1, "kernel name")));
     return 1;
 }
 
 /* k3.known_kernel(name) -> whether k3 knows it (registered or not in this build). */
 static int l_known_kernel(lua_State *L) {
-    lua_pushboolean(L, k3_known_kernel(luaL_checkstring(L, 1)));
+    luaL_checkstring(L, 1);
+    lua_pushboolean(L, k3_known_kernel(k3l_check_cstring(L, 1, 1, "kernel name")));
     return 1;
 }
 

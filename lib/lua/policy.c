@@ -138,7 +138,7 @@ static void set_list(lua_State *L, int idx, k3_policy *p, int invariant, const c
         if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
             luaL_error(L, "set_policy: %s[%d] must be a kernel name string; got %s", label, (int)i,
                        luaL_typename(L, -1));
-        names[i - 1] = lua_tostring(L, -1);
+        names[i - 1] = k3l_check_cstring(L, -1, 1, "a kernel name");
         lua_pop(L, 1); /* the string stays alive in the list */
     }
     k3_status s;
@@ -276,7 +276,7 @@ typedef struct {
 
 static k3_method *check_method(lua_State *L, int idx) {
     method_ud *u = luaL_checkudata(L, idx, K3L_METHOD_MT);
-    if (!u->m) luaL_error(L, "method has been freed");
+    if (!u->m) k3l_arg_error(L, idx, "method has been freed");
     return u->m;
 }
 
@@ -360,7 +360,7 @@ static int l_method_low_latency(lua_State *L) {
             if (lua_getfield(L, entry, "kernel") != LUA_TSTRING)
                 return k3l_arg_error(L, 1, "plan[%I].kernel must be a string; got %s", m,
                                      luaL_typename(L, -1));
-            e[n].kernel = lua_tostring(L, -1);
+            e[n].kernel = k3l_check_cstring(L, -1, 1, "a plan's kernel name");
             lua_rawseti(L, 2, n + 1); /* anchored: the entry may be a proxy */
             if (lua_getfield(L, entry, "config") == LUA_TTABLE) {
                 int cfg = lua_gettop(L);
@@ -418,6 +418,17 @@ static int method_call(lua_State *L, int explain) {
 static int method_apply(lua_State *L) { return method_call(L, 0); }
 static int method_explain(lua_State *L) { return method_call(L, 1); }
 
+/* tostring(m): "k3.Method: 0x…" (its address, as Lua names a userdata), "k3.Method (freed)"
+ * after m:free(). */
+static int method_tostring(lua_State *L) {
+    method_ud *u = luaL_checkudata(L, 1, K3L_METHOD_MT);
+    if (u->m)
+        lua_pushfstring(L, "k3.Method: %p", (void *)u);
+    else
+        lua_pushstring(L, "k3.Method (freed)");
+    return 1;
+}
+
 static const luaL_Reg method_methods[] = {
     {"apply", method_apply}, {"explain", method_explain}, {"free", method_gc}, {NULL, NULL}};
 
@@ -438,6 +449,8 @@ void k3l_open_policy(lua_State *L) {
         lua_setfield(L, -2, "__gc");
         lua_pushcfunction(L, method_gc);
         lua_setfield(L, -2, "__close");
+        lua_pushcfunction(L, method_tostring);
+        lua_setfield(L, -2, "__tostring");
         luaL_newlib(L, method_methods);
         lua_setfield(L, -2, "__index");
     }

@@ -38,15 +38,29 @@ static k3l_tensor_ud *check_tensor_ud(lua_State *L, int idx) {
     return luaL_checkudata(L, idx, K3L_TENSOR_MT);
 }
 
+/* How Lua code writes the operation of the metamethod named `name` ("index": "t[i]"), for an
+ * error about its operand. */
+static const char *metamethod_form(const char *name) {
+    static const char *const forms[][2] = {
+        {"index", "t[i]"}, {"newindex", "t[i] = v"}, {"len", "#t"},   {"add", "+"},
+        {"sub", "-"},      {"mul", "*"},             {"div", "/"},    {"mod", "%"},
+        {"pow", "^"},      {"unm", "unary -"},       {"idiv", "//"},  {"eq", "=="},
+        {"lt", "<"},       {"le", "<="},             {"concat", ".."}, {"call", "a call"}};
+    for (size_t i = 0; name && i < sizeof forms / sizeof forms[0]; i++)
+        if (strcmp(name, forms[i][0]) == 0) return forms[i][1];
+    return name ? name : "a metamethod";
+}
+
 k3_tensor *k3l_check_tensor(lua_State *L, int idx) {
     k3l_tensor_ud *u = check_tensor_ud(L, idx);
     if (!u->t) {
         /* an argument of a function or method: named ("bad argument #2 to 'linear' (tensor has
          * been freed)"); the operand of a metamethod (t[1], #t, a + b) as is */
         lua_Debug ar;
-        if (idx > 0 && lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) &&
-            !(ar.namewhat && strcmp(ar.namewhat, "metamethod") == 0))
-            k3l_arg_error(L, idx, "tensor has been freed");
+        const int known = lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar);
+        if (known && ar.namewhat && strcmp(ar.namewhat, "metamethod") == 0)
+            luaL_error(L, "tensor has been freed (the operand of %s)", metamethod_form(ar.name));
+        if (idx > 0) k3l_arg_error(L, idx, "tensor has been freed");
         luaL_error(L, "tensor has been freed");
     }
     if (k3_tensor_check(u->t, NULL) != K3_OK) luaL_error(L, "%s", k3_last_error());
@@ -487,13 +501,15 @@ static int m_to(lua_State *L) {
     k3_device dev = k3_tensor_device(t);
     k3_dtype dt = k3_tensor_dtype(t);
     if (lua_type(L, 2) == LUA_TSTRING) {
-        const char *s = lua_tostring(L, 2);
+        const char *s = k3l_check_cstring(L, 2, 2, "a dtype or device");
         if (k3_dtype_parse(s, &dt) != K3_OK && k3_device_parse(s, &dev) != K3_OK)
             return k3l_arg_error(L, 2,
                                  "'%s' is neither a dtype (bf16, f16, f32, f64) nor a device "
                                  "(cpu, cuda, cuda:N)",
                                  k3l_push_echo(L, s));
     } else if (lua_type(L, 2) == LUA_TTABLE) {
+        static const char *const keys[] = {"dtype", "device", NULL};
+        k3l_check_option_keys(L, 2, keys, 2);
         k3l_create_opts o = k3l_check_create_opts(L, 2);
         lua_getfield(L, 2, "dtype");
         if (!lua_isnil(L, -1)) dt = o.dtype;

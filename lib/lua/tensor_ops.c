@@ -32,12 +32,24 @@ static int check_list(lua_State *L, const k3_tensor ***ts) {
     if (n < 1) return k3l_arg_error(L, 1, "expected a non-empty list of tensors");
     if (n > 1 << 20)
         return k3l_arg_error(L, 1, "at most %d tensors; got %I", 1 << 20, (LUA_INTEGER)n);
+    /* a list only: a named field ({a, dim = 2}) would otherwise be dropped silently */
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > n) {
+            const char *type = luaL_typename(L, -1);
+            return k3l_arg_error(L, 1, "expected a list of tensors; got key [%s] (a %s)",
+                                 luaL_tolstring(L, -1, NULL), type);
+        }
+    }
     *ts = lua_newuserdatauv(L, (size_t)n * sizeof **ts, 0);
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
-        if (!luaL_testudata(L, -1, K3L_TENSOR_MT))
+        k3l_tensor_ud *u = luaL_testudata(L, -1, K3L_TENSOR_MT);
+        if (!u)
             k3l_arg_error(L, 1, "element %I must be a k3.Tensor; got %s", (LUA_INTEGER)i,
                           luaL_typename(L, -1));
+        if (!u->t) k3l_arg_error(L, 1, "element %I: tensor has been freed", (LUA_INTEGER)i);
         (*ts)[i - 1] = k3l_check_tensor(L, -1);
         lua_pop(L, 1); /* the list keeps it alive */
     }
@@ -54,6 +66,7 @@ static int check_dim(lua_State *L, int hi) {
 
 /* k3.cat(list, d = 1) -> the tensors joined along dim d (same dtype, device and sizes but d). */
 static int l_cat(lua_State *L) {
+    k3l_check_last_arg(L, 2);
     lua_settop(L, 2); /* the list's array goes above the arguments */
     const k3_tensor **ts;
     int n = check_list(L, &ts);
@@ -65,6 +78,7 @@ static int l_cat(lua_State *L) {
 
 /* k3.stack(list, d = 1) -> the tensors (of one shape) along a new dim d, 1..ndim + 1. */
 static int l_stack(lua_State *L) {
+    k3l_check_last_arg(L, 2);
     lua_settop(L, 2);
     const k3_tensor **ts;
     int n = check_list(L, &ts);
