@@ -604,6 +604,10 @@ describe("the Kimi-K3 TP stack's fused MLP", function()
       assert.are.same(want, ops[2])
     end
     H.raises(function() tp.build(cfg, w, {fused = "yes"}) end, "kimi_k3_tp: fused must be a boolean (got string)")
+    H.raises_exact(function() tp.build(cfg, w, {fuse = false}) end,
+                   "bad argument #3 to 'kimi_k3_tp.build' (unknown option 'fuse' (expected device, dtype, dist, rank, world_size or fused))")
+    H.raises_exact(function() tp.build({hidden_size = 16}, w) end,
+                   "kimi_k3_tp.build: config field 'num_layers' must be a positive integer; got nil")
   end)
 end)
 
