@@ -14,7 +14,7 @@ usage: scripts/k3 scripts/demo.lua [options]
                             (Hugging Face names are mapped: docs/API.md, "Checkpoints")
   --save-weights FILE       save the weights used to a safetensors file
   --steps N                 timed decode steps per M (default 5 on cpu, 20 on cuda)
-  --m LIST                  decode batch sizes, e.g. 1,2,4,16 or 1-16 (default 1-16)
+  --m LIST                  decode batch sizes in 1..16, e.g. 1,2,4,16 or 1-16 (default 1-16)
   --seed N                  seed of the generated weights and inputs (default 1234)
   --eager                   run the step eagerly only (on a CUDA device the default also runs it
                             as a CUDA graph, k3.cuda_graph, and prints both)
@@ -29,25 +29,10 @@ local function die(msg)
   os.exit(2)
 end
 
+-- The --m list: decode batch sizes in 1..demo.max_m (the README's M = 1..16).
 local function parse_m(s)
-  local list = {}
-  for part in (s .. ","):gmatch("([^,]*),") do
-    local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
-    if part:match("^%s*$") then
-      die("--m: empty item in '" .. s .. "'")
-    elseif a then
-      if tonumber(a) > tonumber(b) then die("--m: range '" .. part .. "' runs backwards (write " .. b .. "-" .. a .. ")") end
-      for i = tonumber(a), tonumber(b) do list[#list + 1] = i end
-    elseif part:match("^%s*%d+%s*$") then
-      list[#list + 1] = tonumber(part)
-    else
-      die("--m: '" .. part .. "' is not a number or a range a-b")
-    end
-  end
-  for _, m in ipairs(list) do
-    if m < 1 then die("--m: batch sizes must be >= 1; got " .. m .. " in '" .. s .. "'") end
-  end
-  if #list == 0 then die("--m: empty list") end
+  local list, err = require("k3.cli").batch_sizes(s, demo.max_m)
+  if not list then die("--m: " .. err) end
   return list
 end
 

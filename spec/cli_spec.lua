@@ -1,7 +1,35 @@
--- lua/k3/cli.lua, what k3's scripts share: the progress reporter (k3.cli.progress, used by
--- scripts/demo.lua, the --tp demo and scripts/bench) and the k3.isatty it asks.
+-- lua/k3/cli.lua, what k3's scripts share: the --m list of decode batch sizes, the progress
+-- reporter (k3.cli.progress, used by scripts/demo.lua, the --tp demo and scripts/bench) and the
+-- k3.isatty it asks.
 local k3 = require "k3"
 local H = require "spec.helpers"
+
+describe("k3.cli.batch_sizes", function()
+  local cli = require "k3.cli"
+
+  it("reads numbers and ranges, in order", function()
+    assert.are.same({1, 2, 4, 16}, cli.batch_sizes("1,2,4,16", 16))
+    assert.are.same({1, 2, 3, 8}, cli.batch_sizes(" 1 - 3 ,8", 16))
+    assert.are.same({16}, cli.batch_sizes("16-16", 16))
+  end)
+
+  it("refuses a size outside 1..max before expanding a range, naming it as written", function()
+    for text, want in pairs({
+      ["17"] = "batch sizes must be in 1..16; got 17 in '17'",
+      ["0,1"] = "batch sizes must be in 1..16; got 0 in '0,1'",
+      ["1-100000000000"] = "batch sizes must be in 1..16; got 100000000000 in '1-100000000000'",
+      ["3-1"] = "range '3-1' runs backwards (write 1-3)",
+      ["1,,2"] = "empty item in '1,,2'",
+      [""] = "empty item in ''",
+      ["1,x"] = "'x' is not a number or a range a-b",
+      ["-1"] = "'-1' is not a number or a range a-b",
+    }) do
+      local list, err = cli.batch_sizes(text, 16)
+      assert.is_nil(list, text)
+      assert.equal(want, err, text)
+    end
+  end)
+end)
 
 -- Progress output (k3.cli.progress, used by scripts/demo.lua, the --tp demo and scripts/bench):
 -- a live "\r\27[K" line only on a terminal; in a log, plain lines and no escape sequences.

@@ -434,6 +434,23 @@ describe("k3.nn.parallel call options (nn.Linear's, on a shard)", function()
     end
   end)
 
+  it("the constructors refuse an unknown key, naming the layer, the key and the keys they take", function()
+    local before = k3.memory().host_allocations
+    for _, c in ipairs({
+      {P.ColumnParallelLinear, gu, {epilouge = "silu_mul"},
+       "bad argument #2 to 'ColumnParallelLinear' (unknown option 'epilouge' (expected gather, parts, epilogue, bias, dtype, device, method, dist, rank, world_size or name))"},
+      {P.RowParallelLinear, down, {input_is_paralel = false},
+       "bad argument #2 to 'RowParallelLinear' (unknown option 'input_is_paralel' (expected input_is_parallel, reduce, bias, dtype, device, method, dist, rank, world_size or name))"},
+      {P.RowParallelLinear, down, {gather = true},
+       "bad argument #2 to 'RowParallelLinear' (unknown option 'gather' (expected input_is_parallel, reduce, bias, dtype, device, method, dist, rank, world_size or name))"},
+      {P.ColumnParallelLinear, gu, 5, "bad argument #2 to 'ColumnParallelLinear' (table or nil expected, got number)"},
+    }) do
+      assert.equal("caller.lua:2: " .. c[4], H.caller_error(c[1], c[2], c[3]))
+    end
+    -- refused before any shard is made
+    assert.equal(before, k3.memory().host_allocations)
+  end)
+
   it("a call option's error points at the caller's line, not into the layer", function()
     k3.dist.simulate(2, function(_, d)
       local col = P.ColumnParallelLinear(gu, {dist = d, parts = {I, I}})
@@ -587,6 +604,10 @@ describe("the Kimi-K3 TP stack's fused MLP", function()
       assert.are.same(want, ops[2])
     end
     H.raises(function() tp.build(cfg, w, {fused = "yes"}) end, "kimi_k3_tp: fused must be a boolean (got string)")
+    H.raises_exact(function() tp.build(cfg, w, {fuse = false}) end,
+                   "bad argument #3 to 'kimi_k3_tp.build' (unknown option 'fuse' (expected device, dtype, dist, rank, world_size or fused))")
+    H.raises_exact(function() tp.build({hidden_size = 16}, w) end,
+                   "kimi_k3_tp.build: config field 'num_layers' must be a positive integer; got nil")
   end)
 end)
 

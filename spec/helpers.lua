@@ -102,6 +102,16 @@ function H.error_of(fn, ...)
   return ok and "no error" or H.unplaced(err)
 end
 
+--- H.caller_error(fn, ...) -> the error of fn(...) called from line 2 of a chunk named
+--- caller.lua (a user's script), position included; fails when fn returns. For errors that
+--- must be placed at the caller's line ("caller.lua:2: ..."), not inside k3's modules.
+function H.caller_error(fn, ...)
+  local call = assert(load("local fn = ...\nlocal r = fn(select(2, ...))\nreturn r\n", "@caller.lua"))
+  local ok, err = pcall(call, fn, ...)
+  assert(not ok, "expected an error")
+  return err
+end
+
 --- H.raises_exact(fn, text): fn must raise exactly `text`, after the "file.lua:line: " position
 --- Lua may put in front of it.
 function H.raises_exact(fn, text)

@@ -85,6 +85,25 @@ describe("Hugging Face checkpoints for the Kimi-K3 stack", function()
     H.raises(function() hf.load(dir) end,
              "hf.load: " .. dir .. ": no tensor 'model.layers.1.mlp.up_proj.weight' (needed for 'model.layers.1.mlp.gate_up_proj.weight')")
   end)
+
+  it("hf.load, hf.to_stack and hf.dequantize refuse an unknown option, naming it and the ones they take", function()
+    local cfg = kimi.config("tiny", {num_layers = 1, block_size = 1})
+    local named = hf.from_stack(kimi.generate_weights(cfg, {seed = 5, dtype = "bf16"}), cfg)
+    write_checkpoint(dir, named, 1)
+    local before = k3.memory().host_allocations
+    for _, c in ipairs({
+      {hf.load, dir, {devce = "cpu"}, "bad argument #2 to 'hf.load' (unknown option 'devce' (expected dtype or device))"},
+      {hf.load, dir, "cpu", "bad argument #2 to 'hf.load' (table or nil expected, got string)"},
+      {hf.to_stack, named, {fre = true}, "bad argument #2 to 'hf.to_stack' (unknown option 'fre' (expected free))"},
+    }) do
+      assert.equal("caller.lua:2: " .. c[4], H.caller_error(c[1], c[2], c[3]))
+    end
+    -- nothing was read or joined; the parts given stay whole
+    assert.equal(before, k3.memory().host_allocations)
+    assert.is_false(named["model.layers.0.mlp.gate_proj.weight"]:is_freed())
+    H.raises_exact(function() hf.dequantize(k3.ones({2, 2}), k3.ones({1, 1}), {blok = 64}) end,
+                   "bad argument #3 to 'hf.dequantize' (unknown option 'blok' (expected block or dtype))")
+  end)
 end)
 
 -- FP8 codes for values in [-1, 1]-ish: E4M3 codes 0x00..0x3F and 0x80..0xBF (no NaN).

@@ -1,7 +1,8 @@
 -- The AttnRes stream and the Kimi-K3 stack: the 93-layer bookkeeping against a plain walk
 -- of the schedule, the fused stream against an unfused plain-Lua AttnRes in f64, depth
 -- fidelity of the tiny stack in bf16 against its fp64 twin (per-layer prefix cosines
--- reported), weight-table errors, and safetensors save/load reproducing the demo bit for bit.
+-- reported), weight-table, option, configuration and input errors, and safetensors save/load
+-- reproducing the demo bit for bit.
 local k3 = require "k3"
 local H = require "spec.helpers"
 local Stream = require "k3.model.attn_res_stream"
@@ -232,6 +233,75 @@ describe("Kimi-K3 stack", function()
     H.raises(function() kimi.build(cfg, w) end,
              "kimi_k3: weights: 'model.layers.3.mlp.down_proj.weight' has shape [24, 16], the config needs [16, 24]")
     H.raises(function() kimi.config("huge") end, "kimi_k3: unknown config 'huge' (known: kimi-k3-tp8, tiny)")
+  end)
+
+  it("generate_weights, embedding and build refuse an unknown option, naming it and the ones they take", function()
+    local cfg = small_config()
+    local w = kimi.generate_weights(cfg, {seed = 3})
+    local before = k3.memory().host_allocations
+    local function refused(want, ...) assert.equal("caller.lua:2: " .. want, H.caller_error(...)) end
+    refused("bad argument #2 to 'kimi_k3.generate_weights' (unknown option 'sed' (expected seed, dtype, device or progress))",
+            kimi.generate_weights, cfg, {sed = 99})
+    refused("bad argument #2 to 'kimi_k3.generate_weights' (unknown option 'dtyp' (expected seed, dtype, device or progress))",
+            kimi.generate_weights, cfg, {dtyp = "f32"})
+    refused("bad argument #3 to 'kimi_k3.embedding' (unknown option 'devce' (expected seed, step, dtype or device))",
+            kimi.embedding, cfg, 1, {devce = "cpu"})
+    refused("bad argument #2 to 'kimi_k3.embedding' (tokens must be a positive integer; got 0)", kimi.embedding, cfg, 0)
+    refused("bad argument #3 to 'kimi_k3.build' (unknown option 'devce' (expected dtype or device))",
+            kimi.build, cfg, w, {devce = "cpu"})
+    refused("bad argument #2 to 'kimi_k3.build' (a {name = tensor} table of weights expected, got nil)", kimi.build, cfg)
+    assert.equal(before, k3.memory().host_allocations) -- nothing was generated or converted
+  end)
+
+  it("a configuration is checked: every size a positive integer, no unknown field", function()
+    local w = kimi.generate_weights(small_config(), {seed = 3})
+    H.raises_exact(function() kimi.build({hidden_size = 3}, w) end,
+                   "kimi_k3.build: config field 'num_layers' must be a positive integer; got nil")
+    H.raises_exact(function() kimi.build(small_config({q_lora_rank = 0}), w) end,
+                   "kimi_k3.build: config field 'q_lora_rank' must be a positive integer; got 0")
+    H.raises_exact(function() kimi.build(small_config({num_heads = 2.5}), w) end,
+                   "kimi_k3.build: config field 'num_heads' must be a positive integer; got 2.5")
+    H.raises_exact(function() kimi.build(small_config({eps = -1}), w) end,
+                   "kimi_k3.build: config field 'eps' must be a finite number > 0 or nil; got -1")
+    H.raises_exact(function() kimi.build(small_config({weight_sets = 0}), w) end,
+                   "kimi_k3.build: config field 'weight_sets' must be a positive integer, false or nil; got 0")
+    H.raises_exact(function() kimi.config("tiny", {num_layer = 2}) end,
+                   "kimi_k3.config: unknown config field 'num_layer' (expected name, hidden_size, num_layers, " ..
+                   "block_size, q_lora_rank, kv_lora_rank, qk_rope_head_dim, num_heads, qk_nope_head_dim, " ..
+                   "v_head_dim, intermediate_size, eps or weight_sets)")
+    H.raises_exact(function() kimi.generate_weights({hidden_size = 3}) end,
+                   "kimi_k3.generate_weights: config field 'num_layers' must be a positive integer; got nil")
+    H.raises_exact(function() kimi.embedding({}, 1) end,
+                   "kimi_k3.embedding: config field 'hidden_size' must be a positive integer; got nil")
+    -- the built-in configurations are left as they were
+    assert.equal(256, kimi.configs.tiny.hidden_size)
+    assert.is_nil(kimi.configs.tiny.num_layer)
+  end)
+
+  it("Stack:forward names its argument, the shape and dtype it takes and what it got, at the caller's line", function()
+    local cfg = small_config()
+    local stack = kimi.build(cfg, kimi.generate_weights(cfg, {seed = 3}))
+    local want = "caller.lua:2: Stack:forward: x must be [M, hidden_size] = [M, 16] bf16 on cpu (M >= 1 tokens); got "
+    local freed = k3.zeros({1, 16}, {dtype = "bf16"})
+    freed:free()
+    for _, c in ipairs({
+      {k3.zeros({1, 15}, {dtype = "bf16"}), "[1, 15] bf16 on cpu"},
+      {k3.zeros({16}, {dtype = "bf16"}), "[16] bf16 on cpu"},
+      {k3.zeros({0, 16}, {dtype = "bf16"}), "[0, 16] bf16 on cpu"},
+      {k3.zeros({2, 17}, {dtype = "f32"}), "[2, 17] f32 on cpu"},
+      {nil, "nil"},
+      {freed, "a freed tensor"},
+    }) do
+      assert.equal(want .. c[2], H.caller_error(stack.forward, stack, c[1]))
+    end
+    local x = kimi.embedding(cfg, 2, {seed = 3})
+    assert.equal("caller.lua:2: bad argument #2 to 'Stack:forward' (unknown option 'on_layr' (expected on_layer))",
+                 H.caller_error(stack.forward, stack, x, {on_layr = print}))
+    H.raises_exact(function() stack:reference_forward(k3.zeros({1, 15}, {dtype = "bf16"})) end,
+                   "Stack:reference_forward: x must be [M, hidden_size] = [M, 16] bf16 on cpu (M >= 1 tokens); got [1, 15] bf16 on cpu")
+    -- nothing ran: no stream was made, and the stack still runs
+    assert.is_nil(next(stack.streams))
+    assert.are.same({2, 16}, stack:forward(x):size())
   end)
 
   it("weights follow model.layers.<i>.<module>.weight; generation is reproducible", function()

@@ -75,7 +75,7 @@ describe("k3.nn", function()
       local xf = k3.randn({2, 8})
       xf:free()
       local _, ef = pcall(call, lin, xf)
-      assert.equal("caller.lua:2: bad argument #1 to 'apply' (tensor has been freed)", ef)
+      assert.equal("caller.lua:2: bad argument #1 to 'Linear' (tensor has been freed)", ef)
       -- the swiglu layer's ops too
       local mlp = nn.SwiGLU(k3.randn({8, 6}), k3.randn({6, 4}))
       local call2 = assert(load("local mlp, x = ...\nlocal y = mlp(x)\nreturn y\n", "@caller.lua"))
@@ -203,6 +203,46 @@ describe("k3.nn", function()
       local w = k3.randn({4, 4}, {seed = 8})
       local m = k3.method.default()
       assert.are.equal(m, nn.Linear(w, {method = m}).method)
+    end)
+
+    it("a call's argument errors name the layer and its own argument numbers, at the caller's line", function()
+      local lin = nn.Linear(k3.randn({4, 8}))
+      local x = k3.randn({2, 8})
+      local function refused(xx, opts, want) assert.equal("caller.lua:2: " .. want, H.caller_error(lin, xx, opts)) end
+      refused(nil, nil, "bad argument #1 to 'Linear' (k3.Tensor expected, got nil)")
+      refused(5, nil, "bad argument #1 to 'Linear' (k3.Tensor expected, got number)")
+      -- out is left as it was: every refusal comes before the method runs
+      local out = H.poisoned({2, 4})
+      refused(x, {outt = out},
+              "bad argument #2 to 'Linear' (unknown option 'outt' (expected residual, prologue, norm_weight, eps, epilogue or out))")
+      refused(x, {out = out, epilogue = "gelu"},
+              "bad argument #2 to 'Linear' (field 'epilogue' must be \"silu_mul\" or nil; got \"gelu\")")
+      refused(x, {out = out, prologue = "norm"},
+              "bad argument #2 to 'Linear' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got \"norm\")")
+      refused(x, {out = 1}, "bad argument #2 to 'Linear' (field 'out' must be a k3.Tensor; got number)")
+      refused(x, {residual = {}}, "bad argument #2 to 'Linear' (field 'residual' must be a k3.Tensor; got table)")
+      refused(x, 5, "bad argument #2 to 'Linear' (table or nil expected, got number)")
+      for _, row in ipairs(out:totable()) do
+        for _, v in ipairs(row) do assert.is_true(v ~= v, "out was written") end
+      end
+      -- a layer called by a model inside k3 is placed at the model's caller too
+      local mlp = nn.SwiGLU(k3.randn({8, 8}), k3.randn({8, 4}))
+      assert.equal("caller.lua:2: bad argument #1 to 'Linear' (k3.Tensor expected, got nil)", H.caller_error(mlp))
+      -- a good call still runs
+      assert.are.same({2, 4}, lin(x, {out = k3.empty({2, 4})}):size())
+    end)
+
+    it("refuses a freed weight, bias or layer tensor by name", function()
+      local function freed(shape)
+        local t = k3.ones(shape)
+        t:free()
+        return t
+      end
+      H.raises_exact(function() nn.Linear(freed({2, 2})) end, "Linear: weight is a freed tensor")
+      H.raises_exact(function() nn.Linear(k3.ones({2, 2}), {bias = freed({2})}) end, "Linear: bias is a freed tensor")
+      H.raises_exact(function() nn.RMSNorm(freed({2})) end, "RMSNorm: weight is a freed tensor")
+      H.raises_exact(function() nn.SwiGLU(k3.ones({4, 2}), freed({2, 2})) end, "SwiGLU: down is a freed tensor")
+      assert.equal("caller.lua:2: Linear: weight is a freed tensor", H.caller_error(nn.Linear, freed({2, 2})))
     end)
 
     it("rejects a weight that is not 2-D or not a tensor", function()

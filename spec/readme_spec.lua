@@ -44,6 +44,27 @@ describe("packaging and the scripts' options", function()
     end
   end)
 
+  it("the package list is the Makefile's and says where luarocks comes from; a Lua host's pkg-config names lua5.4", function()
+    local f = assert(io.open(H.root() .. "/Makefile"))
+    local pkgs = f:read("a"):match("\nDEB_PKGS = ([^\n]*)")
+    f:close()
+    local text = readme()
+    assert.truthy(text:find("packages `" .. pkgs .. "`", 1, true), pkgs)
+    -- the rock's command needs luarocks, which make's dependency step does not install
+    assert.truthy(text:find("luarocks --lua-version 5.4 make --local", 1, true))
+    assert.is_nil(pkgs:find("luarocks", 1, true))
+    assert.truthy(text:find("(`luarocks`, for installing k3 as a rock only, is optional: Debian package `luarocks`)", 1, true))
+    -- k3-lua.pc brings no Lua headers: every command that compiles with it names lua5.4 as well
+    local api = assert(io.open(H.root() .. "/docs/API.md"))
+    for _, doc in ipairs({text, api:read("a")}) do
+      for cmd in doc:gmatch("pkg%-config %-%-cflags %-%-libs k3%-lua[^)`]*") do
+        assert.truthy(cmd:find(" lua5.4", 1, true), cmd)
+      end
+    end
+    api:close()
+    assert.truthy(text:find("$(pkg-config --cflags --libs k3-lua lua5.4)", 1, true))
+  end)
+
   it("k3.cli's tokenizer passes what it does not know to the script, which the README gives as the reason not to use lua-cliargs", function()
     local seen = {}
     for key, value in require("k3.cli").options({"--tp=2", "--m", "1-16", "--bogus", "file.lua"}) do

@@ -286,8 +286,21 @@ describe("scripts/demo.lua", function()
     demo_refuses("--help", 0, "--tp N")
   end)
 
+  it("demo.lua: an M outside the README's 1..16 is refused at once, also as a range end and with --tp", function()
+    local t0 = os.time()
+    demo_refuses("--m 17", 2, "demo: --m: batch sizes must be in 1..16; got 17 in '17'")
+    demo_refuses("--m 100000", 2, "demo: --m: batch sizes must be in 1..16; got 100000 in '100000'")
+    demo_refuses("--m 1-100000", 2, "demo: --m: batch sizes must be in 1..16; got 100000 in '1-100000'")
+    demo_refuses("--m 4,99999999999999999999", 2,
+                 "demo: --m: batch sizes must be in 1..16; got 99999999999999999999 in '4,99999999999999999999'")
+    local out = demo_refuses("--tp 2 --m 1,17", 2, "demo: --m: batch sizes must be in 1..16; got 17 in '1,17'")
+    assert.truthy(out:find("usage: scripts/k3 scripts/demo.lua --tp N", 1, true), out)
+    assert.is_nil(out:find("generating weights", 1, true), out)
+    assert.is_true(os.time() - t0 < 60, "the refusals took " .. (os.time() - t0) .. " s")
+  end)
+
   it("demo.lua: a bad --m, --steps, --seed or --weights value is echoed in its message", function()
-    demo_refuses("--m 2,0", 2, "demo: --m: batch sizes must be >= 1; got 0 in '2,0'")
+    demo_refuses("--m 2,0", 2, "demo: --m: batch sizes must be in 1..16; got 0 in '2,0'")
     demo_refuses("--steps abc", 2, "demo: --steps must be a positive integer; got 'abc'")
     demo_refuses("--seed 1.5", 2, "demo: --seed must be an integer; got '1.5'")
     -- the tensor-parallel demo's options, checked before it looks for GPUs

@@ -1,6 +1,7 @@
 -- k3.cli: what k3's scripts share (scripts/demo.lua, scripts/bench.lua, the --tp demo): the
--- option tokenizer ("--key value" and "--key=value", anything else passed through as it is)
--- and the progress reporter (a live line on a terminal, occasional plain lines in a log).
+-- option tokenizer ("--key value" and "--key=value", anything else passed through as it is),
+-- the --m list of decode batch sizes, and the progress reporter (a live line on a terminal,
+-- occasional plain lines in a log).
 local cli = {}
 
 --- cli.options(args, missing) -> iterator of (key, value, arg): key is the option name
@@ -23,6 +24,34 @@ function cli.options(args, missing)
     end
     return key, value, a
   end
+end
+
+--- cli.batch_sizes(text, max) -> list, or nil and a message: the decode batch sizes M of a
+--- --m value, items separated by commas, each a number or a range a-b ("1,2,4,16", "1-16"),
+--- every size in 1..max (checked before a range is expanded, so a typo such as 1-100000 is
+--- refused at once). The message names the item: "empty item in '1,,2'", "range '3-1' runs
+--- backwards (write 1-3)", "'x' is not a number or a range a-b", "batch sizes must be in
+--- 1..16; got 17 in '1,17'".
+function cli.batch_sizes(text, max)
+  local list = {}
+  for part in (text .. ","):gmatch("([^,]*),") do
+    local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if not a then
+      a = part:match("^%s*(%d+)%s*$")
+      b = a
+    end
+    if part:match("^%s*$") then return nil, "empty item in '" .. text .. "'" end
+    if not a then return nil, "'" .. part .. "' is not a number or a range a-b" end
+    local lo, hi = math.tointeger(tonumber(a)), math.tointeger(tonumber(b))
+    for _, m in ipairs({{lo, a}, {hi, b}}) do
+      if not m[1] or m[1] < 1 or m[1] > max then
+        return nil, string.format("batch sizes must be in 1..%d; got %s in '%s'", max, m[2], text)
+      end
+    end
+    if lo > hi then return nil, string.format("range '%s' runs backwards (write %d-%d)", part, hi, lo) end
+    for i = lo, hi do list[#list + 1] = i end
+  end
+  return list
 end
 
 -- ---- progress --------------------------------------------------------------------------------

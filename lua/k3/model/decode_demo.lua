@@ -15,11 +15,15 @@ local wall = k3.clock
 
 local function cuda_available() return k3.backends().cuda.available end
 
+-- The largest decode batch M the demos take: M = 1..16, the batches the low-latency plans
+-- and the skinny kernel serve (README, "The main job").
+demo.max_m = 16
+
 -- Defaults: kimi-k3-tp8 on a CUDA device when there is one, tiny on the CPU otherwise.
 function demo.defaults()
   local gpu = cuda_available()
   local m = {}
-  for i = 1, 16 do m[i] = i end
+  for i = 1, demo.max_m do m[i] = i end
   return {config = gpu and "kimi-k3-tp8" or "tiny", device = gpu and "cuda" or "cpu",
           steps = gpu and 20 or 5, m = m, seed = 1234}
 end

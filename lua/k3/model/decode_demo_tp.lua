@@ -189,26 +189,11 @@ local usage = [[
 usage: scripts/k3 scripts/demo.lua --tp N [options]   (re-runs itself through scripts/k3 --nproc N)
   --config NAME      kimi-k3 (whole model; default on a GPU) | tiny (default on the CPU)
   --steps N          timed decode steps per M (default 20 on a GPU, 5 on the CPU)
-  --m LIST           decode batch sizes, e.g. 1,16 or 1-16 (default 1,2,4,8,16 on a GPU)
+  --m LIST           decode batch sizes in 1..16, e.g. 1,16 or 1-16 (default 1,2,4,8,16 on a GPU)
   --weight-sets N    distinct seeded weight sets the layers cycle through (default 2)
   --seed N           seed of weights and inputs (default 1234)
   --timeout S        bound of every wait across ranks (K3_DIST_TIMEOUT)
   --quiet            no progress output (K3_PROGRESS=0 likewise)]]
-
-local function parse_m(s)
-  local list = {}
-  for part in s:gmatch("[^,]+") do
-    local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
-    if a then
-      for i = tonumber(a), tonumber(b) do list[#list + 1] = i end
-    elseif part:match("^%s*%d+%s*$") then
-      list[#list + 1] = tonumber(part)
-    else
-      return nil
-    end
-  end
-  return #list > 0 and list or nil
-end
 
 local function root_dir()
   local src = debug.getinfo(1, "S").source:gsub("^@", "")
@@ -238,9 +223,10 @@ function M.main(args)
     elseif key == "--config" then opts.config = value()
     elseif key == "--steps" then opts.steps, v = num(value, true)
       if not opts.steps or opts.steps < 1 then return die("--steps must be a positive integer; got '" .. v .. "'") end
-    elseif key == "--m" then v = value() or ""
-      opts.m = parse_m(v)
-      if not opts.m then return die("--m: expected a list like 1,2,16 or 1-16; got '" .. v .. "'") end
+    elseif key == "--m" then
+      local err
+      opts.m, err = require("k3.cli").batch_sizes(value() or "", require("k3.model.decode_demo").max_m)
+      if not opts.m then return die("--m: " .. err) end
     elseif key == "--weight-sets" then opts.weight_sets, v = num(value, true)
       if not opts.weight_sets or opts.weight_sets < 1 then
         return die("--weight-sets must be a positive integer; got '" .. v .. "'")

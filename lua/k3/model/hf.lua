@@ -18,6 +18,7 @@
 -- Names the stack has no use for (embed_tokens, lm_head, kv_a_layernorm, kv_b_proj, ...) are not
 -- read. A name already in the stack's form loads as it is (a checkpoint k3 saved itself).
 local k3 = require "k3"
+local A = require "k3.args"
 
 local M = {}
 
@@ -48,7 +49,7 @@ local WEIGHT_DTYPES = {BF16 = true, F16 = true, F32 = true, F64 = true, F8_E4M3 
 --- (an FP8 value times an f32 scale is exact there) and rounded once to opts.dtype (default
 --- "bf16"). CPU tensors; raises naming both shapes when the scales do not cover w.
 function M.dequantize(w, scale_inv, opts)
-  opts = opts or {}
+  opts = A.options(opts, "hf.dequantize", {"block", "dtype"}, 3)
   local b, dtype = opts.block or M.block, opts.dtype or "bf16"
   if w:dim() ~= 2 or scale_inv:dim() ~= 2 then
     error(string.format("hf.dequantize: weight and scales must be 2-D; got %d-D and %d-D",
@@ -117,7 +118,7 @@ end
 --- (default: the file's; FP8 weights become bf16) and device (default "cpu"). Raises naming the
 --- tensor for a missing source, an FP8 weight without scales, or a dtype that is not a float.
 function M.load(path, opts)
-  opts = opts or {}
+  opts = A.options(opts, "hf.load", {"dtype", "device"}, 2)
   local device = opts.device or "cpu"
   local info = k3.safetensors_info(path)
   local have = {}
@@ -175,6 +176,7 @@ end
 --- stack's weight (opts.free: the parts are freed then); names the stack uses are kept, others
 --- dropped. A table already in the stack's names (nothing to join) is returned as it is.
 function M.to_stack(weights, opts)
+  opts = A.options(opts, "hf.to_stack", {"free"}, 2)
   local have = {}
   for n in pairs(weights) do have[n] = true end
   local p = plan(have)
@@ -192,7 +194,7 @@ function M.to_stack(weights, opts)
         if not parts[i] then error(string.format("hf.to_stack: no tensor '%s' (needed for '%s')", s, target), 2) end
       end
       out[target] = k3.cat(parts, 1)
-      if opts and opts.free then
+      if opts.free then
         for _, t in ipairs(parts) do t:free() end
       end
     end

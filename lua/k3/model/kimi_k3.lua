@@ -5,6 +5,7 @@
 local k3 = require "k3"
 local nn = require "k3.nn"
 local Stream = require "k3.model.attn_res_stream"
+local A = require "k3.args"
 
 local M = {}
 
@@ -49,7 +50,41 @@ M.configs = {
   },
 }
 
--- A copy of configuration `name` (or of a table) with fields of `over` replacing its own.
+-- A configuration's fields: the sizes, each a positive integer, then the optional ones.
+local SIZES = {"hidden_size", "num_layers", "block_size", "q_lora_rank", "kv_lora_rank",
+               "qk_rope_head_dim", "num_heads", "qk_nope_head_dim", "v_head_dim", "intermediate_size"}
+local FIELDS = {"name", table.unpack(SIZES)}
+FIELDS[#FIELDS + 1] = "eps"
+FIELDS[#FIELDS + 1] = "weight_sets"
+
+--- M.check_config(cfg, fn) -> cfg: raises "<fn>: config field '<f>' must be ...; got ..."
+--- (at the caller outside k3's modules) unless every size is a positive integer, eps (when
+--- given) a number > 0 and weight_sets false, nil or a positive integer, and no other field
+--- than these and name is set. Every function that takes a configuration table checks it.
+function M.check_config(cfg, fn)
+  if type(cfg) ~= "table" then
+    A.raise(string.format("%s: config must be a config name or table; got %s", fn, type(cfg)))
+  end
+  local function refuse(f, want)
+    local v = cfg[f]
+    A.raise(string.format("%s: config field '%s' must be %s; got %s", fn, f, want,
+                          type(v) == "number" and tostring(v) or type(v)))
+  end
+  for _, f in ipairs(SIZES) do
+    if math.type(cfg[f]) ~= "integer" or cfg[f] < 1 then refuse(f, "a positive integer") end
+  end
+  local eps, sets = cfg.eps, cfg.weight_sets
+  if eps ~= nil and not (type(eps) == "number" and eps > 0 and eps < math.huge) then
+    refuse("eps", "a finite number > 0 or nil")
+  end
+  if sets and not (math.type(sets) == "integer" and sets >= 1) then
+    refuse("weight_sets", "a positive integer, false or nil")
+  end
+  return A.options(cfg, fn, FIELDS, nil, "config field")
+end
+
+-- A copy of configuration `name` (or of a table) with fields of `over` replacing its own;
+-- the result is checked (M.check_config).
 function M.config(name, over)
   local base = type(name) == "table" and name or M.configs[name]
   if not base then
@@ -59,10 +94,13 @@ function M.config(name, over)
     error(string.format("kimi_k3: unknown config '%s' (known: %s)", tostring(name),
                         table.concat(names, ", ")), 2)
   end
+  if over ~= nil and type(over) ~= "table" then
+    A.raise(string.format("bad argument #2 to 'kimi_k3.config' (table or nil expected, got %s)", type(over)))
+  end
   local c = {}
   for k, v in pairs(base) do c[k] = v end
   for k, v in pairs(over or {}) do c[k] = v end
-  return c
+  return M.check_config(c, "kimi_k3.config")
 end
 
 -- Every weight of the stack: name -> {shape, kind, fan_in}. kind says how it is generated:
@@ -70,6 +108,7 @@ end
 -- each module adds ~1/sqrt(L) and nothing grows with depth), "norm" (1 + 0.1 n),
 -- "query" (AttnRes pseudo-query: n / sqrt(H), logits of order 1).
 function M.weight_specs(cfg)
+  M.check_config(cfg, "kimi_k3.weight_specs")
   local H, L = cfg.hidden_size, cfg.num_layers
   local qkv_n = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim
   local head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
@@ -115,7 +154,8 @@ end
 -- opts = {seed = 1234, dtype = "bf16", device = "cpu", progress = fn(done, total)}.
 -- Returns {name = tensor} (tensors of a shared weight set appear under each layer's name).
 function M.generate_weights(cfg, opts)
-  opts = opts or {}
+  M.check_config(cfg, "kimi_k3.generate_weights")
+  opts = A.options(opts, "kimi_k3.generate_weights", {"seed", "dtype", "device", "progress"}, 2)
   local seed, dtype, device = opts.seed or 1234, opts.dtype or "bf16", opts.device or "cpu"
   local specs, order = M.weight_specs(cfg)
   local L = cfg.num_layers
@@ -153,8 +193,14 @@ function M.generate_weights(cfg, opts)
 end
 
 -- The tokens' hidden states entering the stack (the embedding rows) for decode step `step`.
+-- opts = {seed = 1234, step = 0, dtype = "bf16", device = "cpu"}.
 function M.embedding(cfg, tokens, opts)
-  opts = opts or {}
+  M.check_config(cfg, "kimi_k3.embedding")
+  if math.type(tokens) ~= "integer" or tokens < 1 then
+    A.raise(string.format("bad argument #2 to 'kimi_k3.embedding' (tokens must be a positive integer; got %s)",
+                          type(tokens) == "number" and tostring(tokens) or type(tokens)))
+  end
+  opts = A.options(opts, "kimi_k3.embedding", {"seed", "step", "dtype", "device"}, 3)
   local r = k3.randn({tokens, cfg.hidden_size},
                      {dtype = "f32", seed = (opts.seed or 1234) * 7919 + (opts.step or 0)})
   local t = r:to(opts.dtype or "bf16")
@@ -260,7 +306,12 @@ end
 -- another dtype or device are converted (the fp64 twin: {dtype = "f64", device = "cpu"}).
 function M.build(cfg, weights, opts)
   if type(cfg) == "string" then cfg = M.config(cfg) end
-  opts = opts or {}
+  M.check_config(cfg, "kimi_k3.build")
+  if type(weights) ~= "table" then
+    A.raise(string.format("bad argument #2 to 'kimi_k3.build' (a {name = tensor} table of weights expected, got %s)",
+                          type(weights)))
+  end
+  opts = A.options(opts, "kimi_k3.build", {"dtype", "device"}, 3)
   weights = require("k3.model.hf").to_stack(weights) -- Hugging Face names (lua/k3/model/hf.lua)
   local any = weights["model.norm.weight"]
   local dtype = opts.dtype or (any and any:dtype()) or "bf16"
@@ -291,11 +342,30 @@ function Stack:stream(T)
   return s
 end
 
+-- Raises, naming fn, unless x is a step's input: a tensor [M, hidden_size], M >= 1 tokens
+-- (the stream's first copy takes it into the stack's dtype and device, which the message
+-- names as what x should be).
+local function check_input(self, x, fn)
+  local H, given, ok = self.cfg.hidden_size, type(x), false
+  if k3.is_tensor(x) and x:is_freed() then
+    given = "a freed tensor"
+  elseif k3.is_tensor(x) then
+    local sz = x:size()
+    ok = #sz == 2 and sz[1] >= 1 and sz[2] == H
+    given = string.format("[%s] %s on %s", table.concat(sz, ", "), x:dtype(), x:device())
+  end
+  if not ok then
+    A.raise(string.format("%s: x must be [M, hidden_size] = [M, %d] %s on %s (M >= 1 tokens); got %s",
+                          fn, H, self.dtype, self.device, given))
+  end
+end
+
 -- One decode step: x [T, H] (the tokens' embedding rows, the stack's dtype and device) ->
 -- the final hidden state [T, H] after the final read and the model norm (caller owns it).
 -- opts.on_layer(i, stream) runs after each layer (0-based i), e.g. to inspect the prefix.
 function Stack:forward(x, opts)
-  opts = opts or {}
+  check_input(self, x, "Stack:forward")
+  opts = A.options(opts, "Stack:forward", {"on_layer"}, 2)
   local stream = self:stream(x:size(1))
   stream:begin(x)
   local delta
@@ -312,7 +382,8 @@ end
 -- widened exactly, one layer at a time, so the twin never holds more than one layer's
 -- converted weights (the full Kimi-K3 stack in f64 would be 90 GB).
 function Stack:reference_forward(x, opts)
-  opts = opts or {}
+  check_input(self, x, "Stack:reference_forward")
+  opts = A.options(opts, "Stack:reference_forward", {"dtype", "device", "on_layer"}, 2)
   local dtype, device = opts.dtype or "f64", M.canonical_device(opts.device or "cpu")
   if not self.ref then
     self.ref = setmetatable({cfg = self.cfg, dtype = dtype, device = device, streams = {}}, Stack)
@@ -354,6 +425,7 @@ end
 
 -- The weight names of the stack, sorted (what save_safetensors writes).
 function M.weight_names(cfg)
+  M.check_config(cfg, "kimi_k3.weight_names")
   local _, order = M.weight_specs(cfg)
   local names = {}
   for i, n in ipairs(order) do names[i] = n end

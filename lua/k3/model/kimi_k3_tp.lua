@@ -10,6 +10,7 @@ local nn = require "k3.nn"
 local P = require "k3.nn.parallel"
 local kimi = require "k3.model.kimi_k3"
 local Stream = require "k3.model.attn_res_stream"
+local A = require "k3.args"
 
 local M = {}
 
@@ -101,7 +102,8 @@ M.Stack = Stack
 --- shards are moved to the device; shared weight sets stay shared.
 function M.build(cfg, weights, opts)
   if type(cfg) == "string" then cfg = M.config(cfg) end
-  opts = opts or {}
+  kimi.check_config(cfg, "kimi_k3_tp.build")
+  opts = A.options(opts, "kimi_k3_tp.build", {"device", "dtype", "dist", "rank", "world_size", "fused"}, 3)
   if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
     error(string.format("kimi_k3_tp: fused must be a boolean (got %s)", type(opts.fused)), 2)
   end

@@ -5,26 +5,16 @@ local k3 = require "k3"
 
 local nn = {}
 
--- The chunk name prefix of k3's own Lua modules ("@.../k3/"), from this file's.
-local K3_DIR = debug.getinfo(1, "S").source:match("^(@.*/)nn/init%.lua$")
-
--- Raises msg placed at the first caller outside k3's own modules (a model building its layers
--- is skipped, so the message names the user's line), as the C ops place theirs.
-local function raise(msg)
-  local level = 2 -- raise's caller; levels count as error's do
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info or info.what == "C" or not (K3_DIR and info.source:sub(1, #K3_DIR) == K3_DIR) then
-      break
-    end
-    level = level + 1
-  end
-  error(msg, level)
-end
+-- Errors are placed at the first caller outside k3's own modules (k3.args), as the C ops
+-- place theirs; constructors' options tables accept only their listed keys (A.options).
+local A = require "k3.args"
+local raise = A.raise
 
 local function check_tensor(v, what, fn)
   if not k3.is_tensor(v) then
     raise(string.format("%s: %s must be a tensor (got %s)", fn, what, type(v)))
+  elseif v:is_freed() then
+    raise(string.format("%s: %s is a freed tensor", fn, what))
   end
 end
 
@@ -36,21 +26,6 @@ local function check_vector(v, what, fn, n)
     raise(string.format("%s: %s must be 1-D%s (got shape [%s])", fn, what,
                         n and string.format(" [%d]", n) or "", table.concat(sz, ", ")))
   end
-end
-
--- A constructor's options table: a table (or nil) whose keys are all in `keys` (a list).
-local function check_options(opts, fn, keys)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then raise(string.format("%s: options must be a table (got %s)", fn, type(opts))) end
-  for k in pairs(opts) do
-    local known = false
-    for _, name in ipairs(keys) do known = known or k == name end
-    if not known then
-      raise(string.format("%s: unknown option '%s' (expected %s)", fn, tostring(k),
-                          table.concat(keys, ", ", 1, #keys - 1) .. " or " .. keys[#keys]))
-    end
-  end
-  return opts
 end
 
 -- A method option: a k3 method (k3.method.default(), k3.method.low_latency(...)) or nil.
@@ -98,7 +73,7 @@ nn.Linear = setmetatable(Linear, {
     if w:dim() ~= 2 then
       raise(string.format("Linear: weight must be 2-D [N, K] (got %d dims)", w:dim()))
     end
-    opts = check_options(opts, "Linear", {"bias", "method"})
+    opts = A.options(opts, "Linear", {"bias", "method"})
     check_method(opts.method, "method", "Linear")
     if opts.bias ~= nil then
       check_vector(opts.bias, "bias", "Linear", w:size(1))
@@ -113,7 +88,12 @@ nn.Linear = setmetatable(Linear, {
   end,
 })
 
-function Linear:__call(x, opts) return self.method:apply(x, self.weight, self.bias, opts) end
+-- The call's arguments are checked here, so their errors name the layer and its own argument
+-- numbers (x #1, opts #2) rather than the method's.
+function Linear:__call(x, opts)
+  A.tensor(x, 1, "Linear")
+  return self.method:apply(x, self.weight, self.bias, A.linear_options(opts, "Linear"))
+end
 function Linear:out_features() return self.weight:size(1) end
 function Linear:in_features() return self.weight:size(2) end
 
@@ -183,13 +163,15 @@ SwiGLU.__index = SwiGLU
 SwiGLU.__name = "k3.nn.SwiGLU"
 nn.SwiGLU = setmetatable(SwiGLU, {
   __call = function(_, gate_up, down, opts)
-    opts = check_options(opts, "SwiGLU", {"gate_up_method", "down_method", "fused"})
+    opts = A.options(opts, "SwiGLU", {"gate_up_method", "down_method", "fused"})
     if opts.fused ~= nil and type(opts.fused) ~= "boolean" then
       raise(string.format("SwiGLU: fused must be a boolean (got %s)", type(opts.fused)))
     end
     for _, p in ipairs({{gate_up, "gate_up"}, {down, "down"}}) do
       if getmetatable(p[1]) ~= Linear and not k3.is_tensor(p[1]) then
         raise(string.format("SwiGLU: %s must be a tensor or a k3.nn.Linear (got %s)", p[2], type(p[1])))
+      elseif k3.is_tensor(p[1]) and p[1]:is_freed() then
+        raise(string.format("SwiGLU: %s is a freed tensor", p[2]))
       end
     end
     check_method(opts.gate_up_method, "gate_up_method", "SwiGLU")

@@ -7,6 +7,7 @@
 local k3 = require "k3"
 local nn = require "k3.nn"
 local check_plan_options = require "k3.plan_options"
+local A = require "k3.args"
 
 local P = {}
 
@@ -77,9 +78,6 @@ function P.method_for(w, opts)
   return nn.default_method(w, "a tensor-parallel k3.nn layer's weight", opts)
 end
 
--- The options of a linear call (m:apply's, as nn.Linear forwards them) and the layer's own.
-local LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
-
 -- A boolean setting opts[field] of a constructor or a call: nil or a boolean, else a bad
 -- argument error at level (default 3: the caller of the function that checks).
 local function check_flag(opts, field, what, level)
@@ -90,36 +88,22 @@ local function check_flag(opts, field, what, level)
   end
 end
 
--- Checks a tensor-parallel layer's call options: opts nil or a table of LINEAR_KEYS and the
--- layer's own key `own` (a boolean or nil); the epilogue by k3.plan_options (the wording of
--- k3.plan_for and nn.default_method), the prologue's name as k3.linear checks it; tensors,
--- eps and shapes are the linear's own checks. Errors point at the layer's caller. Returns a
--- fresh table of the linear options present (nil when none) and opts[own].
+-- Checks a tensor-parallel layer's call options: opts nil or a table of the linear call's keys
+-- and the layer's own key `own` (a boolean or nil), checked as k3.args.linear_options checks
+-- nn.Linear's (errors at the layer's caller); tensors' shapes and eps are the linear's own
+-- checks. Returns a fresh table of the linear options present (nil when none) and opts[own].
+local CALL_KEYS = {gather = {"gather", table.unpack(A.LINEAR_KEYS)},
+                   reduce = {"reduce", table.unpack(A.LINEAR_KEYS)}}
+
 local function call_options(opts, what, own)
   if opts == nil then return nil, nil end
-  if type(opts) ~= "table" then
-    error(string.format("bad argument #2 to '%s' (table or nil expected, got %s)", what, type(opts)), 3)
-  end
+  A.linear_options(opts, what, CALL_KEYS[own])
   check_flag(opts, own, what, 4)
   local fwd
   for k, v in pairs(opts) do
     if k ~= own then
-      local known = false
-      for _, name in ipairs(LINEAR_KEYS) do known = known or k == name end
-      if not known then
-        error(string.format("bad argument #2 to '%s' (unknown option '%s' (expected %s, %s or out))",
-                            what, tostring(k), own, table.concat(LINEAR_KEYS, ", ", 1, #LINEAR_KEYS - 1)), 3)
-      end
       fwd = fwd or {}
       fwd[k] = v
-    end
-  end
-  if fwd then
-    check_plan_options({epilogue = fwd.epilogue}, what, 2, 4)
-    local pro = fwd.prologue
-    if pro ~= nil and pro ~= "silu_mul" and pro ~= "rms_norm" then
-      error(string.format("bad argument #2 to '%s' (field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s)",
-                          what, type(pro) == "string" and string.format("%q", pro) or type(pro)), 3)
     end
   end
   return fwd, opts[own]
@@ -142,12 +126,13 @@ Column.__name = "k3.nn.ColumnParallelLinear"
 --- gate_up, so a rank holds [gate shard; up shard]), epilogue ("silu_mul": the layer serves
 --- gate_up calls with that epilogue, so its default method takes the plan measured for them,
 --- k3.plan_for(w_local, {epilogue = "silu_mul"}); needs parts = {I, I}; the calls still pass
---- it), bias ([N]), dtype, device, method, dist, rank, world_size. gather, when given, is a
---- boolean (else a bad argument error).
+--- it), bias ([N]), dtype, device, method, dist, rank, world_size, name. gather, when given,
+--- is a boolean; it and any other key are bad argument errors.
 P.ColumnParallelLinear = setmetatable(Column, {
   __call = function(_, src, opts)
-    opts = opts or {}
     local what = "ColumnParallelLinear"
+    opts = A.options(opts, what, {"gather", "parts", "epilogue", "bias", "dtype", "device", "method",
+                                  "dist", "rank", "world_size", "name"}, 2)
     check_flag(opts, "gather", what)
     local epilogue = check_plan_options({epilogue = opts.epilogue}, what, 2)
     local full = source_weight(src, opts, what)
@@ -272,11 +257,12 @@ Row.__name = "k3.nn.RowParallelLinear"
 --- input_is_parallel and reduce, when given, are booleans (else a bad argument error);
 --- bias ([N], added once after the reduction; at world size 1 a call with the silu_mul
 --- epilogue takes it inside the linear, before the gate, as k3.linear does), dtype, device,
---- method, dist, rank, world_size.
+--- method, dist, rank, world_size, name; any other key is a bad argument error.
 P.RowParallelLinear = setmetatable(Row, {
   __call = function(_, src, opts)
-    opts = opts or {}
     local what = "RowParallelLinear"
+    opts = A.options(opts, what, {"input_is_parallel", "reduce", "bias", "dtype", "device", "method",
+                                  "dist", "rank", "world_size", "name"}, 2)
     check_flag(opts, "input_is_parallel", what)
     check_flag(opts, "reduce", what)
     local full = source_weight(src, opts, what)
