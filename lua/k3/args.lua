@@ -36,6 +36,23 @@ local function refuse(fn, argn, what)
   A.raise(argn and string.format("bad argument #%d to '%s' (%s)", argn, fn, what) or fn .. ": " .. what)
 end
 
+-- {name = true} of a list of keys, made once per list (the lists are the modules' constants):
+-- a layer call checks its options on every call, so a key costs one lookup.
+local key_sets = setmetatable({}, {__mode = "k"})
+local function key_set(keys)
+  local set = key_sets[keys]
+  if not set then
+    set = {}
+    for _, name in ipairs(keys) do set[name] = true end
+    key_sets[keys] = set
+  end
+  return set
+end
+
+-- The metatable of k3 tensors: a live tensor is a userdata with it (a cheaper test than a call
+-- into C on a layer's every call).
+local TENSOR_MT = getmetatable(k3.empty({0}))
+
 --- A.options(opts, fn, keys[, argn[, noun]]) -> opts, or {} for nil: raises unless opts is
 --- nil or a table whose keys are all in `keys` (a list), naming fn, the key and the keys
 --- allowed. With argn the message is the C ops' `bad argument #<argn> to '<fn>' (unknown
@@ -47,15 +64,9 @@ function A.options(opts, fn, keys, argn, noun)
     refuse(fn, argn, argn and "table or nil expected, got " .. type(opts)
                      or string.format("options must be a table (got %s)", type(opts)))
   end
+  local set = key_set(keys)
   for k in pairs(opts) do
-    local known = false
-    for _, name in ipairs(keys) do
-      if k == name then
-        known = true
-        break
-      end
-    end
-    if not known then
+    if not set[k] then
       refuse(fn, argn, string.format("unknown %s '%s' (expected %s)", noun or "option", tostring(k), A.list(keys)))
     end
   end
@@ -65,7 +76,10 @@ end
 -- The options of a linear call (m:apply's), which the k3.nn layers forward to their method.
 A.LINEAR_KEYS = {"residual", "prologue", "norm_weight", "eps", "epilogue", "out"}
 
-local TENSOR_FIELDS = {"residual", "norm_weight", "out"}
+
+local function not_tensor(fn, field, v)
+  refuse(fn, 2, string.format("field '%s' must be a k3.Tensor; got %s", field, type(v)))
+end
 
 --- A.linear_options(opts, fn[, keys]) -> opts: checks the options of a layer call, its
 --- argument #2, naming the layer fn: nil or a table of `keys` (default LINEAR_KEYS; a layer
@@ -84,19 +98,17 @@ function A.linear_options(opts, fn, keys)
     refuse(fn, 2, string.format("field 'prologue' must be \"silu_mul\", \"rms_norm\" or nil; got %s",
                                 type(pro) == "string" and string.format("%q", pro) or type(pro)))
   end
-  for _, f in ipairs(TENSOR_FIELDS) do
-    local v = opts[f]
-    if v ~= nil and not k3.is_tensor(v) then
-      refuse(fn, 2, string.format("field '%s' must be a k3.Tensor; got %s", f, type(v)))
-    end
-  end
+  local out, res, nw = opts.out, opts.residual, opts.norm_weight
+  if out ~= nil and getmetatable(out) ~= TENSOR_MT then not_tensor(fn, "out", out) end
+  if res ~= nil and getmetatable(res) ~= TENSOR_MT then not_tensor(fn, "residual", res) end
+  if nw ~= nil and getmetatable(nw) ~= TENSOR_MT then not_tensor(fn, "norm_weight", nw) end
   return opts
 end
 
 --- A.tensor(v, argn, fn) -> v: raises `bad argument #<argn> to '<fn>' (k3.Tensor expected,
 --- got <type>)`, or `(tensor has been freed)`, the C binding's words, unless v is a live tensor.
 function A.tensor(v, argn, fn)
-  if not k3.is_tensor(v) then
+  if getmetatable(v) ~= TENSOR_MT then
     A.raise(string.format("bad argument #%d to '%s' (k3.Tensor expected, got %s)", argn, fn, type(v)))
   elseif v:is_freed() then
     A.raise(string.format("bad argument #%d to '%s' (tensor has been freed)", argn, fn))
